@@ -1,0 +1,86 @@
+"""`extends:` composition: parents first (in list order), the recipe itself last.
+
+A parent is a path relative to the recipe that names it, or ``pkg://<plugin>/<file>.yaml`` for a
+base recipe shipped by an installed plugin (entry-point group ``recipeforge.recipes``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recipeforge.config.load import load_yaml_file
+from recipeforge.config.tree import ConfigTree, merge_trees
+from recipeforge.errors import Location, RecipeError
+
+PKG_SCHEME = "pkg://"
+MAX_DEPTH = 32
+
+
+def compose_file(path: str | Path) -> ConfigTree:
+    """Load `path` and everything it extends into one merged tree (without the `extends` key)."""
+    return _compose(Path(path), stack=(), via=None)
+
+
+def _compose(path: Path, stack: tuple[Path, ...], via: Location | None) -> ConfigTree:
+    resolved = path.resolve()
+    if resolved in stack:
+        chain = " -> ".join(p.name for p in (*stack, resolved))
+        raise RecipeError(f"extends cycle: {chain}", location=via, key="extends",
+                          hint="remove one of the extends entries that close the loop")
+    if len(stack) >= MAX_DEPTH:
+        raise RecipeError(f"extends chain deeper than {MAX_DEPTH} files", location=via, key="extends")
+    tree = load_yaml_file(path) if via is None else _load_parent(path, via)
+    parents = tree.data.pop("extends", None)
+    extends_loc = tree.prov.get(("extends",), tree.root)
+    tree.drop_prov_below(("extends",))
+    tree.prov.pop(("extends",), None)
+    if parents is None:
+        return tree
+    if isinstance(parents, str):
+        entries = [(parents, extends_loc)]
+    elif isinstance(parents, list) and all(isinstance(p, str) for p in parents):
+        entries = [(p, tree.prov.get(("extends", i), extends_loc)) for i, p in enumerate(parents)]
+    else:
+        raise RecipeError("extends must be a path or a list of paths", location=extends_loc, key="extends",
+                          hint="e.g. extends: [../base/sft.yaml]")
+    merged: ConfigTree | None = None
+    for ref, loc in entries:
+        parent_path = locate_parent(ref, path.parent, loc)
+        parent = _compose(parent_path, stack + (resolved,), loc)
+        merged = parent if merged is None else merge_trees(merged, parent)
+    assert merged is not None
+    return merge_trees(merged, tree)
+
+
+def _load_parent(path: Path, via: Location) -> ConfigTree:
+    if not path.is_file():
+        raise RecipeError(f"extended recipe not found: {path}", location=via, key="extends",
+                          hint="paths in extends are relative to the recipe that names them")
+    return load_yaml_file(path)
+
+
+def locate_parent(ref: str, base_dir: Path, loc: Location) -> Path:
+    """The file an `extends` entry names."""
+    if ref.startswith(PKG_SCHEME):
+        return _plugin_recipe(ref, loc)
+    return base_dir / ref
+
+
+def _plugin_recipe(ref: str, loc: Location) -> Path:
+    from importlib import metadata, resources
+
+    plugin, _, rel = ref[len(PKG_SCHEME):].partition("/")
+    if not plugin or not rel:
+        raise RecipeError(f"bad plugin recipe reference {ref!r}", location=loc, key="extends",
+                          hint="write pkg://<plugin>/<file>.yaml")
+    found = [ep for ep in metadata.entry_points(group="recipeforge.recipes") if ep.name == plugin]
+    if not found:
+        known = sorted({ep.name for ep in metadata.entry_points(group="recipeforge.recipes")})
+        raise RecipeError(f"no installed plugin ships recipes under '{plugin}'", location=loc, key="extends",
+                          hint=f"install the plugin; plugins with recipes: {', '.join(known) or 'none'}")
+    # The entry point names a package whose directory holds the YAML files; it is located, not run.
+    base = resources.files(found[0].value)
+    target = Path(str(base.joinpath(rel)))
+    if not target.is_file():
+        raise RecipeError(f"plugin '{plugin}' has no recipe {rel!r}", location=loc, key="extends")
+    return target

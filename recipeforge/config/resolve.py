@@ -1,0 +1,109 @@
+"""``${...}`` interpolation (OmegaConf grammar) and ``???`` required values.
+
+``${train.learning_rate}`` refers to another key, ``${env:HF_TOKEN}`` / ``${env:VAR,default}`` to an
+environment variable. Every unresolvable or missing value is reported at its own key. The names of
+environment variables read per key are kept so that secrets can be redacted from outputs.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from recipeforge.config.tree import ConfigTree
+from recipeforge.errors import Problem, RecipeError, format_key
+
+MISSING = "???"
+_NO_DEFAULT = object()
+_env_reads: list[str] = []  # filled by the env resolver while one key resolves
+
+
+def _env_resolver(name: str, default: Any = _NO_DEFAULT) -> Any:
+    _env_reads.append(name)
+    if name in os.environ:
+        return os.environ[name]
+    if default is not _NO_DEFAULT:
+        return default
+    raise KeyError(f"environment variable {name} is not set")
+
+
+def _register_env_resolver(omegaconf) -> None:
+    # omegaconf 2.4 renamed the registration call; 2.3 only has the old name.
+    if hasattr(omegaconf, "register_resolver"):
+        omegaconf.register_resolver("env", _env_resolver, replace=True, use_cache=False, annotation_validation="off")
+    else:  # pragma: no cover - omegaconf < 2.4
+        omegaconf.register_new_resolver("env", _env_resolver, replace=True, use_cache=False)
+
+
+def _needs_resolving(value: Any) -> bool:
+    return isinstance(value, str) and ("${" in value or value == MISSING)
+
+
+class UnresolvedValues(RecipeError):
+    """Interpolations that could not be resolved; `partial` is the tree without those keys, so that
+    validation can still report the recipe's other problems in the same run."""
+
+    def __init__(self, problems: list[Problem], partial: ConfigTree, paths: list[tuple]):
+        super().__init__(problems)
+        self.partial = partial
+        self.paths = paths
+
+
+def resolve_interpolations(tree: ConfigTree) -> tuple[ConfigTree, dict[tuple, list[str]]]:
+    """Return a tree with every interpolation resolved, and the env variables each key read.
+
+    Raises `UnresolvedValues` (a `RecipeError`) naming every key that could not be resolved.
+    """
+    leaves = [(p, v) for p, v in _leaves(tree.data, ()) if _needs_resolving(v)]
+    if not leaves:
+        return tree, {}
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+    _register_env_resolver(OmegaConf)
+    cfg = OmegaConf.create(tree.data)
+    out = tree.copy()
+    env_refs: dict[tuple, list[str]] = {}
+    problems: list[Problem] = []
+    failed: list[tuple] = []
+    for path, raw in leaves:
+        _env_reads.clear()
+        try:
+            node: Any = cfg
+            for part in path[:-1]:
+                node = node[part]
+            value = node[path[-1]]
+            if isinstance(value, (DictConfig, ListConfig)):
+                value = OmegaConf.to_container(value, resolve=True, throw_on_missing=True)
+        except MissingMandatoryValue:
+            problems.append(Problem("required value is missing (???)", tree.locate(path), format_key(path),
+                                    hint=f"set it in the recipe or on the command line: {format_key(path)}=..."))
+            failed.append(path)
+            continue
+        except OmegaConfBaseException as exc:
+            problems.append(Problem(f"cannot resolve {raw!r}: {_short(exc)}", tree.locate(path), format_key(path),
+                                    hint="interpolations look like ${train.learning_rate} or ${env:VAR,default}"))
+            failed.append(path)
+            continue
+        if _env_reads:
+            env_refs[path] = list(_env_reads)
+        out.get(path[:-1])[path[-1]] = value
+    if problems:
+        raise UnresolvedValues(problems, out, failed)
+    return out, env_refs
+
+
+def _short(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text.replace("Interpolation key ", "key ").rstrip(".")
+
+
+def _leaves(node: Any, prefix: tuple):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaves(v, prefix + (k,))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _leaves(v, prefix + (i,))
+    else:
+        yield prefix, node

@@ -1,0 +1,57 @@
+"""`data:` — datasets, their format, tokenization and packing."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional, Union
+
+from pydantic import Field
+
+from recipeforge.config.schema.base import Section
+
+DatasetFormat = Literal["text", "alpaca", "messages", "completion", "preference", "prompt"]
+
+# Formats each stage can train on; used by the cross-field rules.
+STAGE_FORMATS: dict[str, tuple[str, ...]] = {
+    "pretrain": ("text",),
+    "sft": ("alpaca", "messages", "completion", "text"),
+    "dpo": ("preference",),
+    "grpo": ("prompt",),
+}
+
+
+class DatasetSpec(Section):
+    """One dataset: a local file/directory or a hub id, its format and column names."""
+
+    path: str = Field(min_length=1, description="Local file (.jsonl/.json/.parquet/.csv/.txt), directory, or hub id.")
+    format: DatasetFormat = Field(description="Row layout: text | alpaca | messages | completion | preference | prompt.")
+    split: str = Field("train", description="Split to read (hub datasets, or directories with splits).")
+    name: Optional[str] = Field(None, description="Hub dataset configuration (subset) name.")
+    columns: dict[str, str] = Field(
+        default_factory=dict,
+        description="Rename source columns to the format's names, e.g. {prompt: question, completion: answer}.")
+    max_samples: Optional[int] = Field(None, gt=0, description="Use at most this many rows (after shuffling).")
+    weight: float = Field(1.0, gt=0, description="Relative sampling weight when mixing several datasets.")
+
+
+class DataConfig(Section):
+    """Training/evaluation data and how it becomes token sequences."""
+
+    datasets: tuple[DatasetSpec, ...] = Field(min_length=1, description="Training datasets (at least one).")
+    eval_datasets: tuple[DatasetSpec, ...] = Field((), description="Separate evaluation datasets.")
+    val_size: Union[float, int] = Field(
+        0.0, ge=0, description="Hold out this share (0 < x < 1) or this many rows of the training data for eval.")
+    sequence_len: int = Field(2048, gt=0, le=1_048_576, description="Maximum tokens per training sequence.")
+    packing: Optional[bool] = Field(
+        None, description="Pack several samples into each sequence (no cross-attention between them). "
+                          "Default: true for pretrain, false otherwise.")
+    chat_template: str = Field(
+        "tokenizer", min_length=1,
+        description="Chat template for `messages`/`alpaca`: `tokenizer` (the tokenizer's own) or a named one "
+                    "(chatml, llama3, ...).")
+    train_on_inputs: bool = Field(
+        False, description="SFT: also train on prompt/user tokens. Default: only assistant/completion tokens.")
+    truncation: Literal["truncate", "drop"] = Field(
+        "truncate", description="Samples longer than `sequence_len`: cut them, or drop them (counted in the log).")
+    shuffle: bool = Field(True, description="Shuffle training rows (with `train.seed`).")
+    num_proc: int = Field(1, ge=1, description="Processes for tokenization.")
+    cache_dir: Optional[str] = Field(None, description="Where tokenized data is cached (default: ~/.cache/recipeforge).")

@@ -1,0 +1,113 @@
+"""The whole recipe: common sections, one class per stage, discriminated on `stage`.
+
+Cross-field rules live in `rules.py`; they run after every section validated on its own and report
+all violations together, each at the key the user has to change.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import Field, TypeAdapter, field_validator, model_validator
+
+from recipeforge.config.schema.adapter import AdapterConfig
+from recipeforge.config.schema.base import Section
+from recipeforge.config.schema.data import DataConfig
+from recipeforge.config.schema.distributed import DistributedConfig, HardwareConfig
+from recipeforge.config.schema.logging import LoggingConfig
+from recipeforge.config.schema.model import ModelConfig
+from recipeforge.config.schema.output import OutputConfig
+from recipeforge.config.schema.stages import DPOConfig, GRPOConfig
+from recipeforge.config.schema.train import TrainConfig
+
+STAGES = ("pretrain", "sft", "dpo", "grpo")
+
+
+class Recipe(Section):
+    """A complete, validated training recipe (immutable). Subclassed once per stage."""
+
+    stage: str = Field(description="Training stage: pretrain | sft | dpo | grpo.")
+    name: Optional[str] = Field(None, description="Run name (default: the recipe file name).")
+    description: Optional[str] = Field(None, description="Free text, copied into the model card.")
+    model: ModelConfig = Field(description="The base model.")
+    adapter: AdapterConfig = Field(default_factory=AdapterConfig, description="Full fine-tune, LoRA or QLoRA.")
+    data: DataConfig = Field(description="Datasets and tokenization.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Optimization.")
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig, description="Distributed backend.")
+    hardware: Optional[HardwareConfig] = Field(None, description="Target machine for planning (default: this one).")
+    kernels: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Kernels to enable, by name with options: {liger: {}, torch_compile: {mode: default}}. "
+                    "A plain list of names also works.")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Experiment trackers.")
+    output: OutputConfig = Field(default_factory=OutputConfig, description="Run directory and checkpoints.")
+    allow_code: bool = Field(
+        False, description="Allow the recipe to import Python code by dotted path (e.g. a reward `my_pkg.rewards:f`).")
+
+    @field_validator("kernels", mode="before")
+    @classmethod
+    def _kernel_list(cls, value: Any) -> Any:
+        # `kernels: [liger, flash_attn]` is shorthand for a mapping with default options.
+        if isinstance(value, (list, tuple)):
+            return {name: {} for name in value}
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stage_defaults(cls, value: Any) -> Any:
+        # Packing defaults on for pretraining (documents are short relative to sequence_len), off elsewhere.
+        if isinstance(value, dict) and isinstance(value.get("data"), dict) and value["data"].get("packing") is None:
+            value = {**value, "data": {**value["data"], "packing": value.get("stage") == "pretrain"}}
+        return value
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> "Recipe":
+        from recipeforge.config.schema.rules import RuleViolations, check_rules
+
+        problems = check_rules(self)
+        if problems:
+            raise RuleViolations(problems)
+        return self
+
+
+class PretrainRecipe(Recipe):
+    """Causal-LM pretraining or continued pretraining on raw text."""
+
+    stage: Literal["pretrain"] = Field(description="Training stage: pretrain | sft | dpo | grpo.")
+
+
+class SFTRecipe(Recipe):
+    """Supervised fine-tuning on instructions, chats or prompt/completion pairs."""
+
+    stage: Literal["sft"] = Field(description="Training stage: pretrain | sft | dpo | grpo.")
+
+
+class DPORecipe(Recipe):
+    """Direct Preference Optimization on chosen/rejected pairs."""
+
+    stage: Literal["dpo"] = Field(description="Training stage: pretrain | sft | dpo | grpo.")
+    dpo: DPOConfig = Field(default_factory=DPOConfig, description="DPO settings.")
+
+
+class GRPORecipe(Recipe):
+    """Group Relative Policy Optimization with reward functions."""
+
+    stage: Literal["grpo"] = Field(description="Training stage: pretrain | sft | dpo | grpo.")
+    grpo: GRPOConfig = Field(description="GRPO settings (rewards are required).")
+
+
+AnyRecipe = Annotated[Union[PretrainRecipe, SFTRecipe, DPORecipe, GRPORecipe], Field(discriminator="stage")]
+STAGE_CLASSES: dict[str, type[Recipe]] = {
+    "pretrain": PretrainRecipe, "sft": SFTRecipe, "dpo": DPORecipe, "grpo": GRPORecipe}
+# Sections that exist only for one stage, for "this section belongs to stage X" hints.
+STAGE_ONLY_SECTIONS = {"dpo": "dpo", "grpo": "grpo"}
+
+_ADAPTER: TypeAdapter | None = None
+
+
+def recipe_adapter() -> TypeAdapter:
+    """The (cached) pydantic TypeAdapter for the discriminated recipe union."""
+    global _ADAPTER
+    if _ADAPTER is None:
+        _ADAPTER = TypeAdapter(AnyRecipe)
+    return _ADAPTER

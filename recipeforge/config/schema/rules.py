@@ -1,0 +1,129 @@
+"""Cross-field rules: combinations of individually valid settings that cannot work together.
+
+Each rule names the key to change and how. They run after the sections validated on their own,
+and all violations are reported at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from recipeforge.config.schema.data import STAGE_FORMATS
+
+if TYPE_CHECKING:
+    from recipeforge.config.schema.recipe import Recipe
+
+# Built-in kernel names; plugins add theirs through the kernels registry.
+BUILTIN_KERNELS = ("liger", "flash_attn", "torch_compile")
+
+
+@dataclass(frozen=True)
+class RuleProblem:
+    """A violated rule at a key path."""
+
+    path: tuple
+    message: str
+    hint: str | None = None
+
+
+class RuleViolations(Exception):
+    """Raised from the recipe's model validator; deliberately not a ValueError, so pydantic lets it
+    through untouched and the loader can locate every problem at its own key."""
+
+    def __init__(self, problems: list[RuleProblem]):
+        self.problems = problems
+        super().__init__("; ".join(p.message for p in problems))
+
+
+def check_rules(recipe: "Recipe") -> list[RuleProblem]:
+    """Every cross-field problem of `recipe` (empty when consistent)."""
+    out: list[RuleProblem] = []
+    for rule in (_data_formats, _adapter, _train, _distributed, _stage_specific, _kernels):
+        out.extend(rule(recipe))
+    return out
+
+
+def _data_formats(r: "Recipe"):
+    allowed = STAGE_FORMATS[r.stage]
+    for section in ("datasets", "eval_datasets"):
+        for i, ds in enumerate(getattr(r.data, section)):
+            if ds.format not in allowed:
+                yield RuleProblem(
+                    ("data", section, i, "format"),
+                    f"stage '{r.stage}' cannot train on format '{ds.format}'",
+                    f"use {' or '.join(allowed)} for stage {r.stage}")
+    if isinstance(r.data.val_size, float) and r.data.val_size >= 1:
+        yield RuleProblem(("data", "val_size"), f"a share must be below 1 (got {r.data.val_size})",
+                          "use 0 < x < 1 for a share, or a whole number of rows")
+    if r.data.val_size and r.data.eval_datasets:
+        yield RuleProblem(("data", "val_size"), "set either val_size or eval_datasets, not both",
+                          "drop one of them")
+
+
+def _adapter(r: "Recipe"):
+    a = r.adapter
+    if a.type == "qlora" and r.model.dtype == "fp32":
+        yield RuleProblem(("model", "dtype"), "QLoRA computes in bf16 or fp16 on its 4-bit base; fp32 is not supported",
+                          "set model.dtype: bf16 (or auto)")
+    if a.type == "none" and r.output.merge_adapter:
+        yield RuleProblem(("output", "merge_adapter"), "there is no adapter to merge (adapter.type is none)",
+                          "set adapter.type: lora, or merge_adapter: false")
+    if a.type == "qlora" and r.distributed.backend == "megatron":
+        yield RuleProblem(("distributed", "backend"), "QLoRA is not supported on the megatron backend",
+                          "use adapter.type: lora, or backend: auto")
+
+
+def _train(r: "Recipe"):
+    t = r.train
+    if t.max_steps is None and t.epochs is None:
+        yield RuleProblem(("train", "epochs"), "set train.epochs or train.max_steps", "e.g. train.epochs: 1")
+    if isinstance(t.micro_batch_size, int) and t.micro_batch_size > t.global_batch_size:
+        yield RuleProblem(("train", "micro_batch_size"),
+                          f"micro batch ({t.micro_batch_size}) is larger than the global batch ({t.global_batch_size})",
+                          "lower micro_batch_size or raise global_batch_size")
+    if t.load_best_model_at_end and not (r.data.val_size or r.data.eval_datasets):
+        yield RuleProblem(("train", "load_best_model_at_end"), "choosing the best checkpoint needs evaluation data",
+                          "set data.val_size or data.eval_datasets")
+
+
+def _distributed(r: "Recipe"):
+    d = r.distributed
+    if (d.tensor_parallel > 1 or d.pipeline_parallel > 1) and d.backend not in ("auto", "megatron"):
+        key = "tensor_parallel" if d.tensor_parallel > 1 else "pipeline_parallel"
+        yield RuleProblem(("distributed", key), f"{key} > 1 needs the megatron backend (backend is {d.backend})",
+                          "set distributed.backend: megatron (or auto), or set it back to 1")
+    if d.zero_stage != "auto" and d.backend not in ("auto", "deepspeed"):
+        yield RuleProblem(("distributed", "zero_stage"), f"zero_stage applies to DeepSpeed, not to backend {d.backend}",
+                          "set distributed.backend: deepspeed, or remove zero_stage")
+    if d.offload != "none" and d.backend in ("single", "ddp", "megatron"):
+        yield RuleProblem(("distributed", "offload"), f"backend {d.backend} cannot offload to CPU",
+                          "use backend: deepspeed or fsdp (or auto) for offload")
+    if d.offload != "none" and d.zero_stage in (0, 1) and d.backend == "deepspeed":
+        yield RuleProblem(("distributed", "offload"), f"DeepSpeed offload needs ZeRO stage 2 or 3 (got {d.zero_stage})",
+                          "set zero_stage: 2 (optimizer) or 3 (optimizer+params)")
+    if d.offload == "optimizer+params" and d.zero_stage == 2:
+        yield RuleProblem(("distributed", "offload"), "parameter offload needs ZeRO stage 3",
+                          "set zero_stage: 3, or offload: optimizer")
+
+
+def _stage_specific(r: "Recipe"):
+    if r.stage == "grpo":
+        g = r.grpo  # type: ignore[attr-defined]
+        if r.train.global_batch_size % g.num_generations:
+            yield RuleProblem(("train", "global_batch_size"),
+                              f"GRPO needs a global batch divisible by grpo.num_generations "
+                              f"({r.train.global_batch_size} % {g.num_generations} != 0)",
+                              f"use a multiple of {g.num_generations}, e.g. {g.num_generations * max(1, r.train.global_batch_size // g.num_generations)}")
+        if g.rollout.mode == "server" and g.rollout.engine == "hf":
+            yield RuleProblem(("grpo", "rollout", "mode"), "server mode needs a server engine such as vllm",
+                              "set grpo.rollout.engine: vllm, or mode: colocate")
+
+
+def _kernels(r: "Recipe"):
+    from recipeforge.errors import did_you_mean
+
+    for name in r.kernels:
+        if name not in BUILTIN_KERNELS:
+            yield RuleProblem(("kernels", name), f"unknown kernel '{name}'",
+                              did_you_mean(name, BUILTIN_KERNELS) or f"known kernels: {', '.join(BUILTIN_KERNELS)}")

@@ -1,0 +1,57 @@
+"""Stage-specific sections: `dpo:` and `grpo:`."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from pydantic import Field
+
+from recipeforge.config.schema.base import Section
+
+
+class DPOConfig(Section):
+    """Direct Preference Optimization (TRL DPOTrainer)."""
+
+    beta: float = Field(0.1, gt=0, description="Strength of the KL penalty towards the reference model.")
+    loss_type: Literal["sigmoid", "hinge", "ipo", "robust", "bco_pair", "sppo_hard", "nca_pair", "apo_zero", "apo_down"] = Field(
+        "sigmoid", description="Preference loss (sigmoid is the DPO paper's).")
+    label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="Conservative DPO / robust label smoothing.")
+    reference: str = Field(
+        "auto", min_length=1,
+        description="Reference model: `auto` (the base model; with an adapter, the base with adapters disabled) "
+                    "or a path/hub id.")
+    max_prompt_length: Optional[int] = Field(None, gt=0, description="Truncate prompts to this many tokens.")
+    rpo_alpha: Optional[float] = Field(None, ge=0, description="Weight of the NLL term on chosen responses (RPO).")
+
+
+class RewardSpec(Section):
+    """One reward function from the rewards registry, with its weight and arguments."""
+
+    name: str = Field(min_length=1, description="Registered reward name (exact_match, regex, length, reward_model, ...).")
+    weight: float = Field(1.0, description="Weight in the summed reward.")
+    args: dict[str, Any] = Field(default_factory=dict, description="Arguments for the reward function.")
+
+
+class RolloutConfig(Section):
+    """How GRPO generates completions."""
+
+    engine: str = Field("hf", min_length=1, description="Rollout engine: `hf` (generate) or a plugin's (e.g. `vllm`).")
+    mode: Literal["colocate", "server"] = Field("colocate", description="vLLM: share the training GPUs or use a server.")
+    gpu_memory_utilization: float = Field(0.3, gt=0, lt=1, description="vLLM colocated: share of GPU memory for its KV cache.")
+    server_url: Optional[str] = Field(None, description="vLLM server mode: base URL of the server.")
+
+
+class GRPOConfig(Section):
+    """Group Relative Policy Optimization (TRL GRPOTrainer)."""
+
+    num_generations: int = Field(8, ge=2, description="Completions sampled per prompt (the group).")
+    max_completion_length: int = Field(256, gt=0, description="Tokens generated per completion.")
+    max_prompt_length: Optional[int] = Field(None, gt=0, description="Truncate prompts to this many tokens.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
+    beta: float = Field(0.0, ge=0, description="KL penalty to the reference model (0: no reference model).")
+    epsilon: float = Field(0.2, gt=0, description="PPO-style clipping range.")
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = Field("dapo", description="Loss normalization variant.")
+    scale_rewards: Literal["group", "batch", "none"] = Field("group", description="Advantage normalization.")
+    rewards: tuple[RewardSpec, ...] = Field(min_length=1, description="Reward functions (at least one).")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Completion generation.")

@@ -1,0 +1,40 @@
+"""`train:` — optimization: length, batch sizes, optimizer, schedule, precision knobs."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional, Union
+
+from pydantic import Field
+
+from recipeforge.config.schema.base import Section
+
+Optimizer = Literal["adamw", "adamw_fused", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit",
+                    "adafactor", "sgd", "lion_8bit"]
+Scheduler = Literal["linear", "cosine", "cosine_with_min_lr", "constant", "constant_with_warmup", "wsd"]
+
+
+class TrainConfig(Section):
+    """How long and how to optimize."""
+
+    epochs: Optional[float] = Field(1.0, gt=0, description="Passes over the training data (ignored when `max_steps` is set).")
+    max_steps: Optional[int] = Field(None, gt=0, description="Total optimizer steps; overrides `epochs`.")
+    global_batch_size: int = Field(
+        32, gt=0, description="Sequences per optimizer step over all GPUs (micro batch x accumulation x data-parallel size).")
+    micro_batch_size: Union[Literal["auto"], Annotated[int, Field(gt=0)]] = Field(
+        "auto", description="Sequences per GPU per forward pass; `auto` lets the planner choose what fits.")
+    learning_rate: float = Field(2e-5, gt=0, lt=1, description="Peak learning rate.")
+    optimizer: Optimizer = Field("adamw", description="Optimizer (8-bit/paged variants need the `qlora` extra).")
+    scheduler: Scheduler = Field("cosine", description="Learning-rate schedule after warmup.")
+    warmup_ratio: float = Field(0.03, ge=0, le=1, description="Share of steps with linear warmup.")
+    warmup_steps: Optional[int] = Field(None, ge=0, description="Warmup steps; overrides `warmup_ratio`.")
+    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="Adam beta1.")
+    adam_beta2: float = Field(0.999, ge=0, lt=1, description="Adam beta2.")
+    max_grad_norm: Optional[float] = Field(1.0, gt=0, description="Gradient clipping norm (null: no clipping).")
+    gradient_checkpointing: Union[Literal["auto"], bool] = Field(
+        "auto", description="Recompute activations in the backward pass; `auto`: on when the planner needs the memory.")
+    seed: int = Field(42, ge=0, description="Seed for weights init, data order and dropout.")
+    logging_steps: int = Field(10, gt=0, description="Log metrics every N optimizer steps.")
+    eval_steps: Optional[int] = Field(None, gt=0, description="Evaluate every N steps (null: at the end of each epoch).")
+    load_best_model_at_end: bool = Field(False, description="Keep the checkpoint with the best eval metric as final.")
+    metric_for_best_model: str = Field("eval_loss", description="Metric that decides the best checkpoint.")
