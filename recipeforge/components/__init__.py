@@ -1,0 +1,1 @@
+"""Components the stages are built from: model loading, data formats, kernels, rollout, rewards."""
