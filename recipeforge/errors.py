@@ -94,11 +94,18 @@ def format_key(path: Iterable) -> str:
 def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
     """A ``did you mean 'x'?`` hint for the closest choice, or None when nothing is close."""
     choices = [str(c) for c in choices]
-    match = difflib.get_close_matches(str(word), choices, n=1, cutoff=0.6)
+    word = str(word)
+    # Also try the word without a prefix/suffix part: `lora_alpha` -> `alpha`, `learning_rate_x` -> ...
+    variants = [word] + ([word.split("_", 1)[1], word.rsplit("_", 1)[0]] if "_" in word else [])
+    match: list[str] = []
+    for variant in variants:
+        match = difflib.get_close_matches(variant, choices, n=1, cutoff=0.6)
+        if match:
+            break
     if not match:
         lowered = {c.lower(): c for c in choices}
-        if str(word).lower() in lowered:
-            match = [lowered[str(word).lower()]]
+        if word.lower() in lowered:
+            match = [lowered[word.lower()]]
     return f"did you mean '{match[0]}'?" if match else None
 
 

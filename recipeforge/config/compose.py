@@ -30,19 +30,20 @@ def _compose(path: Path, stack: tuple[Path, ...], via: Location | None) -> Confi
     if len(stack) >= MAX_DEPTH:
         raise RecipeError(f"extends chain deeper than {MAX_DEPTH} files", location=via, key="extends")
     tree = load_yaml_file(path) if via is None else _load_parent(path, via)
-    parents = tree.data.pop("extends", None)
+    parents = tree.data.get("extends")
     extends_loc = tree.prov.get(("extends",), tree.root)
-    tree.drop_prov_below(("extends",))
-    tree.prov.pop(("extends",), None)
-    if parents is None:
-        return tree
     if isinstance(parents, str):
         entries = [(parents, extends_loc)]
     elif isinstance(parents, list) and all(isinstance(p, str) for p in parents):
         entries = [(p, tree.prov.get(("extends", i), extends_loc)) for i, p in enumerate(parents)]
+    elif parents is None:
+        entries = []
     else:
         raise RecipeError("extends must be a path or a list of paths", location=extends_loc, key="extends",
                           hint="e.g. extends: [../base/sft.yaml]")
+    tree.delete(("extends",))
+    if not entries:
+        return tree
     merged: ConfigTree | None = None
     for ref, loc in entries:
         parent_path = locate_parent(ref, path.parent, loc)

@@ -10,6 +10,7 @@ from typing import Mapping, Sequence
 from recipeforge.config.compose import compose_file
 from recipeforge.config.overrides import apply_cli, apply_env
 from recipeforge.config.resolve import UnresolvedValues, resolve_interpolations
+from recipeforge.config.schema.defaults import schema_defaults
 from recipeforge.config.schema.recipe import Recipe
 from recipeforge.config.tree import ConfigTree
 from recipeforge.config.validate import validate_tree
@@ -32,7 +33,7 @@ def resolve_tree(path: str | Path, overrides: Sequence[str] = (),
     tree = compose_file(path)
     apply_env(tree, os.environ if environ is None else environ, sections=Recipe.model_fields)
     apply_cli(tree, overrides)
-    return resolve_interpolations(tree)
+    return resolve_interpolations(tree, schema_defaults(tree.data.get("stage")))
 
 
 def load_recipe(path: str | Path, overrides: Sequence[str] = (),

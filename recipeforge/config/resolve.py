@@ -49,8 +49,10 @@ class UnresolvedValues(RecipeError):
         self.paths = paths
 
 
-def resolve_interpolations(tree: ConfigTree) -> tuple[ConfigTree, dict[tuple, list[str]]]:
+def resolve_interpolations(tree: ConfigTree, defaults: dict | None = None) -> tuple[ConfigTree, dict[tuple, list[str]]]:
     """Return a tree with every interpolation resolved, and the env variables each key read.
+
+    `defaults` (schema defaults) are visible to references but never copied into the result.
 
     Raises `UnresolvedValues` (a `RecipeError`) naming every key that could not be resolved.
     """
@@ -61,7 +63,7 @@ def resolve_interpolations(tree: ConfigTree) -> tuple[ConfigTree, dict[tuple, li
     from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
     _register_env_resolver(OmegaConf)
-    cfg = OmegaConf.create(tree.data)
+    cfg = OmegaConf.create(_overlay(defaults or {}, tree.data))
     out = tree.copy()
     env_refs: dict[tuple, list[str]] = {}
     problems: list[Problem] = []
@@ -91,6 +93,12 @@ def resolve_interpolations(tree: ConfigTree) -> tuple[ConfigTree, dict[tuple, li
     if problems:
         raise UnresolvedValues(problems, out, failed)
     return out, env_refs
+
+
+def _overlay(base: Any, over: Any) -> Any:
+    if isinstance(base, dict) and isinstance(over, dict):
+        return {**base, **{k: _overlay(base.get(k), v) for k, v in over.items()}}
+    return over
 
 
 def _short(exc: Exception) -> str:

@@ -99,8 +99,7 @@ def _one_problem(path: tuple, err: dict, tree: ConfigTree) -> Problem:
         return Problem(f"must be one of {', '.join(choices)} (got {value!r})", loc, key,
                        hint=did_you_mean(str(value), choices))
     if kind in _BOUNDS:
-        bound = next(iter(ctx.values()))
-        return Problem(f"must be {_BOUNDS[kind]} {bound} (got {value!r})", loc, key)
+        return Problem(f"must be {_BOUNDS[kind]} {_num(next(iter(ctx.values())))} (got {value!r})", loc, key)
     if kind in ("too_short", "too_long"):
         return Problem(_lower(err["msg"]), loc, key,
                        hint="add at least one entry" if kind == "too_short" else None)
@@ -118,7 +117,7 @@ def _union_problem(path: tuple, errs: list[dict], tree: ConfigTree) -> Problem:
         if kind == "literal_error":
             options.extend(_choices(ctx.get("expected", "")))
         elif kind in _BOUNDS:
-            options.append(f"a number {_BOUNDS[kind]} {next(iter(ctx.values()))}")
+            options.append(f"a number {_BOUNDS[kind]} {_num(next(iter(ctx.values())))}")
         else:
             options.append(_KINDS.get(kind.split("_")[0], _lower(err["msg"])))
     options = list(dict.fromkeys(options))
@@ -191,6 +190,10 @@ def _describe(value: Any) -> str:
     if isinstance(value, (dict, list)):
         text = "a mapping" if isinstance(value, dict) else "a list"
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _num(bound: Any) -> Any:
+    return int(bound) if isinstance(bound, float) and bound.is_integer() else bound
 
 
 def _lower(msg: str) -> str:

@@ -1,0 +1,188 @@
+"""The `recipeforge` command line: parse arguments, call the library, render results and errors.
+
+Light paths (`--help`, `validate`, `resolve`, `schema`, `plan`) import neither torch nor
+transformers; training imports them only inside the commands that train.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Callable, Sequence
+
+from recipeforge import __version__
+from recipeforge.errors import RecipeError
+
+EXIT_USER_ERROR = 2
+EXIT_INTERNAL_ERROR = 1
+
+
+def _recipe_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("recipe", help="recipe YAML file")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="overrides such as train.learning_rate=1e-4; ~key deletes a key")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="recipeforge",
+        description="Train LLMs from one declarative YAML recipe: validate it, plan the distributed "
+                    "backend and memory, and run pretrain / SFT / DPO / GRPO on the Hugging Face stack.",
+        epilog="Exit codes: 0 ok, 2 problem in the input (recipe, data, arguments), 1 internal error. "
+               "--debug (or RECIPEFORGE_DEBUG=1) shows tracebacks.")
+    parser.add_argument("--version", action="version", version=f"recipeforge {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("validate", help="check a recipe and report every problem with its file:line")
+    _recipe_args(p)
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("resolve", help="print the fully resolved recipe (extends, overrides, ${...}, defaults)")
+    _recipe_args(p)
+    p.add_argument("-o", "--output", help="write to this file instead of stdout")
+    p.set_defaults(func=cmd_resolve)
+
+    p = sub.add_parser("schema", help="print the recipe's JSON Schema (or the Markdown reference)")
+    p.add_argument("--format", choices=("json", "markdown"), default="json")
+    p.add_argument("-o", "--output", help="write to this file instead of stdout")
+    p.set_defaults(func=cmd_schema)
+
+    p = sub.add_parser("plan", help="choose backend, batch sizes and per-GPU memory for a recipe, with reasons")
+    _recipe_args(p)
+    p.add_argument("--hardware", help="plan for this hardware instead of this machine: 8xH100-80GB, "
+                                      "2x8xA100-80GB (nodes x gpus), cpu")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("train", help="plan and run a recipe; writes the run directory")
+    _recipe_args(p)
+    p.add_argument("--overwrite", action="store_true",
+                   help="allow writing into a run directory that holds another recipe's run")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("preprocess", help="tokenize and cache a recipe's datasets ahead of training")
+    _recipe_args(p)
+    p.set_defaults(func=cmd_preprocess)
+
+    p = sub.add_parser("merge", help="merge a run's LoRA adapter into its base model (safetensors)")
+    p.add_argument("run_dir", help="run directory written by `recipeforge train`")
+    p.add_argument("-o", "--output", help="output directory (default: RUN_DIR/merged)")
+    p.set_defaults(func=cmd_merge)
+    return parser
+
+
+# -- commands ---------------------------------------------------------------------------------------
+
+def _load(args):
+    from recipeforge.config import load_recipe
+
+    return load_recipe(args.recipe, args.overrides)
+
+
+def cmd_validate(args) -> int:
+    loaded = _load(args)
+    r = loaded.recipe
+    print(f"ok: {args.recipe} is a valid {r.stage} recipe (model {r.model.name_or_path}, adapter {r.adapter.type})")
+    return 0
+
+
+def cmd_resolve(args) -> int:
+    from recipeforge.config.dump import dump_recipe
+
+    text = dump_recipe(_load(args))
+    _write(text, args.output)
+    return 0
+
+
+def cmd_schema(args) -> int:
+    if args.format == "json":
+        from recipeforge.config.jsonschema import recipe_json_schema
+
+        text = json.dumps(recipe_json_schema(), indent=2) + "\n"
+    else:
+        from recipeforge.config.reference import recipe_reference_markdown
+
+        text = recipe_reference_markdown()
+    _write(text, args.output)
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from recipeforge.plan import hardware_for, make_plan, render_plan
+
+    loaded = _load(args)
+    plan = make_plan(loaded.recipe, hardware_for(loaded.recipe, args.hardware))
+    print(json.dumps(plan.to_dict(), indent=2, default=str) if args.json else render_plan(plan))
+    return 0
+
+
+def cmd_train(args) -> int:
+    from recipeforge.run import train
+
+    run_dir = train(_load(args), overwrite=args.overwrite)
+    print(f"done: {run_dir}")
+    return 0
+
+
+def cmd_preprocess(args) -> int:
+    from recipeforge.run import preprocess
+
+    stats = preprocess(_load(args))
+    print(json.dumps(stats, indent=2, default=str))
+    return 0
+
+
+def cmd_merge(args) -> int:
+    from pathlib import Path
+
+    from recipeforge.run import merge
+
+    out = merge(Path(args.run_dir), Path(args.output) if args.output else None)
+    print(f"merged model written to {out}")
+    return 0
+
+
+def _write(text: str, path: str | None) -> None:
+    if path:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    else:
+        sys.stdout.write(text)
+
+
+# -- entry point ------------------------------------------------------------------------------------
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    debug = args.debug or os.environ.get("RECIPEFORGE_DEBUG", "") not in ("", "0")
+    func: Callable | None = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return EXIT_USER_ERROR
+    try:
+        return func(args)
+    except RecipeError as exc:
+        if debug:
+            raise
+        print(f"error: {exc.render()}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # an internal bug: short message, traceback with --debug
+        if debug:
+            raise
+        print(f"internal error: {type(exc).__name__}: {exc}\n(rerun with --debug for the traceback, "
+              f"and please report it)", file=sys.stderr)
+        return EXIT_INTERNAL_ERROR
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,152 @@
+"""The command line: exit codes, error rendering, light imports, resolve round trip, schema and docs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from recipeforge.cli import main
+from recipeforge.config import load_recipe
+from recipeforge.config.jsonschema import recipe_json_schema
+from recipeforge.config.reference import recipe_reference_markdown
+from rf_testing import MINIMAL
+
+ROOT = Path(__file__).resolve().parents[3]
+EXAMPLES = ROOT / "examples"
+
+
+def example_recipes() -> list[Path]:
+    """Every runnable recipe under examples/ (fragments shared through `extends:` live in base/ folders)."""
+    return sorted(p for p in EXAMPLES.rglob("*.yaml") if "base" not in p.relative_to(EXAMPLES).parts[:-1]
+                  and p.name != "base.yaml")
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "recipeforge", *args], capture_output=True, text=True,
+                          cwd=cwd or ROOT, timeout=120)
+
+
+def test_examples_exist_and_use_extends():
+    recipes = example_recipes()
+    assert len([p for p in recipes if p.parent.name == "yaml"]) >= 5
+    assert all("extends" in yaml.safe_load(p.read_text()) for p in recipes if p.parent.name == "yaml")
+
+
+@pytest.mark.parametrize("path", example_recipes(), ids=lambda p: str(p.relative_to(EXAMPLES)))
+def test_every_example_validates(path, capsys):
+    assert main(["validate", str(path)]) == 0
+    assert "ok:" in capsys.readouterr().out
+
+
+def test_user_error_exit_code_2_without_traceback(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(MINIMAL + "adapter:\n  tpye: lora\n")
+    proc = run_cli("validate", str(bad))
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert f"{bad}:8:3 adapter.tpye: unknown key 'tpye'" in proc.stderr
+    assert "hint: did you mean 'type'?" in proc.stderr
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("stage: [\n")
+    proc = run_cli("--debug", "validate", str(bad))
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["validate", "missing.yaml"], "recipe file not found"),
+    (["validate", "examples/yaml/qlora-70b.yaml", "train.learning_rate"], "is not key=value"),
+])
+def test_cli_argument_errors(args, fragment, capsys):
+    assert main(args) == 2
+    assert fragment in capsys.readouterr().err
+
+
+def test_validate_imports_neither_torch_nor_transformers():
+    code = textwrap.dedent("""
+        import sys
+        from recipeforge.cli import main
+        assert main(["validate", "examples/yaml/qlora-70b.yaml"]) == 0
+        assert main(["resolve", "examples/yaml/qlora-70b.yaml"]) == 0
+        heavy = sorted(m for m in ("torch", "transformers", "trl", "peft", "accelerate", "deepspeed", "datasets")
+                       if m in sys.modules)
+        print("HEAVY", heavy)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY []" in proc.stdout
+
+
+def test_resolve_round_trips_with_overrides_and_interpolation(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("RF_RUN_SUFFIX", "v2")
+    src = tmp_path / "r.yaml"
+    src.write_text(MINIMAL + "name: demo\noutput: {dir: 'runs/${name}-${env:RF_RUN_SUFFIX}'}\n")
+    args = ["train.learning_rate=3e-4", "adapter.type=lora", "data.sequence_len=${train.global_batch_size}"]
+    assert main(["resolve", str(src), *args]) == 0
+    out = tmp_path / "resolved.yaml"
+    out.write_text(capsys.readouterr().out)
+    again = load_recipe(out).recipe
+    original = load_recipe(src, args).recipe
+    assert again == original
+    assert again.output.dir == "runs/demo-v2" and again.data.sequence_len == 32
+    assert again.train.learning_rate == 3e-4
+
+
+@pytest.mark.parametrize("path", [p for p in example_recipes() if p.parent.name == "yaml"],
+                         ids=lambda p: p.name)
+def test_examples_round_trip(path, tmp_path):
+    from recipeforge.config.dump import dump_recipe
+
+    loaded = load_recipe(path)
+    out = tmp_path / "resolved.yaml"
+    out.write_text(dump_recipe(loaded))
+    assert load_recipe(out).recipe == loaded.recipe
+
+
+def test_schema_is_json_schema_with_extends(capsys):
+    assert main(["schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    sft = schema["$defs"]["SFTRecipe"]
+    assert sft["additionalProperties"] is False
+    assert "extends" in sft["properties"] and "model" in sft["properties"]
+    assert schema["discriminator"]["propertyName"] == "stage"
+
+
+def test_docs_are_generated_from_the_current_schema():
+    doc = (ROOT / "docs" / "recipes.md").read_text()
+    assert doc == recipe_reference_markdown(), \
+        "docs/recipes.md is stale: run `recipeforge schema --format markdown -o docs/recipes.md`"
+    shipped = json.loads((ROOT / "docs" / "recipe.schema.json").read_text())
+    assert shipped == recipe_json_schema(), \
+        "docs/recipe.schema.json is stale: run `recipeforge schema -o docs/recipe.schema.json`"
+
+
+def test_reference_covers_every_field():
+    from recipeforge.config.schema import STAGE_CLASSES
+
+    doc = recipe_reference_markdown()
+    for cls in STAGE_CLASSES.values():
+        for name in cls.model_fields:
+            assert f"| `{name}` |" in doc
+
+
+def test_help_and_version():
+    proc = run_cli("--help")
+    assert proc.returncode == 0
+    for command in ("validate", "resolve", "schema", "plan", "train"):
+        assert command in proc.stdout
+    proc = run_cli("--version")
+    assert proc.returncode == 0 and proc.stdout.startswith("recipeforge ")
+
+
+def test_unknown_command_is_a_usage_error():
+    proc = run_cli("trian", "x.yaml")
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr
