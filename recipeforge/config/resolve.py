@@ -63,11 +63,28 @@ def resolve_interpolations(tree: ConfigTree, defaults: dict | None = None) -> tu
     from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
     _register_env_resolver(OmegaConf)
-    cfg = OmegaConf.create(_overlay(defaults or {}, tree.data))
+    from omegaconf.grammar_parser import parse as parse_interpolation
+
     out = tree.copy()
     env_refs: dict[tuple, list[str]] = {}
     problems: list[Problem] = []
     failed: list[tuple] = []
+    # Malformed interpolations would make OmegaConf reject the whole document: find them one by one.
+    sane = tree.copy()
+    for path, raw in leaves:
+        try:
+            parse_interpolation(raw)
+        except OmegaConfBaseException as exc:
+            problems.append(Problem(f"bad interpolation syntax in {raw!r}: {_short(exc)}", tree.locate(path),
+                                    format_key(path), hint="write ${section.key} or ${env:VAR,default}; "
+                                                           "a literal '${' is written '\\${'"))
+            failed.append(path)
+            sane.get(path[:-1])[path[-1]] = None
+    leaves = [(p, v) for p, v in leaves if p not in failed]
+    try:
+        cfg = OmegaConf.create(_overlay(defaults or {}, sane.data))
+    except OmegaConfBaseException as exc:
+        raise RecipeError(f"cannot interpolate this recipe: {_short(exc)}", location=tree.root) from None
     for path, raw in leaves:
         _env_reads.clear()
         try:

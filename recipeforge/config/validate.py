@@ -107,6 +107,8 @@ def _one_problem(path: tuple, err: dict, tree: ConfigTree) -> Problem:
         expected = _KINDS.get(kind.split("_")[0], kind.replace("_", " "))
         return Problem(f"expected {expected} (got {_describe(value)})", loc, key,
                        hint=_description(err["_parent"], path[-1]) if path else None)
+    if kind == "value_error":  # raised by our own validators: the message is already for users
+        return Problem(str(ctx.get("error", err["msg"])), loc, key)
     return Problem(f"{_lower(err['msg'])} (got {_describe(value)})", loc, key)
 
 

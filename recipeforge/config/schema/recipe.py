@@ -49,6 +49,8 @@ class Recipe(Section):
     def _kernel_list(cls, value: Any) -> Any:
         # `kernels: [liger, flash_attn]` is shorthand for a mapping with default options.
         if isinstance(value, (list, tuple)):
+            if not all(isinstance(name, str) for name in value):
+                raise ValueError("a list of kernels holds names only, e.g. [liger, flash_attn]")
             return {name: {} for name in value}
         return value
 
