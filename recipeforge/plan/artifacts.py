@@ -1,0 +1,110 @@
+"""Backend configurations generated from a plan, as plain data (what the backends launch with).
+
+- `deepspeed_config`: a DeepSpeed JSON config (ZeRO stage, offload, precision, batch sizes).
+- `fsdp_plugin_config`: keyword arguments of Accelerate's ``FullyShardedDataParallelPlugin`` for FSDP2.
+- `megatron_parallel_settings`: Megatron-Bridge ``ConfigContainer`` fields, grouped by section.
+"""
+
+from __future__ import annotations
+
+from recipeforge.errors import RecipeError
+from recipeforge.plan.types import Plan
+
+
+def _hidden(plan: Plan) -> int:
+    return int(plan.extra.get("model", {}).get("hidden_size", 4096))
+
+
+def _dtype(plan: Plan) -> str:
+    return plan.extra.get("dtype", "bf16")
+
+
+def _require(plan: Plan, backend: str) -> None:
+    if plan.backend != backend:
+        raise RecipeError(f"the plan uses backend {plan.backend}, not {backend}",
+                          hint=f"set distributed.backend: {backend} to plan for it")
+
+
+def deepspeed_config(plan: Plan, recipe) -> dict:
+    """A DeepSpeed config for `plan`. Batch sizes are explicit and consistent:
+    train_batch_size = micro * accumulation * data-parallel ranks."""
+    _require(plan, "deepspeed")
+    h = _hidden(plan)
+    stage = plan.zero_stage or 0
+    zero: dict = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True,
+                  # bucket sizes scale with the model (as the HF integration's "auto" does), so small
+                  # models do not allocate DeepSpeed's 500M-element defaults
+                  "reduce_bucket_size": h * h}
+    if stage in (1, 2):
+        zero.update(allgather_partitions=True, allgather_bucket_size=h * h, reduce_scatter=True)
+    if stage == 3:
+        zero.update(stage3_prefetch_bucket_size=int(0.9 * h * h), stage3_param_persistence_threshold=10 * h,
+                    stage3_gather_16bit_weights_on_model_save=True)
+    if plan.offload in ("optimizer", "optimizer+params"):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if plan.offload == "optimizer+params":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    dtype = _dtype(plan)
+    clip = recipe.train.max_grad_norm
+    config = {
+        "train_batch_size": plan.global_batch_size,
+        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
+        "gradient_accumulation_steps": plan.gradient_accumulation,
+        "gradient_clipping": clip if clip is not None else 0.0,
+        "zero_optimization": zero,
+        "bf16": {"enabled": dtype == "bf16"},
+        "fp16": {"enabled": dtype == "fp16", "loss_scale": 0, "initial_scale_power": 16,
+                 "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1},
+        "steps_per_print": recipe.train.logging_steps,
+        "wall_clock_breakdown": False,
+    }
+    return config
+
+
+def fsdp_plugin_config(plan: Plan, recipe) -> dict:
+    """Keyword arguments for ``accelerate.utils.FullyShardedDataParallelPlugin`` (FSDP2)."""
+    _require(plan, "fsdp")
+    layer_class = plan.extra.get("model", {}).get("decoder_layer_class")
+    dtype = _dtype(plan)
+    config = {
+        "fsdp_version": 2,
+        # FSDP2 expresses full_shard / shard_grad_op as resharding (or not) after forward
+        "reshard_after_forward": plan.preset != "fsdp_shard_grad_op",
+        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "transformer_cls_names_to_wrap": [layer_class] if layer_class else None,
+        "activation_checkpointing": plan.gradient_checkpointing,
+        "cpu_offload": plan.offload != "none",
+        "state_dict_type": "SHARDED_STATE_DICT",
+        "cpu_ram_efficient_loading": True,
+        "mixed_precision_policy": None if dtype == "fp32" else dtype,
+    }
+    return config
+
+
+def megatron_parallel_settings(plan: Plan, recipe) -> dict:
+    """Megatron-Bridge settings: model-parallel sizes on the model provider, batch sizes on the
+    training config, the distributed optimizer (and its CPU offload) on the optimizer config."""
+    _require(plan, "megatron")
+    offload = plan.offload != "none"
+    return {
+        "model": {
+            "tensor_model_parallel_size": plan.tensor_parallel,
+            "pipeline_model_parallel_size": plan.pipeline_parallel,
+            "context_parallel_size": 1,
+            "sequence_parallel": plan.tensor_parallel > 1,
+            "recompute_granularity": "full" if plan.gradient_checkpointing else None,
+            "recompute_method": "uniform" if plan.gradient_checkpointing else None,
+            "recompute_num_layers": 1 if plan.gradient_checkpointing else None,
+        },
+        "train": {"micro_batch_size": plan.micro_batch_size, "global_batch_size": plan.global_batch_size},
+        "optimizer": {
+            "use_distributed_optimizer": True,
+            "optimizer_cpu_offload": offload,
+            "optimizer_offload_fraction": 1.0 if offload else 0.0,
+            "use_precision_aware_optimizer": offload,
+            "overlap_cpu_optimizer_d2h_h2d": offload,
+            "clip_grad": recipe.train.max_grad_norm or 0.0,
+        },
+        "ddp": {"use_distributed_optimizer": True, "grad_reduce_in_fp32": True},
+        "data_parallel_size": plan.data_parallel,
+    }

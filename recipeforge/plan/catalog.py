@@ -1,0 +1,179 @@
+"""Where a model's shape comes from: ``tiny:<arch>``, a local config.json, the built-in table of
+well-known hub ids, a plugin, or (when online) the hub's config.json.
+
+The built-in table holds only the fields the parameter count needs, copied from each model's
+config.json on the hub; plugins add ids through the ``recipeforge.architectures`` entry-point group
+(name: hub id, object: a config dict).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from recipeforge.components.tiny_spec import TINY_CONFIGS, tiny_arch
+from recipeforge.errors import RecipeError, did_you_mean
+from recipeforge.plan.models import ModelSpec, spec_from_config
+from recipeforge.registry import Registry
+
+
+def _llama(v, h, i, layers, heads, kv, tie=False, model_type="llama", **extra) -> dict:
+    return dict(model_type=model_type, vocab_size=v, hidden_size=h, intermediate_size=i, num_hidden_layers=layers,
+                num_attention_heads=heads, num_key_value_heads=kv, tie_word_embeddings=tie, **extra)
+
+
+KNOWN_CONFIGS: dict[str, dict] = {
+    # Meta Llama 3.x
+    "meta-llama/Llama-3.1-8B": _llama(128256, 4096, 14336, 32, 32, 8),
+    "meta-llama/Llama-3.1-70B": _llama(128256, 8192, 28672, 80, 64, 8),
+    "meta-llama/Llama-3.1-405B": _llama(128256, 16384, 53248, 126, 128, 8),
+    "meta-llama/Llama-3.2-1B": _llama(128256, 2048, 8192, 16, 32, 8, tie=True, head_dim=64),
+    "meta-llama/Llama-3.2-3B": _llama(128256, 3072, 8192, 28, 24, 8, tie=True, head_dim=128),
+    "meta-llama/Llama-3.3-70B-Instruct": _llama(128256, 8192, 28672, 80, 64, 8),
+    # Mistral
+    "mistralai/Mistral-7B-v0.1": _llama(32000, 4096, 14336, 32, 32, 8, model_type="mistral"),
+    "mistralai/Mistral-7B-v0.3": _llama(32768, 4096, 14336, 32, 32, 8, model_type="mistral"),
+    "mistralai/Mixtral-8x7B-v0.1": _llama(32000, 4096, 14336, 32, 32, 8, model_type="mixtral",
+                                          num_local_experts=8, num_experts_per_tok=2),
+    "mistralai/Mixtral-8x22B-v0.1": _llama(32768, 6144, 16384, 56, 48, 8, model_type="mixtral",
+                                           num_local_experts=8, num_experts_per_tok=2),
+    # Qwen 2.5
+    "Qwen/Qwen2.5-0.5B": _llama(151936, 896, 4864, 24, 14, 2, tie=True, model_type="qwen2"),
+    "Qwen/Qwen2.5-1.5B": _llama(151936, 1536, 8960, 28, 12, 2, tie=True, model_type="qwen2"),
+    "Qwen/Qwen2.5-3B": _llama(151936, 2048, 11008, 36, 16, 2, tie=True, model_type="qwen2"),
+    "Qwen/Qwen2.5-7B": _llama(152064, 3584, 18944, 28, 28, 4, model_type="qwen2"),
+    "Qwen/Qwen2.5-14B": _llama(152064, 5120, 13824, 48, 40, 8, model_type="qwen2"),
+    "Qwen/Qwen2.5-32B": _llama(152064, 5120, 27648, 64, 40, 8, model_type="qwen2"),
+    "Qwen/Qwen2.5-72B": _llama(152064, 8192, 29568, 80, 64, 8, model_type="qwen2"),
+    # Qwen 3 (head_dim 128 throughout)
+    "Qwen/Qwen3-0.6B": _llama(151936, 1024, 3072, 28, 16, 8, tie=True, model_type="qwen3", head_dim=128),
+    "Qwen/Qwen3-1.7B": _llama(151936, 2048, 6144, 28, 16, 8, tie=True, model_type="qwen3", head_dim=128),
+    "Qwen/Qwen3-4B": _llama(151936, 2560, 9728, 36, 32, 8, tie=True, model_type="qwen3", head_dim=128),
+    "Qwen/Qwen3-8B": _llama(151936, 4096, 12288, 36, 32, 8, model_type="qwen3", head_dim=128),
+    "Qwen/Qwen3-14B": _llama(151936, 5120, 17408, 40, 40, 8, model_type="qwen3", head_dim=128),
+    "Qwen/Qwen3-32B": _llama(151936, 5120, 25600, 64, 64, 8, model_type="qwen3", head_dim=128),
+    "Qwen/Qwen3-30B-A3B": _llama(151936, 2048, 6144, 48, 32, 4, model_type="qwen3_moe", head_dim=128,
+                                 num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768),
+    "Qwen/Qwen1.5-MoE-A2.7B": _llama(151936, 2048, 5632, 24, 16, 16, model_type="qwen2_moe",
+                                     num_experts=60, num_experts_per_tok=4, moe_intermediate_size=1408,
+                                     shared_expert_intermediate_size=5632),
+    # Google Gemma (tied embeddings)
+    "google/gemma-2b": _llama(256000, 2048, 16384, 18, 8, 1, tie=True, model_type="gemma", head_dim=256),
+    "google/gemma-7b": _llama(256000, 3072, 24576, 28, 16, 16, tie=True, model_type="gemma", head_dim=256),
+    "google/gemma-2-2b": _llama(256000, 2304, 9216, 26, 8, 4, tie=True, model_type="gemma2", head_dim=256),
+    "google/gemma-2-9b": _llama(256000, 3584, 14336, 42, 16, 8, tie=True, model_type="gemma2", head_dim=256),
+    "google/gemma-2-27b": _llama(256000, 4608, 36864, 46, 32, 16, tie=True, model_type="gemma2", head_dim=128),
+    # Microsoft Phi
+    "microsoft/phi-2": _llama(51200, 2560, 10240, 32, 32, 32, model_type="phi"),
+    "microsoft/Phi-3-mini-4k-instruct": _llama(32064, 3072, 8192, 32, 32, 32, model_type="phi3"),
+    "microsoft/phi-4": _llama(100352, 5120, 17920, 40, 40, 10, model_type="phi3"),
+    # OpenAI GPT-2
+    "openai-community/gpt2": dict(model_type="gpt2", vocab_size=50257, n_embd=768, n_layer=12, n_head=12,
+                                  n_positions=1024),
+    "openai-community/gpt2-medium": dict(model_type="gpt2", vocab_size=50257, n_embd=1024, n_layer=24, n_head=16,
+                                         n_positions=1024),
+    "openai-community/gpt2-large": dict(model_type="gpt2", vocab_size=50257, n_embd=1280, n_layer=36, n_head=20,
+                                        n_positions=1024),
+    "openai-community/gpt2-xl": dict(model_type="gpt2", vocab_size=50257, n_embd=1600, n_layer=48, n_head=25,
+                                     n_positions=1024),
+}
+# Other names for the same weights' shape.
+ALIASES = {"gpt2": "openai-community/gpt2", "gpt2-medium": "openai-community/gpt2-medium",
+           "gpt2-large": "openai-community/gpt2-large", "gpt2-xl": "openai-community/gpt2-xl",
+           "meta-llama/Meta-Llama-3.1-8B": "meta-llama/Llama-3.1-8B",
+           "meta-llama/Meta-Llama-3.1-70B": "meta-llama/Llama-3.1-70B",
+           "meta-llama/Meta-Llama-3.1-405B": "meta-llama/Llama-3.1-405B",
+           "meta-llama/Meta-Llama-3-8B": "meta-llama/Llama-3.1-8B",
+           "meta-llama/Meta-Llama-3-70B": "meta-llama/Llama-3.1-70B",
+           "mistralai/Mistral-7B-Instruct-v0.1": "mistralai/Mistral-7B-v0.1",
+           "mistralai/Mistral-7B-Instruct-v0.2": "mistralai/Mistral-7B-v0.1",
+           "microsoft/Phi-3-mini-128k-instruct": "microsoft/Phi-3-mini-4k-instruct"}
+# Fine-tuned variants share the base model's shape.
+_VARIANT_SUFFIXES = ("-instruct", "-chat", "-it", "-hf", "-base")
+
+ARCHITECTURES: Registry[dict] = Registry("architectures")
+for _name, _cfg in KNOWN_CONFIGS.items():
+    ARCHITECTURES.register(_name, _cfg)
+
+
+def known_model_ids() -> list[str]:
+    """Hub ids the planner can size offline."""
+    return sorted(KNOWN_CONFIGS)
+
+
+def resolve_model(name_or_path: str, revision: str | None = None, *, allow_hub: bool = True) -> tuple[ModelSpec, str]:
+    """The `ModelSpec` for a recipe's `model.name_or_path` and where its shape came from."""
+    arch = tiny_arch(name_or_path)
+    if arch is not None:
+        if arch not in TINY_CONFIGS:
+            raise RecipeError(f"unknown tiny model '{name_or_path}'", key="model.name_or_path",
+                              hint=did_you_mean(arch, TINY_CONFIGS)
+                              or f"built-in: {', '.join('tiny:' + a for a in TINY_CONFIGS)}")
+        return spec_from_config(TINY_CONFIGS[arch], name_or_path), "built-in tiny model"
+
+    path = Path(name_or_path).expanduser()
+    config_file = path / "config.json" if path.is_dir() else path if path.name == "config.json" else None
+    if config_file is not None and config_file.is_file():
+        return spec_from_config(_read_json(config_file), name_or_path), f"{config_file}"
+    if path.is_dir():
+        raise RecipeError(f"'{name_or_path}' is a directory without config.json", key="model.name_or_path",
+                          hint="point model.name_or_path at a transformers model directory")
+
+    known = _known(name_or_path)
+    if known is not None:
+        return spec_from_config(KNOWN_CONFIGS[known], name_or_path), f"built-in table ({known})"
+    if name_or_path in ARCHITECTURES.names():  # a plugin's entry
+        return spec_from_config(ARCHITECTURES.get(name_or_path), name_or_path), "plugin table"
+    if allow_hub and "/" in name_or_path:
+        config, why = _hub_config(name_or_path, revision)
+        if config is not None:
+            return spec_from_config(config, name_or_path), "hub config.json"
+    else:
+        why = "not a hub id"
+    raise RecipeError(
+        f"cannot size model '{name_or_path}': not a local directory, not a known id, and {why}",
+        key="model.name_or_path",
+        hint=(did_you_mean(name_or_path, known_model_ids()) or "")
+        + " use a local directory with config.json, or a known id: " + ", ".join(known_model_ids()))
+
+
+def _known(name: str) -> str | None:
+    """Exact or case-insensitive table id; fine-tuned variants map to their base id."""
+    name = ALIASES.get(name, name)
+    lowered = {k.lower(): k for k in KNOWN_CONFIGS}
+    candidate = name.lower()
+    for _ in range(3):
+        if candidate in lowered:
+            return lowered[candidate]
+        alias = {a.lower(): t for a, t in ALIASES.items()}.get(candidate)
+        if alias:
+            return alias
+        stripped = next((candidate[: -len(s)] for s in _VARIANT_SUFFIXES if candidate.endswith(s)), None)
+        if stripped is None:
+            return None
+        candidate = stripped
+    return None
+
+
+def _hub_config(repo_id: str, revision: str | None) -> tuple[dict | None, str]:
+    """config.json from the hub (or its local cache) when huggingface_hub is installed and online."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return None, "HF_HUB_OFFLINE is set"
+    import importlib.util
+
+    if importlib.util.find_spec("huggingface_hub") is None:
+        return None, "huggingface_hub is not installed"
+    try:
+        from huggingface_hub import hf_hub_download  # noqa: PLC0415 - only when needed
+
+        return _read_json(Path(hf_hub_download(repo_id, "config.json", revision=revision))), ""
+    except Exception as exc:  # offline, gated, missing: all mean "cannot size from the hub"
+        return None, f"its config.json could not be fetched ({type(exc).__name__})"
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise RecipeError(f"cannot read {path}: {exc}", key="model.name_or_path") from None

@@ -1,0 +1,369 @@
+"""Per-GPU memory of one training step, by component, for a workload on a distributed layout.
+
+Every formula is documented with its source in docs/planner.md. Amounts are bytes; the peak is
+
+    persistent (weights, gradients, optimizer, adapter, reference model, comm buffers, rollout engine, runtime)
+    + max(forward/backward: activations + logits + gathered parameters,
+          optimizer step: temporaries,
+          generation: KV cache + gathered parameters)
+
+because activations are freed before the optimizer step and GRPO generates outside the training step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from recipeforge.plan.estimators import deepspeed_zero3_mem_needs, zero_model_states
+from recipeforge.plan.hardware import GIB
+from recipeforge.plan.workload import Workload
+
+CUDA_RUNTIME = 0.75 * GIB      # CUDA context, cuBLAS/cuDNN workspaces (not in torch's allocator stats)
+NCCL_BUFFERS = 0.5 * GIB       # communicator buffers once more than one process trains
+BUFFER_FACTOR = 1.5            # DeepSpeed's additional_buffer_factor on its host-memory estimates
+
+PERSISTENT = ("weights", "gradients", "optimizer", "adapter", "reference_model", "comm_buffers",
+              "rollout_engine", "runtime")
+TRAIN_PHASE = ("activations", "logits", "gathered_params")
+OPTIMIZER_PHASE = ("optimizer_step",)
+GENERATION_PHASE = ("kv_cache", "generation_params")
+COMPONENTS = PERSISTENT + TRAIN_PHASE + OPTIMIZER_PHASE + GENERATION_PHASE
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the model is spread: a backend with its preset, parallel sizes and offload."""
+
+    backend: str                    # single | ddp | deepspeed | fsdp | megatron
+    preset: str | None
+    data_parallel: int = 1
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    zero_stage: int | None = None
+    offload: str = "none"           # none | optimizer | optimizer+params
+    fsdp_sharding: str = "full_shard"
+    nodes: int = 1
+    gpus_per_node: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.data_parallel * self.tensor_parallel * self.pipeline_parallel
+
+    @property
+    def label(self) -> str:
+        return f"{self.backend} {self.preset}" if self.preset else self.backend
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per GPU by component, the peak, and host RAM per node for offloaded states."""
+
+    components: dict[str, float]
+    total: float
+    cpu_per_node: float = 0.0
+    notes: tuple[str, ...] = field(default=())
+
+    def gb(self) -> dict[str, float]:
+        """Non-zero components and the total in GiB, rounded for display and plan.json."""
+        out = {k: round(v / GIB, 2) for k, v in self.components.items() if v > 0}
+        out["total"] = round(self.total / GIB, 2)
+        return out
+
+
+# ----------------------------------------------------------------------------- per-parameter bytes
+
+def optimizer_state_bytes(optimizer: str, state_bytes: float, hidden: int) -> float:
+    """Optimizer state bytes per trainable element. `state_bytes` is the element size torch
+    optimizers keep their states in (the parameter's dtype); bitsandbytes' 8-bit and 32-bit optimizers
+    fix their own."""
+    if optimizer in ("adamw", "adamw_fused"):
+        return 2 * state_bytes                  # exp_avg + exp_avg_sq
+    if optimizer == "paged_adamw_32bit":
+        return 8.0
+    if optimizer in ("adamw_8bit", "paged_adamw_8bit"):
+        return 2.0 + 2 * 4 / 2048               # two 8-bit states + an fp32 absmax per 2048-block each
+    if optimizer == "lion_8bit":
+        return 1.0 + 4 / 2048
+    if optimizer == "adafactor":
+        return 2 * state_bytes / hidden         # factored second moment: one row + one column per matrix
+    if optimizer == "sgd":
+        return 0.0                              # no momentum by default
+    return 2 * state_bytes
+
+
+def _foreach_temp(optimizer: str) -> bool:
+    # torch's default (foreach) AdamW materialises one state-sized intermediate list in step();
+    # the fused kernel and bitsandbytes' kernels work in place.
+    return optimizer == "adamw"
+
+
+def quantized_bytes_per_param(bits: int, double_quant: bool, hidden: int) -> float:
+    """Bytes per weight of a bitsandbytes-quantized linear (Dettmers et al. 2023, QLoRA Sec. 3):
+    NF4 stores 0.5 bytes plus one fp32 absmax per 64-weight block; double quantization stores those
+    as 8-bit with one fp32 constant per 256 blocks. LLM.int8 stores 1 byte plus an fp32 scale per row."""
+    if bits == 8:
+        return 1.0 + 4 / hidden
+    constants = (1 / 64 + 4 / (64 * 256)) if double_quant else 4 / 64
+    return 0.5 + constants
+
+
+# ----------------------------------------------------------------------------- activations
+
+def layer_activation_bytes_per_token(w: Workload) -> float:
+    """Bytes one decoder layer keeps for backward per token (no recomputation), following the
+    tensors autograd saves in transformers' implementations (Korthikanti et al. 2022 count the same
+    way for GPT: 34*h bytes per token with fused attention)."""
+    m, c = w.model, w.compute_bytes
+    h, q, kv = m.hidden_size, m.q_dim, m.kv_dim
+    full = w.full_finetune
+    # RMSNorm upcasts its input to fp32 and keeps it; with a trainable weight it also keeps the
+    # normalised 16-bit tensor. Its output is the next linears' input.
+    if w.fused_kernels:
+        norm = c * h + (c * h if full else 0)
+    else:
+        norm = 4 * h + (2 * c * h if full else 0)
+    # Attention: q, k, v after RoPE, the output and its contiguous copy for o_proj; the fused kernels
+    # keep an fp32 log-sum-exp per head. Eager attention keeps the fp32 softmax and its 16-bit copy.
+    attn = c * (q + 2 * kv) + 2 * c * q + 4 * m.num_heads
+    if w.attention == "eager":
+        attn += (4 + c) * m.num_heads * w.seq_len + c * 2 * (q - kv)  # scores, and k/v repeated to all heads
+    if not full:
+        attn -= c * q  # a frozen o_proj does not keep its input
+    # MLP: gated (SwiGLU) keeps gate, act(gate), up and their product; classic keeps fc1 out and act out.
+    width = m.mlp_width
+    if m.gated_mlp:
+        mlp = c * width * (3 if w.fused_kernels else 4) - (0 if full else c * width)
+    else:
+        mlp = 2 * c * width
+    if m.is_moe:
+        # routed tokens are copied once per chosen expert, router logits kept in fp32
+        mlp += c * h * m.experts_per_token + 4 * m.num_experts
+    lora = 0.0
+    if not full:
+        # peft casts the input to the fp32 adapter, dropout keeps a mask, autocast keeps a 16-bit copy
+        # for lora_A, and lora_B keeps the r-wide intermediate.
+        for lin in w.lora_linears:
+            per_in = c + (1 if w.lora_dropout > 0 else 0)
+            lora += lin.count * (per_in * lin.in_features + c * w.lora_rank)
+    return 2 * norm + attn + mlp + lora
+
+
+def activation_bytes(w: Workload, tokens: int, *, layers: int, checkpointing: bool, tensor_parallel: int = 1) -> float:
+    """Activations kept for backward for `tokens` tokens over `layers` layers on one GPU. With
+    recomputation (per decoder layer, as transformers and Megatron's full recompute do) each layer
+    keeps only its input, and one layer at a time is recomputed in full."""
+    m, c = w.model, w.compute_bytes
+    per_layer = layer_activation_bytes_per_token(w)
+    outside = 4 * m.hidden_size + 2 * c * m.hidden_size  # final norm and the lm_head input
+    if checkpointing:
+        stored = tokens * (layers * c * m.hidden_size + per_layer)
+    else:
+        stored = tokens * layers * per_layer
+    # Megatron's tensor parallelism with sequence parallelism splits every one of these tensors.
+    return (stored + tokens * outside) / tensor_parallel
+
+
+def logits_bytes(w: Workload, tokens: int, tensor_parallel: int = 1) -> float:
+    """Logits of `tokens` tokens: 16-bit logits, the fp32 upcast and the fp32 log-softmax kept for
+    backward, (c + 8) bytes per vocabulary entry. Liger's fused linear cross-entropy only ever holds
+    one chunk of rows."""
+    m, c = w.model, w.compute_bytes
+    per_token = (c + 8) * m.vocab_size / tensor_parallel
+    if w.fused_loss:
+        chunk = 2 ** math.ceil(math.log2(max(1, math.ceil(tokens / math.ceil(m.vocab_size / m.hidden_size)))))
+        return min(tokens, chunk) * per_token
+    return tokens * per_token
+
+
+def kv_cache_bytes(w: Workload, sequences: int) -> float:
+    """K and V of every layer for `sequences` prompt+completion sequences (transformers' generate)."""
+    r, m = w.rollout, w.model
+    return sequences * (r.prompt_len + r.completion_len) * m.num_layers * 2 * m.kv_dim * w.compute_bytes
+
+
+# ----------------------------------------------------------------------------- the estimate
+
+def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool, *,
+             accumulation: int = 1, gpu_memory: float = 0.0) -> MemoryEstimate:
+    """Per-GPU peak memory of `w` on `layout` with `micro_batch` samples per forward pass.
+
+    `gpu_memory` (bytes) sizes a colocated vLLM engine, which reserves its share of the whole GPU.
+    """
+    m, c = w.model, w.compute_bytes
+    part: dict[str, float] = dict.fromkeys(COMPONENTS, 0.0)
+    notes: list[str] = []
+    psi = m.total_params()
+    trainable = w.trainable_params()
+    mp = layout.tensor_parallel * layout.pipeline_parallel
+
+    # ---- frozen base weights (adapters) or the trained weights (full fine-tune)
+    if w.full_finetune:
+        frozen_bytes = 0.0
+    elif w.adapter == "qlora":
+        # peft's prepare_model_for_kbit_training keeps the non-quantized weights in fp32
+        frozen_bytes = (m.linear_params() * quantized_bytes_per_param(w.quant_bits, w.double_quant, m.hidden_size)
+                        + (psi - m.linear_params()) * 4)
+    else:
+        frozen_bytes = psi * c
+
+    cpu = 0.0
+    backend = layout.backend
+    if backend == "deepspeed":
+        cpu = _deepspeed_states(w, layout, part, trainable, frozen_bytes)
+    elif backend == "fsdp":
+        cpu = _fsdp_states(w, layout, part, trainable, frozen_bytes)
+    elif backend == "megatron":
+        cpu = _megatron_states(w, layout, part, trainable, frozen_bytes)
+    else:
+        # single, ddp: the Trainer trains weights in their load dtype (fp16 training needs fp32 weights
+        # under autocast); peft keeps adapters in fp32
+        wb = 4 if (w.dtype in ("fp32", "fp16") or not w.full_finetune) else c
+        ww, gg, oo = zero_model_states(trainable, 1, 0, weight_bytes=wb, grad_bytes=wb,
+                                       optimizer_bytes=optimizer_state_bytes(w.optimizer, wb, m.hidden_size))
+        _assign_trainable(w, part, ww, gg, oo, frozen_bytes)
+        if _foreach_temp(w.optimizer):
+            part["optimizer_step"] = oo / 2
+        if backend == "ddp":
+            part["comm_buffers"] = gg  # DDP's gradient buckets are a second copy of the gradients
+
+    # ---- reference model (DPO, GRPO with a KL term): frozen 16-bit copy, sharded like the weights
+    if w.reference_model:
+        shards = layout.data_parallel if _shards_weights(layout) else 1
+        part["reference_model"] = psi * c / (shards * mp)
+
+    # ---- activations and logits of one micro batch
+    tokens = micro_batch * w.sequences_per_sample * w.seq_len
+    layers = m.num_layers  # Megatron 1F1B: the first stage keeps p micro batches of L/p layers
+    part["activations"] = activation_bytes(w, tokens, layers=layers, checkpointing=checkpointing,
+                                           tensor_parallel=layout.tensor_parallel)
+    part["logits"] = logits_bytes(w, micro_batch * w.sequences_per_sample * w.logit_tokens, layout.tensor_parallel)
+    if w.adapter == "qlora":
+        part["gathered_params"] += 2 * m.largest_linear_params() * c  # one dequantized weight, forward and backward
+    if w.lora_dora:
+        part["gathered_params"] += m.largest_linear_params() * c      # DoRA's weight norm needs the full matrix
+
+    # ---- GRPO rollout
+    if w.rollout is not None and w.rollout.colocated:
+        if w.rollout.engine == "hf":
+            # TRL generates the completions of all accumulation steps at once
+            part["kv_cache"] = kv_cache_bytes(w, micro_batch * accumulation)
+            if _shards_weights(layout):
+                part["generation_params"] = psi * c / mp  # the whole model is gathered to generate
+        else:
+            part["rollout_engine"] = w.rollout.gpu_memory_utilization * gpu_memory
+            notes.append(f"{w.rollout.engine} reserves {w.rollout.gpu_memory_utilization:.0%} of each GPU")
+
+    part["runtime"] = (CUDA_RUNTIME + (NCCL_BUFFERS if layout.world_size > 1 else 0.0)) if gpu_memory else 0.0
+
+    persistent = sum(part[k] for k in PERSISTENT)
+    phases = [sum(part[k] for k in phase) for phase in (TRAIN_PHASE, OPTIMIZER_PHASE, GENERATION_PHASE)]
+    return MemoryEstimate(components=part, total=persistent + max(phases), cpu_per_node=cpu, notes=tuple(notes))
+
+
+def _shards_weights(layout: Layout) -> bool:
+    return (layout.backend == "deepspeed" and layout.zero_stage == 3) or layout.backend == "fsdp"
+
+
+def _deepspeed_states(w: Workload, layout: Layout, part: dict, trainable: int, frozen_bytes: float) -> float:
+    """DeepSpeed mixed precision as its estimators count it: 16-bit weights and gradients, and
+    K = 16 bytes of fp32 state per parameter (master weights, gradients, momentum, variance).
+    Stage 1 partitions K, stage 2 also the 16-bit gradients, stage 3 also the weights (its 16-bit
+    gradients are reduced straight into the fp32 partition). Returns host bytes per node."""
+    m, c, n = w.model, w.compute_bytes, layout.data_parallel
+    stage = layout.zero_stage or 0
+    fp32_extra = 8 if w.dtype != "fp32" else 0  # fp32 master weights + fp32 gradient partition
+    k = fp32_extra + optimizer_state_bytes(w.optimizer, 4, m.hidden_size)
+    offload_opt = layout.offload in ("optimizer", "optimizer+params")
+    offload_params = layout.offload == "optimizer+params"
+    grad_bytes = 0 if stage == 3 else c
+    ww, gg, oo = zero_model_states(trainable, n, stage, weight_bytes=c, grad_bytes=grad_bytes, optimizer_bytes=k)
+    frozen = frozen_bytes / n if stage == 3 else frozen_bytes
+    h2 = m.hidden_size ** 2  # bucket sizes of the generated config (artifacts.deepspeed_config)
+    if stage == 3:
+        part["gathered_params"] += 4 * m.largest_module_params() + c * int(0.9 * h2)  # largest layer + prefetch
+        part["comm_buffers"] = 2 * c * h2          # reduce bucket, double-buffered
+    else:
+        part["comm_buffers"] = 3 * c * h2          # reduce bucket (double-buffered) + all-gather bucket
+    if offload_opt:
+        oo, gg = 0.0, 0.0  # gradients stream into the fp32 partition in host memory
+    if offload_params:
+        ww, frozen = 0.0, 0.0
+    _assign_trainable(w, part, ww, gg, oo, frozen)
+    if not offload_opt:
+        return 0.0
+    if stage == 3:
+        cpu, _, _ = deepspeed_zero3_mem_needs(trainable, m.largest_module_params(), layout.gpus_per_node,
+                                              layout.nodes, True, offload_params, True, BUFFER_FACTOR)
+    else:
+        # DeepSpeed's ZeRO-2 estimate: 16 bytes of offloaded fp32 state per parameter, or the fp32
+        # copies the ranks build at start-up if larger; the states divided over the nodes as its
+        # ZeRO-3 estimate does, the start-up copies counted for this node's ranks.
+        cpu = trainable * max(4 * layout.gpus_per_node, 16 / layout.nodes) * BUFFER_FACTOR
+    if offload_params:
+        cpu += frozen_bytes / layout.nodes * BUFFER_FACTOR
+    return float(cpu)
+
+
+def _fsdp_states(w: Workload, layout: Layout, part: dict, trainable: int, frozen_bytes: float) -> float:
+    """FSDP2 through Accelerate: trainable parameters are upcast to fp32 and sharded with their
+    gradients and optimizer states; compute runs on 16-bit unsharded copies gathered per layer."""
+    m, c = w.model, w.compute_bytes
+    n = layout.gpus_per_node if layout.fsdp_sharding == "hybrid_shard" else layout.data_parallel
+    ww, gg, oo = zero_model_states(trainable, n, 3, weight_bytes=4, grad_bytes=4,
+                                   optimizer_bytes=optimizer_state_bytes(w.optimizer, 4, m.hidden_size))
+    frozen = frozen_bytes / n
+    base_per_param = (frozen_bytes / m.total_params()) if not w.full_finetune else c
+    root = (m.embedding_params() + m.head_params() + m.final_norm_params()) * c
+    layer = m.layer_params() * base_per_param
+    if layout.fsdp_sharding == "shard_grad_op":
+        gathered = m.total_params() * base_per_param  # reshard_after_forward=False keeps every layer unsharded
+    else:
+        gathered = root + 2 * layer  # root stays unsharded; the current layer and the prefetched next one
+    trainable_layer = m.layer_params() if w.full_finetune else trainable / max(1, m.num_layers)
+    part["gathered_params"] += gathered + 4 * trainable_layer  # + one layer's unsharded fp32 gradients
+    if _foreach_temp(w.optimizer) and layout.offload == "none":
+        part["optimizer_step"] = oo / 2
+    if layout.offload != "none":
+        # CPUOffloadPolicy: sharded parameters, gradients and optimizer states live in host memory,
+        # plus the 16-bit checkpoint the main process loads before sharding (cpu_ram_efficient_loading)
+        cpu = (ww + gg + oo + frozen) * layout.gpus_per_node + m.total_params() * base_per_param
+        _assign_trainable(w, part, 0.0, 0.0, 0.0, 0.0)
+        return cpu
+    _assign_trainable(w, part, ww, gg, oo, frozen)
+    return 0.0
+
+
+def _megatron_states(w: Workload, layout: Layout, part: dict, trainable: int, frozen_bytes: float) -> float:
+    """Megatron-Core: 16-bit weights, fp32 main gradients, and fp32 master weights + Adam states
+    sharded over data-parallel ranks by the distributed optimizer (6 + 12/d bytes per parameter),
+    on the most loaded pipeline stage's share of the tensor-parallel split."""
+    m, c = w.model, w.compute_bytes
+    tp, pp, dp = layout.tensor_parallel, layout.pipeline_parallel, layout.data_parallel
+    layers = math.ceil(m.num_layers / pp)
+    if pp == 1:
+        local_params = m.total_params()
+    else:  # the first stage holds the embedding, the last the output layer (a copy when tied)
+        local_params = layers * m.layer_params() + max(m.embedding_params(), m.vocab_size * m.hidden_size)
+    local = local_params / tp
+    share = local / m.total_params()
+    local_trainable = trainable * share
+    k = (4 if w.dtype != "fp32" else 0) + optimizer_state_bytes(w.optimizer, 4, m.hidden_size)
+    ww, gg, oo = zero_model_states(local_trainable, dp, 1, weight_bytes=c, grad_bytes=4, optimizer_bytes=k)
+    frozen = frozen_bytes * share
+    cpu = 0.0
+    if layout.offload != "none":
+        # HybridDeviceOptimizer with offload_fraction 1.0: fp32 master weights, Adam states and a
+        # copy of the gradients on the host for every rank of the node
+        cpu = (oo + local_trainable * 4 / dp) * layout.gpus_per_node
+        oo = 0.0
+    _assign_trainable(w, part, ww, gg, oo, frozen)
+    return cpu
+
+
+def _assign_trainable(w: Workload, part: dict, ww: float, gg: float, oo: float, frozen: float) -> None:
+    if w.full_finetune:
+        part["weights"], part["gradients"], part["optimizer"] = ww, gg, oo
+    else:
+        part["weights"] = frozen
+        part["adapter"] = ww + gg + oo

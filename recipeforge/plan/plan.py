@@ -1,0 +1,319 @@
+"""`make_plan`: recipe + hardware -> `Plan`, every choice with its reason."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from recipeforge.errors import RecipeError, did_you_mean
+from recipeforge.plan.catalog import resolve_model
+from recipeforge.plan.hardware import GIB, Hardware, hardware_for
+from recipeforge.plan import policy
+from recipeforge.plan.models import human_count
+from recipeforge.plan.policy import Decision, Evaluation, decide, install_hint, known_presets
+from recipeforge.plan.types import Choice, Plan
+from recipeforge.plan.workload import Workload, build_workload, lora_targets
+
+# Stages each backend's runner drives (the TRL trainers run on single/ddp/deepspeed/fsdp).
+BACKEND_STAGES = {"megatron": ("pretrain", "sft")}
+
+
+def make_plan(recipe, hardware: Hardware | None = None) -> Plan:
+    """Plan `recipe` on `hardware` (default: `hardware_for(recipe, None)`).
+
+    Raises `RecipeError` when nothing fits (saying by how much and what would), when a pinned
+    layout does not fit, or when the batch sizes cannot be split over the data-parallel ranks.
+    """
+    hw = hardware if hardware is not None else hardware_for(recipe, None)
+    spec, model_source = resolve_model(recipe.model.name_or_path, recipe.model.revision)
+    w = build_workload(recipe, spec, hw)
+    dist = recipe.distributed
+    _check_pins(recipe, w, hw)
+
+    decision = decide(w, hw, dist, recipe.train)
+    if decision.chosen is None:
+        _raise_no_fit(recipe, w, hw, decision)
+    ev = decision.chosen
+    return _build_plan(recipe, w, hw, ev, decision, model_source)
+
+
+# ----------------------------------------------------------------------------- pins and errors
+
+def _check_pins(recipe, w: Workload, hw: Hardware) -> None:
+    dist = recipe.distributed
+    stages = BACKEND_STAGES.get(dist.backend)
+    if stages and recipe.stage not in stages:
+        raise RecipeError(f"the {dist.backend} backend runs {' and '.join(stages)} only, not {recipe.stage}",
+                          key="distributed.backend", hint="use backend: auto, deepspeed or fsdp")
+    if hw.device == "cpu" and dist.backend not in ("auto", "single", "ddp", "fsdp"):
+        raise RecipeError(f"backend {dist.backend} needs GPUs; the target ({hw.describe()}) has none",
+                          key="distributed.backend", hint="use backend: auto (single process on the CPU)")
+    if dist.preset and hw.device == "cuda":
+        presets = known_presets(w, hw, dist.backend)
+        if dist.preset not in presets:
+            raise RecipeError(f"unknown preset '{dist.preset}' for backend {dist.backend} on {hw.describe()}",
+                              key="distributed.preset",
+                              hint=(did_you_mean(dist.preset, presets) or "") + f" presets: {', '.join(presets)}")
+
+
+def _pinned(recipe) -> list[str]:
+    d = recipe.distributed
+    out = []
+    if d.backend != "auto":
+        out.append(f"backend: {d.backend}")
+    if d.preset:
+        out.append(f"preset: {d.preset}")
+    if d.zero_stage != "auto":
+        out.append(f"zero_stage: {d.zero_stage}")
+    if d.offload != "none":
+        out.append(f"offload: {d.offload}")
+    if d.tensor_parallel > 1 or d.pipeline_parallel > 1:
+        out.append(f"tensor_parallel: {d.tensor_parallel}, pipeline_parallel: {d.pipeline_parallel}")
+    return out
+
+
+def _raise_no_fit(recipe, w: Workload, hw: Hardware, decision: Decision) -> None:
+    evs = decision.evaluations
+    if not evs:
+        raise RecipeError(f"no {', '.join(_pinned(recipe))} layout exists for {hw.describe()}",
+                          key="distributed", hint="check the pinned parallel sizes against the GPU count, "
+                                                  "or set distributed.backend: auto")
+    batch_only = [e for e in evs if e.memory.total <= e.limit and e.memory.cpu_per_node <= e.cpu_limit]
+    if batch_only:
+        e = batch_only[0]
+        key = "train.micro_batch_size" if isinstance(recipe.train.micro_batch_size, int) else "train.global_batch_size"
+        multiple = e.micro_batch * e.layout.data_parallel
+        raise RecipeError(f"{e.problem}, so gradient accumulation would not be a whole number", key=key,
+                          hint=f"use a global batch that is a multiple of {multiple} "
+                               f"(e.g. {multiple * max(1, round(recipe.train.global_batch_size / multiple))})")
+    on_gpu = [e for e in evs if e.layout.offload == "none"] or evs
+    closest = min(on_gpu, key=lambda e: e.shortfall)
+    what = _describe_training(recipe, w)
+    head = (f"{what} does not fit on {hw.describe()}: the closest plan, {closest.layout.label}, "
+            f"{closest.problem} ({closest.shortfall / GIB:.1f} GB short"
+            + (f", {hw.gpu_memory_gb:.1f} GB GPUs at {recipe.distributed.memory_headroom:.0%} headroom)"
+               if hw.device == "cuda" else ")"))
+    pins = _pinned(recipe)
+    if pins:
+        head = f"pinned {', '.join(pins)}: " + head
+    raise RecipeError(head, key="distributed" if pins else "model.name_or_path",
+                      hint="what would fit: " + "; ".join(_alternatives(recipe, w, hw)))
+
+
+def _describe_training(recipe, w: Workload) -> str:
+    size = human_count(w.model.total_params())
+    kind = {"none": "full fine-tune" if recipe.stage != "pretrain" else "pretraining",
+            "lora": "LoRA", "qlora": "QLoRA"}[w.adapter]
+    return f"{recipe.stage} ({kind}) of {recipe.model.name_or_path} ({size} parameters)"
+
+
+def _alternatives(recipe, w: Workload, hw: Hardware) -> list[str]:
+    """Computed suggestions: an adapter, more GPUs of the same kind, offload (with its host RAM)."""
+    out: list[str] = []
+    auto = recipe.distributed.model_copy(update={"backend": "auto", "preset": None, "zero_stage": "auto",
+                                                 "offload": "none", "tensor_parallel": 1, "pipeline_parallel": 1})
+    if _pinned(recipe):
+        d = decide(w, hw, auto, recipe.train)
+        if d.chosen is not None:
+            return [f"distributed.backend: auto would choose {d.chosen.layout.label} "
+                    f"({d.chosen.memory.total / GIB:.1f} GB per GPU)"]
+    if hw.device == "cuda":
+        for adapter in ("qlora", "lora") if w.adapter != "qlora" else ():
+            if w.adapter == "lora" and adapter == "lora":
+                continue
+            alt = _with_adapter(w, adapter, hw)
+            d = decide(alt, hw, auto, recipe.train)
+            if d.chosen is not None:
+                out.append(f"adapter.type: {adapter} fits ({d.chosen.layout.label}, "
+                           f"{d.chosen.memory.total / GIB:.1f} GB per GPU)")
+                break
+            need = min(e.memory.total for e in d.evaluations if e.memory.cpu_per_node == 0) if d.evaluations else 0
+            out.append(f"adapter.type: {adapter} would need {need / GIB:.1f} GB per GPU")
+        more = _more_gpus(recipe, w, hw, auto)
+        if more:
+            out.append(more)
+        offload = [e for e in decide(w, hw, auto, recipe.train).evaluations if e.layout.offload != "none"]
+        if offload:
+            best = min(offload, key=lambda e: e.shortfall)
+            ram, known = hw.host_ram_gb()
+            out.append(f"offload ({best.layout.label}) needs {best.memory.total / GIB:.1f} GB per GPU and "
+                       f"{best.memory.cpu_per_node / GIB:.0f} GB of host RAM per node "
+                       f"({'this machine has' if known else 'assumed'} {ram:.0f} GB)")
+    else:
+        out.append("a GPU machine (--hardware 1xH100-80GB, ...) or a smaller model")
+    return out or ["a smaller model or sequence length"]
+
+
+def _with_adapter(w: Workload, adapter: str, hw: Hardware) -> Workload:
+    dtype = w.dtype if w.dtype != "fp32" else ("bf16" if hw.accelerator and hw.accelerator.bf16 else "fp16")
+    return replace(w, adapter=adapter, lora_rank=w.lora_rank or 16,
+                   lora_linears=w.lora_linears or lora_targets(w.model, "all-linear"),
+                   dtype=dtype, reference_model=False)
+
+
+def _more_gpus(recipe, w: Workload, hw: Hardware, auto) -> str | None:
+    per_node = max(8, hw.gpus_per_node)
+    current = hw.num_gpus
+    n = 2
+    while n <= 4096:
+        if n > current:
+            nodes, gpus = (1, n) if n <= per_node else (n // per_node, per_node)
+            bigger = Hardware(nodes=nodes, gpus_per_node=gpus, accelerator=hw.accelerator, source=hw.source)
+            # more ranks may need a larger global batch: the smallest multiple of n not below the recipe's
+            batch = n * -(-recipe.train.global_batch_size // n)
+            train = recipe.train.model_copy(update={"global_batch_size": batch})
+            d = decide(w, bigger, auto, train)
+            if d.chosen is not None:
+                note = f", global batch {batch}" if batch != recipe.train.global_batch_size else ""
+                return (f"{bigger.describe()} ({d.chosen.layout.label}, "
+                        f"{d.chosen.memory.total / GIB:.1f} GB per GPU{note})")
+        n *= 2
+    return None
+
+
+# ----------------------------------------------------------------------------- the plan
+
+def _build_plan(recipe, w: Workload, hw: Hardware, ev: Evaluation, decision: Decision, model_source: str) -> Plan:
+    layout = ev.layout
+    dist, train = recipe.distributed, recipe.train
+    device = hw.device
+    gpus_used = layout.nodes * layout.gpus_per_node if device == "cuda" else 0
+    limit_gb = ev.limit / GIB
+    reasons: dict[str, Choice] = {}
+    pins = _pinned(recipe)
+
+    where = {"--hardware": "from --hardware", "recipe": "from the recipe's hardware: section",
+             "probe": "probed on this machine"}
+    reasons["hardware"] = Choice(hw.describe(), where[hw.source])
+    active = f"; {human_count(w.model.active_params())} active per token" if w.model.is_moe else ""
+    reasons["model"] = Choice(f"{human_count(w.model.total_params())} params", f"counted from {model_source}{active}")
+    reasons["dtype"] = Choice(w.dtype, "recipe sets it" if recipe.model.dtype != "auto" else
+                              ("auto: fp32 on the CPU" if device == "cpu" else
+                               f"auto: {hw.accelerator.name} {'supports' if hw.accelerator.bf16 else 'lacks'} bf16"))
+    backend_reason = _backend_reason(ev, decision, pins, limit_gb)
+    reasons["backend"] = Choice(layout.backend, backend_reason)
+    reasons["preset"] = Choice(layout.preset, ev.candidate.why)
+    if layout.backend == "megatron":
+        pinned_sizes = dist.tensor_parallel > 1 or dist.pipeline_parallel > 1
+        reasons["tensor_parallel"] = Choice(layout.tensor_parallel, "recipe pins it" if pinned_sizes else
+                                            "largest split inside a node (dividing the heads) before adding "
+                                            "pipeline stages")
+        reasons["pipeline_parallel"] = Choice(layout.pipeline_parallel, f"{w.model.num_layers} layers over "
+                                              f"{layout.pipeline_parallel} stage(s)")
+    reasons["data_parallel"] = Choice(layout.data_parallel, f"{gpus_used or 1} process(es) / model-parallel size "
+                                      f"{layout.tensor_parallel * layout.pipeline_parallel}")
+    reasons["micro_batch_size"] = Choice(ev.micro_batch, _micro_reason(train, ev))
+    reasons["gradient_accumulation"] = Choice(
+        ev.accumulation, f"global batch {train.global_batch_size} / (micro batch {ev.micro_batch} x "
+                         f"{layout.data_parallel} data-parallel rank(s))")
+    reasons["gradient_checkpointing"] = Choice(ev.checkpointing, _ckpt_reason(train, ev))
+    reasons["zero_stage"] = Choice(layout.zero_stage, "recipe pins it" if dist.zero_stage != "auto" else
+                                   ("from the preset" if layout.zero_stage is not None else "not DeepSpeed"))
+    reasons["offload"] = Choice(layout.offload, "recipe pins it" if dist.offload != "none" else
+                                ("needed: nothing fits on the GPUs alone" if layout.offload != "none"
+                                 else "not needed"))
+    capacity = hw.gpu_memory_gb if device == "cuda" else hw.host_ram_gb()[0]
+    reasons["memory"] = Choice(round(ev.memory.total / GIB, 2),
+                               f"peak per {'GPU' if device == 'cuda' else 'process'}, limit {limit_gb:.1f} GB "
+                               f"({dist.memory_headroom:.0%} of {capacity:.1f} GB)")
+
+    warnings = list(decision.warnings)
+    if layout.offload != "none":
+        ram, known = hw.host_ram_gb()
+        if not known:
+            warnings.append(f"host RAM of the target is unknown; offload assumes {ram:.0f} GB per node and needs "
+                            f"{ev.memory.cpu_per_node / GIB:.0f} GB")
+    warnings.extend(w.notes)
+    warnings.extend(ev.memory.notes)
+
+    extra = {
+        "hardware": hw.to_dict(),
+        "model": {**w.model.summary(), "source": model_source, "trainable_params": w.trainable_params(),
+                  "decoder_layer_class": w.model.decoder_layer_class},
+        "dtype": w.dtype,
+        "precision": _precision(layout, w),
+        "attention": w.attention,
+        "sequence_len": w.seq_len,
+        "memory_limit_gb": round(limit_gb, 2),
+        "cpu_memory_gb": round(ev.memory.cpu_per_node / GIB, 1),
+        "runners_up": _runners_up(ev, decision),
+        "warnings": warnings,
+    }
+    return Plan(
+        backend=layout.backend, preset=layout.preset, device=device,
+        nodes=layout.nodes if device == "cuda" else 1,
+        gpus_per_node=layout.gpus_per_node if device == "cuda" else 0,
+        world_size=max(1, layout.world_size if layout.backend != "single" else 1),
+        data_parallel=layout.data_parallel, tensor_parallel=layout.tensor_parallel,
+        pipeline_parallel=layout.pipeline_parallel, micro_batch_size=ev.micro_batch,
+        gradient_accumulation=ev.accumulation,
+        global_batch_size=ev.micro_batch * ev.accumulation * layout.data_parallel,
+        gradient_checkpointing=ev.checkpointing, zero_stage=layout.zero_stage, offload=layout.offload,
+        memory_gb=ev.memory.gb(), reasons=reasons, extra=extra)
+
+
+def _backend_reason(ev: Evaluation, decision: Decision, pins: list[str], limit_gb: float) -> str:
+    if pins:
+        return f"recipe pins {', '.join(pins)}; fits in {ev.memory.total / GIB:.1f} of {limit_gb:.1f} GB"
+    earlier = [e for e in decision.evaluations[: _position(decision, ev)] if not e.fits]
+    lost = "; ".join(f"{e.layout.label} {e.problem}" for e in earlier[:3])
+    head = f"first layout in preference order that fits ({ev.memory.total / GIB:.1f} of {limit_gb:.1f} GB)"
+    return f"{head}; before it: {lost}" if lost else head
+
+
+def _position(decision: Decision, ev: Evaluation) -> int:
+    return next(i for i, e in enumerate(decision.evaluations) if e is ev)
+
+
+def _micro_reason(train, ev: Evaluation) -> str:
+    if isinstance(train.micro_batch_size, int):
+        return "recipe sets it"
+    bigger = [t for t in ev.tried if t[0] > ev.micro_batch and t[1] == ev.checkpointing]
+    per_rank = train.global_batch_size // ev.layout.data_parallel
+    why = f"auto: largest divisor of the per-rank batch {per_rank} (at most 8) that fits"
+    if bigger:
+        micro, _, need = min(bigger, key=lambda t: t[0])
+        why += f"; {micro} would need {need / GIB:.1f} GB"
+    return why
+
+
+def _ckpt_reason(train, ev: Evaluation) -> str:
+    if isinstance(train.gradient_checkpointing, bool):
+        return "recipe sets it"
+    if not ev.checkpointing:
+        return "auto: off, the step fits without recomputation"
+    without = [t for t in ev.tried if not t[1]]
+    need = min(t[2] for t in without) if without else 0
+    return f"auto: on, without it even micro batch 1 needs {need / GIB:.1f} GB"
+
+
+def _precision(layout, w: Workload) -> str:
+    if w.dtype == "fp32":
+        return "fp32 weights, gradients and optimizer states"
+    if w.adapter != "none":
+        base = w.dtype if w.adapter != "qlora" else ("4-bit NF4" if w.quant_bits == 4 else "8-bit")
+        return f"frozen {base} base weights; fp32 adapter weights, gradients and optimizer states; {w.dtype} compute"
+    if layout.backend in ("single", "ddp"):
+        if w.dtype == "fp16":
+            return "fp32 weights with fp16 autocast; fp32 gradients and optimizer states"
+        return f"{w.dtype} weights, gradients and optimizer states (no fp32 master copy)"
+    if layout.backend == "fsdp":
+        return f"fp32 sharded weights, gradients and optimizer states; {w.dtype} compute on gathered copies"
+    return f"{w.dtype} weights and gradients; fp32 master weights, gradients and optimizer states"
+
+
+def _runners_up(ev: Evaluation, decision: Decision) -> list[dict]:
+    out = []
+    chosen_index = _position(decision, ev)
+    for i, e in enumerate(decision.evaluations):
+        if e is ev:
+            continue
+        if not e.fits:
+            why = e.problem
+        elif i < chosen_index:
+            why = f"fits, but {e.layout.backend} is not installed ({install_hint(e.layout.backend)})" \
+                if not policy.backend_installed(e.layout.backend) else "fits"
+        else:
+            why = f"fits, but comes later in preference order than {ev.layout.label}"
+        out.append({"backend": e.layout.backend, "preset": e.layout.preset, "fits": e.fits,
+                    "memory_gb": round(e.memory.total / GIB, 2), "why": why})
+    return out

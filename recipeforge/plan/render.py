@@ -1,0 +1,85 @@
+"""`render_plan`: the readable table `recipeforge plan` prints."""
+
+from __future__ import annotations
+
+from recipeforge.plan.memory import COMPONENTS
+from recipeforge.plan.models import human_count
+from recipeforge.plan.types import Plan
+
+_LABELS = {
+    "weights": "weights", "gradients": "gradients", "optimizer": "optimizer states",
+    "adapter": "LoRA adapter (w+g+opt)",
+    "reference_model": "reference model", "comm_buffers": "communication buffers", "rollout_engine": "rollout engine",
+    "runtime": "CUDA/NCCL runtime", "activations": "activations", "logits": "logits + loss",
+    "gathered_params": "gathered/dequantized weights", "optimizer_step": "optimizer step temporaries",
+    "kv_cache": "generation KV cache", "generation_params": "weights gathered to generate",
+}
+
+
+def render_plan(plan: Plan) -> str:
+    """A plain-text report: the choice, sizes, batch split, memory per GPU by component, every
+    decision with its reason, the runners-up and warnings."""
+    x = plan.extra
+    model = x.get("model", {})
+    lines: list[str] = []
+    where = x.get("hardware", {}).get("spec", plan.device)
+    preset = f" ({plan.preset})" if plan.preset else ""
+    lines.append(f"Plan: {plan.backend}{preset} on {where}")
+    if model:
+        size = f"{human_count(model['params'])} params"
+        if "active_params" in model:
+            size += f", {human_count(model['active_params'])} active"
+        lines.append(f"Model: {model.get('name')} ({model.get('model_type')}, {size}; "
+                     f"trainable {human_count(model.get('trainable_params', 0))})")
+    lines.append(f"Precision: {x.get('precision', '')}")
+    lines.append("")
+    lines.append(_table([
+        ("processes", f"{plan.world_size} ({plan.nodes} node(s) x {plan.gpus_per_node} GPU(s))" if plan.device == "cuda"
+         else "1 (CPU)"),
+        ("parallel", f"data {plan.data_parallel} x tensor {plan.tensor_parallel} x pipeline {plan.pipeline_parallel}"),
+        ("batch", f"micro {plan.micro_batch_size} x accumulation {plan.gradient_accumulation} x data "
+                  f"{plan.data_parallel} = global {plan.global_batch_size}"),
+        ("sequence length", str(x.get("sequence_len", ""))),
+        ("gradient checkpointing", "on" if plan.gradient_checkpointing else "off"),
+        ("zero stage", "-" if plan.zero_stage is None else str(plan.zero_stage)),
+        ("offload", plan.offload),
+    ]))
+    lines.append("")
+    unit = "GPU" if plan.device == "cuda" else "process"
+    lines.append(f"Memory per {unit} (GB = GiB; limit {x.get('memory_limit_gb', 0):.1f}):")
+    rows = [(_LABELS.get(k, k), f"{plan.memory_gb[k]:8.2f}") for k in COMPONENTS if plan.memory_gb.get(k)]
+    rows.append(("peak", f"{plan.memory_gb.get('total', 0):8.2f}"))
+    lines.append(_table(rows, indent="  "))
+    lines.append("  peak = weights/states/buffers + max(forward-backward, optimizer step, generation)")
+    if x.get("cpu_memory_gb"):
+        lines.append(f"  host RAM per node for offloaded states: {x['cpu_memory_gb']:.0f} GB")
+    lines.append("")
+    lines.append("Decisions:")
+    for name, choice in plan.reasons.items():
+        lines.append(f"  {name:<22} {_value(choice.value):<16} {choice.reason}")
+    runners = x.get("runners_up") or []
+    if runners:
+        lines.append("")
+        lines.append("Runners-up:")
+        for r in runners:
+            label = r["backend"] + (f" {r['preset']}" if r.get("preset") else "")
+            lines.append(f"  {label:<32} {r['memory_gb']:8.2f} GB  {r['why']}")
+    warnings = x.get("warnings") or []
+    if warnings:
+        lines.append("")
+        lines.append("Warnings:")
+        lines.extend(f"  - {w}" for w in warnings)
+    return "\n".join(lines)
+
+
+def _value(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def _table(rows: list[tuple[str, str]], indent: str = "") -> str:
+    width = max((len(k) for k, _ in rows), default=0)
+    return "\n".join(f"{indent}{k:<{width}}  {v}" for k, v in rows)

@@ -1,0 +1,154 @@
+"""A recipe reduced to the numbers the memory model needs (`Workload`).
+
+This is the only planner module that reads recipe fields for sizing; the memory formulas in
+`memory.py` see numbers only, so they can be tested against published figures directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from recipeforge.plan.hardware import Hardware
+from recipeforge.plan.models import Linear, ModelSpec
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+# Target-module names used by the architectures the planner knows, mapped to the canonical
+# projection names of `ModelSpec.layer_linears()` (fused modules map to all their parts).
+_TARGET_ALIASES = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"), "c_attn": ("q_proj", "k_proj", "v_proj"),
+    "query_key_value": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj"),
+    "c_fc": ("up_proj",), "fc1": ("up_proj",), "fc2": ("down_proj",), "dense": ("o_proj",),
+    "c_proj": ("o_proj", "down_proj"), "out_proj": ("o_proj",), "w1": ("experts.gate_proj",),
+    "w3": ("experts.up_proj",), "w2": ("experts.down_proj",),
+}
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """GRPO generation: which engine, and how much of the GPU it holds."""
+
+    engine: str                       # "hf" | "vllm" | a plugin's
+    colocated: bool                   # shares the training GPUs
+    gpu_memory_utilization: float     # vLLM's share of each GPU when colocated
+    prompt_len: int
+    completion_len: int
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one training step holds in memory, independent of the distributed layout."""
+
+    model: ModelSpec
+    stage: str
+    dtype: str                        # resolved: bf16 | fp16 | fp32
+    adapter: str                      # none | lora | qlora
+    optimizer: str
+    attention: str                    # fused (flash/sdpa/flex) | eager
+    seq_len: int                      # tokens per sequence through the model
+    logit_tokens: int                 # tokens per sequence that produce logits (GRPO: the completion)
+    sequences_per_sample: int = 1     # DPO: chosen + rejected
+    lora_rank: int = 0
+    lora_linears: tuple[Linear, ...] = ()
+    lora_dropout: float = 0.0
+    lora_dora: bool = False
+    modules_to_save_params: int = 0
+    quant_bits: int = 4
+    double_quant: bool = True
+    reference_model: bool = False     # a frozen copy of the policy (DPO / GRPO with beta > 0, full fine-tune)
+    rollout: Rollout | None = None
+    fused_loss: bool = False          # liger: fused linear + cross-entropy, no full logits
+    fused_kernels: bool = False       # liger: fused RMSNorm / SwiGLU
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def compute_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def full_finetune(self) -> bool:
+        return self.adapter == "none"
+
+    def lora_params(self) -> int:
+        """Adapter parameters: r * (in + out) per targeted linear, in every layer (plus DoRA magnitudes)."""
+        per_layer = sum(lin.count * self.lora_rank * (lin.in_features + lin.out_features) for lin in self.lora_linears)
+        if self.lora_dora:
+            per_layer += sum(lin.count * lin.out_features for lin in self.lora_linears)
+        return self.model.num_layers * per_layer
+
+    def trainable_params(self) -> int:
+        return self.model.total_params() if self.full_finetune else self.lora_params() + self.modules_to_save_params
+
+
+def resolve_dtype(dtype: str, hardware: Hardware) -> str:
+    """`auto`: bf16 on GPUs that support it, fp16 on older GPUs, fp32 on CPU."""
+    if dtype != "auto":
+        return dtype
+    if hardware.device == "cpu":
+        return "fp32"
+    return "bf16" if hardware.accelerator.bf16 else "fp16"
+
+
+def lora_targets(model: ModelSpec, target_modules) -> tuple[Linear, ...]:
+    """The decoder linears a LoRA `target_modules` setting reaches. ``all-linear`` follows peft: every
+    nn.Linear in the decoder layers (MoE experts are fused 3-D weights in transformers 5, so not)."""
+    linears = model.layer_linears()
+    if target_modules == "all-linear":
+        return tuple(lin for lin in linears if not lin.name.startswith("experts."))
+    wanted: set[str] = set()
+    for name in target_modules:
+        short = name.rsplit(".", 1)[-1]
+        wanted.update(_TARGET_ALIASES.get(short, (short,)))
+    # A short name reaches dense and shared-expert projections; routed experts only by their own names.
+    def reached(lin: Linear) -> bool:
+        short = lin.name.rsplit(".", 1)[-1]
+        return lin.name in wanted or (not lin.name.startswith("experts.") and short in wanted)
+
+    return tuple(lin for lin in linears if reached(lin))
+
+
+def build_workload(recipe, model: ModelSpec, hardware: Hardware) -> Workload:
+    """The `Workload` of `recipe` on `hardware` for the model `model`."""
+    notes: list[str] = list(model.notes)
+    dtype = resolve_dtype(recipe.model.dtype, hardware)
+    adapter = recipe.adapter
+    attention = "eager" if recipe.model.attn_implementation == "eager" else "fused"
+    seq = recipe.data.sequence_len
+    logit_tokens, per_sample, reference, rollout = seq, 1, False, None
+
+    if recipe.stage == "dpo":
+        per_sample = 2
+        reference = adapter.type == "none" or recipe.dpo.reference != "auto"
+        if recipe.dpo.reference != "auto":
+            notes.append("the DPO reference model is sized like the policy model")
+    elif recipe.stage == "grpo":
+        g = recipe.grpo
+        prompt = g.max_prompt_length or seq
+        seq = prompt + g.max_completion_length
+        logit_tokens = g.max_completion_length
+        reference = g.beta > 0 and adapter.type == "none"
+        r = g.rollout
+        rollout = Rollout(engine=r.engine, colocated=r.mode == "colocate",
+                          gpu_memory_utilization=r.gpu_memory_utilization, prompt_len=prompt,
+                          completion_len=g.max_completion_length)
+
+    lora_linears: tuple[Linear, ...] = ()
+    save_params = 0
+    if adapter.type != "none":
+        lora_linears = lora_targets(model, adapter.target_modules)
+        if not lora_linears:
+            notes.append(f"adapter.target_modules {list(adapter.target_modules)} matched no known projection "
+                         f"of {model.model_type}; the adapter is counted as empty")
+        for name in adapter.modules_to_save:
+            short = name.rsplit(".", 1)[-1]
+            if short in ("embed_tokens", "wte", "embed_in", "lm_head", "embed_out"):
+                save_params += model.vocab_size * model.hidden_size
+
+    kernels = set(recipe.kernels)
+    return Workload(
+        model=model, stage=recipe.stage, dtype=dtype, adapter=adapter.type, optimizer=recipe.train.optimizer,
+        attention=attention, seq_len=seq, logit_tokens=logit_tokens, sequences_per_sample=per_sample,
+        lora_rank=adapter.r if adapter.type != "none" else 0, lora_linears=lora_linears,
+        lora_dropout=adapter.dropout, lora_dora=adapter.use_dora, modules_to_save_params=save_params,
+        quant_bits=adapter.quant.bits, double_quant=adapter.quant.double_quant, reference_model=reference,
+        rollout=rollout, fused_loss="liger" in kernels, fused_kernels="liger" in kernels, notes=tuple(notes))

@@ -1,0 +1,207 @@
+"""The per-GPU memory model: component behaviour, and activations against what autograd really saves."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from recipeforge.plan.catalog import KNOWN_CONFIGS
+from recipeforge.plan.hardware import GIB
+from recipeforge.plan.memory import (Layout, activation_bytes, estimate, layer_activation_bytes_per_token,
+                                     logits_bytes, quantized_bytes_per_param)
+from recipeforge.plan.models import spec_from_config
+from recipeforge.plan.workload import Rollout, Workload, lora_targets
+
+LLAMA8B = spec_from_config(KNOWN_CONFIGS["meta-llama/Llama-3.1-8B"], "meta-llama/Llama-3.1-8B")
+SINGLE = Layout("single", None)
+H100 = 79.6 * GIB
+
+
+def workload(**kw) -> Workload:
+    base = dict(model=LLAMA8B, stage="sft", dtype="bf16", adapter="none", optimizer="adamw", attention="fused",
+                seq_len=2048, logit_tokens=2048)
+    base.update(kw)
+    return Workload(**base)
+
+
+def lora(**kw) -> Workload:
+    return workload(adapter="lora", lora_rank=16, lora_linears=lora_targets(LLAMA8B, "all-linear"), **kw)
+
+
+def test_full_finetune_single_gpu_states():
+    mem = estimate(workload(), SINGLE, 1, True, gpu_memory=H100)
+    psi = LLAMA8B.total_params()
+    # bf16 weights and gradients, AdamW moments in the parameter dtype
+    assert mem.components["weights"] == 2 * psi and mem.components["gradients"] == 2 * psi
+    assert mem.components["optimizer"] == 4 * psi
+    assert mem.components["runtime"] > 0 and mem.total > 8 * psi
+
+
+def test_eight_bit_optimizer_is_smaller():
+    full = estimate(workload(), SINGLE, 1, True).components["optimizer"]
+    small = estimate(workload(optimizer="adamw_8bit"), SINGLE, 1, True).components["optimizer"]
+    assert small == pytest.approx(full / 2, rel=0.01)  # 2 bytes instead of 2 x bf16
+
+
+def test_qlora_weights_are_about_half_a_byte():
+    assert quantized_bytes_per_param(4, True, 4096) == pytest.approx(0.5 + 0.127 / 8, rel=0.01)
+    assert quantized_bytes_per_param(4, False, 4096) == pytest.approx(0.5 + 0.5 / 8, rel=0.01)
+    q = estimate(replace(lora(), adapter="qlora"), SINGLE, 1, True).components["weights"]
+    linear = LLAMA8B.linear_params()
+    # decoder linears in NF4; embeddings, head and norms in fp32 (peft's k-bit preparation upcasts them)
+    assert q == pytest.approx(linear * quantized_bytes_per_param(4, True, 4096) + (LLAMA8B.total_params() - linear) * 4)
+    assert estimate(lora(), SINGLE, 1, True).components["weights"] == 2 * LLAMA8B.total_params()
+    assert estimate(lora(), SINGLE, 1, True).components["gradients"] == 0
+
+
+def test_lora_adapter_size():
+    w = lora()
+    per_layer = 16 * ((4096 + 4096) * 2 + (4096 + 1024) * 2 + (4096 + 14336) * 3)
+    assert w.lora_params() == 32 * per_layer
+    assert estimate(w, SINGLE, 1, True).components["adapter"] == pytest.approx(16 * w.lora_params())
+
+
+def test_checkpointing_and_attention_and_sequence_length():
+    base = estimate(workload(), SINGLE, 1, False).components["activations"]
+    ckpt = estimate(workload(), SINGLE, 1, True).components["activations"]
+    eager = estimate(workload(attention="eager"), SINGLE, 1, False).components["activations"]
+    longer = estimate(workload(seq_len=4096, logit_tokens=4096), SINGLE, 1, False).components["activations"]
+    assert ckpt < base / 10
+    assert eager > base * 1.5                   # the s^2 attention scores
+    assert longer == pytest.approx(2 * base, rel=0.01)
+    assert estimate(workload(), SINGLE, 4, False).components["activations"] == pytest.approx(4 * base, rel=0.01)
+
+
+def test_logits_and_fused_loss():
+    assert logits_bytes(workload(), 2048) == 2048 * 10 * 128256
+    assert logits_bytes(workload(fused_loss=True), 2048) < logits_bytes(workload(), 2048) / 10
+
+
+def test_sharding_divides_states():
+    w = workload()
+    single = estimate(w, SINGLE, 1, True)
+    fsdp = estimate(w, Layout("fsdp", "fsdp_full_shard", data_parallel=8, gpus_per_node=8), 1, True)
+    assert fsdp.components["optimizer"] == pytest.approx(single.components["optimizer"] * 2 / 8)  # fp32 states
+    assert fsdp.components["weights"] == pytest.approx(4 * LLAMA8B.total_params() / 8)
+    ddp = estimate(w, Layout("ddp", None, data_parallel=8, gpus_per_node=8), 1, True)
+    assert ddp.components["comm_buffers"] == ddp.components["gradients"]
+
+
+def test_offload_moves_states_to_host():
+    w = workload()
+    on = estimate(w, Layout("deepspeed", "zero3", data_parallel=8, zero_stage=3, gpus_per_node=8), 1, True)
+    off = estimate(w, Layout("deepspeed", "zero3_offload_params", data_parallel=8, zero_stage=3,
+                             offload="optimizer+params", gpus_per_node=8), 1, True)
+    assert off.components["optimizer"] == 0 and off.components["weights"] == 0
+    assert off.total < on.total and off.cpu_per_node > 16 * LLAMA8B.total_params()
+
+
+def test_megatron_distributed_optimizer():
+    w = workload(stage="pretrain")
+    layout = Layout("megatron", "tp8_pp1", data_parallel=2, tensor_parallel=8, gpus_per_node=8, nodes=2)
+    mem = estimate(w, layout, 1, True)
+    local = LLAMA8B.total_params() / 8
+    # 6 + 12/d bytes per parameter (bf16 weights, fp32 main grads, fp32 master+Adam over d ranks)
+    states = mem.components["weights"] + mem.components["gradients"] + mem.components["optimizer"]
+    assert states == pytest.approx(local * (6 + 12 / 2))
+
+
+def test_dpo_and_reference_model():
+    sft = estimate(workload(), SINGLE, 1, True)
+    dpo = estimate(workload(stage="dpo", sequences_per_sample=2, reference_model=True), SINGLE, 1, True)
+    assert dpo.components["logits"] == 2 * sft.components["logits"]
+    assert dpo.components["reference_model"] == 2 * LLAMA8B.total_params()
+
+
+def test_grpo_rollout_memory():
+    rollout = Rollout(engine="vllm", colocated=True, gpu_memory_utilization=0.3, prompt_len=512, completion_len=256)
+    w = workload(stage="grpo", seq_len=768, logit_tokens=256, rollout=rollout)
+    vllm = estimate(w, SINGLE, 1, True, gpu_memory=H100)
+    assert vllm.components["rollout_engine"] == pytest.approx(0.3 * H100)
+    hf = estimate(replace(w, rollout=replace(rollout, engine="hf")), SINGLE, 2, True, accumulation=4, gpu_memory=H100)
+    # K and V, 32 layers, 8 x 128 KV width, bf16, for the 8 sequences TRL generates at once
+    assert hf.components["kv_cache"] == 8 * 768 * 32 * 2 * 1024 * 2
+    server = estimate(replace(w, rollout=replace(rollout, colocated=False)), SINGLE, 1, True, gpu_memory=H100)
+    assert server.components["rollout_engine"] == 0 and server.components["kv_cache"] == 0
+
+
+def test_peak_takes_the_larger_phase():
+    mem = estimate(workload(), SINGLE, 1, True)
+    c = mem.components
+    persistent = sum(c[k] for k in ("weights", "gradients", "optimizer", "adapter", "reference_model",
+                                    "comm_buffers", "rollout_engine", "runtime"))
+    train = c["activations"] + c["logits"] + c["gathered_params"]
+    assert mem.total == pytest.approx(persistent + max(train, c["optimizer_step"], c["kv_cache"]))
+
+
+# ----------------------------------------------------------------------------- against autograd
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+# Dimensions chosen so that no activation has the shape of a weight (the hook filters weights by shape).
+TINY = dict(model_type="llama", vocab_size=512, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+            num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False)
+BATCH, SEQ = 3, 96
+
+
+def saved_activation_bytes(attn: str, use_lora: bool, checkpointing: bool) -> int:
+    """Bytes autograd keeps for backward while the decoder layers run forward (weights excluded)."""
+    config = transformers.AutoConfig.for_model("llama", **{k: v for k, v in TINY.items() if k != "model_type"})
+    config._attn_implementation = attn
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    if use_lora:
+        peft = pytest.importorskip("peft")
+        model = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules="all-linear", lora_dropout=0.0))
+    model.train()
+    inner = model.base_model.model.model if use_lora else model.model
+    if checkpointing:
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5 name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    shapes = {tuple(p.shape) for p in model.parameters()} | {tuple(p.shape)[::-1] for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        if tuple(t.shape) not in shapes:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    ids = torch.randint(0, TINY["vocab_size"], (BATCH, SEQ))
+    pos = torch.arange(SEQ)[None].expand(BATCH, -1)
+    # autocast as the Trainer runs it (LoRA adapters are fp32 and see bf16 inputs through it)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_lora):
+        hidden = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+        rope = inner.rotary_emb(hidden, pos)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            for layer in inner.layers:
+                out = layer(hidden, position_embeddings=rope, attention_mask=None, position_ids=pos)
+                hidden = out[0] if isinstance(out, tuple) else out
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("use_lora", [False, True])
+def test_layer_activations_match_autograd(attn, use_lora):
+    spec = spec_from_config(TINY)
+    w = Workload(model=spec, stage="sft", dtype="bf16", adapter="lora" if use_lora else "none", optimizer="adamw",
+                 attention="fused" if attn == "sdpa" else "eager", seq_len=SEQ, logit_tokens=SEQ, lora_rank=8,
+                 lora_linears=lora_targets(spec, "all-linear") if use_lora else (), lora_dropout=0.0)
+    predicted = BATCH * SEQ * spec.num_layers * layer_activation_bytes_per_token(w)
+    measured = saved_activation_bytes(attn, use_lora, checkpointing=False)
+    assert predicted == pytest.approx(measured, rel=0.10)
+
+
+def test_checkpointed_layers_keep_their_inputs():
+    spec = spec_from_config(TINY)
+    w = Workload(model=spec, stage="sft", dtype="bf16", adapter="none", optimizer="adamw", attention="fused",
+                 seq_len=SEQ, logit_tokens=SEQ)
+    measured = saved_activation_bytes("sdpa", False, checkpointing=True)
+    # forward keeps each layer's input; the recomputed layer is added by the model during backward
+    stored = activation_bytes(w, BATCH * SEQ, layers=spec.num_layers, checkpointing=True) \
+        - BATCH * SEQ * layer_activation_bytes_per_token(w) \
+        - BATCH * SEQ * (4 * spec.hidden_size + 2 * 2 * spec.hidden_size)
+    assert stored == pytest.approx(measured, rel=0.10)

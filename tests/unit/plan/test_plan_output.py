@@ -1,0 +1,148 @@
+"""What planning produces: the table, the backend artifacts, and no heavy imports."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recipeforge.errors import RecipeError
+from recipeforge.plan import (deepspeed_config, fsdp_plugin_config, make_plan, megatron_parallel_settings,
+                              parse_hardware, render_plan)
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_render_shows_choice_memory_reasons_and_runners_up(recipe):
+    p = make_plan(recipe("meta-llama/Llama-3.1-8B"), parse_hardware("8xH100-80GB"))
+    text = render_plan(p)
+    assert text.startswith(f"Plan: {p.backend} ({p.preset}) on 8xH100-80GB")
+    assert "8.03B params" in text
+    for label in ("weights", "gradients", "optimizer states", "activations", "logits + loss", "peak"):
+        assert label in text
+    assert f"micro {p.micro_batch_size} x accumulation {p.gradient_accumulation}" in text
+    for decision in p.reasons:
+        assert decision in text
+    assert "Runners-up:" in text and "ddp" in text.split("Runners-up:")[1]
+
+
+def test_render_cpu_plan(recipe):
+    text = render_plan(make_plan(recipe("tiny:llama", train={"global_batch_size": 8}), parse_hardware("cpu")))
+    assert "Plan: single on cpu" in text and "Memory per process" in text and "1 (CPU)" in text
+
+
+# ----------------------------------------------------------------------------- artifacts
+
+def test_deepspeed_config_is_consistent(recipe):
+    r = recipe("meta-llama/Llama-3.1-70B", distributed={"backend": "deepspeed"})
+    p = make_plan(r, parse_hardware("2x8xH100-80GB"))
+    cfg = deepspeed_config(p, r)
+    assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] \
+        * p.data_parallel == r.train.global_batch_size
+    zero = cfg["zero_optimization"]
+    assert zero["stage"] == p.zero_stage
+    assert ("offload_optimizer" in zero) == (p.offload != "none")
+    assert ("offload_param" in zero) == (p.offload == "optimizer+params")
+    assert cfg["bf16"]["enabled"] and not cfg["fp16"]["enabled"]
+    assert cfg["gradient_clipping"] == r.train.max_grad_norm
+    json.dumps(cfg)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed")
+def test_deepspeed_accepts_the_configs(recipe, tmp_path):
+    # One GPU, so DeepSpeed's batch check (micro x accumulation x world) holds without a process group;
+    # one subprocess for all presets, so deepspeed stays out of this process.
+    configs = []
+    for preset in ("zero2", "zero3", "zero2_offload", "zero3_offload", "zero3_offload_params"):
+        r = recipe("Qwen/Qwen2.5-0.5B", distributed={"backend": "deepspeed", "preset": preset})
+        configs.append(deepspeed_config(make_plan(r, parse_hardware("1xA100-80GB")), r))
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(configs))
+    code = ("import json, sys; from deepspeed.runtime.config import DeepSpeedConfig\n"
+            "for cfg in json.load(open(sys.argv[1])):\n"
+            "    c = DeepSpeedConfig(cfg)\n"
+            "    print(c.zero_optimization_stage, c.train_batch_size, c.zero_config.offload_optimizer is not None,"
+            " c.zero_config.offload_param is not None)")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = out.stdout.strip().splitlines()[-len(configs):]
+    assert len(rows) == len(configs)
+    for cfg, row in zip(configs, rows, strict=True):
+        stage, batch, offload_opt, offload_param = row.split()
+        zero = cfg["zero_optimization"]
+        assert int(stage) == zero["stage"] and int(batch) == cfg["train_batch_size"]
+        assert (offload_opt == "True") == ("offload_optimizer" in zero)
+        assert (offload_param == "True") == ("offload_param" in zero)
+
+
+def test_fsdp_plugin_config(recipe):
+    r = recipe("meta-llama/Llama-3.1-8B", distributed={"backend": "fsdp"}, train={"gradient_checkpointing": True})
+    p = make_plan(r, parse_hardware("8xH100-80GB"))
+    cfg = fsdp_plugin_config(p, r)
+    assert cfg["fsdp_version"] == 2 and cfg["reshard_after_forward"] is True
+    assert cfg["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+    assert cfg["transformer_cls_names_to_wrap"] == ["LlamaDecoderLayer"]
+    assert cfg["activation_checkpointing"] is True and cfg["cpu_offload"] is False
+    assert cfg["state_dict_type"] == "SHARDED_STATE_DICT"
+
+
+def test_accelerate_accepts_the_fsdp_plugin_config(recipe, monkeypatch):
+    accelerate = pytest.importorskip("accelerate")
+    pytest.importorskip("torch")
+    monkeypatch.delenv("FSDP_CPU_RAM_EFFICIENT_LOADING", raising=False)  # the plugin sets it for transformers
+    for preset in ("fsdp_full_shard", "fsdp_shard_grad_op", "fsdp_full_shard_offload"):
+        r = recipe("Qwen/Qwen2.5-7B", distributed={"backend": "fsdp", "preset": preset})
+        cfg = fsdp_plugin_config(make_plan(r, parse_hardware("8xH100-80GB")), r)
+        plugin = accelerate.utils.FullyShardedDataParallelPlugin(**cfg)
+        assert plugin.fsdp_version == 2
+        assert plugin.reshard_after_forward is cfg["reshard_after_forward"]
+        assert plugin.transformer_cls_names_to_wrap == ["Qwen2DecoderLayer"]
+        # FSDP2 turns the flag into a policy object: CPUOffloadPolicy when offloading, else OffloadPolicy
+        assert (type(plugin.cpu_offload).__name__ == "CPUOffloadPolicy") == cfg["cpu_offload"]
+
+
+def test_megatron_settings(recipe):
+    r = recipe("meta-llama/Llama-3.1-405B", "pretrain", data={"sequence_len": 8192}, train={"global_batch_size": 1024})
+    p = make_plan(r, parse_hardware("8x8xH100-80GB"))
+    cfg = megatron_parallel_settings(p, r)
+    model, train = cfg["model"], cfg["train"]
+    assert model["tensor_model_parallel_size"] * model["pipeline_model_parallel_size"] * cfg["data_parallel_size"] == 64
+    assert model["sequence_parallel"] == (p.tensor_parallel > 1)
+    assert train["global_batch_size"] == 1024 and train["micro_batch_size"] == p.micro_batch_size
+    assert cfg["optimizer"]["optimizer_cpu_offload"] == (p.offload != "none")
+
+
+def test_artifacts_refuse_another_backend(recipe):
+    r = recipe("tiny:llama", train={"global_batch_size": 8})
+    p = make_plan(r, parse_hardware("cpu"))
+    for make in (deepspeed_config, fsdp_plugin_config, megatron_parallel_settings):
+        with pytest.raises(RecipeError, match="uses backend single"):
+            make(p, r)
+
+
+# ----------------------------------------------------------------------------- no heavy imports
+
+def test_planning_imports_no_torch_or_backend():
+    tiny = ROOT / "examples" / "yaml" / "tiny" / "sft-full.yaml"
+    code = f"""
+import sys
+from recipeforge.config import load_recipe
+from recipeforge.plan import make_plan, render_plan, probe_local_hardware, parse_hardware
+recipe = load_recipe({str(tiny)!r}).recipe
+render_plan(make_plan(recipe))
+render_plan(make_plan(recipe, parse_hardware("1xH100-80GB")))
+big = load_recipe({str(tiny)!r}, overrides=["model.name_or_path=meta-llama/Llama-3.1-70B",
+                                            "train.micro_batch_size=auto", "train.global_batch_size=64"]).recipe
+render_plan(make_plan(big, parse_hardware("2x8xH100-80GB")))
+probe_local_hardware()
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in
+               ("torch", "transformers", "deepspeed", "accelerate", "megatron", "peft", "trl", "bitsandbytes"))
+print(",".join(heavy) or "none")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "none"
