@@ -79,7 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _load(args):
     from recipeforge.config import load_recipe
 
-    return load_recipe(args.recipe, args.overrides)
+    loaded = load_recipe(args.recipe, args.overrides)
+    args.loaded = loaded  # lets errors raised later (planner, data) point into the recipe
+    return loaded
 
 
 def cmd_validate(args) -> int:
@@ -169,6 +171,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RecipeError as exc:
         if debug:
             raise
+        loaded = getattr(args, "loaded", None)
+        if loaded is not None:
+            from recipeforge.errors import locate_problems
+
+            exc = locate_problems(exc, loaded.tree.locate)
         print(f"error: {exc.render()}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:

@@ -126,3 +126,24 @@ def sort_problems(problems: Iterable[Problem]) -> list[Problem]:
         loc = p.location
         return (loc.file, loc.line or 0, loc.col or 0) if loc else ("", 0, 0)
     return sorted(problems, key=key)
+
+
+def parse_key(key: str) -> tuple:
+    """Inverse of `format_key`: ``data.datasets[0].format`` -> ("data", "datasets", 0, "format")."""
+    import re
+
+    out: list = []
+    for part in key.split("."):
+        name, *indices = re.split(r"\[(\d+)\]", part)
+        if name:
+            out.append(name)
+        out.extend(int(i) for i in indices if i != "")
+    return tuple(out)
+
+
+def locate_problems(error: RecipeError, locate) -> RecipeError:
+    """Fill in the location of keyed problems that have none (e.g. from the planner), using
+    `locate(path) -> Location` (a recipe's provenance)."""
+    fixed = [Problem(p.message, locate(parse_key(p.key)), p.key, p.hint)
+             if p.location is None and p.key else p for p in error.problems]
+    return RecipeError(fixed)

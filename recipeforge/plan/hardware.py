@@ -148,7 +148,8 @@ def hardware_for(recipe, spec: str | None) -> Hardware:
     section = getattr(recipe, "hardware", None)
     if section is not None:
         if section.gpus_per_node == 0:
-            return Hardware(nodes=section.nodes, gpus_per_node=0, accelerator=None, source="recipe")
+            return Hardware(nodes=section.nodes, gpus_per_node=0, accelerator=None, cpu_ram_gb=section.cpu_ram_gb,
+                            source="recipe")
         if section.gpu is None:
             local = probe_local_hardware()
             if local.accelerator is None:
@@ -157,7 +158,8 @@ def hardware_for(recipe, spec: str | None) -> Hardware:
             acc = local.accelerator
         else:
             acc = lookup_accelerator(section.gpu, key="hardware.gpu")
-        return Hardware(nodes=section.nodes, gpus_per_node=section.gpus_per_node, accelerator=acc, source="recipe")
+        return Hardware(nodes=section.nodes, gpus_per_node=section.gpus_per_node, accelerator=acc,
+                        cpu_ram_gb=section.cpu_ram_gb, source="recipe")
     return probe_local_hardware()
 
 

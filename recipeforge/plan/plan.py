@@ -64,7 +64,7 @@ def _pinned(recipe) -> list[str]:
         out.append(f"preset: {d.preset}")
     if d.zero_stage != "auto":
         out.append(f"zero_stage: {d.zero_stage}")
-    if d.offload != "none":
+    if d.offload != "auto":
         out.append(f"offload: {d.offload}")
     if d.tensor_parallel > 1 or d.pipeline_parallel > 1:
         out.append(f"tensor_parallel: {d.tensor_parallel}, pipeline_parallel: {d.pipeline_parallel}")
@@ -110,7 +110,7 @@ def _alternatives(recipe, w: Workload, hw: Hardware) -> list[str]:
     """Computed suggestions: an adapter, more GPUs of the same kind, offload (with its host RAM)."""
     out: list[str] = []
     auto = recipe.distributed.model_copy(update={"backend": "auto", "preset": None, "zero_stage": "auto",
-                                                 "offload": "none", "tensor_parallel": 1, "pipeline_parallel": 1})
+                                                 "offload": "auto", "tensor_parallel": 1, "pipeline_parallel": 1})
     if _pinned(recipe):
         d = decide(w, hw, auto, recipe.train)
         if d.chosen is not None:
@@ -208,7 +208,7 @@ def _build_plan(recipe, w: Workload, hw: Hardware, ev: Evaluation, decision: Dec
     reasons["gradient_checkpointing"] = Choice(ev.checkpointing, _ckpt_reason(train, ev))
     reasons["zero_stage"] = Choice(layout.zero_stage, "recipe pins it" if dist.zero_stage != "auto" else
                                    ("from the preset" if layout.zero_stage is not None else "not DeepSpeed"))
-    reasons["offload"] = Choice(layout.offload, "recipe pins it" if dist.offload != "none" else
+    reasons["offload"] = Choice(layout.offload, "recipe pins it" if dist.offload != "auto" else
                                 ("needed: nothing fits on the GPUs alone" if layout.offload != "none"
                                  else "not needed"))
     capacity = hw.gpu_memory_gb if device == "cuda" else hw.host_ram_gb()[0]

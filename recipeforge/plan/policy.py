@@ -102,7 +102,7 @@ def candidate_list(w: Workload, hw: Hardware, dist) -> list[Candidate]:
         out = [c for c in out if c.layout.preset == dist.preset]
     if dist.zero_stage != "auto":
         out = [c for c in out if c.layout.zero_stage == dist.zero_stage]
-    if dist.offload != "none":  # "none" is the default, so it does not pin anything
+    if dist.offload != "auto":  # "none" forbids offload, the others pin it
         out = [c for c in out if c.layout.offload == dist.offload]
     if dist.tensor_parallel > 1 or dist.pipeline_parallel > 1:
         out = [c for c in out if c.layout.tensor_parallel == dist.tensor_parallel

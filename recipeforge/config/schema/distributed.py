@@ -19,8 +19,9 @@ class DistributedConfig(Section):
         None, description="A named backend preset (zero2, zero3_offload, fsdp_full_shard, ...); see `recipeforge plan`.")
     zero_stage: Union[Literal["auto"], Literal[0, 1, 2, 3]] = Field(
         "auto", description="DeepSpeed ZeRO stage; `auto` lets the planner choose.")
-    offload: Literal["none", "optimizer", "optimizer+params"] = Field(
-        "none", description="Offload optimizer states (and parameters) to CPU memory.")
+    offload: Literal["auto", "none", "optimizer", "optimizer+params"] = Field(
+        "auto", description="Offload optimizer states (and parameters) to CPU memory; `auto`: only when nothing "
+                            "fits on the GPUs alone; `none` forbids it.")
     tensor_parallel: int = Field(1, ge=1, description="Tensor-parallel size (Megatron).")
     pipeline_parallel: int = Field(1, ge=1, description="Pipeline-parallel size (Megatron).")
     fsdp_sharding: Literal["full_shard", "hybrid_shard", "shard_grad_op"] = Field(
@@ -35,3 +36,6 @@ class HardwareConfig(Section):
     nodes: int = Field(1, ge=1, description="Number of machines.")
     gpus_per_node: int = Field(1, ge=0, description="GPUs per machine (0: CPU only).")
     gpu: Optional[str] = Field(None, description="Accelerator name, e.g. H100-80GB, A100-40GB, L4-24GB.")
+    cpu_ram_gb: Optional[float] = Field(
+        None, gt=0, description="Host memory per machine in GB, for offload planning (default: probed locally, "
+                                "else assumed).")

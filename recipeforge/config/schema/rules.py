@@ -96,10 +96,10 @@ def _distributed(r: "Recipe"):
     if d.zero_stage != "auto" and d.backend not in ("auto", "deepspeed"):
         yield RuleProblem(("distributed", "zero_stage"), f"zero_stage applies to DeepSpeed, not to backend {d.backend}",
                           "set distributed.backend: deepspeed, or remove zero_stage")
-    if d.offload != "none" and d.backend in ("single", "ddp", "megatron"):
+    if d.offload not in ("auto", "none") and d.backend in ("single", "ddp", "megatron"):
         yield RuleProblem(("distributed", "offload"), f"backend {d.backend} cannot offload to CPU",
                           "use backend: deepspeed or fsdp (or auto) for offload")
-    if d.offload != "none" and d.zero_stage in (0, 1) and d.backend == "deepspeed":
+    if d.offload not in ("auto", "none") and d.zero_stage in (0, 1) and d.backend == "deepspeed":
         yield RuleProblem(("distributed", "offload"), f"DeepSpeed offload needs ZeRO stage 2 or 3 (got {d.zero_stage})",
                           "set zero_stage: 2 (optimizer) or 3 (optimizer+params)")
     if d.offload == "optimizer+params" and d.zero_stage == 2:

@@ -150,3 +150,21 @@ def test_help_and_version():
 def test_unknown_command_is_a_usage_error():
     proc = run_cli("trian", "x.yaml")
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
+
+
+def test_plan_command_table_json_and_located_error(capsys):
+    assert main(["plan", "examples/yaml/qlora-70b.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert "Plan: single on 1xH100-80GB" in out and "Memory per GPU" in out
+    assert main(["plan", "examples/yaml/qlora-70b.yaml", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["backend"] == "single" and data["micro_batch_size"] * data["gradient_accumulation"] == 16
+    assert main(["plan", "examples/yaml/llama3-8b-full-sft.yaml", "--hardware", "1xL4-24GB"]) == 2
+    err = capsys.readouterr().err
+    assert "examples/yaml/llama3-8b-full-sft.yaml:6:3 model.name_or_path: " in err
+    assert "does not fit" in err and "adapter.type: qlora" in err
+
+
+def test_plan_unknown_gpu_lists_known(capsys):
+    assert main(["plan", "examples/yaml/qlora-70b.yaml", "--hardware", "8xH1OO-80GB"]) == 2
+    assert "H100-80GB" in capsys.readouterr().err
