@@ -12,9 +12,16 @@ def recipe_to_data(recipe) -> dict:
     return recipe.model_dump(mode="json")
 
 
+def resolved_data(loaded) -> dict:
+    """The resolved recipe as data, with values read from secret environment variables redacted."""
+    from recipeforge.config.secrets import redact
+
+    return redact(recipe_to_data(loaded.recipe), loaded.env_refs)
+
+
 def dump_recipe(loaded, header: bool = True) -> str:
-    """YAML text of a loaded recipe, with a comment naming its source."""
-    text = yaml.safe_dump(recipe_to_data(loaded.recipe), sort_keys=False, allow_unicode=True, width=100)
+    """YAML text of a loaded recipe (secrets redacted), with a comment naming its source."""
+    text = yaml.safe_dump(resolved_data(loaded), sort_keys=False, allow_unicode=True, width=100)
     if not header:
         return text
     return (f"# Resolved by recipeforge {__version__} from {loaded.path} (extends, overrides, ${{...}} and "

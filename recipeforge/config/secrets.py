@@ -1,0 +1,46 @@
+"""Secrets that came in through ``${env:...}``: recognised by the variable's name, redacted on output.
+
+A recipe may write ``logging.wandb.api_key: ${env:WANDB_API_KEY}`` or a hub token; its value must never
+reach resolved_recipe.yaml, the model card, logs or plan output. Only the variable's name is kept.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+# Names such as HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, MLFLOW_TRACKING_PASSWORD, OPENAI_KEY.
+_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL|AUTH)|(^|_)KEY$",
+                          re.IGNORECASE)
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether an environment variable's name says it holds a secret."""
+    return bool(_SECRET_NAME.search(name))
+
+
+def secret_paths(env_refs: dict[tuple, list[str]]) -> dict[tuple, list[str]]:
+    """The key paths whose value was read (wholly or partly) from a secret variable."""
+    return {path: [n for n in names if is_secret_name(n)] for path, names in env_refs.items()
+            if any(is_secret_name(n) for n in names)}
+
+
+def redact(data: Any, env_refs: dict[tuple, list[str]]) -> Any:
+    """A copy of `data` with every secret-derived value replaced by ``<redacted: ${env:NAME}>``."""
+    out = copy.deepcopy(data)
+    for path, names in secret_paths(env_refs).items():
+        node = out
+        try:
+            for part in path[:-1]:
+                node = node[part]
+            if path[-1] in node if isinstance(node, dict) else path[-1] < len(node):
+                node[path[-1]] = "<redacted: " + ", ".join(f"${{env:{n}}}" for n in names) + ">"
+        except (KeyError, IndexError, TypeError):
+            continue
+    return out
+
+
+def secret_values(env_refs: dict[tuple, list[str]], environ) -> list[str]:
+    """The secret strings themselves (to scrub from free text such as logs)."""
+    return [environ[n] for names in secret_paths(env_refs).values() for n in names if environ.get(n)]
