@@ -1,0 +1,356 @@
+"""Reading datasets: local files or hub ids, column remapping, mixing, the held-out split.
+
+Every problem a user can cause (a missing file, a missing column, an empty dataset) becomes a
+`RecipeError` at the recipe key that names the dataset.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from recipeforge.components.formats import Format, RenderOptions, get_format
+from recipeforge.errors import Location, Problem, RecipeError
+
+# File suffix -> `datasets` builder.
+LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text",
+                  ".arrow": "arrow"}
+
+Locate = Callable[[tuple], Optional[Location]]
+
+
+def _no_location(path: tuple) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class DatasetRef:
+    """A dataset entry of the recipe and where it is written."""
+
+    spec: Any              # config.schema.DatasetSpec
+    section: str           # "datasets" | "eval_datasets"
+    index: int
+
+    @property
+    def key(self) -> str:
+        return f"data.{self.section}[{self.index}]"
+
+    @property
+    def path_key(self) -> tuple:
+        return ("data", self.section, self.index)
+
+
+def local_path(path: str, base_dir: Path | None) -> Path | None:
+    """The local file or directory `path` names (relative to the recipe's folder, then to the working
+    directory), or None when it is not a local path."""
+    p = Path(path).expanduser()
+    candidates = [p] if p.is_absolute() else [base_dir / p] if base_dir else []
+    if not p.is_absolute():
+        candidates.append(Path.cwd() / p)
+    for c in candidates:
+        if c.exists():
+            return c.resolve()
+    return None
+
+
+def looks_local(path: str) -> bool:
+    """Whether a path that does not exist was meant as a local file (rather than a hub id)."""
+    return (Path(path).suffix.lower() in LOCAL_BUILDERS or path.startswith((".", "/", "~"))
+            or path.count("/") > 1 or os.sep != "/" and os.sep in path)
+
+
+def spec_base_dir(ref: DatasetRef, base_dir: Path | None, locate: Locate = _no_location) -> Path | None:
+    """The folder a dataset's relative path starts from: that of the recipe file that wrote the
+    path (a parent recipe, for a path written there), else `base_dir`."""
+    where = locate(ref.path_key + ("path",))
+    if where is not None and where.file and not where.file.startswith("<"):
+        return Path(where.file).parent
+    return base_dir
+
+
+def load_raw(ref: DatasetRef, *, base_dir: Path | None, locate: Locate = _no_location):
+    """The rows of one dataset entry as a `datasets.Dataset` (columns not yet renamed)."""
+    import datasets
+
+    spec = ref.spec
+    where = locate(ref.path_key + ("path",))
+    base_dir = spec_base_dir(ref, base_dir, locate)
+    found = local_path(spec.path, base_dir)
+    datasets.disable_progress_bars()  # our own log line reports rows; per-file bars are noise
+    no_telemetry()
+    try:
+        if found is not None and found.is_file():
+            builder = LOCAL_BUILDERS.get(found.suffix.lower())
+            if builder is None:
+                raise RecipeError(f"unsupported data file type '{found.suffix}' ({found})", key=f"{ref.key}.path",
+                                  location=where, hint=f"use one of {', '.join(sorted(LOCAL_BUILDERS))}")
+            if _blank(found):
+                raise RecipeError(f"dataset '{spec.path}' has no rows (the file is empty)", key=f"{ref.key}.path",
+                                  location=where)
+            ds = _read_file(found, builder)
+        elif found is not None:
+            ds = datasets.load_dataset(str(found), name=spec.name, split=spec.split)
+        elif looks_local(spec.path):
+            tried = [str(base_dir / spec.path)] if base_dir and not Path(spec.path).is_absolute() else []
+            tried.append(str(Path(spec.path).expanduser().absolute()))
+            raise RecipeError(f"data file '{spec.path}' not found (looked at {' and '.join(dict.fromkeys(tried))})",
+                              key=f"{ref.key}.path", location=where,
+                              hint="paths are relative to the recipe file's folder or the working directory")
+        else:
+            ds = datasets.load_dataset(spec.path, name=spec.name, split=spec.split)
+    except RecipeError:
+        raise
+    except Exception as exc:  # datasets raises many types; all mean "could not read this dataset"
+        raise RecipeError(f"cannot read dataset '{spec.path}': {_first_line(exc)}", key=f"{ref.key}.path",
+                          location=where, hint=_load_hint(spec, found)) from None
+    finally:
+        datasets.enable_progress_bars()
+    if isinstance(ds, datasets.DatasetDict):  # a directory with several splits and no split chosen
+        raise RecipeError(f"dataset '{spec.path}' has splits {list(ds)}; choose one", key=f"{ref.key}.split",
+                          location=where)
+    if len(ds) == 0:
+        raise RecipeError(f"dataset '{spec.path}' has no rows", key=f"{ref.key}.path", location=where)
+    return ds
+
+
+def no_telemetry() -> None:
+    """`datasets` reports every `load_dataset` call to a download counter online unless told not to;
+    its flag is read at call time."""
+    import datasets
+
+    os.environ["HF_UPDATE_DOWNLOAD_COUNTS"] = "false"
+    datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False
+
+
+def _read_file(path: Path, builder: str):
+    """A local file through the `datasets` readers directly (no dataset-module lookup, no network)."""
+    import datasets
+
+    readers = {"json": datasets.Dataset.from_json, "csv": datasets.Dataset.from_csv,
+               "parquet": datasets.Dataset.from_parquet, "text": datasets.Dataset.from_text}
+    if builder in readers:
+        return readers[builder](str(path))
+    return datasets.Dataset.from_file(str(path))  # .arrow
+
+
+def _blank(path: Path) -> bool:
+    """Whether a text file holds nothing but whitespace (the readers fail on those obscurely)."""
+    if path.suffix.lower() in (".parquet", ".arrow"):
+        return path.stat().st_size == 0
+    with open(path, "rb") as fh:
+        return not fh.read(1 << 16).strip() and path.stat().st_size < (1 << 16)
+
+
+def _load_hint(spec, found) -> str:
+    if found is not None:
+        return "check that the file is valid (one JSON object per line for .jsonl)"
+    return ("hub datasets need network access (or a local copy); for local files give a path that exists, "
+            f"e.g. ./{spec.path}.jsonl")
+
+
+def remap_and_check(ds, ref: DatasetRef, fmt: Format, *, locate: Locate = _no_location):
+    """Rename columns as `columns:` says, then check the format's required columns are there."""
+    spec = ref.spec
+    where = locate(ref.path_key + ("columns",)) or locate(ref.path_key)
+    found = list(ds.column_names)
+    renames = {}
+    for target, source in spec.columns.items():
+        if source not in found:
+            raise RecipeError(f"column '{source}' (mapped to '{target}') not found in '{spec.path}'; "
+                              f"columns found: {', '.join(found)}", key=f"{ref.key}.columns.{target}",
+                              location=where)
+        if source != target:
+            renames[source] = target
+    if renames:
+        clash = [t for t in renames.values() if t in found and t not in renames]
+        if clash:  # renaming onto an existing column: drop the old one first
+            ds = ds.remove_columns(clash)
+        ds = ds.rename_columns(renames)
+    present = set(ds.column_names)
+    missing = [c for c in fmt.required if c not in present]
+    if missing and not (fmt.name == "preference" and missing == ["prompt"]):
+        raise RecipeError(
+            f"format '{fmt.name}' needs column{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}, "
+            f"not found in '{spec.path}'; columns found: {', '.join(found)}",
+            key=f"{ref.key}.format", location=locate(ref.path_key + ("format",)),
+            hint=f"map your columns, e.g. columns: {{{missing[0]}: <your column>}}")
+    return ds
+
+
+def mix(parts: list, weights: list[float], seed: int) -> list:
+    """The pieces that mix datasets by weight: weight w takes a dataset w times (a fraction of it: a
+    seeded sample). Concatenate the result."""
+    out = []
+    for i, (ds, w) in enumerate(zip(parts, weights)):
+        if w == 1.0:
+            out.append(ds)
+            continue
+        whole, frac = int(w), w - int(w)
+        pieces = [ds] * whole
+        n = int(round(frac * len(ds)))
+        if n:
+            pieces.append(ds.shuffle(seed=seed + i).select(range(n)))
+        out.extend(pieces)
+    return out
+
+
+def load_split(data, stage_kinds: tuple[str, ...], *, seed: int, base_dir: Path | None,
+               transform: Callable[[Any, Format], Any], locate: Locate = _no_location) -> tuple[Any, Any, dict]:
+    """Train and eval rows of a `data:` section: read, renamed, transformed, mixed and split.
+
+    `transform(dataset, format)` turns each dataset into the stage's common columns (token ids, or
+    the TRL layout) before datasets of different formats are concatenated. While it runs, each row
+    has ``_format`` (its dataset's format) and ``_row`` (its 1-based row number in its source).
+    Returns (train, eval or None, stats).
+    """
+    import datasets
+
+    def read(section: str, specs) -> list:
+        parts = []
+        for i, spec in enumerate(specs):
+            ref = DatasetRef(spec, section, i)
+            fmt = get_format(spec.format, key=f"{ref.key}.format", location=locate(ref.path_key + ("format",)))
+            if fmt.kind not in stage_kinds:
+                raise RecipeError(f"format '{fmt.name}' does not fit this stage", key=f"{ref.key}.format",
+                                  location=locate(ref.path_key + ("format",)))
+            ds = remap_and_check(load_raw(ref, base_dir=base_dir, locate=locate), ref, fmt, locate=locate)
+            keep = None if fmt.kind == "prompt" else [c for c in ds.column_names if c in fmt.required + fmt.optional]
+            if keep is not None:
+                ds = ds.select_columns(keep)
+            ds = ds.add_column("_row", list(range(1, len(ds) + 1))).add_column("_format", [fmt.name] * len(ds))
+            if spec.max_samples and spec.max_samples < len(ds):
+                ds = ds.shuffle(seed=seed).select(range(spec.max_samples))
+            try:
+                ds = transform(ds, fmt)
+            except RecipeError as exc:  # row problems: say which dataset the row is in
+                where = locate(ref.path_key + ("path",))
+                raise RecipeError([Problem(f"{spec.path}: {p.message}" if p.key is None else p.message,
+                                           p.location or where, p.key or ref.key, p.hint)
+                                   for p in exc.problems]) from None
+            if len(ds) == 0:
+                raise RecipeError(f"dataset '{spec.path}' has no usable rows", key=f"{ref.key}.path",
+                                  location=locate(ref.path_key + ("path",)),
+                                  hint="check data.sequence_len and data.truncation (rows may all be too long)")
+            parts.append(ds)
+        return parts
+
+    stats: dict[str, Any] = {}
+    train_parts = read("datasets", data.datasets)
+    evaluation = None
+    if data.eval_datasets:
+        evaluation = _concat(read("eval_datasets", data.eval_datasets))
+    elif data.val_size:
+        train_parts, eval_parts = _hold_out(train_parts, data.val_size, seed, locate)
+        evaluation = _concat(eval_parts)
+    weights = [s.weight for s in data.datasets]
+    train = _concat(mix(train_parts, weights, seed) if len(train_parts) > 1 else train_parts)
+    stats["train_rows"] = len(train)
+    stats["eval_rows"] = len(evaluation) if evaluation is not None else 0
+    assert isinstance(train, datasets.Dataset)
+    return train, evaluation, stats
+
+
+def _hold_out(parts: list, val_size, seed: int, locate: Locate) -> tuple[list, list]:
+    """Split every dataset in proportion to its size, before weights repeat any row (no eval row is
+    ever also a training row)."""
+    total = sum(len(p) for p in parts)
+    n_eval = int(val_size) if isinstance(val_size, int) else max(1, math.ceil(float(val_size) * total))
+    if n_eval >= total:
+        raise RecipeError(f"val_size {val_size} leaves no training rows ({total} rows in all)",
+                          key="data.val_size", location=locate(("data", "val_size")))
+    train_parts, eval_parts = [], []
+    left = n_eval
+    for i, p in enumerate(parts):
+        n = left if i == len(parts) - 1 else min(left, round(n_eval * len(p) / total))
+        left -= n
+        if n == 0:
+            train_parts.append(p)
+            continue
+        if n >= len(p):
+            raise RecipeError(f"val_size {val_size} takes every row of data.datasets[{i}]",
+                              key="data.val_size", location=locate(("data", "val_size")))
+        split = p.train_test_split(test_size=n, seed=seed, shuffle=True)
+        train_parts.append(split["train"])
+        eval_parts.append(split["test"])
+    return train_parts, eval_parts
+
+
+def _concat(parts: list):
+    import datasets
+
+    if len(parts) == 1:
+        return parts[0]
+    try:
+        return datasets.concatenate_datasets(parts)
+    except ValueError:  # different column types: align on the shared columns
+        common = set.intersection(*(set(p.column_names) for p in parts))
+        return datasets.concatenate_datasets([p.select_columns(sorted(common)) for p in parts])
+
+
+def format_rows(ds, opts: RenderOptions):
+    """Rows of preference/prompt datasets in the layout the TRL trainers read (DPO and GRPO)."""
+    def convert(row):
+        fmt = get_format(row["_format"])
+        try:
+            out = fmt.render(row, opts)
+        except RecipeError as exc:
+            raise RecipeError(f"row {row['_row']}: {exc}") from None
+        except (KeyError, TypeError) as exc:
+            raise RecipeError(f"row {row['_row']} of a '{fmt.name}' dataset is malformed: {exc}") from None
+        for col in fmt.required:
+            if out.get(col) in (None, ""):
+                raise RecipeError(f"row {row['_row']}: column '{col}' is empty")
+        return out
+
+    import datasets
+
+    datasets.disable_progress_bars()
+    try:
+        out = ds.map(convert)
+    finally:
+        datasets.enable_progress_bars()
+    return out.remove_columns([c for c in ("_format", "_row") if c in out.column_names])
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def truncate_prompts(ds, tokenizer, max_tokens: int):
+    """Keep the last `max_tokens` tokens of each plain-text prompt (the end holds the question).
+
+    Returns (dataset, number of prompts cut). Conversational prompts are left as they are.
+    """
+    cut = 0
+
+    def shorten(batch):
+        nonlocal cut
+        prompts = batch["prompt"]
+        texts = [p for p in prompts if isinstance(p, str)]
+        if not texts:
+            return batch
+        ids = iter(tokenizer(texts, add_special_tokens=False)["input_ids"])
+        out = []
+        for p in prompts:
+            if not isinstance(p, str):
+                out.append(p)
+                continue
+            tokens = next(ids)
+            if len(tokens) > max_tokens:
+                cut += 1
+                p = tokenizer.decode(tokens[-max_tokens:])
+            out.append(p)
+        return {**batch, "prompt": out}
+
+    import datasets
+
+    datasets.disable_progress_bars()
+    try:
+        out = ds.map(shorten, batched=True, load_from_cache_file=False)
+    finally:
+        datasets.enable_progress_bars()
+    return out, cut

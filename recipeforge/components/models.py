@@ -1,0 +1,154 @@
+"""Model loading: built-in ``tiny:<arch>`` models, local directories and hub ids.
+
+Decisions made here (dtype, attention kernel) follow the recipe and the device of the plan; nothing
+GPU-only is ever switched on for a CPU run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from recipeforge.components.tiny_spec import TINY_CONFIGS, tiny_arch
+from recipeforge.errors import Location, RecipeError, did_you_mean
+
+FLASH_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3")
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def resolve_dtype(name: str, device: str):
+    """`model.dtype` as a torch dtype: `auto` is bf16 on GPUs that support it, else fp16 on GPU, fp32 on CPU."""
+    import torch
+
+    if name != "auto":
+        return getattr(torch, _DTYPES[name])
+    if device == "cuda" and torch.cuda.is_available():
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def resolve_attn_implementation(name: str, device: str, *, location: Location | None = None) -> str:
+    """`model.attn_implementation`: `auto` picks flash-attention on a GPU that has it installed, else sdpa."""
+    has_flash = importlib.util.find_spec("flash_attn") is not None
+    if name == "auto":
+        return "flash_attention_2" if device == "cuda" and has_flash else "sdpa"
+    if name in FLASH_IMPLEMENTATIONS:
+        if device != "cuda":
+            raise RecipeError(f"attention '{name}' needs a CUDA GPU, and this run is planned for {device}",
+                              key="model.attn_implementation", location=location,
+                              hint="use attn_implementation: auto (sdpa on CPU)")
+        if not has_flash:
+            raise RecipeError(f"attention '{name}' needs the flash-attn package, which is not installed",
+                              key="model.attn_implementation", location=location,
+                              hint="pip install 'recipeforge[flash]', or use attn_implementation: sdpa")
+    if name == "flex_attention" and device != "cuda":
+        raise RecipeError("flex_attention has no backward pass on CPU", key="model.attn_implementation",
+                          location=location, hint="use attn_implementation: sdpa or eager")
+    return name
+
+
+def tiny_config(arch: str, tokenizer, *, max_position_embeddings: int | None = None,
+                location: Location | None = None):
+    """The transformers config of a built-in tiny model, with the tokenizer's special token ids."""
+    from transformers import AutoConfig
+
+    if arch not in TINY_CONFIGS:
+        raise RecipeError(f"unknown tiny model 'tiny:{arch}'", key="model.name_or_path", location=location,
+                          hint=did_you_mean(arch, TINY_CONFIGS) or
+                          f"available: {', '.join('tiny:' + a for a in TINY_CONFIGS)}")
+    kwargs = dict(TINY_CONFIGS[arch])
+    model_type = kwargs.pop("model_type")
+    if max_position_embeddings:
+        kwargs["max_position_embeddings"] = max_position_embeddings
+    return AutoConfig.for_model(model_type, **kwargs, bos_token_id=tokenizer.bos_token_id,
+                                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+
+
+def build_tiny_model(arch: str, tokenizer, *, seed: int, dtype, attn_implementation: str,
+                     max_position_embeddings: int | None = None, location: Location | None = None):
+    """A random-init tiny model; the same seed gives the same weights on every run (resume relies on it)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config(arch, tokenizer, max_position_embeddings=max_position_embeddings, location=location)
+    # Fork the RNG so building a model does not shift the random stream of whoever called us.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+    model.config._name_or_path = f"tiny:{arch}"
+    _sync_generation_config(model, tokenizer)
+    return model
+
+
+def load_model(name_or_path: str, tokenizer, *, device: str, dtype: str = "auto", attn_implementation: str = "auto",
+               revision: str | None = None, trust_remote_code: bool = False, seed: int = 42,
+               max_position_embeddings: int | None = None, quantization_config: Any = None,
+               location: Location | None = None):
+    """Load (or, for ``tiny:*``, build) the causal LM a recipe names, ready to train on `device`.
+
+    `quantization_config` (QLoRA) applies to real checkpoints; tiny models are quantized by saving
+    them first and loading that directory (see `stages.base`).
+    """
+    torch_dtype = resolve_dtype(dtype, device)
+    attn = resolve_attn_implementation(attn_implementation, device, location=location)
+    arch = tiny_arch(name_or_path)
+    if arch is not None:
+        return build_tiny_model(arch, tokenizer, seed=seed, dtype=torch_dtype, attn_implementation=attn,
+                                max_position_embeddings=max_position_embeddings, location=location)
+    from transformers import AutoModelForCausalLM
+
+    kwargs: dict[str, Any] = {"dtype": torch_dtype, "attn_implementation": attn, "revision": revision,
+                              "trust_remote_code": trust_remote_code}
+    if max_position_embeddings:
+        kwargs["max_position_embeddings"] = max_position_embeddings
+    if quantization_config is not None:
+        kwargs["quantization_config"] = quantization_config
+        # 4-bit weights cannot move between devices after loading; place them where they train.
+        kwargs["device_map"] = {"": 0} if device == "cuda" else {"": "cpu"}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+    except OSError as exc:
+        where = "local directory" if Path(name_or_path).expanduser().exists() else "model"
+        raise RecipeError(f"cannot load {where} '{name_or_path}': {_first_line(exc)}", key="model.name_or_path",
+                          location=location,
+                          hint="give a directory with config.json and weights, a hub id reachable from this "
+                               "machine, or tiny:llama for an offline model") from None
+    except ValueError as exc:
+        msg = _first_line(exc)
+        hint = ("set model.trust_remote_code: true if you trust this model's code"
+                if "trust_remote_code" in str(exc) else None)
+        raise RecipeError(f"cannot load model '{name_or_path}': {msg}", key="model.name_or_path",
+                          location=location, hint=hint) from None
+    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+        model.resize_token_embeddings(len(tokenizer))
+    _sync_generation_config(model, tokenizer)
+    return model
+
+
+def _sync_generation_config(model, tokenizer) -> None:
+    """Make the model agree with the tokenizer on special tokens, so generation stops and pads right."""
+    model.config.pad_token_id = tokenizer.pad_token_id
+    gen = getattr(model, "generation_config", None)
+    if gen is not None:
+        gen.pad_token_id = tokenizer.pad_token_id
+        if tokenizer.eos_token_id is not None:
+            gen.eos_token_id = tokenizer.eos_token_id
+        if tokenizer.bos_token_id is not None:
+            gen.bos_token_id = tokenizer.bos_token_id
+
+
+def count_parameters(model) -> tuple[int, int]:
+    """(trainable, total) parameter counts."""
+    total = trainable = 0
+    for p in model.parameters():
+        n = p.numel()
+        total += n
+        if p.requires_grad:
+            trainable += n
+    return trainable, total
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

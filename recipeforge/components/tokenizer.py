@@ -1,0 +1,196 @@
+"""Tokenizers: the locally built tokenizer of ``tiny:<arch>`` models, real ones, and chat templates.
+
+The tiny tokenizer is a byte-level BPE trained with the `tokenizers` library on a fixed built-in
+corpus, so it covers any text, is identical on every machine and needs no download. Its size equals
+the tiny models' vocabulary (see `tiny_spec`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from functools import lru_cache
+from typing import Any
+
+from recipeforge.errors import Location, RecipeError, did_you_mean
+
+PAD, BOS, EOS, TURN_START = "<|pad|>", "<|bos|>", "<|im_end|>", "<|im_start|>"
+TINY_SPECIAL_TOKENS = (PAD, BOS, EOS, TURN_START)
+
+# Named chat templates for `data.chat_template`. Each renders `messages` and, with
+# `add_generation_prompt`, opens an assistant turn. They are prefix-consistent (rendering the first
+# k messages gives a prefix of rendering all of them), which the SFT label masking relies on.
+CHAT_TEMPLATES: dict[str, str] = {
+    "chatml": (
+        "{{ bos_token if bos_token else '' }}"
+        "{% for message in messages %}"
+        "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    ),
+    "llama3": (
+        "{{ bos_token if bos_token else '' }}"
+        "{% for message in messages %}"
+        "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] + '<|eot_id|>' }}"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+    ),
+    "zephyr": (
+        "{% for message in messages %}"
+        "{{ '<|' + message['role'] + '|>\n' + message['content'] + eos_token + '\n' }}"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+    ),
+}
+
+# Built-in corpus for the tiny tokenizer: common English words, numbers and punctuation, so that
+# every merge slot is used and ordinary text compresses reasonably. Changing it changes every tiny
+# tokenizer (and the tokenized-data cache key with it).
+_WORDS = """
+the a an and or but if then else when while for to of in on at by with from into over under about
+is are was were be been being have has had do does did can could will would should may might must
+i you he she it we they me him her us them my your his its our their this that these those what which
+who whom whose where why how all any both each few more most other some such no not only own same so
+than too very just also now here there up down out off again once one two three four five six seven
+eight nine ten eleven twelve hundred thousand first second third last next new old good bad big small
+long short high low right left yes true false answer question reply say says said tell ask make made
+take give go come see look find think know want use work call try need feel become leave put mean keep
+let begin seem help show hear play run move live believe bring happen write sit stand lose pay meet
+include continue set learn change lead understand watch follow stop create speak read spend grow open
+walk win teach offer remember consider appear buy serve die send build stay fall cut reach kill raise
+pass sell decide return explain hope develop carry break receive agree support hit produce eat cover
+catch draw choose cow dog cat duck sheep pig horse bird frog lion owl mouse bee snake goat chicken
+moo woof meow quack baa oink neigh tweet croak roar hoot squeak buzz hiss bleat cluck animal sound
+red blue green yellow orange purple black white brown pink gray color apple banana cherry grape lemon
+fruit water fire earth air sun moon star sky sea tree house car road city country world day night year
+time people man woman child word sentence letter number count add plus minus times equals sum reverse
+copy repeat sort list name value key item data text model train test step loss reward example user
+assistant system instruction input output response prompt completion chosen rejected good better best
+"""
+_PUNCT = [".", ",", "?", "!", ":", ";", "-", "'", '"', "(", ")", "=", "+", "*", "/", "#", "\n"]
+
+
+def _corpus(rows: int = 4000, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    words = _WORDS.split()
+    out = []
+    for _ in range(rows):
+        parts = []
+        for _ in range(rng.randint(3, 14)):
+            r = rng.random()
+            if r < 0.08:
+                parts.append(str(rng.randint(0, 100)))
+            elif r < 0.25:
+                parts.append(rng.choice(words).capitalize())
+            else:
+                parts.append(rng.choice(words))
+        out.append(" ".join(parts) + rng.choice(_PUNCT))
+    return out
+
+
+@lru_cache(maxsize=4)
+def _tiny_tokenizer_json(vocab_size: int) -> str:
+    """Train the tiny byte-level BPE once per process and keep its serialized form."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(TINY_SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_corpus(), trainer)
+    if tok.get_vocab_size() != vocab_size:  # the corpus is fixed, so this only trips when it is edited
+        raise RuntimeError(f"tiny tokenizer has {tok.get_vocab_size()} tokens, expected {vocab_size}")
+    bos_id = tok.token_to_id(BOS)
+    # Plain tokenization (add_special_tokens=True) starts with BOS, like Llama tokenizers do.
+    tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B",
+                                                       special_tokens=[(BOS, bos_id)])
+    return tok.to_str()
+
+
+def build_tiny_tokenizer(vocab_size: int):
+    """A fresh tokenizer for the tiny models (byte-level BPE, ChatML template, pad/bos/eos set)."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer.from_str(_tiny_tokenizer_json(vocab_size))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=BOS, eos_token=EOS, pad_token=PAD,
+                                        additional_special_tokens=[TURN_START], model_max_length=1_000_000,
+                                        padding_side="right", clean_up_tokenization_spaces=False)
+    tokenizer.chat_template = CHAT_TEMPLATES["chatml"]
+    return tokenizer
+
+
+def load_tokenizer(name_or_path: str, *, revision: str | None = None, trust_remote_code: bool = False,
+                   vocab_size: int | None = None, location: Location | None = None, key: str = "model.name_or_path"):
+    """The tokenizer of a model: built locally for ``tiny:*``, else `AutoTokenizer` (local dir or hub).
+
+    A missing pad token falls back to the EOS token (batches need one); sides are set for training.
+    """
+    from recipeforge.components.tiny_spec import tiny_arch
+
+    if tiny_arch(name_or_path) is not None:
+        return build_tiny_tokenizer(vocab_size or 1024)
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, revision=revision, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise RecipeError(f"cannot load a tokenizer from '{name_or_path}': {_first_line(exc)}", key=key,
+                          location=location,
+                          hint="use a local directory with tokenizer files, a hub id reachable from here, "
+                               "or tiny:llama for an offline model") from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    tokenizer.padding_side = "right"
+    return tokenizer
+
+
+def set_chat_template(tokenizer, name: str, *, required: bool, location: Location | None = None) -> None:
+    """Apply `data.chat_template`: keep the tokenizer's own (``tokenizer``) or install a named one.
+
+    `required` says whether the data needs a template at all (messages/alpaca/conversational rows).
+    """
+    if name == "tokenizer":
+        if required and not getattr(tokenizer, "chat_template", None):
+            raise RecipeError("the tokenizer has no chat template, but the data is conversational",
+                              key="data.chat_template", location=location,
+                              hint=f"set data.chat_template to one of: {', '.join(CHAT_TEMPLATES)}")
+        return
+    if name not in CHAT_TEMPLATES:
+        raise RecipeError(f"unknown chat template '{name}'", key="data.chat_template", location=location,
+                          hint=did_you_mean(name, CHAT_TEMPLATES) or
+                          f"available: tokenizer, {', '.join(CHAT_TEMPLATES)}")
+    tokenizer.chat_template = CHAT_TEMPLATES[name]
+
+
+def special_prefix_ids(tokenizer) -> list[int]:
+    """Token ids the tokenizer puts before plain text (e.g. BOS), found by encoding an empty string."""
+    ids = tokenizer("", add_special_tokens=True)["input_ids"]
+    eos = tokenizer.eos_token_id
+    return [i for i in ids if i != eos]
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A stable hash of everything that decides token ids: vocabulary, merges, specials, chat template."""
+    h = hashlib.sha256()
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        h.update(backend.to_str().encode())
+    else:  # slow tokenizers: the vocabulary is what we can see
+        h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    h.update(json.dumps([str(tokenizer.bos_token), str(tokenizer.eos_token), str(tokenizer.pad_token),
+                         getattr(tokenizer, "chat_template", None) or ""]).encode())
+    return h.hexdigest()[:16]
+
+
+def render_chat(tokenizer, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False) -> str:
+    """Messages as text through the tokenizer's chat template."""
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+

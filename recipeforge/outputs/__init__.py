@@ -1,0 +1,1 @@
+"""What a run leaves behind: the run directory, metrics, checkpoints, exported models, the model card."""

@@ -1,0 +1,98 @@
+"""Checkpoints: which ones are complete, and which one a run resumes from.
+
+The trainer writes ``checkpoints/checkpoint-<step>/``. A checkpoint is complete when its trainer
+state parses and its weights are there; the callback below also marks it once the trainer reports
+the save finished. Incomplete ones (a run killed while saving) are never resumed from and are
+removed before training starts, so checkpoint rotation does not count them either.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+from recipeforge.errors import RecipeError
+
+PREFIX = "checkpoint-"
+MARKER = "checkpoint_complete.json"
+WEIGHT_FILES = ("model.safetensors", "adapter_model.safetensors", "model.safetensors.index.json",
+                "pytorch_model.bin", "adapter_model.bin")
+_STEP = re.compile(rf"^{PREFIX}(\d+)$")
+
+
+def step_of(path: Path) -> int | None:
+    """The global step a checkpoint directory was saved at."""
+    m = _STEP.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+def is_complete(path: Path) -> bool:
+    """Whether `path` holds a whole checkpoint that training can resume from."""
+    if not path.is_dir():
+        return False
+    if (path / MARKER).is_file():
+        return True
+    try:
+        json.loads((path / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    has_weights = any((path / f).exists() for f in WEIGHT_FILES) or any(path.glob("global_step*"))
+    return has_weights
+
+
+def checkpoints(directory: Path) -> list[Path]:
+    """All checkpoint directories, oldest step first."""
+    if not directory.is_dir():
+        return []
+    found = [(step_of(p), p) for p in directory.iterdir() if p.is_dir() and step_of(p) is not None]
+    return [p for _, p in sorted(found)]
+
+
+def newest_complete(directory: Path) -> Path | None:
+    """The complete checkpoint with the highest step, or None."""
+    done = [p for p in checkpoints(directory) if is_complete(p)]
+    return done[-1] if done else None
+
+
+def remove_incomplete(directory: Path) -> list[Path]:
+    """Delete checkpoint directories that were never finished; returns what was removed."""
+    removed = []
+    for p in checkpoints(directory):
+        if not is_complete(p):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
+def resume_checkpoint(resume: str, directory: Path) -> Path | None:
+    """The checkpoint `output.resume` asks for: newest complete (auto), none (never), or a path."""
+    if resume == "never":
+        return None
+    if resume == "auto":
+        return newest_complete(directory)
+    path = Path(resume).expanduser()
+    if not is_complete(path):
+        raise RecipeError(f"cannot resume from '{resume}': not a complete checkpoint directory",
+                          key="output.resume",
+                          hint="give a checkpoints/checkpoint-<step> directory of an earlier run, or use auto")
+    return path
+
+
+def mark_complete(path: Path, step: int) -> None:
+    """Record that the trainer finished writing checkpoint `path`."""
+    if path.is_dir():
+        (path / MARKER).write_text(json.dumps({"step": step}) + "\n")
+
+
+def make_callback():
+    """A `TrainerCallback` that marks each checkpoint complete once it is saved (imports transformers)."""
+    from transformers import TrainerCallback
+
+    class CheckpointMarker(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            if state.is_world_process_zero:
+                mark_complete(Path(args.output_dir) / f"{PREFIX}{state.global_step}", state.global_step)
+
+    return CheckpointMarker()

@@ -1,0 +1,104 @@
+"""Writing trained models: final/ (full weights or adapter), base_model/, and LoRA merging."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from recipeforge.errors import RecipeError
+
+
+def is_peft(model) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "merge_and_unload")
+
+
+def save_pretrained_atomic(model, tokenizer, out: Path) -> Path:
+    """`save_pretrained` (safetensors) + tokenizer into `out`, replacing it only once fully written."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        config = getattr(model, "config", None)
+        cache_flag = getattr(config, "use_cache", None)
+        if config is not None:
+            config.use_cache = True  # training turns the KV cache off; users of the model want it on
+        try:
+            model.save_pretrained(str(tmp), safe_serialization=True)
+        finally:
+            if config is not None and cache_flag is not None:
+                config.use_cache = cache_flag
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def save_base_model(model, tokenizer, out: Path) -> Path:
+    """Keep the random-init base of a tiny model next to its adapter (it exists nowhere else)."""
+    return save_pretrained_atomic(model, tokenizer, out)
+
+
+def merge_adapter(run_dir: Path, out_dir: Path | None = None) -> Path:
+    """Merge the LoRA adapter in ``run_dir/final`` into its base; write safetensors + tokenizer.
+
+    The base is ``run_dir/base_model`` for tiny models, else the model the adapter names. The result
+    loads with plain `transformers.AutoModelForCausalLM.from_pretrained`.
+    """
+    run_dir = Path(run_dir)
+    final = run_dir / "final"
+    adapter_cfg = final / "adapter_config.json"
+    if not final.is_dir():
+        raise RecipeError(f"{run_dir} has no final/ model", hint="train the recipe first (recipeforge train)")
+    if not adapter_cfg.is_file():
+        raise RecipeError(f"{final} holds a full model, not an adapter: there is nothing to merge",
+                          hint="load final/ directly with AutoModelForCausalLM.from_pretrained")
+    recipe = _resolved_recipe(run_dir)
+    model_cfg = recipe.get("model", {}) if isinstance(recipe, dict) else {}
+    base = _base_path(run_dir, json.loads(adapter_cfg.read_text()), model_cfg)
+    out = Path(out_dir) if out_dir is not None else run_dir / "merged"
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(model_cfg.get("dtype", "auto"), "auto")
+    try:
+        # The adapter trained on whatever precision the base had; merging into an unquantized copy is
+        # standard (QLoRA adapters included).
+        base_model = AutoModelForCausalLM.from_pretrained(
+            base, dtype=dtype, revision=model_cfg.get("revision") if base == model_cfg.get("name_or_path") else None,
+            trust_remote_code=bool(model_cfg.get("trust_remote_code", False)))
+    except OSError as exc:
+        raise RecipeError(f"cannot load the base model '{base}' to merge into: {str(exc).splitlines()[0]}",
+                          hint="the base must be reachable (a local directory, or the hub when online)") from None
+    merged = PeftModel.from_pretrained(base_model, str(final)).merge_and_unload()
+    tokenizer = AutoTokenizer.from_pretrained(str(final))
+    return save_pretrained_atomic(merged, tokenizer, out)
+
+
+def _resolved_recipe(run_dir: Path) -> dict:
+    path = run_dir / "resolved_recipe.yaml"
+    if not path.is_file():
+        return {}
+    try:
+        return yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError:
+        return {}
+
+
+def _base_path(run_dir: Path, adapter_cfg: dict, model_cfg: dict) -> str:
+    local = run_dir / "base_model"
+    if local.is_dir():
+        return str(local)
+    named = adapter_cfg.get("base_model_name_or_path") or model_cfg.get("name_or_path")
+    if not named:
+        raise RecipeError(f"cannot tell which base model the adapter in {run_dir}/final belongs to")
+    return named

@@ -1,0 +1,389 @@
+"""The stage-runner protocol, and what every runner shares.
+
+A stage runner does three things: `setup()` (tokenizer, data, model, trainer), `train()` and
+`save()` (final/). Runners read the recipe and the plan and never plan again; they hold no
+per-backend code. A backend contributes trainer arguments through `StageContext.backend_kwargs`,
+merged in exactly one place (`TrainerStage.training_arguments`), after the stage's own.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from recipeforge.errors import Location, RecipeError
+from recipeforge.outputs.run_dir import RunDir
+
+OPTIMIZERS = {"adamw": "adamw_torch", "adamw_fused": "adamw_torch_fused", "adamw_8bit": "adamw_bnb_8bit",
+              "paged_adamw_8bit": "paged_adamw_8bit", "paged_adamw_32bit": "paged_adamw_32bit",
+              "adafactor": "adafactor", "sgd": "sgd", "lion_8bit": "lion_8bit"}
+BNB_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit", "lion_8bit")
+SCHEDULERS = {"linear": ("linear", {}), "cosine": ("cosine", {}),
+              "cosine_with_min_lr": ("cosine_with_min_lr", {"min_lr_rate": 0.1}),
+              "constant": ("constant", {}), "constant_with_warmup": ("constant_with_warmup", {}),
+              "wsd": ("warmup_stable_decay", {"decay_type": "cosine"})}
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """This process's place in a launched job (torchrun / accelerate launch set the variables)."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def from_env(cls, environ=os.environ) -> "DistInfo":
+        def num(name: str, default: int) -> int:
+            try:
+                return int(environ.get(name, default))
+            except ValueError:
+                return default
+        return cls(num("RANK", 0), num("LOCAL_RANK", 0), num("WORLD_SIZE", 1))
+
+
+def _log(message: str) -> None:
+    print(f"[recipeforge] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class StageContext:
+    """Everything a stage runner gets: the loaded recipe, the plan, the run directory."""
+
+    loaded: Any                       # config.LoadedRecipe (recipe, path, provenance tree)
+    plan: Any                         # plan.types.Plan
+    run: RunDir
+    resume_from: Path | None = None
+    dist: DistInfo = field(default_factory=DistInfo)
+    backend_kwargs: dict = field(default_factory=dict)   # trainer arguments from the backend (merged last)
+    callbacks: list = field(default_factory=list)        # extra TrainerCallbacks
+    log: Callable[[str], None] = _log
+
+    @property
+    def recipe(self):
+        return self.loaded.recipe
+
+    @property
+    def base_dir(self) -> Path | None:
+        path = getattr(self.loaded, "path", None)
+        return Path(path).resolve().parent if path else None
+
+    def locate(self, path: tuple) -> Location | None:
+        """Where the recipe sets the key at `path` (for error messages)."""
+        tree = getattr(self.loaded, "tree", None)
+        return tree.locate(path) if tree is not None else None
+
+
+class StageRunner(Protocol):
+    """What the train entry calls, in this order."""
+
+    def setup(self) -> None: ...
+
+    def train(self) -> dict: ...
+
+    def save(self) -> Path: ...
+
+
+class TrainerStage:
+    """Shared machinery of the runners built on a transformers/TRL trainer."""
+
+    stage: str = ""
+
+    def __init__(self, ctx: StageContext):
+        self.ctx = ctx
+        self.recipe = ctx.recipe
+        self.tokenizer = None
+        self.model = None
+        self.trainer = None
+        self.data_stats: dict = {}
+        self.extra_log_sources: list[Callable[[], dict]] = []
+        self.has_eval = False
+        self._saved_env: dict[str, str | None] = {}
+
+    # --- the protocol -------------------------------------------------------------------------
+    def setup(self) -> None:
+        """Tokenizer, then data (fails fast on data errors), then model, then trainer."""
+        from recipeforge.components.kernels import apply_kernels
+
+        self.kernels = apply_kernels(self.recipe.kernels, self.ctx.plan.device, log=self.ctx.log)
+        self.tokenizer = self.load_tokenizer()
+        self.prepare_data()
+        self.model = self.load_model()
+        self.trainer = self.build_trainer()
+
+    def train(self) -> dict:
+        """Run the trainer (resuming when the context says so), then evaluate once at the end."""
+        resume = str(self.ctx.resume_from) if self.ctx.resume_from else None
+        try:
+            result = self.trainer.train(resume_from_checkpoint=resume)
+            metrics = dict(result.metrics)
+            if self.has_eval and not self._evaluated_at(self.trainer.state.global_step):
+                metrics.update(self.trainer.evaluate())
+        finally:
+            self._restore_env()
+        return metrics
+
+    def save(self) -> Path:
+        """Write final/: full weights (safetensors) or the adapter, plus the tokenizer."""
+        from recipeforge.outputs.export import save_pretrained_atomic
+
+        if self.trainer is not None:
+            model = self.trainer.accelerator.unwrap_model(self.trainer.model)
+        else:
+            model = self.model
+        # Sharded backends will consolidate their weights here (the backend protocol's job).
+        if self.ctx.dist.is_main:
+            save_pretrained_atomic(model, self.tokenizer, self.ctx.run.final)
+        return self.ctx.run.final
+
+    # --- building blocks ----------------------------------------------------------------------
+    def load_tokenizer(self):
+        from recipeforge.components.tiny_spec import TINY_CONFIGS, tiny_arch
+        from recipeforge.components.tokenizer import load_tokenizer
+
+        m = self.recipe.model
+        arch = tiny_arch(m.name_or_path)
+        vocab = TINY_CONFIGS.get(arch, {}).get("vocab_size") if arch else None
+        return load_tokenizer(m.tokenizer or m.name_or_path, revision=m.revision,
+                              trust_remote_code=m.trust_remote_code, vocab_size=vocab,
+                              location=self.ctx.locate(("model", "tokenizer" if m.tokenizer else "name_or_path")),
+                              key="model.tokenizer" if m.tokenizer else "model.name_or_path")
+
+    def prepare_data(self) -> None:
+        raise NotImplementedError
+
+    def prepare_rows(self, kind: str, *, max_prompt_length: int | None) -> None:
+        """Rows for a TRL trainer that tokenizes itself (DPO: preference, GRPO: prompt)."""
+        from recipeforge.components.data import format_rows, load_split, truncate_prompts
+        from recipeforge.components.formats import RenderOptions
+        from recipeforge.components.tokenizer import set_chat_template
+
+        data = self.recipe.data
+        set_chat_template(self.tokenizer, data.chat_template, required=False,
+                          location=self.ctx.locate(("data", "chat_template")))
+        opts = RenderOptions(self.tokenizer)
+        train, evaluation, stats = load_split(data, (kind,), seed=self.recipe.train.seed, base_dir=self.ctx.base_dir,
+                                              transform=lambda ds, fmt: format_rows(ds, opts), locate=self.ctx.locate)
+        if max_prompt_length:
+            train, cut = truncate_prompts(train, self.tokenizer, max_prompt_length)
+            stats["prompts_truncated"] = cut
+            if evaluation is not None:
+                evaluation, _ = truncate_prompts(evaluation, self.tokenizer, max_prompt_length)
+        conversational = "prompt" in train.column_names and isinstance(train[0]["prompt"], list)
+        if conversational and not getattr(self.tokenizer, "chat_template", None):
+            set_chat_template(self.tokenizer, data.chat_template, required=True,
+                              location=self.ctx.locate(("data", "chat_template")))
+        self.train_rows, self.eval_rows = train, evaluation
+        self.has_eval = evaluation is not None
+        self.data_stats = stats
+        self.ctx.log("data: " + ", ".join(f"{k}={v}" for k, v in stats.items()))
+
+    def load_model(self, *, for_reference: bool = False):
+        """The base model, quantized for QLoRA; adapters are added by the runner (or its trainer)."""
+        from recipeforge.components.adapters import prepare_quantized, quantization_config
+        from recipeforge.components.models import load_model, resolve_dtype
+        from recipeforge.components.tiny_spec import tiny_arch
+        from recipeforge.outputs.export import save_base_model
+
+        r, plan = self.recipe, self.ctx.plan
+        m, a = r.model, r.adapter
+        where = self.ctx.locate(("model", "name_or_path"))
+        name = m.name_or_path
+        quant = None
+        dtype = m.dtype
+        if a.type == "qlora":
+            if str(resolve_dtype(m.dtype, plan.device)) == "torch.float32":
+                dtype = "bf16"  # `auto` on a CPU: 4-bit layers compute in bf16, not fp32
+            quant = quantization_config(a, resolve_dtype(dtype, plan.device), plan.device,
+                                        location=self.ctx.locate(("adapter", "type")))
+        elif a.type == "none" and plan.device == "cuda" and str(resolve_dtype(m.dtype, plan.device)) == "torch.float16":
+            dtype = "fp32"  # fp16 weights cannot be trained with fp16 mixed precision: keep fp32 masters
+        common = dict(device=plan.device, dtype=dtype, attn_implementation=m.attn_implementation,
+                      revision=m.revision, trust_remote_code=m.trust_remote_code, seed=r.train.seed,
+                      max_position_embeddings=m.max_position_embeddings, location=where)
+        is_tiny = tiny_arch(name) is not None
+        if is_tiny and (a.type != "none" or self.needs_base_on_disk()) and not for_reference:
+            # The random-init base exists nowhere else: keep it next to the adapter (merging needs
+            # it; a trainer building its own reference model loads it), and load it from there when
+            # it has to be quantized.
+            base = load_model(name, self.tokenizer, **common)
+            if self.ctx.dist.is_main:
+                save_base_model(base, self.tokenizer, self.ctx.run.base_model)
+            if quant is not None:
+                base = load_model(str(self.ctx.run.base_model), self.tokenizer,
+                                  **{**common, "quantization_config": quant})
+            base.config._name_or_path = str(self.ctx.run.base_model.resolve())
+            model = base
+        else:
+            model = load_model(name, self.tokenizer, **{**common, "quantization_config": quant})
+        if quant is not None:
+            model = prepare_quantized(model, gradient_checkpointing=plan.gradient_checkpointing, device=plan.device)
+        return model
+
+    def needs_base_on_disk(self) -> bool:
+        """Whether the trainer loads the starting model again by its name (a reference model)."""
+        return False
+
+    def peft_config(self):
+        """The LoRA config of the recipe, or None for full fine-tuning."""
+        from recipeforge.components.adapters import lora_config
+
+        return lora_config(self.recipe.adapter) if self.recipe.adapter.type != "none" else None
+
+    def callbacks(self) -> list:
+        """Metrics, checkpoint marking, tensorboard, plus any from the context."""
+        from recipeforge.outputs import checkpoint, metrics
+
+        writer = metrics.MetricsWriter(self.ctx.run.metrics, enabled=self.ctx.dist.is_main)
+        cbs = [metrics.make_callback(writer, self.extra_log_sources), checkpoint.make_callback()]
+        if self.recipe.logging.tensorboard and self.ctx.dist.is_main:
+            cbs.append(_tensorboard_callback(self.ctx.run.tensorboard))
+        return cbs + list(self.ctx.callbacks)
+
+    def training_arguments(self, cls, **stage_kwargs):
+        """Build `cls` (TrainingArguments or a TRL config): common settings, then the stage's, then
+        the backend's — the single place where backend trainer arguments are merged."""
+        kwargs = {**self.common_arguments(), **stage_kwargs, **self.ctx.backend_kwargs}
+        try:
+            return cls(**kwargs)
+        except ValueError as exc:  # a combination the trainer refuses, e.g. batch sizes for GRPO
+            raise RecipeError(f"the trainer rejected the settings: {str(exc).splitlines()[0]}") from None
+
+    def common_arguments(self) -> dict:
+        r, plan, run = self.recipe, self.ctx.plan, self.ctx.run
+        t, o = r.train, r.output
+        if t.optimizer in BNB_OPTIMIZERS:
+            from recipeforge.components.adapters import check_bitsandbytes
+
+            check_bitsandbytes(plan.device, what=f"optimizer {t.optimizer}", key="train.optimizer",
+                               location=self.ctx.locate(("train", "optimizer")))
+        scheduler, sched_kwargs = SCHEDULERS[t.scheduler]
+        if t.scheduler == "wsd":
+            total = t.max_steps or 0
+            sched_kwargs = {**sched_kwargs, "num_decay_steps": max(1, total // 10) if total else 1}
+        warmup: float = t.warmup_steps if t.warmup_steps is not None else min(t.warmup_ratio, 0.999)
+        on_cpu = plan.device != "cuda"
+        from recipeforge.components.models import resolve_dtype
+
+        dtype = resolve_dtype(r.model.dtype, plan.device)
+        eval_strategy = ("steps" if t.eval_steps else "epoch") if self.has_eval else "no"
+        report_to = self._trackers()
+        kwargs: dict[str, Any] = dict(
+            output_dir=str(run.checkpoints),
+            per_device_train_batch_size=plan.micro_batch_size,
+            per_device_eval_batch_size=plan.micro_batch_size,
+            gradient_accumulation_steps=plan.gradient_accumulation,
+            num_train_epochs=t.epochs or 1.0,
+            max_steps=t.max_steps or -1,
+            learning_rate=t.learning_rate,
+            lr_scheduler_type=scheduler,
+            lr_scheduler_kwargs=sched_kwargs or None,
+            warmup_steps=warmup,
+            weight_decay=t.weight_decay,
+            adam_beta1=t.adam_beta1,
+            adam_beta2=t.adam_beta2,
+            max_grad_norm=t.max_grad_norm or 0.0,
+            optim=OPTIMIZERS[t.optimizer],
+            seed=t.seed,
+            data_seed=t.seed,
+            logging_steps=t.logging_steps,
+            logging_first_step=True,
+            eval_strategy=eval_strategy,
+            eval_steps=t.eval_steps,
+            save_strategy="steps" if o.save_steps else "epoch",
+            save_steps=o.save_steps or 500,
+            save_total_limit=o.save_total_limit,
+            load_best_model_at_end=t.load_best_model_at_end,
+            metric_for_best_model=t.metric_for_best_model if t.load_best_model_at_end else None,
+            report_to=report_to,
+            run_name=r.name or (self.ctx.loaded.path.stem if getattr(self.ctx.loaded, "path", None) else None),
+            disable_tqdm=not (r.logging.progress_bar and self.ctx.dist.is_main),
+            use_cpu=on_cpu,
+            # Mixed precision only on GPUs; TRL configs default bf16=True, which CPUs refuse.
+            bf16=not on_cpu and str(dtype) == "torch.bfloat16",
+            fp16=not on_cpu and str(dtype) == "torch.float16",
+            dataloader_num_workers=0,
+            train_sampling_strategy="random" if r.data.shuffle else "sequential",
+            push_to_hub=False,
+        )
+        # transformers 5 renamed the switch (the old name still works, with a warning).
+        from transformers import TrainingArguments
+
+        ckpt = "activation_checkpointing" if "activation_checkpointing" in TrainingArguments.__dataclass_fields__ \
+            else "gradient_checkpointing"
+        kwargs[ckpt] = bool(plan.gradient_checkpointing)
+        kwargs.update(self.kernels.trainer_kwargs)
+        return kwargs
+
+    def _trackers(self) -> list[str] | str:
+        """Experiment trackers the recipe asks for, configured to keep their files in the run dir."""
+        lg, run = self.recipe.logging, self.ctx.run
+        out: list[str] = []
+        if lg.wandb is not None and lg.wandb.mode != "disabled":
+            import importlib.util
+
+            if importlib.util.find_spec("wandb") is None:
+                raise RecipeError("logging.wandb needs the wandb package, which is not installed",
+                                  key="logging.wandb", location=self.ctx.locate(("logging", "wandb")),
+                                  hint="pip install 'recipeforge[wandb]', or remove logging.wandb")
+            wandb_dir = run.root / "wandb"
+            wandb_dir.mkdir(parents=True, exist_ok=True)
+            env = {"WANDB_PROJECT": lg.wandb.project, "WANDB_MODE": lg.wandb.mode, "WANDB_DIR": str(wandb_dir),
+                   "WANDB_CACHE_DIR": str(wandb_dir / "cache"), "WANDB_CONFIG_DIR": str(wandb_dir / "config"),
+                   "WANDB_DATA_DIR": str(wandb_dir / "data"), "WANDB_NAME": lg.wandb.name or run.root.name}
+            if lg.wandb.entity:
+                env["WANDB_ENTITY"] = lg.wandb.entity
+            if lg.wandb.tags:
+                env["WANDB_TAGS"] = ",".join(lg.wandb.tags)
+            self._set_env(env)
+            out.append("wandb")
+        if lg.mlflow is not None:
+            import importlib.util
+
+            if importlib.util.find_spec("mlflow") is None:
+                raise RecipeError("logging.mlflow needs the mlflow package, which is not installed",
+                                  key="logging.mlflow", location=self.ctx.locate(("logging", "mlflow")),
+                                  hint="pip install 'recipeforge[mlflow]', or remove logging.mlflow")
+            env = {"MLFLOW_EXPERIMENT_NAME": lg.mlflow.experiment}
+            if lg.mlflow.tracking_uri:
+                env["MLFLOW_TRACKING_URI"] = lg.mlflow.tracking_uri
+            self._set_env(env)
+            out.append("mlflow")
+        return out or "none"
+
+    def _set_env(self, env: dict[str, str]) -> None:
+        """Tracker settings travel by environment variables; they are put back after training."""
+        for k, v in env.items():
+            self._saved_env.setdefault(k, os.environ.get(k))
+            os.environ[k] = v
+
+    def _restore_env(self) -> None:
+        for k, v in self._saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        self._saved_env.clear()
+
+    def _evaluated_at(self, step: int) -> bool:
+        return any(h.get("step") == step and any(k.startswith("eval_") for k in h)
+                   for h in self.trainer.state.log_history)
+
+
+def _tensorboard_callback(log_dir: Path):
+    from transformers.integrations import TensorBoardCallback
+
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise RecipeError("logging.tensorboard needs the tensorboard package, which is not installed",
+                          key="logging.tensorboard", hint="pip install 'recipeforge[tensorboard]'") from None
+    log_dir.mkdir(parents=True, exist_ok=True)
+    return TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(log_dir)))

@@ -1,0 +1,54 @@
+"""Direct Preference Optimization on TRL's `DPOTrainer`.
+
+The reference model is handled as TRL does: with an adapter it is the base with adapters disabled
+(no second copy in memory); for full fine-tuning it is a second copy of the starting model, or the
+model `dpo.reference` names.
+"""
+
+from __future__ import annotations
+
+from recipeforge.stages.base import TrainerStage
+
+
+class DPOStage(TrainerStage):
+    """DPO on prompt/chosen/rejected rows."""
+
+    stage = "dpo"
+
+    def prepare_data(self) -> None:
+        self.prepare_rows("preference", max_prompt_length=self.recipe.dpo.max_prompt_length)
+
+    def reference_model(self):
+        """None when TRL can derive the reference itself (adapters), else a loaded model."""
+        d = self.recipe.dpo
+        if d.reference == "auto":
+            if self.recipe.adapter.type != "none":
+                return None
+            # Same name and seed: for tiny models an identical random init, else the same checkpoint.
+            ref = self.load_model(for_reference=True)
+        else:
+            from recipeforge.components.models import load_model
+
+            m = self.recipe.model
+            ref = load_model(d.reference, self.tokenizer, device=self.ctx.plan.device, dtype=m.dtype,
+                             attn_implementation=m.attn_implementation, trust_remote_code=m.trust_remote_code,
+                             seed=self.recipe.train.seed, location=self.ctx.locate(("dpo", "reference")))
+        ref.requires_grad_(False)
+        return ref.eval()
+
+    def build_trainer(self):
+        from trl import DPOConfig, DPOTrainer
+
+        d = self.recipe.dpo
+        losses, weights = [d.loss_type], None
+        if d.rpo_alpha:
+            # RPO: the preference loss plus an NLL term on chosen answers, weighted by rpo_alpha.
+            losses, weights = [d.loss_type, "sft"], [1.0, d.rpo_alpha]
+        args = self.training_arguments(
+            DPOConfig, beta=d.beta, loss_type=losses, loss_weights=weights, label_smoothing=d.label_smoothing,
+            max_length=self.recipe.data.sequence_len, disable_dropout=True,
+            dataset_num_proc=self.recipe.data.num_proc if self.recipe.data.num_proc > 1 else None)
+        return DPOTrainer(model=self.model, ref_model=self.reference_model(), args=args,
+                          train_dataset=self.train_rows, eval_dataset=self.eval_rows,
+                          processing_class=self.tokenizer, peft_config=self.peft_config(),
+                          callbacks=self.callbacks())

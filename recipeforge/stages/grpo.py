@@ -1,0 +1,57 @@
+"""Group Relative Policy Optimization on TRL's `GRPOTrainer`.
+
+Completions come from the rollout engine the recipe names (`hf`: the policy's own `generate`);
+rewards come from the rewards registry, and the dataset's extra columns reach them as keyword
+arguments. The trainer logs each reward function's mean as ``rewards/<name>/mean``.
+"""
+
+from __future__ import annotations
+
+from recipeforge.stages.base import TrainerStage
+
+
+class GRPOStage(TrainerStage):
+    """GRPO on prompt rows with weighted reward functions."""
+
+    stage = "grpo"
+
+    def prepare_data(self) -> None:
+        from recipeforge.components.rewards import RewardContext, build_rewards
+        from recipeforge.components.rollout import rollout_arguments
+
+        self.prepare_rows("prompt", max_prompt_length=self.recipe.grpo.max_prompt_length)
+        # Generation appends to the right end of the prompt, so prompts are padded on the left.
+        self.tokenizer.padding_side = "left"
+        # Rewards and the rollout engine are checked here, before the model loads: recipe mistakes
+        # (an unknown reward, a column the data lacks) surface within seconds.
+        g = self.recipe.grpo
+        device = self.ctx.plan.device if self.ctx.plan is not None else "cpu"
+        columns = tuple(c for c in self.train_rows.column_names if c != "prompt")
+        self.rewards = build_rewards(g.rewards, RewardContext(tokenizer=self.tokenizer, columns=columns,
+                                                              device=device, allow_code=self.recipe.allow_code),
+                                     locate=self.ctx.locate)
+        self.rollout_kwargs = rollout_arguments(g.rollout, device,
+                                                location=self.ctx.locate(("grpo", "rollout", "engine")))
+
+    def needs_base_on_disk(self) -> bool:
+        # With a KL term and no adapter, TRL loads the reference model by the policy's name.
+        return self.recipe.grpo.beta > 0
+
+    def build_trainer(self):
+        from trl import GRPOConfig, GRPOTrainer
+
+        g, rewards, engine = self.recipe.grpo, self.rewards, self.rollout_kwargs
+        # Evaluation generates whole groups per batch: round its batch up to a multiple of the group.
+        micro = self.ctx.plan.micro_batch_size
+        eval_batch = g.num_generations * -(-micro // g.num_generations)
+        args = self.training_arguments(
+            GRPOConfig, num_generations=g.num_generations, max_completion_length=g.max_completion_length,
+            per_device_eval_batch_size=eval_batch,
+            temperature=g.temperature, top_p=g.top_p, beta=g.beta, epsilon=g.epsilon, loss_type=g.loss_type,
+            scale_rewards=g.scale_rewards, reward_weights=rewards.weights,
+            # Extra columns (answers, ...) must survive until the reward functions see them.
+            remove_unused_columns=False, log_completions=False, **engine)
+        return GRPOTrainer(model=self.model, reward_funcs=rewards.funcs, args=args, train_dataset=self.train_rows,
+                           eval_dataset=self.eval_rows, processing_class=self.tokenizer,
+                           reward_processing_classes=rewards.processing_classes, peft_config=self.peft_config(),
+                           callbacks=self.callbacks())

@@ -1,0 +1,61 @@
+"""Causal-LM training on the transformers `Trainer`: what pretraining and SFT share.
+
+Tokenization, label masking and packing happen once in `components.lm_data` (cached); the trainer
+only sees token ids, labels and position ids, and the collator pads them. With no per-step text
+processing, a step costs what the model's forward and backward cost.
+"""
+
+from __future__ import annotations
+
+from recipeforge.stages.base import TrainerStage
+
+
+class LMStage(TrainerStage):
+    """Pretraining or SFT on tokenized (optionally packed) data."""
+
+    def prepare_data(self) -> None:
+        from recipeforge.components.formats import get_format
+        from recipeforge.components.lm_data import prepare_lm_data
+        from recipeforge.components.tokenizer import set_chat_template
+
+        data = self.recipe.data
+        specs = list(data.datasets) + list(data.eval_datasets)
+        conversational = any(get_format(s.format).conversational({}) for s in specs)
+        set_chat_template(self.tokenizer, data.chat_template, required=conversational,
+                          location=self.ctx.locate(("data", "chat_template")))
+        self.data = prepare_lm_data(self.recipe, self.tokenizer, base_dir=self.ctx.base_dir, locate=self.ctx.locate)
+        self.has_eval = self.data.eval is not None
+        self.data_stats = dict(self.data.stats)
+        self.ctx.log("data: " + ", ".join(f"{k}={v}" for k, v in self.data_stats.items()))
+
+    def load_model(self, *, for_reference: bool = False):
+        from recipeforge.components.adapters import apply_lora
+
+        model = super().load_model()
+        if self.recipe.adapter.type != "none":
+            model = apply_lora(model, self.recipe.adapter, seed=self.recipe.train.seed,
+                               gradient_checkpointing=self.ctx.plan.gradient_checkpointing)
+        # With a KV cache the models skip building the packed (block-diagonal) mask; training needs none.
+        model.config.use_cache = False
+        return model
+
+    def build_trainer(self):
+        from transformers import Trainer, TrainerCallback, TrainingArguments
+
+        from recipeforge.components.collate import LMCollator
+
+        collator = LMCollator(self.tokenizer.pad_token_id, packed=self.data.packed)
+        self.collator = collator
+        self.extra_log_sources.append(collator.counter.take)
+
+        class ForgetEvalBatches(TrainerCallback):
+            """Evaluation batches go through the same collator; keep them out of the padding share."""
+
+            def on_evaluate(self, args, state, control, **kwargs):
+                collator.counter.real = collator.counter.total = 0
+
+        # Our collator needs the position_ids/labels columns as they are: no column pruning.
+        args = self.training_arguments(TrainingArguments, remove_unused_columns=False)
+        return Trainer(model=self.model, args=args, data_collator=collator, train_dataset=self.data.train,
+                       eval_dataset=self.data.eval, processing_class=self.tokenizer,
+                       callbacks=self.callbacks() + [ForgetEvalBatches()])

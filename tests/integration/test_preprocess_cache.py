@@ -1,0 +1,49 @@
+"""`preprocess` builds the tokenized cache ahead of training; its key follows data, tokenizer and options."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from recipeforge.run import preprocess
+
+
+def test_preprocess_then_train_hits_the_cache(tiny, tmp_path):
+    stats = preprocess(tiny.load("sft-full", tmp_path / "run", f"data.cache_dir={tmp_path / 'c'}"))
+    assert stats["cache"] == "miss" and stats["train_rows"] == 59 and stats["eval_rows"] == 8
+    cache = tmp_path / "c" / "tokenized" / stats["fingerprint"]
+    assert stats["cache_path"] == str(cache) and (cache / "stats.json").is_file()
+    assert stats["packing_efficiency"] > 0.8 and stats["tokens_per_second"] > 0
+
+    again = preprocess(tiny.load("sft-full", tmp_path / "run", f"data.cache_dir={tmp_path / 'c'}"))
+    assert again["cache"] == "hit" and again["fingerprint"] == stats["fingerprint"]
+
+    run = tiny.train("sft-full", tmp_path / "run", f"data.cache_dir={tmp_path / 'c'}", "train.max_steps=2")
+    data = tiny.records(run, "data")[0]
+    assert data["cache"] == "hit" and data["train_tokens"] == stats["train_tokens"]
+
+
+def test_fingerprint_changes_with_options_and_data(tiny, tmp_path):
+    base = preprocess(tiny.load("sft-full", tmp_path / "run", f"data.cache_dir={tmp_path / 'c'}"))["fingerprint"]
+    other_len = preprocess(tiny.load("sft-full", tmp_path / "run", f"data.cache_dir={tmp_path / 'c'}",
+                                     "data.sequence_len=96"))["fingerprint"]
+    other_mask = preprocess(tiny.load("sft-full", tmp_path / "run", f"data.cache_dir={tmp_path / 'c'}",
+                                      "data.train_on_inputs=true"))["fingerprint"]
+    assert len({base, other_len, other_mask}) == 3
+
+    data = tmp_path / "copy.jsonl"
+    shutil.copy(tiny.recipes.parent.parent / "data" / "sft-alpaca.jsonl", data)
+    spec = f"data.datasets=[{{path: {data}, format: alpaca}}]"
+    first = preprocess(tiny.load("sft-full", tmp_path / "run", f"data.cache_dir={tmp_path / 'c'}", spec))
+    with open(data, "a") as fh:
+        fh.write(json.dumps({"instruction": "What does the yak say?", "output": "The yak says hum."}) + "\n")
+    second = preprocess(tiny.load("sft-full", tmp_path / "run", f"data.cache_dir={tmp_path / 'c'}", spec))
+    assert first["fingerprint"] != second["fingerprint"] and second["cache"] == "miss"
+    assert second["train_rows"] + second["eval_rows"] == first["train_rows"] + first["eval_rows"] + 1
+
+
+def test_preprocess_checks_preference_and_prompt_rows(tiny, tmp_path):
+    dpo = preprocess(tiny.load("dpo", tmp_path / "run"))
+    assert dpo["train_rows"] == 40 and dpo["eval_rows"] == 8
+    grpo = preprocess(tiny.load("grpo", tmp_path / "run"))
+    assert grpo["train_rows"] == 32

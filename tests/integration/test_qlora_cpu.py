@@ -1,0 +1,40 @@
+"""QLoRA where bitsandbytes runs on the CPU (recent releases): 4-bit base, evaluation between steps.
+
+Skipped when bitsandbytes is not installed (it is an optional extra); the GPU variant is in
+test_gpu_paths.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None, reason="needs bitsandbytes")]
+
+
+@pytest.mark.parametrize("model", ["tiny:llama", "tiny:qwen2"])
+def test_qlora_trains_on_a_4bit_base_with_evaluation_in_between(tiny, tmp_path, model):
+    import bitsandbytes as bnb
+
+    from recipeforge.outputs.run_dir import RunDir
+    from recipeforge.plan import make_plan
+    from recipeforge.stages import runner_class
+    from recipeforge.stages.base import StageContext
+
+    overrides = (f"model.name_or_path={model}", "adapter.type=qlora", "data.val_size=8", "train.eval_steps=10",
+                 "output.merge_adapter=false")
+    loaded = tiny.load("sft-lora", tmp_path / "probe", *overrides)
+    runner = runner_class("sft")(StageContext(loaded=loaded, plan=make_plan(loaded.recipe), run=RunDir(tmp_path / "p")))
+    runner.setup()
+    assert any(isinstance(m, bnb.nn.Linear4bit) for m in runner.model.modules())
+
+    # Evaluation runs every 10 steps: training after an eval pass must keep working. On CPUs with
+    # avx512_bf16, bitsandbytes would otherwise repack the 4-bit weights for inference during the
+    # first evaluation, and the next training step fails (Qwen2) or computes wrong gradients.
+    run = tiny.train("sft-lora", tmp_path / "run", *overrides)
+    loss = tiny.values(run, "loss")
+    assert loss[-1] < loss[0] - 3.0, loss
+    assert len(tiny.values(run, "eval_loss", "eval")) >= 3
+    assert (run / "final" / "adapter_model.safetensors").is_file()
