@@ -124,8 +124,11 @@ def cmd_plan(args) -> int:
 def cmd_train(args) -> int:
     from recipeforge.run import train
 
+    from recipeforge.run import summary
+
     run_dir = train(_load(args), overwrite=args.overwrite)
-    print(f"done: {run_dir}")
+    learned = ", ".join(f"{k} {v['first']:.4g} -> {v['last']:.4g}" for k, v in summary(run_dir).items())
+    print(f"run written to {run_dir}" + (f" ({learned})" if learned else ""))
     return 0
 
 
