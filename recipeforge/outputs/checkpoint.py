@@ -1,9 +1,8 @@
 """Checkpoints: which ones are complete, and which one a run resumes from.
 
-The trainer writes ``checkpoints/checkpoint-<step>/``. A checkpoint is complete when its trainer
-state parses and its weights are there; the callback below also marks it once the trainer reports
-the save finished. Incomplete ones (a run killed while saving) are never resumed from and are
-removed before training starts, so checkpoint rotation does not count them either.
+Checkpoints are staged and published atomically with a completeness marker (see `atomic.py`).
+Only marked checkpoints are resumed from; unmarked directories and staging leftovers (a run killed
+while saving) are removed before training starts, so rotation never counts them either.
 """
 
 from __future__ import annotations
@@ -29,11 +28,18 @@ def step_of(path: Path) -> int | None:
 
 
 def is_complete(path: Path) -> bool:
-    """Whether `path` holds a whole checkpoint that training can resume from."""
+    """Whether `path` is a checkpoint recipeforge published completely (it carries the marker that is
+    written, atomically, only after every file of the checkpoint is on disk)."""
+    return path.is_dir() and (path / MARKER).is_file()
+
+
+def looks_complete(path: Path) -> bool:
+    """A checkpoint written by another tool (no marker): its trainer state parses and weights exist.
+    Only used for an explicitly named `output.resume` path."""
+    if is_complete(path):
+        return True
     if not path.is_dir():
         return False
-    if (path / MARKER).is_file():
-        return True
     try:
         json.loads((path / "trainer_state.json").read_text())
     except (OSError, ValueError):
@@ -57,8 +63,13 @@ def newest_complete(directory: Path) -> Path | None:
 
 
 def remove_incomplete(directory: Path) -> list[Path]:
-    """Delete checkpoint directories that were never finished; returns what was removed."""
+    """Delete checkpoint directories that were never finished, and staging leftovers of a save that
+    was killed; returns what was removed."""
     removed = []
+    staging = directory / ".staging"
+    if staging.is_dir():
+        shutil.rmtree(staging, ignore_errors=True)
+        removed.append(staging)
     for p in checkpoints(directory):
         if not is_complete(p):
             shutil.rmtree(p, ignore_errors=True)
@@ -73,7 +84,7 @@ def resume_checkpoint(resume: str, directory: Path) -> Path | None:
     if resume == "auto":
         return newest_complete(directory)
     path = Path(resume).expanduser()
-    if not is_complete(path):
+    if not looks_complete(path):
         raise RecipeError(f"cannot resume from '{resume}': not a complete checkpoint directory",
                           key="output.resume",
                           hint="give a checkpoints/checkpoint-<step> directory of an earlier run, or use auto")
@@ -83,7 +94,9 @@ def resume_checkpoint(resume: str, directory: Path) -> Path | None:
 def mark_complete(path: Path, step: int) -> None:
     """Record that the trainer finished writing checkpoint `path`."""
     if path.is_dir():
-        (path / MARKER).write_text(json.dumps({"step": step}) + "\n")
+        from recipeforge.outputs.atomic import write_marker
+
+        write_marker(path, step)
 
 
 def make_callback():

@@ -37,6 +37,7 @@ class DPOStage(TrainerStage):
         return ref.eval()
 
     def build_trainer(self):
+        from recipeforge.outputs.atomic import crash_safe
         from trl import DPOConfig, DPOTrainer
 
         d = self.recipe.dpo
@@ -48,7 +49,7 @@ class DPOStage(TrainerStage):
             DPOConfig, beta=d.beta, loss_type=losses, loss_weights=weights, label_smoothing=d.label_smoothing,
             max_length=self.recipe.data.sequence_len, disable_dropout=True,
             dataset_num_proc=self.recipe.data.num_proc if self.recipe.data.num_proc > 1 else None)
-        return DPOTrainer(model=self.model, ref_model=self.reference_model(), args=args,
+        return crash_safe(DPOTrainer)(model=self.model, ref_model=self.reference_model(), args=args,
                           train_dataset=self.train_rows, eval_dataset=self.eval_rows,
                           processing_class=self.tokenizer, peft_config=self.peft_config(),
                           callbacks=self.callbacks())

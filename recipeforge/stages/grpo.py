@@ -38,6 +38,7 @@ class GRPOStage(TrainerStage):
         return self.recipe.grpo.beta > 0
 
     def build_trainer(self):
+        from recipeforge.outputs.atomic import crash_safe
         from trl import GRPOConfig, GRPOTrainer
 
         g, rewards, engine = self.recipe.grpo, self.rewards, self.rollout_kwargs
@@ -51,7 +52,7 @@ class GRPOStage(TrainerStage):
             scale_rewards=g.scale_rewards, reward_weights=rewards.weights,
             # Extra columns (answers, ...) must survive until the reward functions see them.
             remove_unused_columns=False, log_completions=False, **engine)
-        return GRPOTrainer(model=self.model, reward_funcs=rewards.funcs, args=args, train_dataset=self.train_rows,
+        return crash_safe(GRPOTrainer)(model=self.model, reward_funcs=rewards.funcs, args=args, train_dataset=self.train_rows,
                            eval_dataset=self.eval_rows, processing_class=self.tokenizer,
                            reward_processing_classes=rewards.processing_classes, peft_config=self.peft_config(),
                            callbacks=self.callbacks())

@@ -40,6 +40,7 @@ class LMStage(TrainerStage):
         return model
 
     def build_trainer(self):
+        from recipeforge.outputs.atomic import crash_safe
         from transformers import Trainer, TrainerCallback, TrainingArguments
 
         from recipeforge.components.collate import LMCollator
@@ -56,6 +57,6 @@ class LMStage(TrainerStage):
 
         # Our collator needs the position_ids/labels columns as they are: no column pruning.
         args = self.training_arguments(TrainingArguments, remove_unused_columns=False)
-        return Trainer(model=self.model, args=args, data_collator=collator, train_dataset=self.data.train,
+        return crash_safe(Trainer)(model=self.model, args=args, data_collator=collator, train_dataset=self.data.train,
                        eval_dataset=self.data.eval, processing_class=self.tokenizer,
                        callbacks=self.callbacks() + [ForgetEvalBatches()])

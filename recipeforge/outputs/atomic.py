@@ -1,0 +1,136 @@
+"""Crash-safe checkpoints for any transformers/TRL trainer.
+
+The trainer writes each checkpoint under ``checkpoints/.staging/checkpoint-<step>``; once every rank has
+finished, rank 0 writes the completeness marker (atomically, fsynced) and publishes the directory with
+one ``os.replace`` to ``checkpoints/checkpoint-<step>``. A process killed at any point therefore leaves
+either a complete published checkpoint or a staging leftover that is never resumed from. Rotation
+(`output.save_total_limit`) runs after publishing and only ever counts complete checkpoints.
+
+`RECIPEFORGE_FAULT=<point>:<step>` kills the process with SIGKILL at a named point, so crash safety can
+be tested reproducibly: ``step`` (during training, after <step> optimizer steps), ``save-partial`` (inside
+the save of <step>: weights written, optimizer not yet), ``save-staged`` (the whole checkpoint staged,
+not yet published), ``save-published`` (published, rotation not yet run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from functools import lru_cache
+from pathlib import Path
+
+from recipeforge.outputs.checkpoint import MARKER, PREFIX, checkpoints, is_complete
+
+STAGING = ".staging"
+FAULT_ENV = "RECIPEFORGE_FAULT"
+
+
+def _fault_point() -> tuple[str, int] | None:
+    raw = os.environ.get(FAULT_ENV, "")
+    point, _, step = raw.partition(":")
+    return (point, int(step)) if point and step.isdigit() else None
+
+
+def maybe_fault(point: str, step: int) -> None:
+    """SIGKILL this process if `RECIPEFORGE_FAULT` names `point` at `step` (crash-safety tests)."""
+    if _fault_point() == (point, step):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def write_marker(directory: Path, step: int) -> None:
+    """Write the completeness marker atomically: temp file, fsync, rename."""
+    tmp = directory / (MARKER + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps({"step": step}) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, directory / MARKER)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def rotate(directory: Path, limit: int | None, keep: Path | None = None) -> list[Path]:
+    """Delete the oldest complete checkpoints beyond `limit`, never `keep` (the best one)."""
+    if not limit:
+        return []
+    done = [p for p in checkpoints(directory) if is_complete(p)]
+    keep = keep.resolve() if keep is not None else None
+    removable = [p for p in done if p.resolve() != keep]
+    excess = len(done) - limit
+    removed = []
+    for path in removable[:max(0, excess)]:
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+@lru_cache(maxsize=None)
+def crash_safe(trainer_cls: type) -> type:
+    """`trainer_cls` with staged, atomically published checkpoints (one subclass per trainer class)."""
+
+    class CrashSafeCheckpoints(trainer_cls):  # type: ignore[misc, valid-type]
+        _rf_staging_root: str | None = None
+
+        def _get_output_dir(self, trial):
+            return self._rf_staging_root or super()._get_output_dir(trial)
+
+        def training_step(self, *args, **kwargs):
+            maybe_fault("step", self.state.global_step)
+            return super().training_step(*args, **kwargs)
+
+        def _save_optimizer_and_scheduler(self, output_dir):
+            maybe_fault("save-partial", self.state.global_step)
+            return super()._save_optimizer_and_scheduler(output_dir)
+
+        def _save_checkpoint(self, model, trial):
+            root = Path(super()._get_output_dir(trial))
+            staging = root / STAGING
+            name = f"{PREFIX}{self.state.global_step}"
+            if self.args.should_save:
+                shutil.rmtree(staging / name, ignore_errors=True)  # a leftover of a killed save
+            self.accelerator.wait_for_everyone()
+            self._rf_staging_root = str(staging)
+            try:
+                super()._save_checkpoint(model, trial)
+            finally:
+                self._rf_staging_root = None
+            self.accelerator.wait_for_everyone()  # every rank's shards are on disk
+            if self.args.should_save:
+                self._publish(root, staging / name, root / name)
+            self.accelerator.wait_for_everyone()
+
+        def _publish(self, root: Path, staged: Path, final: Path) -> None:
+            step = self.state.global_step
+            best = self.state.best_model_checkpoint
+            if best and Path(best).parent.name == STAGING:  # the Trainer saw the staged path
+                self.state.best_model_checkpoint = str(root / Path(best).name)
+                self.state.save_to_json(str(staged / "trainer_state.json"))
+            maybe_fault("save-staged", step)
+            write_marker(staged, step)
+            if final.exists():  # the same step saved again after a resume
+                shutil.rmtree(final)
+            os.replace(staged, final)
+            _fsync_dir(root)
+            try:
+                staged.parent.rmdir()  # only when empty; never hides anything
+            except OSError:
+                pass
+            maybe_fault("save-published", step)
+            keep = Path(self.state.best_model_checkpoint) if self.state.best_model_checkpoint else None
+            rotate(root, self.args.save_total_limit, keep)
+
+    CrashSafeCheckpoints.__name__ = CrashSafeCheckpoints.__qualname__ = f"CrashSafe{trainer_cls.__name__}"
+    return CrashSafeCheckpoints
