@@ -90,6 +90,8 @@ def load_raw(ref: DatasetRef, *, base_dir: Path | None, locate: Locate = _no_loc
             if _blank(found):
                 raise RecipeError(f"dataset '{spec.path}' has no rows (the file is empty)", key=f"{ref.key}.path",
                                   location=where)
+            if found.suffix.lower() == ".jsonl":
+                _check_jsonl(found, spec.path, key=f"{ref.key}.path", location=where)
             ds = _read_file(found, builder)
         elif found is not None:
             ds = datasets.load_dataset(str(found), name=spec.name, split=spec.split)
@@ -134,6 +136,28 @@ def _read_file(path: Path, builder: str):
     if builder in readers:
         return readers[builder](str(path))
     return datasets.Dataset.from_file(str(path))  # .arrow
+
+
+def _check_jsonl(path: Path, name: str, *, key: str, location) -> None:
+    """Name the first unreadable row of a JSON-lines file (the reader only says "parse error")."""
+    import json
+
+    with open(path, "rb") as fh:
+        for row, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            try:
+                value = json.loads(raw.rstrip(b"\r\n"))
+            except json.JSONDecodeError as exc:
+                raise RecipeError(f"{name}: row {row} is not valid JSON ({exc.msg} at column {exc.colno})", key=key,
+                                  location=location, hint="each line of a .jsonl file holds one JSON object") from None
+            except (UnicodeDecodeError, ValueError) as exc:
+                raise RecipeError(f"{name}: row {row} is not valid JSON ({exc})", key=key, location=location,
+                                  hint="each line of a .jsonl file holds one JSON object") from None
+            if not isinstance(value, dict):
+                raise RecipeError(f"{name}: row {row} is a JSON {type(value).__name__}, not an object",
+                                  key=key, location=location,
+                                  hint='each line holds one object, e.g. {"instruction": ..., "output": ...}')
 
 
 def _blank(path: Path) -> bool:
