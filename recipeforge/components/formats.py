@@ -1,7 +1,8 @@
 """Data formats: how a row of each supported layout becomes training input.
 
 Formats live in the `formats` registry (entry-point group ``recipeforge.formats``); the built-ins
-register exactly as a plugin would. A format names its columns and renders one row:
+register exactly as a plugin would (a plugin's entry point names a `Format`). A format names its
+columns, the stages it feeds, and renders one row:
 
 * ``lm`` formats (text, alpaca, messages, completion) give *segments*: pieces of text or token ids,
   each marked trained or not. SFT masks the untrained ones (labels -100).
@@ -41,9 +42,27 @@ class Format:
     optional: tuple[str, ...] = ()
     conversational: Callable[[dict], bool] = field(default=lambda row: False)
     description: str = ""
+    stages: tuple[str, ...] = ()               # stages that train on it; () = by kind (see `format_stages`)
 
 
-formats: Registry[Format] = Registry("formats")
+# The stages each kind of format feeds; a format narrows or widens this with `Format.stages`.
+KIND_STAGES: dict[str, tuple[str, ...]] = {"lm": ("sft",), "preference": ("dpo",), "prompt": ("grpo",)}
+
+
+def format_stages(fmt: Format) -> tuple[str, ...]:
+    """The stages that can train on `fmt`."""
+    return fmt.stages or KIND_STAGES.get(fmt.kind, ())
+
+
+def _as_format(name: str, obj: object) -> Format:
+    if not isinstance(obj, Format):
+        raise TypeError(f"a format must be a recipeforge.components.formats.Format, got {type(obj).__name__}")
+    if obj.kind not in KIND_STAGES:
+        raise TypeError(f"format '{name}' has kind '{obj.kind}'; kinds: {', '.join(KIND_STAGES)}")
+    return obj
+
+
+formats: Registry[Format] = Registry("formats", coerce=_as_format)
 
 _ROLE_ALIASES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant",
                  "user": "user", "assistant": "assistant", "system": "system", "tool": "tool"}
@@ -162,15 +181,17 @@ def _prompt(row: dict, opts: RenderOptions) -> dict:
 
 def _register_builtins() -> None:
     conv_pref = lambda row: _is_conv(row.get("chosen")) or _is_conv(row.get("prompt"))  # noqa: E731
+    # Registration order is the order recipe errors list them in.
     for fmt in (
-        Format("text", "lm", ("text",), _text, description="raw text; every token is trained"),
-        Format("completion", "lm", ("prompt", "completion"), _completion,
-               description="prompt/completion pair; loss on the completion"),
+        Format("text", "lm", ("text",), _text, stages=("pretrain", "sft"),
+               description="raw text; every token is trained"),
         Format("alpaca", "lm", ("instruction", "output"), _alpaca, optional=("input", "system"),
                conversational=lambda row: True,
                description="instruction/input/output through the chat template; loss on the output"),
         Format("messages", "lm", ("messages",), _messages, conversational=lambda row: True,
                description="chat messages (OpenAI roles or ShareGPT from/value); loss on assistant turns"),
+        Format("completion", "lm", ("prompt", "completion"), _completion,
+               description="prompt/completion pair; loss on the completion"),
         Format("preference", "preference", ("chosen", "rejected"), _preference, optional=("prompt",),
                conversational=conv_pref, description="prompt/chosen/rejected for DPO"),
         Format("prompt", "prompt", ("prompt",), _prompt, conversational=lambda row: _is_conv(row.get("prompt")),

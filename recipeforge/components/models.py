@@ -1,20 +1,59 @@
-"""Model loading: built-in ``tiny:<arch>`` models, local directories and hub ids.
+"""Model loading: built-in ``tiny:<arch>`` models, plugin models, local directories and hub ids.
 
 Decisions made here (dtype, attention kernel) follow the recipe and the device of the plan; nothing
 GPU-only is ever switched on for a CPU run.
+
+The `models` registry (entry-point group ``recipeforge.models``) maps model ids to a `ModelEntry`:
+the architecture the planner sizes, and optionally a loader that builds the model. The built-in
+table of well-known hub ids (`plan.catalog`) registers there too, without loaders (they load from
+the hub). The top of this module stays light (no torch): the planner imports the registry.
 """
 
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 from recipeforge.components.tiny_spec import TINY_CONFIGS, tiny_arch
 from recipeforge.errors import Location, RecipeError, did_you_mean
+from recipeforge.registry import Registry
 
 FLASH_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3")
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """A model id a plugin (or the built-in table) adds.
+
+    `config` holds transformers config.json fields (model_type, vocab_size, hidden_size, ...): the
+    planner counts parameters and memory from it without weights. `load`, when given, builds the
+    model for training: ``load(name, tokenizer, *, device, dtype, attn_implementation, seed,
+    revision, trust_remote_code, max_position_embeddings, quantization_config) -> model`` (dtype a
+    torch dtype, attention already resolved for the device). Without it the id loads from the hub.
+    """
+
+    config: dict
+    load: Optional[Callable[..., Any]] = None
+    description: str = ""
+
+
+def _as_model(name: str, obj: Any) -> ModelEntry:
+    """A registered object as a `ModelEntry`: a plain mapping is an architecture without a loader."""
+    if isinstance(obj, ModelEntry):
+        entry = obj
+    elif isinstance(obj, dict):
+        entry = ModelEntry(dict(obj))
+    else:
+        raise TypeError(f"a model must be a ModelEntry or a config mapping, got {type(obj).__name__}")
+    if not isinstance(entry.config.get("model_type"), str):
+        raise TypeError(f"model '{name}': its config needs a model_type")
+    return entry
+
+
+models: Registry[ModelEntry] = Registry("models", coerce=_as_model)
 
 
 def resolve_dtype(name: str, device: str):
@@ -51,13 +90,18 @@ def resolve_attn_implementation(name: str, device: str, *, location: Location | 
 def tiny_config(arch: str, tokenizer, *, max_position_embeddings: int | None = None,
                 location: Location | None = None):
     """The transformers config of a built-in tiny model, with the tokenizer's special token ids."""
-    from transformers import AutoConfig
-
     if arch not in TINY_CONFIGS:
         raise RecipeError(f"unknown tiny model 'tiny:{arch}'", key="model.name_or_path", location=location,
                           hint=did_you_mean(arch, TINY_CONFIGS) or
                           f"available: {', '.join('tiny:' + a for a in TINY_CONFIGS)}")
-    kwargs = dict(TINY_CONFIGS[arch])
+    return config_for(TINY_CONFIGS[arch], tokenizer, max_position_embeddings=max_position_embeddings)
+
+
+def config_for(fields: dict, tokenizer, *, max_position_embeddings: int | None = None):
+    """A transformers config from config.json `fields`, with the tokenizer's special token ids."""
+    from transformers import AutoConfig
+
+    kwargs = dict(fields)
     model_type = kwargs.pop("model_type")
     if max_position_embeddings:
         kwargs["max_position_embeddings"] = max_position_embeddings
@@ -68,17 +112,37 @@ def tiny_config(arch: str, tokenizer, *, max_position_embeddings: int | None = N
 def build_tiny_model(arch: str, tokenizer, *, seed: int, dtype, attn_implementation: str,
                      max_position_embeddings: int | None = None, location: Location | None = None):
     """A random-init tiny model; the same seed gives the same weights on every run (resume relies on it)."""
+    config = tiny_config(arch, tokenizer, max_position_embeddings=max_position_embeddings, location=location)
+    return _random_init(config, tokenizer, seed=seed, dtype=dtype, attn_implementation=attn_implementation,
+                        name=f"tiny:{arch}")
+
+
+def build_random_model(config: dict, tokenizer, *, name: str, seed: int, dtype, attn_implementation: str,
+                       max_position_embeddings: int | None = None):
+    """A random-init causal LM of the architecture `config` (config.json fields), with the
+    tokenizer's special tokens; deterministic in `seed`. For plugin loaders of small models."""
+    cfg = config_for(config, tokenizer, max_position_embeddings=max_position_embeddings)
+    return _random_init(cfg, tokenizer, seed=seed, dtype=dtype, attn_implementation=attn_implementation, name=name)
+
+
+def _random_init(config, tokenizer, *, seed: int, dtype, attn_implementation: str, name: str):
     import torch
     from transformers import AutoModelForCausalLM
 
-    config = tiny_config(arch, tokenizer, max_position_embeddings=max_position_embeddings, location=location)
     # Fork the RNG so building a model does not shift the random stream of whoever called us.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
-    model.config._name_or_path = f"tiny:{arch}"
+    model.config._name_or_path = name
     _sync_generation_config(model, tokenizer)
     return model
+
+
+def plugin_loader(name_or_path: str):
+    """The loader a plugin registered for `name_or_path`, or None (local paths never match)."""
+    if Path(name_or_path).expanduser().exists() or not models.has(name_or_path):
+        return None
+    return models.get(name_or_path, key="model.name_or_path").load
 
 
 def load_model(name_or_path: str, tokenizer, *, device: str, dtype: str = "auto", attn_implementation: str = "auto",
@@ -96,6 +160,13 @@ def load_model(name_or_path: str, tokenizer, *, device: str, dtype: str = "auto"
     if arch is not None:
         return build_tiny_model(arch, tokenizer, seed=seed, dtype=torch_dtype, attn_implementation=attn,
                                 max_position_embeddings=max_position_embeddings, location=location)
+    loader = plugin_loader(name_or_path)
+    if loader is not None:
+        model = loader(name_or_path, tokenizer, device=device, dtype=torch_dtype, attn_implementation=attn,
+                       seed=seed, revision=revision, trust_remote_code=trust_remote_code,
+                       max_position_embeddings=max_position_embeddings, quantization_config=quantization_config)
+        _sync_generation_config(model, tokenizer)
+        return model
     from transformers import AutoModelForCausalLM
 
     kwargs: dict[str, Any] = {"dtype": torch_dtype, "attn_implementation": attn, "revision": revision,

@@ -1,7 +1,8 @@
 """GRPO reward functions, from the `rewards` registry (entry-point group ``recipeforge.rewards``).
 
 A registered reward is a *factory*: ``factory(args, ctx) -> reward``, where `args` is the recipe's
-``args:`` mapping and the reward is either a function
+``args:`` mapping (validated against ``factory.args_model``, a pydantic model, when the factory has
+one; see `reward_args`) and the reward is either a function
 ``reward(prompts, completions, **columns) -> list[float]`` (TRL's reward-function signature; the
 dataset's extra columns arrive as keyword lists) or a `ModelReward` (a sequence-classification
 model scoring prompt+completion).
@@ -13,14 +14,14 @@ Built-ins: ``exact_match`` (accuracy against a dataset column), ``regex`` (forma
 from __future__ import annotations
 
 import functools
-import importlib
 import re
 import string
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from recipeforge.errors import Location, RecipeError, did_you_mean
-from recipeforge.registry import Registry
+from recipeforge.registry import Registry, code_trust, import_code, is_code_reference
 
 
 @dataclass(frozen=True)
@@ -188,29 +189,44 @@ def _compile(pattern: str, reward: str, flags: int = 0):
         raise RecipeError(f"reward '{reward}': invalid regular expression {pattern!r}: {exc}") from None
 
 
-for _name, _factory in (("exact_match", exact_match), ("accuracy", exact_match), ("regex", regex),
-                        ("length", length), ("reward_model", reward_model)):
+# Alphabetical, so the list of available rewards in error hints reads naturally.
+for _name, _factory in (("accuracy", exact_match), ("exact_match", exact_match), ("length", length),
+                        ("regex", regex), ("reward_model", reward_model)):
     rewards.register(_name, _factory)
 
 
+def reward_args(factory, args: dict, *, key: str) -> dict:
+    """`args` checked against the factory's `args_model` (a pydantic model) when it has one.
+
+    Plugin rewards declare their arguments this way; the recipe's ``args:`` is then validated when the
+    recipe loads (located errors), and the factory receives the validated values with defaults.
+    """
+    model = getattr(factory, "args_model", None)
+    if model is None:
+        return dict(args)
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate(dict(args)).model_dump()
+    except ValidationError as exc:  # normally caught when the recipe loads
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise RecipeError(f"invalid argument{' ' + where if where else 's'}: {first['msg']}", key=key) from None
+
+
 def get_reward_factory(name: str, *, allow_code: bool, key: str, location: Location | None = None):
-    """The factory of `name`: registered (built-in or plugin), or ``module:function`` with allow_code."""
-    if ":" in name:
-        if not allow_code:
-            raise RecipeError(f"reward '{name}' is Python code, which this recipe does not allow", key=key,
-                              location=location, hint="set allow_code: true at the top of the recipe to allow it")
-        module, _, attr = name.partition(":")
-        try:
-            func = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as exc:
-            raise RecipeError(f"cannot import reward '{name}': {exc}", key=key, location=location) from None
+    """The factory of `name`: registered (built-in or plugin), or ``module:function`` Python code when
+    the user opted in (the recipe's ``allow_code: true``, or ``RECIPEFORGE_TRUST_CODE=1``)."""
+    if is_code_reference(name):
+        allowed, _ = code_trust(allow_code)
+        search_dir = None
+        if location is not None and location.file and not location.file.startswith("<"):
+            search_dir = str(Path(location.file).resolve().parent)  # a module next to the recipe
+        func = import_code(name, allowed=allowed, what="reward", key=key, location=location, search_dir=search_dir)
+        if not callable(func):
+            raise RecipeError(f"reward '{name}' is not a function", key=key, location=location)
         # Code rewards are plain reward functions; their args become keyword arguments.
         return lambda args, ctx: functools.partial(func, **args) if args else func
-    if name not in rewards.names():
-        known = rewards.names()
-        close = did_you_mean(name, known)
-        raise RecipeError(f"unknown reward '{name}'", key=key, location=location,
-                          hint=f"{close + ' ' if close else ''}available: {', '.join(known)}")
     return rewards.get(name, key=key, location=location)
 
 
@@ -225,7 +241,7 @@ def build_rewards(specs, ctx: RewardContext, *, locate: Callable[[tuple], Locati
         factory = get_reward_factory(spec.name, allow_code=ctx.allow_code, key=f"{key}.name",
                                      location=locate(("grpo", "rewards", i, "name")))
         try:
-            built = factory(dict(spec.args), ctx)
+            built = factory(reward_args(factory, spec.args, key=f"{key}.args"), ctx)
         except RecipeError as exc:
             raise RecipeError([type(p)(p.message, p.location or locate(("grpo", "rewards", i, "args")),
                                        p.key or f"{key}.args", p.hint) for p in exc.problems]) from None

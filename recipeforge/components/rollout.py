@@ -1,36 +1,83 @@
 """GRPO rollout engines, from the `rollout_engines` registry (group ``recipeforge.rollout_engines``).
 
-An engine turns `grpo.rollout` into GRPO trainer arguments. The built-in ``hf`` engine generates
-with the training model's own `generate` (works everywhere, CPU included); a plugin can add e.g.
-``vllm`` by returning TRL's vLLM arguments.
+An engine is a `RolloutEngineSpec`: the modes it supports, the options it takes (its pydantic model
+validates ``grpo.rollout.options`` when the recipe loads) and how `grpo.rollout` becomes GRPO
+trainer arguments. The built-in ``hf`` engine generates with the training model's own `generate`
+(works everywhere, CPU included); the recipeforge-vllm plugin adds ``vllm`` (TRL's vLLM arguments).
+
+The planner reads `grpo.rollout` itself: a colocated engine other than ``hf`` reserves
+``gpu_memory_utilization`` of every GPU for its weights and KV cache (`reserves_gpu_memory`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
-from recipeforge.errors import Location, RecipeError, did_you_mean
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from recipeforge.errors import Location, RecipeError
 from recipeforge.registry import Registry
 
-# engine(rollout_config, device) -> GRPO trainer keyword arguments
-RolloutEngine = Callable[[Any, str], dict]
-rollout_engines: Registry[RolloutEngine] = Registry("rollout_engines")
+
+@dataclass(frozen=True)
+class RolloutEngineSpec:
+    """A rollout engine: ``arguments(rollout, options, device) -> GRPO trainer kwargs``.
+
+    `rollout` is the recipe's `grpo.rollout` section, `options` its ``options:`` validated against
+    `options` (the raw mapping when the engine has no model).
+    """
+
+    name: str
+    arguments: Callable[[Any, Any, str], dict]
+    options: Optional[type[BaseModel]] = None
+    modes: tuple[str, ...] = ("colocate",)
+    gpu_only: bool = False
+    reserves_gpu_memory: bool = False  # colocated: holds rollout.gpu_memory_utilization of each GPU
+    description: str = ""
 
 
-def hf_engine(rollout, device: str) -> dict:
+def _as_engine(name: str, obj: Any) -> RolloutEngineSpec:
+    """A registered object as a `RolloutEngineSpec`; a plain ``f(rollout, device)`` is a colocated engine."""
+    if isinstance(obj, RolloutEngineSpec):
+        return obj
+    if callable(obj):
+        return RolloutEngineSpec(name, lambda rollout, options, device: obj(rollout, device),
+                                 description=(obj.__doc__ or "").strip().split("\n")[0])
+    raise TypeError(f"a rollout engine must be a RolloutEngineSpec or a function (rollout, device) -> kwargs, "
+                    f"got {type(obj).__name__}")
+
+
+rollout_engines: Registry[RolloutEngineSpec] = Registry("rollout_engines", coerce=_as_engine)
+
+
+class HFOptions(BaseModel):
+    """The ``hf`` engine takes no options: generation follows `grpo` (temperature, top_p, lengths)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def hf_engine(rollout, options, device: str) -> dict:
     """Plain transformers generation with the policy being trained."""
     return {"use_vllm": False}
 
 
-rollout_engines.register("hf", hf_engine)
+rollout_engines.register("hf", RolloutEngineSpec("hf", hf_engine, HFOptions, modes=("colocate",),
+                                                 description="transformers generate with the policy itself"))
 
 
 def rollout_arguments(rollout, device: str, *, location: Location | None = None) -> dict:
     """Trainer arguments of the engine `grpo.rollout.engine` names."""
-    name = rollout.engine
-    if name not in rollout_engines.names():
-        known = rollout_engines.names()
-        close = did_you_mean(name, known)
-        raise RecipeError(f"unknown rollout engine '{name}'", key="grpo.rollout.engine", location=location,
-                          hint=f"{close + ' ' if close else ''}available: {', '.join(known)}")
-    return dict(rollout_engines.get(name, key="grpo.rollout.engine", location=location)(rollout, device))
+    key = "grpo.rollout.engine"
+    spec = rollout_engines.get(rollout.engine, key=key, location=location)
+    if rollout.mode not in spec.modes:
+        raise RecipeError(f"rollout engine '{spec.name}' has no {rollout.mode} mode", key="grpo.rollout.mode",
+                          hint=f"modes of {spec.name}: {', '.join(spec.modes)}")
+    options: Any = dict(getattr(rollout, "options", {}) or {})
+    if spec.options is not None:
+        try:
+            options = spec.options.model_validate(options)
+        except ValidationError as exc:  # normally caught when the recipe loads
+            first = exc.errors()[0]
+            raise RecipeError(f"invalid rollout options: {first['msg']}", key="grpo.rollout.options") from None
+    return dict(spec.arguments(rollout, options, device))

@@ -68,20 +68,20 @@ def locate_parent(ref: str, base_dir: Path, loc: Location) -> Path:
 
 
 def _plugin_recipe(ref: str, loc: Location) -> Path:
-    from importlib import metadata, resources
+    from recipeforge.plugins import recipes
 
     plugin, _, rel = ref[len(PKG_SCHEME):].partition("/")
     if not plugin or not rel:
         raise RecipeError(f"bad plugin recipe reference {ref!r}", location=loc, key="extends",
                           hint="write pkg://<plugin>/<file>.yaml")
-    found = [ep for ep in metadata.entry_points(group="recipeforge.recipes") if ep.name == plugin]
-    if not found:
-        known = sorted({ep.name for ep in metadata.entry_points(group="recipeforge.recipes")})
+    try:
+        # The registry finds the plugin's package (reporting two plugins that claim one name); the
+        # package is only located, its YAML files are read as data.
+        package = recipes.get(plugin)
+    except RecipeError as exc:
         raise RecipeError(f"no installed plugin ships recipes under '{plugin}'", location=loc, key="extends",
-                          hint=f"install the plugin; plugins with recipes: {', '.join(known) or 'none'}")
-    # The entry point names a package whose directory holds the YAML files; it is located, not run.
-    base = resources.files(found[0].value)
-    target = Path(str(base.joinpath(rel)))
-    if not target.is_file():
-        raise RecipeError(f"plugin '{plugin}' has no recipe {rel!r}", location=loc, key="extends")
-    return target
+                          hint=exc.problems[0].hint) from None
+    if rel not in package.files:
+        raise RecipeError(f"plugin '{plugin}' has no recipe {rel!r}", location=loc, key="extends",
+                          hint=f"it ships: {', '.join(package.files)}")
+    return package.directory / rel

@@ -1,4 +1,9 @@
-"""Validation of a resolved tree into a typed `Recipe`, with every problem located and hinted."""
+"""Validation of a resolved tree into a typed `Recipe`, with every problem located and hinted.
+
+`model_problems` gives plugin schemas (kernel options, reward args, rollout options) the same
+messages as the core schema; `check_components` checks the reward names of a recipe against this
+environment.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from recipeforge.config.schema.recipe import (STAGE_CLASSES, STAGE_ONLY_SECTIONS, STAGES, Recipe,
                                               recipe_adapter)
-from recipeforge.config.schema.rules import RuleViolations
+from recipeforge.config.schema.rules import RuleProblem, RuleViolations
 from recipeforge.config.tree import ConfigTree
 from recipeforge.errors import Problem, RecipeError, did_you_mean, format_key, sort_problems
 
@@ -58,6 +63,12 @@ def _stage_problem(tree: ConfigTree, stage: Any) -> Problem:
 
 
 def _problems(errors: list[dict], tree: ConfigTree, cls: type[BaseModel], strip_tag: bool) -> list[Problem]:
+    return [Problem(message, tree.locate(path), format_key(path), hint)
+            for path, message, hint in _described(errors, cls, strip_tag)]
+
+
+def _described(errors: list[dict], cls: type[BaseModel], strip_tag: bool) -> list[tuple[tuple, str, str | None]]:
+    """pydantic errors of `cls` as (user key path, message, hint), one per key (union alternatives merged)."""
     grouped: dict[tuple, list[dict]] = {}
     for err in errors:
         loc = tuple(err["loc"])
@@ -73,12 +84,54 @@ def _problems(errors: list[dict], tree: ConfigTree, cls: type[BaseModel], strip_
         if all(e["type"] == "too_short" for e in errs) and any(
                 p[:len(path)] == path and len(p) > len(path) for p in grouped):
             continue
-        out.append(_union_problem(path, errs, tree) if len(errs) > 1 else _one_problem(path, errs[0], tree))
+        out.append((path, *(_union_message(path, errs) if len(errs) > 1 else _message(path, errs[0]))))
     return out
 
 
-def _one_problem(path: tuple, err: dict, tree: ConfigTree) -> Problem:
-    kind, key = err["type"], format_key(path)
+def model_problems(model: type[BaseModel], data: Any, prefix: tuple) -> list[RuleProblem]:
+    """`data` validated against a plugin's pydantic model; its errors as rule problems at `prefix` + key.
+
+    This is how a plugin's own schema (kernel options, reward args, rollout options) extends the
+    recipe: the core classes stay as they are, and the plugin's errors read like the core's.
+    """
+    try:
+        model.model_validate(data)
+    except ValidationError as exc:
+        return [RuleProblem(prefix + path, message, hint)
+                for path, message, hint in _described(exc.errors(), model, strip_tag=False)]
+    except Exception as exc:  # a plugin's validator that raises something else: its bug, reported here
+        return [RuleProblem(prefix, f"the plugin's schema failed on these settings: {type(exc).__name__}: {exc}",
+                            "report it to the plugin's authors")]
+    return []
+
+
+def check_components(loaded: Any) -> None:
+    """Check that every reward a recipe names exists here (built in, or from an installed plugin).
+
+    Loading a recipe checks formats, kernels, rollout engines, the code opt-in and every plugin's
+    options; reward names are checked here instead, so that a recipe loads (resolve, inspect) where its
+    reward plugin is not installed. The CLI's `validate`, `plan` and `train` call this; training checks
+    the rewards again when it builds them. `loaded` is a `LoadedRecipe` (or a bare `Recipe`).
+    """
+    from recipeforge.components.rewards import rewards
+    from recipeforge.registry import is_code_reference
+
+    recipe = getattr(loaded, "recipe", loaded)
+    tree = getattr(loaded, "tree", None)
+    problems: list[Problem] = []
+    for i, spec in enumerate(getattr(getattr(recipe, "grpo", None), "rewards", ())):
+        if is_code_reference(spec.name) or rewards.has(spec.name):
+            continue
+        path = ("grpo", "rewards", i, "name")
+        err = rewards.unknown(spec.name, key=format_key(path), location=tree.locate(path) if tree else None)
+        problems.extend(err.problems)
+    if problems:
+        raise RecipeError(sort_problems(problems))
+
+
+def _message(path: tuple, err: dict) -> tuple[str, str | None]:
+    """The message and hint of one pydantic error at the user key `path`."""
+    kind = err["type"]
     ctx, value = err.get("ctx") or {}, err.get("input")
     if kind == "extra_forbidden":
         name = path[-1]
@@ -88,31 +141,29 @@ def _one_problem(path: tuple, err: dict, tree: ConfigTree) -> Problem:
             hint = f"the '{name}:' section applies only to stage: {STAGE_ONLY_SECTIONS[name]}"
         elif hint is None and parent_fields:
             hint = f"allowed keys here: {', '.join(parent_fields)}"
-        return Problem(f"unknown key '{name}'", tree.locate(path), key, hint)
+        elif hint is None:
+            hint = "this takes no options"
+        return f"unknown key '{name}'", hint
     if kind == "missing":
-        desc = _description(err["_parent"], path[-1])
-        return Problem(f"required key '{path[-1]}' is missing", tree.locate(path[:-1]), key,
-                       hint=desc or "add it to the recipe")
-    loc = tree.locate(path)
+        return (f"required key '{path[-1]}' is missing",
+                _description(err["_parent"], path[-1]) or "add it to the recipe")
     if kind in ("literal_error", "enum"):
         choices = _choices(ctx.get("expected", ""))
-        return Problem(f"must be one of {', '.join(choices)} (got {value!r})", loc, key,
-                       hint=did_you_mean(str(value), choices))
+        return f"must be one of {', '.join(choices)} (got {value!r})", did_you_mean(str(value), choices)
     if kind in _BOUNDS:
-        return Problem(f"must be {_BOUNDS[kind]} {_num(next(iter(ctx.values())))} (got {value!r})", loc, key)
+        return f"must be {_BOUNDS[kind]} {_num(next(iter(ctx.values())))} (got {value!r})", None
     if kind in ("too_short", "too_long"):
-        return Problem(_lower(err["msg"]), loc, key,
-                       hint="add at least one entry" if kind == "too_short" else None)
+        return _lower(err["msg"]), "add at least one entry" if kind == "too_short" else None
     if kind.split("_")[0] in _KINDS or kind.endswith("_type") or kind.endswith("_parsing"):
         expected = _KINDS.get(kind.split("_")[0], kind.replace("_", " "))
-        return Problem(f"expected {expected} (got {_describe(value)})", loc, key,
-                       hint=_description(err["_parent"], path[-1]) if path else None)
+        return (f"expected {expected} (got {_describe(value)})",
+                _description(err["_parent"], path[-1]) if path else None)
     if kind == "value_error":  # raised by our own validators: the message is already for users
-        return Problem(str(ctx.get("error", err["msg"])), loc, key)
-    return Problem(f"{_lower(err['msg'])} (got {_describe(value)})", loc, key)
+        return str(ctx.get("error", err["msg"])), None
+    return f"{_lower(err['msg'])} (got {_describe(value)})", None
 
 
-def _union_problem(path: tuple, errs: list[dict], tree: ConfigTree) -> Problem:
+def _union_message(path: tuple, errs: list[dict]) -> tuple[str, str | None]:
     options = []
     for err in errs:
         kind, ctx = err["type"], err.get("ctx") or {}
@@ -124,8 +175,8 @@ def _union_problem(path: tuple, errs: list[dict], tree: ConfigTree) -> Problem:
             options.append(_KINDS.get(kind.split("_")[0], _lower(err["msg"])))
     options = list(dict.fromkeys(options))
     value = errs[0].get("input")
-    return Problem(f"expected {' or '.join(options)} (got {_describe(value)})", tree.locate(path),
-                   format_key(path), hint=_description(errs[0]["_parent"], path[-1]) if path else None)
+    return (f"expected {' or '.join(options)} (got {_describe(value)})",
+            _description(errs[0]["_parent"], path[-1]) if path else None)
 
 
 def _schema_path(cls: type[BaseModel], loc: tuple) -> tuple[tuple, type | None]:

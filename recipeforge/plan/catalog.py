@@ -2,8 +2,10 @@
 well-known hub ids, a plugin, or (when online) the hub's config.json.
 
 The built-in table holds only the fields the parameter count needs, copied from each model's
-config.json on the hub; plugins add ids through the ``recipeforge.architectures`` entry-point group
-(name: hub id, object: a config dict).
+config.json on the hub. It registers in the `models` registry exactly as plugins do; plugins add ids
+through the ``recipeforge.models`` entry-point group (name: the model id, object: a
+`components.models.ModelEntry` or a plain config mapping). Plugin entry points are read only for an
+id that is neither local, tiny nor in the table.
 """
 
 from __future__ import annotations
@@ -12,10 +14,10 @@ import json
 import os
 from pathlib import Path
 
+from recipeforge.components.models import models
 from recipeforge.components.tiny_spec import TINY_CONFIGS, tiny_arch
 from recipeforge.errors import RecipeError, did_you_mean
 from recipeforge.plan.models import ModelSpec, spec_from_config
-from recipeforge.registry import Registry
 
 
 def _llama(v, h, i, layers, heads, kv, tie=False, model_type="llama", **extra) -> dict:
@@ -92,14 +94,19 @@ ALIASES = {"gpt2": "openai-community/gpt2", "gpt2-medium": "openai-community/gpt
 # Fine-tuned variants share the base model's shape.
 _VARIANT_SUFFIXES = ("-instruct", "-chat", "-it", "-hf", "-base")
 
-ARCHITECTURES: Registry[dict] = Registry("architectures")
+ARCHITECTURES = models  # the registry of model ids (earlier name, kept for callers)
 for _name, _cfg in KNOWN_CONFIGS.items():
-    ARCHITECTURES.register(_name, _cfg)
+    models.register(_name, _cfg)
 
 
 def known_model_ids() -> list[str]:
-    """Hub ids the planner can size offline."""
+    """Hub ids the planner can size offline (the built-in table)."""
     return sorted(KNOWN_CONFIGS)
+
+
+def plugin_model_ids() -> list[str]:
+    """Model ids installed plugins add (listed, not imported)."""
+    return sorted(set(models.names()) - set(KNOWN_CONFIGS))
 
 
 def resolve_model(name_or_path: str, revision: str | None = None, *, allow_hub: bool = True) -> tuple[ModelSpec, str]:
@@ -123,8 +130,11 @@ def resolve_model(name_or_path: str, revision: str | None = None, *, allow_hub: 
     known = _known(name_or_path)
     if known is not None:
         return spec_from_config(KNOWN_CONFIGS[known], name_or_path), f"built-in table ({known})"
-    if name_or_path in ARCHITECTURES.names():  # a plugin's entry
-        return spec_from_config(ARCHITECTURES.get(name_or_path), name_or_path), "plugin table"
+    if models.has(name_or_path):  # a plugin's model id
+        models.get(name_or_path, key="model.name_or_path")  # a broken plugin fails here, located
+        entry = models.entry(name_or_path)
+        version = f" {entry.version}" if entry.version else ""
+        return spec_from_config(entry.obj.config, name_or_path), f"plugin {entry.source}{version}"
     if allow_hub and "/" in name_or_path:
         config, why = _hub_config(name_or_path, revision)
         if config is not None:
@@ -134,8 +144,9 @@ def resolve_model(name_or_path: str, revision: str | None = None, *, allow_hub: 
     raise RecipeError(
         f"cannot size model '{name_or_path}': not a local directory, not a known id, and {why}",
         key="model.name_or_path",
-        hint=(did_you_mean(name_or_path, known_model_ids()) or "")
-        + " use a local directory with config.json, or a known id: " + ", ".join(known_model_ids()))
+        hint=(did_you_mean(name_or_path, known_model_ids() + plugin_model_ids()) or "")
+        + " use a local directory with config.json, or a known id: "
+        + ", ".join(known_model_ids() + plugin_model_ids()))
 
 
 def _known(name: str) -> str | None:

@@ -18,7 +18,8 @@ _LABELS = {
 
 def render_plan(plan: Plan) -> str:
     """A plain-text report: the choice, sizes, batch split, memory per GPU by component, every
-    decision with its reason, the runners-up and warnings."""
+    decision with its reason (with `plugins.annotate_plan`: whether the recipe may import code, and
+    why), the plugin components used, the runners-up and warnings."""
     x = plan.extra
     model = x.get("model", {})
     lines: list[str] = []
@@ -57,6 +58,12 @@ def render_plan(plan: Plan) -> str:
     lines.append("Decisions:")
     for name, choice in plan.reasons.items():
         lines.append(f"  {name:<22} {_value(choice.value):<16} {choice.reason}")
+    plugins = x.get("plugins") or []
+    if plugins:
+        lines.append("")
+        lines.append("Plugins used:")
+        lines.extend(f"  {p['group']:<28} {p['name']:<24} {p['distribution']} {p.get('version') or ''}".rstrip()
+                     for p in plugins)
     runners = x.get("runners_up") or []
     if runners:
         lines.append("")

@@ -98,7 +98,7 @@ def test_empty_value_names_the_row(tmp_path):
 def test_malformed_jsonl(tmp_path):
     (tmp_path / "data.jsonl").write_text('{"instruction": "a", "output": "b"}\n{not json\n')
     err = _train(_recipe(tmp_path), tmp_path)
-    assert "cannot read dataset" in str(err)
+    assert "row 2 is not valid JSON" in str(err) and err.problems[0].key == "data.datasets[0].path"
 
 
 def test_unknown_model_path(tmp_path):

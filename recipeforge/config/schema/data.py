@@ -4,26 +4,20 @@ from __future__ import annotations
 
 from typing import Literal, Optional, Union
 
-from pydantic import Field
+from pydantic import Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from recipeforge.config.schema.base import Section
-
-DatasetFormat = Literal["text", "alpaca", "messages", "completion", "preference", "prompt"]
-
-# Formats each stage can train on; used by the cross-field rules.
-STAGE_FORMATS: dict[str, tuple[str, ...]] = {
-    "pretrain": ("text",),
-    "sft": ("alpaca", "messages", "completion", "text"),
-    "dpo": ("preference",),
-    "grpo": ("prompt",),
-}
 
 
 class DatasetSpec(Section):
     """One dataset: a local file/directory or a hub id, its format and column names."""
 
     path: str = Field(min_length=1, description="Local file (.jsonl/.json/.parquet/.csv/.txt), directory, or hub id.")
-    format: DatasetFormat = Field(description="Row layout: text | alpaca | messages | completion | preference | prompt.")
+    format: str = Field(
+        min_length=1,
+        description="Row layout, from the formats registry: text | alpaca | messages | completion | preference | "
+                    "prompt, or a plugin's (see `recipeforge plugins`). Which stage takes which: see the rules.")
     split: str = Field("train", description="Split to read (hub datasets, or directories with splits).")
     name: Optional[str] = Field(None, description="Hub dataset configuration (subset) name.")
     columns: dict[str, str] = Field(
@@ -31,6 +25,19 @@ class DatasetSpec(Section):
         description="Rename source columns to the format's names, e.g. {prompt: question, completion: answer}.")
     max_samples: Optional[int] = Field(None, gt=0, description="Use at most this many rows (after shuffling).")
     weight: float = Field(1.0, gt=0, description="Relative sampling weight when mixing several datasets.")
+
+    @field_validator("format")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        # Names only: a plugin format is listed from its entry point, not imported (the stage rule
+        # imports the one a recipe names). Reported like a closed choice, with did-you-mean.
+        from recipeforge.components.formats import formats
+
+        if not formats.has(value):
+            names = formats.names()
+            expected = ", ".join(repr(n) for n in names[:-1]) + f" or {names[-1]!r}" if len(names) > 1 else repr(names[0])
+            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+        return value
 
 
 class DataConfig(Section):

@@ -37,12 +37,14 @@ class Recipe(Section):
     hardware: Optional[HardwareConfig] = Field(None, description="Target machine for planning (default: this one).")
     kernels: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
-        description="Kernels to enable, by name with options: {liger: {}, torch_compile: {mode: default}}. "
-                    "A plain list of names also works.")
+        description="Kernels to enable from the kernels registry, by name with options: {flash_attn: {}, "
+                    "torch_compile: {mode: default}, liger: {fused_linear_cross_entropy: true}}; each kernel checks "
+                    "its own options. A plain list of names also works.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Experiment trackers.")
     output: OutputConfig = Field(default_factory=OutputConfig, description="Run directory and checkpoints.")
     allow_code: bool = Field(
-        False, description="Allow the recipe to import Python code by dotted path (e.g. a reward `my_pkg.rewards:f`).")
+        False, description="Allow the recipe to import Python code by dotted path (e.g. a reward `my_pkg.rewards:f`); "
+                           "--trust-code (RECIPEFORGE_TRUST_CODE=1) does the same for one run. Reported in the plan.")
 
     @field_validator("kernels", mode="before")
     @classmethod

@@ -9,13 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from recipeforge.config.schema.data import STAGE_FORMATS
-
 if TYPE_CHECKING:
     from recipeforge.config.schema.recipe import Recipe
-
-# Built-in kernel names; plugins add theirs through the kernels registry.
-BUILTIN_KERNELS = ("liger", "flash_attn", "torch_compile")
 
 
 @dataclass(frozen=True)
@@ -38,21 +33,17 @@ class RuleViolations(Exception):
 
 def check_rules(recipe: "Recipe") -> list[RuleProblem]:
     """Every cross-field problem of `recipe` (empty when consistent)."""
+    # Components (formats, kernels, rollout engines, rewards) are checked against their registries,
+    # and plugin options against the plugins' own schemas, in `components`.
+    from recipeforge.config.schema.components import COMPONENT_RULES
+
     out: list[RuleProblem] = []
-    for rule in (_data_formats, _adapter, _train, _distributed, _stage_specific, _kernels):
+    for rule in (_data, _adapter, _train, _distributed, _stage_specific, *COMPONENT_RULES):
         out.extend(rule(recipe))
     return out
 
 
-def _data_formats(r: "Recipe"):
-    allowed = STAGE_FORMATS[r.stage]
-    for section in ("datasets", "eval_datasets"):
-        for i, ds in enumerate(getattr(r.data, section)):
-            if ds.format not in allowed:
-                yield RuleProblem(
-                    ("data", section, i, "format"),
-                    f"stage '{r.stage}' cannot train on format '{ds.format}'",
-                    f"use {' or '.join(allowed)} for stage {r.stage}")
+def _data(r: "Recipe"):
     if isinstance(r.data.val_size, float) and r.data.val_size >= 1:
         yield RuleProblem(("data", "val_size"), f"a share must be below 1 (got {r.data.val_size})",
                           "use 0 < x < 1 for a share, or a whole number of rows")
@@ -115,15 +106,3 @@ def _stage_specific(r: "Recipe"):
                               f"GRPO needs a global batch divisible by grpo.num_generations "
                               f"({r.train.global_batch_size} % {g.num_generations} != 0)",
                               f"use a multiple of {g.num_generations}, e.g. {g.num_generations * max(1, r.train.global_batch_size // g.num_generations)}")
-        if g.rollout.mode == "server" and g.rollout.engine == "hf":
-            yield RuleProblem(("grpo", "rollout", "mode"), "server mode needs a server engine such as vllm",
-                              "set grpo.rollout.engine: vllm, or mode: colocate")
-
-
-def _kernels(r: "Recipe"):
-    from recipeforge.errors import did_you_mean
-
-    for name in r.kernels:
-        if name not in BUILTIN_KERNELS:
-            yield RuleProblem(("kernels", name), f"unknown kernel '{name}'",
-                              did_you_mean(name, BUILTIN_KERNELS) or f"known kernels: {', '.join(BUILTIN_KERNELS)}")

@@ -27,18 +27,33 @@ class DPOConfig(Section):
 class RewardSpec(Section):
     """One reward function from the rewards registry, with its weight and arguments."""
 
-    name: str = Field(min_length=1, description="Registered reward name (exact_match, regex, length, reward_model, ...).")
+    name: str = Field(
+        min_length=1,
+        description="A registered reward (accuracy, exact_match, length, regex, reward_model, or a plugin's), or "
+                    "`module:function` Python code, which needs the opt-in (`allow_code: true` or --trust-code).")
     weight: float = Field(1.0, description="Weight in the summed reward.")
-    args: dict[str, Any] = Field(default_factory=dict, description="Arguments for the reward function.")
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Arguments for the reward; checked against the reward's own schema when it declares one.")
 
 
 class RolloutConfig(Section):
     """How GRPO generates completions."""
 
-    engine: str = Field("hf", min_length=1, description="Rollout engine: `hf` (generate) or a plugin's (e.g. `vllm`).")
-    mode: Literal["colocate", "server"] = Field("colocate", description="vLLM: share the training GPUs or use a server.")
-    gpu_memory_utilization: float = Field(0.3, gt=0, lt=1, description="vLLM colocated: share of GPU memory for its KV cache.")
-    server_url: Optional[str] = Field(None, description="vLLM server mode: base URL of the server.")
+    engine: str = Field(
+        "hf", min_length=1,
+        description="Rollout engine from the registry: `hf` (generate) or a plugin's (`vllm` from recipeforge-vllm).")
+    mode: Literal["colocate", "server"] = Field(
+        "colocate", description="Share the training GPUs (`colocate`) or generate on a separate server (`server`); "
+                                "each engine lists the modes it supports.")
+    gpu_memory_utilization: float = Field(
+        0.3, gt=0, lt=1, description="Colocated engines that hold their own memory (vllm): share of each GPU for "
+                                     "their weights and KV cache; the planner reserves it.")
+    server_url: Optional[str] = Field(None, description="Server mode: base URL of the generation server.")
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Engine-specific options, checked against the engine's own schema "
+                    "(e.g. vllm: {tensor_parallel_size: 2, enable_sleep_mode: true}).")
 
 
 class GRPOConfig(Section):

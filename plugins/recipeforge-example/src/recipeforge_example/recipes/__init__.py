@@ -1,0 +1,1 @@
+"""Base recipes of recipeforge-example: ``extends: pkg://example/<file>.yaml`` (see pyproject.toml)."""

@@ -1,0 +1,164 @@
+"""recipeforge-vllm: the engine registers through its entry point, `grpo.rollout.options` is
+validated with located errors, the arguments are TRL's, and the planner reserves vLLM's memory.
+
+Needs the plugin installed (``pip install plugins/recipeforge-vllm``); the `gpu` test also needs
+CUDA and vLLM.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from recipeforge.components.rollout import rollout_arguments, rollout_engines
+from recipeforge.config import load_recipe
+from recipeforge.errors import RecipeError
+
+GRPO = """\
+stage: grpo
+model: {name_or_path: Qwen/Qwen2.5-0.5B}
+hardware: {gpus_per_node: 1, gpu: H100-80GB}
+data:
+  datasets: [{path: prompts.jsonl, format: prompt}]
+train: {global_batch_size: 8}
+grpo:
+  num_generations: 4
+  rewards: [{name: length, args: {target: 8}}]
+"""
+
+
+def _load(tmp_path, rollout_yaml: str):
+    path = tmp_path / "r.yaml"
+    path.write_text(GRPO + rollout_yaml)
+    return load_recipe(path)
+
+
+def _problems(tmp_path, rollout_yaml: str) -> dict:
+    with pytest.raises(RecipeError) as info:
+        _load(tmp_path, rollout_yaml)
+    return {p.key: p for p in info.value.problems}
+
+
+@pytest.fixture
+def vllm_installed(monkeypatch):
+    """Pretend vLLM is installed (it is a GPU-only package); TRL's argument checks still run."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
+
+
+def test_registered_by_its_entry_point():
+    entry = rollout_engines.entry("vllm")
+    assert entry.source == "recipeforge-vllm" and entry.version == "0.1.0"
+    assert entry.obj.modes == ("colocate", "server") and entry.obj.reserves_gpu_memory
+    assert rollout_engines.names() == ["hf", "vllm"]
+
+
+def test_options_are_validated_where_they_are_written(tmp_path):
+    ps = _problems(tmp_path, "  rollout:\n    engine: vllm\n    options: {tensor_paralel_size: 2, model_impl: jax}\n")
+    p = ps["grpo.rollout.options.tensor_paralel_size"]
+    assert p.message == "unknown key 'tensor_paralel_size'" and p.hint == "did you mean 'tensor_parallel_size'?"
+    assert p.location.line == 12
+    assert ps["grpo.rollout.options.model_impl"].message == "must be one of vllm, transformers (got 'jax')"
+
+
+def test_server_mode_needs_an_engine_that_has_one(tmp_path):
+    ps = _problems(tmp_path, "  rollout: {engine: hf, mode: server}\n")
+    assert "has no server mode" in ps["grpo.rollout.mode"].message and "vllm" in ps["grpo.rollout.mode"].hint
+    recipe = _load(tmp_path, "  rollout: {engine: vllm, mode: server, server_url: 'http://gen:8000'}\n").recipe
+    assert recipe.grpo.rollout.engine == "vllm"
+
+
+def test_cpu_runs_are_refused():
+    from recipeforge.config.schema import RolloutConfig
+
+    with pytest.raises(RecipeError) as info:
+        rollout_arguments(RolloutConfig(engine="vllm"), "cpu")
+    assert info.value.problems[0].key == "grpo.rollout.engine" and "engine: hf" in info.value.problems[0].hint
+
+
+def test_gpu_without_vllm_says_what_to_install(monkeypatch):
+    from recipeforge.config.schema import RolloutConfig
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(RecipeError, match="not installed") as info:
+        rollout_arguments(RolloutConfig(engine="vllm"), "cuda")
+    assert "recipeforge-vllm[vllm]" in info.value.problems[0].hint
+
+
+def test_colocate_arguments_are_grpo_config_arguments(tmp_path, vllm_installed):
+    from trl import GRPOConfig
+
+    recipe = _load(tmp_path, "  rollout:\n    engine: vllm\n    gpu_memory_utilization: 0.4\n"
+                             "    options: {tensor_parallel_size: 2, enable_sleep_mode: true}\n").recipe
+    kwargs = rollout_arguments(recipe.grpo.rollout, "cuda")
+    assert kwargs == {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.4,
+                      "vllm_tensor_parallel_size": 2, "vllm_enable_sleep_mode": True, "vllm_model_impl": "vllm",
+                      "vllm_importance_sampling_correction": True}
+    config = GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, **kwargs)
+    assert config.use_vllm and config.vllm_gpu_memory_utilization == 0.4
+
+
+def test_server_arguments(tmp_path, vllm_installed):
+    from trl import GRPOConfig
+
+    recipe = _load(tmp_path, "  rollout: {engine: vllm, mode: server, server_url: 'http://gen:8000/',"
+                             " options: {server_timeout: 600}}\n").recipe
+    kwargs = rollout_arguments(recipe.grpo.rollout, "cuda")
+    assert kwargs["vllm_mode"] == "server" and kwargs["vllm_server_base_url"] == "http://gen:8000"
+    assert kwargs["vllm_server_timeout"] == 600 and "vllm_gpu_memory_utilization" not in kwargs
+    assert GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, **kwargs).vllm_mode == "server"
+
+
+def test_planner_reserves_the_colocated_engine(tmp_path):
+    from recipeforge.plan import make_plan
+    from recipeforge.plan.hardware import hardware_for
+
+    recipe = _load(tmp_path, "  rollout: {engine: vllm, gpu_memory_utilization: 0.4}\n").recipe
+    colocated = make_plan(recipe)
+    gpu_gb = hardware_for(recipe, None).gpu_memory_gb
+    assert colocated.memory_gb["rollout_engine"] == pytest.approx(0.4 * gpu_gb, rel=0.01)
+    server = make_plan(_load(tmp_path, "  rollout: {engine: vllm, mode: server}\n").recipe)
+    assert not server.memory_gb.get("rollout_engine")
+
+
+@pytest.mark.gpu
+def test_grpo_with_vllm_rollouts_on_gpu(tmp_path):
+    pytest.importorskip("vllm")
+    import torch
+
+    from recipeforge.components.models import build_random_model
+    from recipeforge.components.tokenizer import build_tiny_tokenizer
+    from recipeforge.outputs.metrics import read_metrics
+    from recipeforge.run import train
+
+    # vLLM's attention kernels need a head size it supports (64): a small model saved to a directory.
+    tok = build_tiny_tokenizer(1024)
+    config = {"model_type": "llama", "vocab_size": 1024, "hidden_size": 256, "intermediate_size": 512,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+              "max_position_embeddings": 512, "tie_word_embeddings": False}
+    model = build_random_model(config, tok, name="tiny-vllm", seed=0, dtype=torch.bfloat16, attn_implementation="sdpa")
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    rows = [{"prompt": f"Say {w}:", "answer": w} for w in ("moo", "woof", "meow", "baa")] * 8
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"""\
+stage: grpo
+model: {{name_or_path: {tmp_path / 'model'}, dtype: bf16}}
+hardware: {{gpus_per_node: 1}}
+data: {{datasets: [{{path: prompts.jsonl, format: prompt}}], sequence_len: 64}}
+train: {{max_steps: 3, global_batch_size: 8, learning_rate: 1.0e-3, logging_steps: 1}}
+grpo:
+  num_generations: 4
+  max_completion_length: 16
+  rewards: [{{name: length, args: {{target: 8}}}}]
+  rollout: {{engine: vllm, mode: colocate, gpu_memory_utilization: 0.2, options: {{max_model_length: 256}}}}
+output: {{dir: {tmp_path / 'run'}}}
+logging: {{progress_bar: false}}
+""")
+    run = train(load_recipe(recipe), overwrite=True)
+    rewards = [r["reward"] for r in read_metrics(run / "metrics.jsonl") if r.get("reward") is not None]
+    assert len(rewards) == 3 and (run / "final").is_dir()

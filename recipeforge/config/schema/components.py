@@ -1,0 +1,132 @@
+"""Rules for the components a recipe names: each must be registered, fit the stage, and its options
+must pass the component's own schema.
+
+Registries hold built-ins and list plugin entry points without importing them; a plugin is imported
+here only when the recipe names it (to read its stages, modes and options schema). A plugin's options
+live under its own key (``kernels.<name>``, ``grpo.rollout.options``, ``grpo.rewards[i].args``)
+and are validated against its pydantic model with the same located, hinted problems as the core
+schema; the core classes are never changed, so the JSON Schema and docs/recipes.md do not depend on
+which plugins are installed.
+
+Unknown reward names are not reported here but by `config.validate.check_components` (and again
+when training builds the rewards), so that loading a recipe never depends on which reward plugins
+happen to be installed where it is loaded.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterator
+
+from recipeforge.config.schema.rules import RuleProblem
+from recipeforge.errors import RecipeError
+
+if TYPE_CHECKING:
+    from recipeforge.config.schema.recipe import Recipe
+    from recipeforge.registry import Registry
+
+
+def lookup(registry: "Registry", name: str, path: tuple) -> tuple[Any, RuleProblem | None]:
+    """The component `name` (importing its plugin if needed), or the problem at `path` saying why not."""
+    try:
+        return registry.get(name), None
+    except RecipeError as exc:
+        p = exc.problems[0]
+        return None, RuleProblem(path, p.message, p.hint)
+
+
+def options_problems(model: Any, data: Any, path: tuple) -> list[RuleProblem]:
+    """`data` checked against a component's options model (no model: anything goes)."""
+    if model is None:
+        return []
+    from pydantic import BaseModel
+
+    from recipeforge.config.validate import model_problems
+
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return [RuleProblem(path, f"the plugin declares an options schema that is not a pydantic model "
+                                  f"({type(model).__name__})", "report it to the plugin's authors")]
+
+    return model_problems(model, data, path)
+
+
+def _formats(r: "Recipe") -> Iterator[RuleProblem]:
+    from recipeforge.components.formats import format_stages, formats
+
+    for section in ("datasets", "eval_datasets"):
+        for i, ds in enumerate(getattr(r.data, section)):
+            path = ("data", section, i, "format")
+            fmt, problem = lookup(formats, ds.format, path)
+            if problem is not None:
+                yield problem
+            elif r.stage not in format_stages(fmt):
+                fits = [e.name for e in formats if r.stage in format_stages(e.obj)]
+                yield RuleProblem(path, f"stage '{r.stage}' cannot train on format '{ds.format}'",
+                                  f"use {' or '.join(fits)} for stage {r.stage}")
+
+
+def _kernels(r: "Recipe") -> Iterator[RuleProblem]:
+    from recipeforge.components.kernels import kernels
+    from recipeforge.components.models import FLASH_IMPLEMENTATIONS
+
+    for name, options in r.kernels.items():
+        path = ("kernels", name)
+        if kernels.first_party_plugin(name) is not None:
+            continue  # named before its plugin is installed: its options are checked once it is
+        spec, problem = lookup(kernels, name, path)
+        if problem is not None:
+            yield problem
+            continue
+        yield from options_problems(spec.options, options, path)
+        attn = r.model.attn_implementation
+        if name == "flash_attn" and attn not in ("auto", *FLASH_IMPLEMENTATIONS):
+            yield RuleProblem(("model", "attn_implementation"),
+                              f"kernels.flash_attn asks for flash-attention, but attn_implementation is {attn}",
+                              "set model.attn_implementation: auto (or flash_attention_2), or drop the kernel")
+
+
+def _rollout(r: "Recipe") -> Iterator[RuleProblem]:
+    if r.stage != "grpo":
+        return
+    from recipeforge.components.rollout import rollout_engines
+
+    rollout = r.grpo.rollout  # type: ignore[attr-defined]
+    if rollout_engines.first_party_plugin(rollout.engine) is not None:
+        return  # e.g. vllm planned on a machine without recipeforge-vllm; training needs it
+    spec, problem = lookup(rollout_engines, rollout.engine, ("grpo", "rollout", "engine"))
+    if problem is not None:
+        yield problem
+        return
+    if rollout.mode not in spec.modes:
+        yield RuleProblem(("grpo", "rollout", "mode"),
+                          f"rollout engine '{spec.name}' has no {rollout.mode} mode (it has {', '.join(spec.modes)})",
+                          f"set grpo.rollout.mode: {spec.modes[0]}, or use an engine with a {rollout.mode} mode "
+                          f"(e.g. vllm from recipeforge-vllm)")
+    yield from options_problems(spec.options, rollout.options, ("grpo", "rollout", "options"))
+
+
+def _rewards(r: "Recipe") -> Iterator[RuleProblem]:
+    if r.stage != "grpo":
+        return
+    from recipeforge.components.rewards import rewards
+    from recipeforge.registry import OPT_IN_HINT, check_code_reference, code_trust, is_code_reference
+
+    for i, spec in enumerate(r.grpo.rewards):  # type: ignore[attr-defined]
+        path = ("grpo", "rewards", i, "name")
+        if is_code_reference(spec.name):
+            bad = check_code_reference(spec.name)
+            if bad:
+                yield RuleProblem(path, bad, "e.g. my_rewards:format_reward")
+            elif not code_trust(r.allow_code)[0]:
+                yield RuleProblem(path, f"reward '{spec.name}' is Python code, and importing code needs an "
+                                        f"opt-in (allow_code)", OPT_IN_HINT)
+            continue
+        if not rewards.has(spec.name):
+            continue  # reported by check_components / when training, with the available rewards
+        factory, problem = lookup(rewards, spec.name, path)
+        if problem is not None:
+            yield problem
+            continue
+        yield from options_problems(getattr(factory, "args_model", None), spec.args, ("grpo", "rewards", i, "args"))
+
+
+COMPONENT_RULES = (_formats, _kernels, _rollout, _rewards)
