@@ -57,11 +57,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("train", help="plan and run a recipe; writes the run directory")
+    p = sub.add_parser("train", help="plan and run a recipe; writes the run directory",
+                       description="Plan the recipe, then train in this process or start the backend's launcher "
+                                   "(accelerate launch / torchrun) with the plan's process count. Also runs as a "
+                                   "worker under `accelerate launch -m recipeforge train` or `torchrun -m ...`.")
     _recipe_args(p)
     p.add_argument("--overwrite", action="store_true",
                    help="allow writing into a run directory that holds another recipe's run")
+    _launch_args(p)
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the launch command, its environment and the generated files; start nothing")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("launch", help="write a cluster job script for a recipe (sbatch for Slurm)")
+    _recipe_args(p)
+    p.add_argument("--slurm", action="store_true", required=True,
+                   help="write an sbatch script that runs one recipeforge launcher per node")
+    p.add_argument("-o", "--output", help="script path (default: RUN_DIR/slurm.sbatch)")
+    p.add_argument("--partition")
+    p.add_argument("--account")
+    p.add_argument("--time", help="wall-clock limit, e.g. 48:00:00")
+    p.add_argument("--qos")
+    p.add_argument("--cpus-per-task", type=int)
+    p.add_argument("--sbatch-option", action="append", default=[], metavar="OPTION",
+                   help="another #SBATCH line, e.g. --sbatch-option=--constraint=h100 (repeatable)")
+    p.add_argument("--nproc-per-node", type=int, help="processes per node for a CPU-only recipe")
+    p.add_argument("--master-port", type=int, help="rendezvous port on the first node (default 29500)")
+    p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("preprocess", help="tokenize and cache a recipe's datasets ahead of training")
     _recipe_args(p)
@@ -121,14 +143,49 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def _launch_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("processes and nodes (multi-node: one `recipeforge train` per node; "
+                             "under Slurm they are read from its environment)")
+    g.add_argument("--nproc-per-node", type=int,
+                   help="processes per node: CPU runs (gloo) need it for more than one; GPU runs default to "
+                        "one per GPU of the plan")
+    g.add_argument("--nnodes", type=int, help="nodes in the job")
+    g.add_argument("--node-rank", type=int, help="this node's rank, 0 on the main node")
+    g.add_argument("--master-addr", help="hostname or IP of the main node")
+    g.add_argument("--master-port", type=int, help="rendezvous port on the main node (default 29500)")
+
+
 def cmd_train(args) -> int:
-    from recipeforge.run import train
+    from recipeforge.run import LaunchFailed, LaunchOptions, summary, train
 
-    from recipeforge.run import summary
-
-    run_dir = train(_load(args), overwrite=args.overwrite)
+    loaded = _load(args)
+    opts = LaunchOptions(recipe_path=args.recipe, overrides=tuple(args.overrides),
+                         nproc_per_node=args.nproc_per_node, nnodes=args.nnodes, node_rank=args.node_rank,
+                         master_addr=args.master_addr, master_port=args.master_port, dry_run=args.dry_run,
+                         debug=args.debug or os.environ.get("RECIPEFORGE_DEBUG", "") not in ("", "0"))
+    try:
+        run_dir = train(loaded, overwrite=args.overwrite, launch=opts)
+    except LaunchFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.code if exc.code > 0 else EXIT_INTERNAL_ERROR
+    if run_dir is None:  # --dry-run printed the launch
+        return 0
+    if os.environ.get("RECIPEFORGE_PLAN") or int(os.environ.get("RANK", "0")) != 0:
+        return 0  # a worker: the launching command (or, launched directly, rank 0) reports
     learned = ", ".join(f"{k} {v['first']:.4g} -> {v['last']:.4g}" for k, v in summary(run_dir).items())
     print(f"run written to {run_dir}" + (f" ({learned})" if learned else ""))
+    return 0
+
+
+def cmd_launch(args) -> int:
+    from recipeforge.backends.slurm import SlurmOptions, write_sbatch
+
+    options = SlurmOptions(partition=args.partition, account=args.account, time=args.time,
+                           cpus_per_task=args.cpus_per_task, qos=args.qos, extra=tuple(args.sbatch_option))
+    path = write_sbatch(_load(args), recipe=args.recipe, overrides=args.overrides, options=options,
+                        nproc_per_node=args.nproc_per_node, port=args.master_port,
+                        output=args.output)
+    print(f"sbatch script written to {path}\nsubmit it with: sbatch {path}")
     return 0
 
 

@@ -1,72 +1,244 @@
 """Entry points the CLI calls: `train`, `preprocess`, `merge`.
 
 Importing this module is cheap; torch, transformers, TRL and datasets load inside the functions
-that need them. Inside a process started by ``accelerate launch -m recipeforge train ...`` or
-torchrun (RANK/WORLD_SIZE set), `train` runs as that worker and never relaunches; rank 0 alone
-writes the run directory's files.
+that need them. `train` plans once for the processes asked for; one process trains in place, more are
+started through the backend's launcher (`backends.launch`). Inside a launched process (RANK/WORLD_SIZE
+set: our launcher, or ``accelerate launch -m recipeforge train ...`` / ``torchrun -m recipeforge ...``)
+`train` runs as that worker and never relaunches; rank 0 alone writes the run directory's files.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from recipeforge.errors import RecipeError
 
 
-def train(loaded, *, overwrite: bool = False, plan=None) -> Path:
-    """Train `loaded` (a `config.LoadedRecipe`); returns the run directory.
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How `recipeforge train` was started: what the launcher needs to start the same recipe again in
+    each worker, and the process layout asked for on the command line."""
 
-    Plans once (or takes `plan`), writes resolved_recipe.yaml / plan.json / environment.json,
-    resumes from the newest complete checkpoint when `output.resume` allows, runs the stage, and
-    writes final/, merged/ (if asked) and the model card.
+    recipe_path: str | None = None            # the recipe as given (workers load it again)
+    overrides: tuple[str, ...] = ()
+    nproc_per_node: int | None = None         # CPU processes per node (GPU runs: one per GPU)
+    nnodes: int | None = None
+    node_rank: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    dry_run: bool = False
+    debug: bool = False
+
+
+class LaunchFailed(Exception):
+    """The launcher (and so a worker) exited with an error; the workers printed why."""
+
+    def __init__(self, code: int):
+        super().__init__(f"the launcher exited with code {code} (the workers' messages are above)")
+        self.code = code
+
+
+def train(loaded, *, overwrite: bool = False, plan=None, launch: LaunchOptions | None = None) -> Path | None:
+    """Train `loaded` (a `config.LoadedRecipe`); returns the run directory (None for a dry run).
+
+    Plans once (or takes `plan`) for the processes the command line asks for. One process trains
+    here; more are started through the backend's launcher, each worker reading the plan written
+    before launch. Inside a launched worker (RANK/WORLD_SIZE set) this runs that worker.
     """
-    from recipeforge.outputs import checkpoint
-    from recipeforge.outputs.metrics import MetricsWriter
-    from recipeforge.outputs.run_dir import RunDir, default_run_dir, prepare
-    from recipeforge.stages.base import DistInfo, StageContext, _log
+    from recipeforge.backends.launch import PLAN_ENV
+    from recipeforge.stages.base import DistInfo
+
+    _network_guards()
+    dist = DistInfo.from_env()
+    if dist.world_size > 1 or os.environ.get(PLAN_ENV):
+        return _train_worker(loaded, dist, overwrite=overwrite)
+    return _train_launching(loaded, plan, launch or LaunchOptions(), overwrite)
+
+
+def _train_launching(loaded, plan, opts: LaunchOptions, overwrite: bool) -> Path | None:
+    """The command a user runs: plan, then train here or start the launcher (on every node)."""
+    import tempfile
+
+    from recipeforge.backends import get_backend
+    from recipeforge.backends.cluster import detect_cluster
+    from recipeforge.backends.launch import launch_spec, run_launcher
+    from recipeforge.backends.world import plan_for_world
+    from recipeforge.outputs.run_dir import RunDir, default_run_dir
+    from recipeforge.stages.base import _log
 
     recipe = loaded.recipe
-    dist = DistInfo.from_env()
-    # In a launched job the launching command planned and prepared (or wiped) the run directory;
-    # workers read its plan and never wipe what the other ranks are reading.
-    launched = dist.world_size > 1
-    overwrite = overwrite and not launched
-    _network_guards()
-    run = RunDir(default_run_dir(recipe, Path(loaded.path)).absolute())
-    # Everything that can refuse the run does so before the run directory is touched.
+    cluster = detect_cluster(opts.nnodes, opts.node_rank, opts.master_addr, opts.master_port)
     if plan is None:
-        plan = _read_plan(run.plan) if launched and run.plan.is_file() else _make_plan(recipe)
-    if dist.is_main:
-        if not overwrite:
-            _check_same_run(run, loaded)
-        if recipe.output.resume not in ("auto", "never"):
-            checkpoint.resume_checkpoint(recipe.output.resume, run.checkpoints)
-        prepare(run, overwrite=overwrite, resume=recipe.output.resume)
-        checkpoint.remove_incomplete(run.checkpoints)
+        nnodes = cluster.nnodes if cluster.source != "local" else None
+        plan = plan_for_world(recipe, nnodes=nnodes, nproc_per_node=opts.nproc_per_node)
+    backend = get_backend(plan.backend)
+    backend.check(plan, recipe)
+    if plan.nodes != cluster.nnodes:
+        raise RecipeError(f"the plan spans {plan.nodes} nodes, and this command was started for {cluster.nnodes}",
+                          key="hardware.nodes",
+                          hint="start one `recipeforge train` per node with --nnodes/--node-rank/--master-addr, "
+                               "or submit `recipeforge launch --slurm RECIPE`")
+    run = RunDir(default_run_dir(recipe, Path(loaded.path)).absolute())
+    if backend.launcher(plan) == "none" and not opts.dry_run:
+        return _train_here(loaded, plan, run, backend, overwrite)
+    # Files of the main node go into the run directory; other nodes keep theirs node-local, so they
+    # never touch what the main node prepares (or wipes with --overwrite).
+    files_dir = None if cluster.is_main_node or opts.dry_run else Path(tempfile.mkdtemp(prefix="recipeforge-launch-"))
+    recipe_path = opts.recipe_path
+    if recipe_path is None:
+        # Called as a library: the workers load the resolved recipe the run directory keeps (overrides,
+        # defaults and absolute data paths included), unless values in it had to be redacted.
+        from recipeforge.config.secrets import secret_paths
+
+        if secret_paths(getattr(loaded, "env_refs", {}) or {}):
+            raise RecipeError("this recipe reads secrets from the environment; launch it with the command line",
+                              hint="run `recipeforge train RECIPE ...` so every worker resolves the recipe itself")
+        recipe_path = str(run.resolved_recipe)
+    spec = launch_spec(plan, recipe, recipe_path=recipe_path, overrides=opts.overrides,
+                       run_dir=run.root, cluster=cluster, files_dir=files_dir, debug=opts.debug)
+    if opts.dry_run:
+        print(f"# plan: {_plan_line(plan)}\n" + spec.render(), end="")
+        return None
+    if cluster.is_main_node:
+        _prepare_run(loaded, plan, run, overwrite=overwrite)
+    marker = run.root / USER_ERROR
+    marker.unlink(missing_ok=True)
+    code = run_launcher(spec, log=_log)
+    if code != 0:
+        if cluster.is_main_node and marker.is_file():
+            # A mistake in the recipe or data that only a worker could see: still a user error (exit 2).
+            raise RecipeError(marker.read_text().strip() or "a worker reported a problem in the recipe")
+        raise LaunchFailed(code)
+    return run.root
+
+
+def _plan_line(plan) -> str:
+    from recipeforge.backends.world import processes_per_node
+
+    per = processes_per_node(plan)
+    unit = ("GPU" if per == 1 else "GPUs") if plan.device == "cuda" else ("CPU process" if per == 1 else "CPU processes")
+    return (f"{plan.backend}{f' ({plan.preset})' if plan.preset else ''}, {plan.nodes} node(s) x {per} {unit} = "
+            f"{plan.world_size} processes; micro batch {plan.micro_batch_size} x accumulation "
+            f"{plan.gradient_accumulation} x data parallel {plan.data_parallel} = global batch {plan.global_batch_size}")
+
+
+def _train_here(loaded, plan, run, backend, overwrite: bool) -> Path:
+    """One process: prepare the run directory and train in this process."""
+    from recipeforge.stages.base import DistInfo, _log
+
+    resume_from = _prepare_run(loaded, plan, run, overwrite=overwrite)
+    _run(loaded, plan, run, backend, DistInfo(), resume_from)
+    _log(f"done: {run.root}")
+    return run.root
+
+
+USER_ERROR = ".user_error"  # a worker's RecipeError, for the launching command to report as one
+
+
+def _train_worker(loaded, dist, *, overwrite: bool) -> Path:
+    """One rank of a launched job (see `_run_worker`); rank 0 leaves a user error for the launching
+    command, which then exits as for any recipe mistake."""
+    try:
+        return _run_worker(loaded, dist, overwrite=overwrite)
+    except RecipeError as exc:
+        if dist.is_main and os.environ.get("RECIPEFORGE_RUN_DIR"):
+            try:
+                from recipeforge.errors import locate_problems
+
+                located = locate_problems(exc, loaded.tree.locate) if getattr(loaded, "tree", None) else exc
+                (Path(os.environ["RECIPEFORGE_RUN_DIR"]) / USER_ERROR).write_text(located.render() + "\n")
+            except OSError:
+                pass
+        raise
+
+
+def _run_worker(loaded, dist, *, overwrite: bool) -> Path:
+    """One rank of a launched job. Started by `recipeforge train`, it reads the plan named by
+    RECIPEFORGE_PLAN (the run directory is ready). Started directly by a launcher, rank 0 plans for the
+    launcher's world and prepares the run directory while the others wait."""
+    from recipeforge.backends import get_backend
+    from recipeforge.backends import worker as w
+    from recipeforge.backends.launch import PLAN_ENV, RUN_DIR_ENV
+    from recipeforge.backends.world import check_world, plan_for_world
+    from recipeforge.outputs import checkpoint
+    from recipeforge.outputs.run_dir import RunDir, default_run_dir
+    from recipeforge.stages.base import _log
+
+    recipe = loaded.recipe
+    plan_file = os.environ.get(PLAN_ENV)
+    if plan_file:
+        plan = w.read_plan(Path(plan_file))
+        run = RunDir(Path(os.environ.get(RUN_DIR_ENV) or default_run_dir(recipe, Path(loaded.path))).absolute())
+        w.init_process_group(plan.device)
+        plan = w.agreed_plan(plan)
+    else:
+        run = RunDir(default_run_dir(recipe, Path(loaded.path)).absolute())
+        w.init_process_group(w.worker_device(recipe))
+        plan = w.on_main(lambda: plan_for_world(recipe, nnodes=w.launched_world()[0],
+                                                nproc_per_node=w.launched_world()[1]), dist)
+        plan = w.agreed_plan(plan)
+        check_world(plan, dist.world_size)
+        w.on_main(lambda: _prepare_run(loaded, plan, run, overwrite=overwrite), dist)
+    check_world(plan, dist.world_size)
+    backend = get_backend(plan.backend)
+    backend.check(plan, recipe)
     resume_from = checkpoint.resume_checkpoint(recipe.output.resume, run.checkpoints)
+    _run(loaded, plan, run, backend, dist, resume_from)
     if dist.is_main:
-        run.write_recipe(_resolved_for_run(loaded, run), Path(loaded.path))
-        run.write_plan(plan)
-        run.write_environment()
-        writer = MetricsWriter(run.metrics)
-        if resume_from is not None:
-            writer.truncate_after(checkpoint.step_of(resume_from) or 0)
-            _log(f"resuming from {resume_from}")
-        elif run.metrics.exists():
-            run.metrics.unlink()
-    ctx = StageContext(loaded=loaded, plan=plan, run=run, resume_from=resume_from, dist=dist)
+        _log(f"done: {run.root}")
+    return run.root
+
+
+def _prepare_run(loaded, plan, run, *, overwrite: bool) -> Path | None:
+    """Create (or check, or with `overwrite` wipe) the run directory and write the recipe, plan and
+    environment; returns the checkpoint to resume from. Main process of the main node only."""
+    from recipeforge.outputs import checkpoint
+    from recipeforge.outputs.metrics import MetricsWriter
+    from recipeforge.outputs.run_dir import prepare
+    from recipeforge.stages.base import _log
+
+    recipe = loaded.recipe
+    # Everything that can refuse the run does so before the run directory is touched.
+    if not overwrite:
+        _check_same_run(run, loaded)
+    if recipe.output.resume not in ("auto", "never"):
+        checkpoint.resume_checkpoint(recipe.output.resume, run.checkpoints)
+    prepare(run, overwrite=overwrite, resume=recipe.output.resume)
+    checkpoint.remove_incomplete(run.checkpoints)
+    resume_from = checkpoint.resume_checkpoint(recipe.output.resume, run.checkpoints)
+    run.write_recipe(_resolved_for_run(loaded, run), Path(loaded.path))
+    run.write_plan(plan)
+    run.write_environment()
+    writer = MetricsWriter(run.metrics)
+    if resume_from is not None:
+        writer.truncate_after(checkpoint.step_of(resume_from) or 0)
+        _log(f"resuming from {resume_from}")
+    elif run.metrics.exists():
+        run.metrics.unlink()
+    return resume_from
+
+
+def _run(loaded, plan, run, backend, dist, resume_from) -> None:
+    """Run the stage on `backend` in this process (one rank, or the only process)."""
+    from recipeforge.stages.base import StageContext
+
+    ctx = StageContext(loaded=loaded, plan=plan, run=run, resume_from=resume_from, dist=dist, backend=backend)
+    if getattr(backend, "trains_itself", False):  # Megatron runs its own loop and export
+        backend.train_stage(ctx)
+        return
+    backend.setup_worker(ctx)
+    ctx.backend_kwargs = backend.trainer_kwargs(ctx)
     runner = _run_stage(ctx)
     if dist.is_main:
-        if recipe.output.merge_adapter and recipe.adapter.type != "none":
+        if ctx.recipe.output.merge_adapter and ctx.recipe.adapter.type != "none":
             from recipeforge.outputs.export import merge_adapter
 
             merge_adapter(run.root)
         _write_card(ctx, runner)
-    _log(f"done: {run.root}")
-    return run.root
 
 
 def _run_stage(ctx):
@@ -74,12 +246,34 @@ def _run_stage(ctx):
     from recipeforge.stages import runner_class
 
     runner = runner_class(ctx.recipe.stage)(ctx)
+    if ctx.dist.world_size > 1:
+        # One process per machine tokenizes and caches the data first; the others then read the cache.
+        from recipeforge.backends import worker as w
+
+        w.on_main(lambda: _warm_data(runner_class(ctx.recipe.stage)(ctx)), ctx.dist, local=True)
     runner.setup()
     if ctx.dist.is_main and runner.data_stats:
         MetricsWriter(ctx.run.metrics).write({"split": "data", "step": 0, **runner.data_stats})
     runner.train()
+    if ctx.dist.is_main and ctx.plan.backend != "single":
+        _write_backend_report(ctx, runner)
     runner.save()
     return runner
+
+
+def _warm_data(runner) -> None:
+    runner.tokenizer = runner.load_tokenizer()
+    runner.prepare_data()
+
+
+def _write_backend_report(ctx, runner) -> None:
+    """backend.json: what ran, observed from inside the (main) worker, next to what was planned."""
+    from recipeforge.outputs.run_dir import _atomic_write
+
+    report = {"planned": {"backend": ctx.plan.backend, "preset": ctx.plan.preset, "world_size": ctx.plan.world_size,
+                          "zero_stage": ctx.plan.zero_stage},
+              "observed": ctx.backend.runtime_report(runner.trainer) if runner.trainer is not None else {}}
+    _atomic_write(ctx.run.root / "backend.json", json.dumps(report, indent=2, default=str) + "\n")
 
 
 def preprocess(loaded) -> dict:
@@ -110,21 +304,6 @@ def merge(run_dir: Path, out_dir: Path | None = None) -> Path:
     from recipeforge.outputs.export import merge_adapter
 
     return merge_adapter(Path(run_dir), Path(out_dir) if out_dir is not None else None)
-
-
-def _make_plan(recipe):
-    from recipeforge.plan import make_plan
-
-    return make_plan(recipe)
-
-
-def _read_plan(path: Path):
-    """The plan the launching command wrote (launched workers never plan again)."""
-    from recipeforge.plan.types import Choice, Plan
-
-    raw = json.loads(path.read_text())
-    raw["reasons"] = {k: Choice(**v) if isinstance(v, dict) else v for k, v in raw.get("reasons", {}).items()}
-    return Plan(**raw)
 
 
 def _network_guards() -> None:

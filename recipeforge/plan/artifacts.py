@@ -45,7 +45,8 @@ def deepspeed_config(plan: Plan, recipe) -> dict:
     if plan.offload == "optimizer+params":
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     dtype = _dtype(plan)
-    clip = recipe.train.max_grad_norm
+    t = recipe.train
+    clip = t.max_grad_norm
     config = {
         "train_batch_size": plan.global_batch_size,
         "train_micro_batch_size_per_gpu": plan.micro_batch_size,
@@ -58,6 +59,15 @@ def deepspeed_config(plan: Plan, recipe) -> dict:
         "steps_per_print": recipe.train.logging_steps,
         "wall_clock_breakdown": False,
     }
+    if plan.offload != "none":
+        # Offloaded optimizer states are stepped by DeepSpeed's CPU Adam, which DeepSpeed builds only from
+        # its own optimizer section (a trainer-made torch optimizer is refused with offload). The values
+        # equal the trainer's, which checks them; the learning-rate schedule stays the trainer's.
+        config["optimizer"] = {"type": "AdamW", "params": {
+            "lr": t.learning_rate, "betas": [t.adam_beta1, t.adam_beta2], "eps": 1e-8,
+            "weight_decay": t.weight_decay}}
+    elif t.optimizer not in ("adamw", "adamw_fused"):
+        config["zero_allow_untested_optimizer"] = True  # ZeRO wraps any torch optimizer; it only warns
     return config
 
 

@@ -65,6 +65,13 @@ class StageContext:
     backend_kwargs: dict = field(default_factory=dict)   # trainer arguments from the backend (merged last)
     callbacks: list = field(default_factory=list)        # extra TrainerCallbacks
     log: Callable[[str], None] = _log
+    backend: Any = None               # backends.base.Backend: writes final/ (gathering sharded weights)
+
+    def barrier(self) -> None:
+        """Wait for every process of a launched job (no-op for one process)."""
+        if self.dist.world_size > 1:
+            from recipeforge.backends.worker import barrier
+            barrier()
 
     @property
     def recipe(self):
@@ -116,6 +123,7 @@ class TrainerStage:
         self.tokenizer = self.load_tokenizer()
         self.prepare_data()
         self.model = self.load_model()
+        self.ctx.barrier()  # rank 0 may have written base_model/, which trainers load by path
         self.trainer = self.build_trainer()
 
     def train(self) -> dict:
@@ -138,8 +146,9 @@ class TrainerStage:
             model = self.trainer.accelerator.unwrap_model(self.trainer.model)
         else:
             model = self.model
-        # Sharded backends will consolidate their weights here (the backend protocol's job).
-        if self.ctx.dist.is_main:
+        if self.ctx.backend is not None and self.trainer is not None:  # every rank: gathering is collective
+            self.ctx.backend.save_final(self.ctx, self.trainer, model, self.tokenizer)
+        elif self.ctx.dist.is_main:
             save_pretrained_atomic(model, self.tokenizer, self.ctx.run.final)
         return self.ctx.run.final
 

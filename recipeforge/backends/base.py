@@ -1,0 +1,156 @@
+"""The backend protocol: what a distributed backend contributes to a run, and nothing else.
+
+A backend is chosen by the plan (`Plan.backend`) and looked up in the ``backends`` registry. It
+
+1. checks the plan against what it can run (`check`),
+2. says how to start the processes: which launcher, the accelerate config section, extra files and
+   environment (`launcher`, `accelerate_config`, `launch_files`, `launch_env`),
+3. sets up each worker before the trainer exists (`setup_worker`) and gives the trainer its
+   arguments (`trainer_kwargs`, merged last by `stages.base.TrainerStage.training_arguments`),
+4. writes final/ as plain Hugging Face safetensors, gathering sharded weights first (`save_final`),
+5. reports what really ran, from inside the worker (`runtime_report`, written to backend.json).
+
+Stage runners never look at the backend; a backend never looks at the stage beyond `stages`.
+Nothing here imports torch: the heavy work happens inside the methods.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from recipeforge.errors import RecipeError
+
+TRAINER_STAGES = ("pretrain", "sft", "dpo", "grpo")
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What every backend implements (built-ins and plugins alike)."""
+
+    name: str
+    stages: tuple[str, ...]
+
+    def check(self, plan, recipe) -> None: ...
+
+    def launcher(self, plan) -> str: ...
+
+    def accelerate_config(self, plan, recipe, run_dir: Path) -> dict: ...
+
+    def launch_files(self, plan, recipe) -> dict[str, str]: ...
+
+    def launch_env(self, plan) -> dict[str, str]: ...
+
+    def setup_worker(self, ctx) -> None: ...
+
+    def trainer_kwargs(self, ctx) -> dict: ...
+
+    def save_final(self, ctx, trainer, model, tokenizer) -> Path | None: ...
+
+    def runtime_report(self, trainer) -> dict: ...
+
+
+class TrainerBackend:
+    """Shared behaviour of the backends that drive a transformers/TRL trainer through Accelerate."""
+
+    name = ""
+    stages: tuple[str, ...] = TRAINER_STAGES
+    package: str | None = None        # module the backend needs (looked up, never imported here)
+    extra: str | None = None          # the recipeforge extra that installs it
+
+    # -- before launch ----------------------------------------------------------------------------
+    def check(self, plan, recipe) -> None:
+        """Refuse a plan this backend cannot run, with the reason and what to do instead."""
+        if plan.backend != self.name:
+            raise RecipeError(f"the plan uses backend {plan.backend}, not {self.name}", key="distributed.backend")
+        if recipe.stage not in self.stages:
+            raise RecipeError(f"the {self.name} backend does not run {recipe.stage} (it runs "
+                              f"{', '.join(self.stages)})", key="distributed.backend",
+                              hint="set distributed.backend: auto")
+        if self.package and importlib.util.find_spec(self.package) is None:
+            raise RecipeError(f"the {self.name} backend needs the {self.package} package, which is not installed",
+                              key="distributed.backend", hint=f"pip install 'recipeforge[{self.extra}]'")
+
+    def launcher(self, plan) -> str:
+        """``accelerate`` (a generated config file in the run dir) or ``none`` (this process trains)."""
+        return "accelerate" if plan.world_size > 1 else "none"
+
+    def accelerate_config(self, plan, recipe, run_dir: Path) -> dict:
+        """This backend's part of the accelerate config file (distributed type and plugin section)."""
+        return {"distributed_type": "MULTI_GPU"}
+
+    def launch_files(self, plan, recipe) -> dict[str, str]:
+        """Extra files to write into the run directory before launch: name -> text."""
+        return {}
+
+    def launch_env(self, plan) -> dict[str, str]:
+        """Environment variables the workers need beyond the launcher's own."""
+        return {}
+
+    # -- inside each worker -----------------------------------------------------------------------
+    def setup_worker(self, ctx) -> None:
+        """Run before the model is loaded and before the trainer arguments are built."""
+
+    def trainer_kwargs(self, ctx) -> dict:
+        """Trainer arguments this backend needs (override the stage's and the common ones)."""
+        return {}
+
+    def save_final(self, ctx, trainer, model, tokenizer) -> Path | None:
+        """Write final/ on the main process; every process calls this (gathering may be collective)."""
+        from recipeforge.outputs.export import save_pretrained_atomic
+
+        if ctx.dist.is_main:
+            save_pretrained_atomic(model, tokenizer, ctx.run.final)
+        return ctx.run.final
+
+    def runtime_report(self, trainer) -> dict:
+        """What really ran, seen from inside the worker: backend.json in the run directory."""
+        return _common_report(trainer)
+
+
+def _common_report(trainer) -> dict:
+    import torch.distributed as dist
+
+    state = trainer.accelerator.state
+    wrapped = getattr(trainer, "model_wrapped", None)
+    return {
+        "distributed_type": str(getattr(state.distributed_type, "value", state.distributed_type)),
+        "num_processes": state.num_processes,
+        "process_group_backend": dist.get_backend() if dist.is_available() and dist.is_initialized() else None,
+        "wrapper": type(wrapped).__name__ if wrapped is not None else None,
+        "device": str(state.device),
+    }
+
+
+def full_state_dict_save(ctx, model, tokenizer, state_dict: dict[str, Any] | None) -> Path:
+    """Write final/ from a gathered full state dict (main process only), atomically."""
+    import os
+    import shutil
+    import tempfile
+
+    out = ctx.run.final
+    if not ctx.dist.is_main:
+        return out
+    if state_dict is None:
+        raise RuntimeError("gathering the sharded weights returned nothing on the main process")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    config = getattr(model, "config", None)
+    cache_flag = getattr(config, "use_cache", None)
+    try:
+        if config is not None:
+            config.use_cache = True  # training switches the KV cache off; users of the model want it
+        model.save_pretrained(str(tmp), state_dict=state_dict, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        if config is not None and cache_flag is not None:
+            config.use_cache = cache_flag
+    return out

@@ -1,0 +1,100 @@
+"""FSDP2 through Accelerate's FSDP plugin: full / hybrid sharding, auto-wrap by decoder layer,
+activation checkpointing, CPU offload; sharded checkpoints, consolidated final/.
+
+GPU only. Accelerate switches to FSDP only from a GPU-kind distributed state (MULTI_GPU, ...); on the
+CPU its state is MULTI_CPU and the trainer silently runs plain DDP with every parameter whole. Rather
+than pretend, this backend refuses CPU plans (docs/backends.md explains; DeepSpeed ZeRO-3 shards on
+the CPU).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recipeforge.backends.base import TrainerBackend, _common_report, full_state_dict_save
+from recipeforge.errors import RecipeError
+
+
+class FSDPBackend(TrainerBackend):
+    """Fully sharded data parallel (FSDP2, ``fully_shard``) via Accelerate."""
+
+    name = "fsdp"
+
+    def check(self, plan, recipe) -> None:
+        super().check(plan, recipe)
+        if plan.device != "cuda":
+            raise RecipeError(
+                "the fsdp backend needs CUDA GPUs: Accelerate enables FSDP only on GPU devices, and on the CPU "
+                "it would silently train unsharded DDP replicas", key="distributed.backend",
+                hint="on the CPU use backend: deepspeed (ZeRO-3 shards over gloo) or ddp")
+        if recipe.adapter.type == "qlora":
+            raise RecipeError("QLoRA's 4-bit weights are not sharded by the fsdp backend", key="adapter.type",
+                              hint="use adapter.type: lora, or backend: deepspeed with preset zero2")
+
+    def plugin(self, plan, recipe) -> dict:
+        """Keyword arguments of Accelerate's ``FullyShardedDataParallelPlugin`` (the planner's)."""
+        from recipeforge.plan.artifacts import fsdp_plugin_config
+
+        return fsdp_plugin_config(plan, recipe)
+
+    def _hybrid(self, plan) -> bool:
+        return plan.preset == "fsdp_hybrid_shard" or bool(plan.extra.get("fsdp_sharding") == "hybrid_shard")
+
+    def accelerate_config(self, plan, recipe, run_dir: Path) -> dict:
+        p = self.plugin(plan, recipe)
+        fsdp = {"fsdp_version": 2,
+                "fsdp_auto_wrap_policy": p["auto_wrap_policy"],
+                "fsdp_reshard_after_forward": p["reshard_after_forward"],
+                "fsdp_offload_params": p["cpu_offload"],
+                "fsdp_state_dict_type": p["state_dict_type"],
+                "fsdp_cpu_ram_efficient_loading": p["cpu_ram_efficient_loading"],
+                "fsdp_activation_checkpointing": p["activation_checkpointing"]}
+        if p.get("transformer_cls_names_to_wrap"):
+            fsdp["fsdp_transformer_layer_cls_to_wrap"] = ",".join(p["transformer_cls_names_to_wrap"])
+        out = {"distributed_type": "FSDP", "fsdp_config": fsdp}
+        if self._hybrid(plan):
+            out["parallelism_config"] = {"parallelism_config_dp_replicate_size": plan.nodes,
+                                         "parallelism_config_dp_shard_size": plan.gpus_per_node}
+        return out
+
+    def trainer_kwargs(self, ctx) -> dict:
+        from transformers import TrainingArguments
+
+        p = self.plugin(ctx.plan, ctx.recipe)
+        config = {"version": 2, "auto_wrap_policy": p["auto_wrap_policy"],
+                  "reshard_after_forward": p["reshard_after_forward"], "cpu_offload": p["cpu_offload"],
+                  "state_dict_type": p["state_dict_type"],
+                  "cpu_ram_efficient_loading": p["cpu_ram_efficient_loading"],
+                  "activation_checkpointing": p["activation_checkpointing"]}
+        if p.get("transformer_cls_names_to_wrap"):
+            config["transformer_layer_cls_to_wrap"] = p["transformer_cls_names_to_wrap"]
+        # FSDP recomputes per wrapped layer itself; the trainer's own switch would add an all-gather.
+        ckpt = ("activation_checkpointing" if "activation_checkpointing" in TrainingArguments.__dataclass_fields__
+                else "gradient_checkpointing")
+        kwargs = {"fsdp": True, "fsdp_config": config, ckpt: False}
+        if self._hybrid(ctx.plan):
+            from accelerate import ParallelismConfig
+
+            kwargs["parallelism_config"] = ParallelismConfig(dp_replicate_size=ctx.plan.nodes,
+                                                             dp_shard_size=ctx.plan.gpus_per_node)
+        return kwargs
+
+    def save_final(self, ctx, trainer, model, tokenizer) -> Path | None:
+        # Collective: the shards are all-gathered into a full CPU state dict on the main process.
+        state_dict = trainer.accelerator.get_state_dict(trainer.model)
+        return full_state_dict_save(ctx, model, tokenizer, state_dict)
+
+    def runtime_report(self, trainer) -> dict:
+        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.tensor import DTensor
+
+        report = _common_report(trainer)
+        model = trainer.model
+        params = list(model.parameters())
+        report["fsdp_modules"] = sum(1 for m in model.modules() if isinstance(m, FSDPModule))
+        report["dtensor_params"] = sum(1 for p in params if isinstance(p, DTensor))
+        report["params"] = len(params)
+        report["local_param_elements"] = sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel()
+                                             for p in params)
+        report["full_param_elements"] = sum(p.numel() for p in params)
+        return report

@@ -1,0 +1,129 @@
+"""Inside a launched worker: the process group, the plan every rank agrees on, and barriers.
+
+A worker started by `recipeforge train`'s launcher reads the plan file named by ``RECIPEFORGE_PLAN``.
+A worker started directly (``torchrun -m recipeforge train x.yaml``) has no plan yet: rank 0 plans for
+the launcher's world and sends its plan to the others, so every rank runs rank 0's plan. Either way
+rank 0's plan is broadcast and compared, so nodes that disagree stop with a clear error instead of
+training with different batch splits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from recipeforge.errors import RecipeError
+
+# Plan fields every rank must agree on (memory figures may differ by a node's probed RAM).
+AGREE = ("backend", "preset", "device", "world_size", "data_parallel", "tensor_parallel", "pipeline_parallel",
+         "micro_batch_size", "gradient_accumulation", "global_batch_size", "zero_stage", "offload")
+
+
+def read_plan(path: Path):
+    """A `Plan` from its JSON file."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise RecipeError(f"cannot read the launch plan {path}: {exc}",
+                          hint="start the run with `recipeforge train` (it writes the plan before launching)") from None
+    return plan_from_dict(raw)
+
+
+def plan_from_dict(raw: dict):
+    """A `Plan` from its `to_dict()` form."""
+    from recipeforge.plan.types import Choice, Plan
+
+    raw = dict(raw)
+    raw["reasons"] = {k: Choice(**v) if isinstance(v, dict) else v for k, v in raw.get("reasons", {}).items()}
+    return Plan(**raw)
+
+
+def init_process_group(device: str) -> None:
+    """Join the launcher's process group (NCCL on GPUs, gloo on the CPU) before anything else, so the
+    run directory, the data cache and the plan can be coordinated with barriers."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend="nccl" if device == "cuda" else "gloo")
+
+
+def barrier() -> None:
+    """Wait for every process (no-op outside a process group)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def broadcast(obj, *, src: int = 0):
+    """Rank `src`'s `obj` on every rank (any picklable object)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def on_main(fn, dist_info, *, local: bool = False):
+    """Run `fn` on rank 0 (with `local`: on each machine's first rank) while the others wait; returns
+    its result there, None elsewhere. A failure is shared, so no rank is left waiting at a barrier:
+    the failing rank re-raises its error, the others stop with a `RecipeError` saying who failed."""
+    import torch.distributed as dist
+
+    here = dist_info.local_rank == 0 if local else dist_info.is_main
+    result, failure, error = None, None, None
+    if here:
+        try:
+            result = fn()
+        except BaseException as exc:  # noqa: BLE001 - shared with the other ranks, then re-raised
+            error = exc
+            failure = exc.problems if isinstance(exc, RecipeError) else f"{type(exc).__name__}: {exc}"
+    if not (dist.is_available() and dist.is_initialized()):
+        if error is not None:
+            raise error
+        return result
+    failures: list = [None] * dist.get_world_size()
+    dist.all_gather_object(failures, (dist.get_rank(), failure))
+    if error is not None:
+        raise error
+    failed = [(rank, f) for rank, f in failures if f is not None]
+    if failed:
+        rank, f = failed[0]
+        if isinstance(f, list):
+            raise RecipeError(f)  # the same user error, reported by every rank
+        raise RecipeError(f"rank {rank} failed while the others waited: {f}")
+    return result
+
+
+def agreed_plan(plan):
+    """Rank 0's plan on every rank; a rank whose own plan differs in a training-relevant field raises."""
+    mine = plan.to_dict() if plan is not None else None
+    ref = broadcast(mine)
+    if mine is not None:
+        diff = [k for k in AGREE if mine.get(k) != ref.get(k)]
+        if diff:
+            raise RecipeError("the nodes of this job planned differently: " +
+                              ", ".join(f"{k} {mine.get(k)} here, {ref.get(k)} on rank 0" for k in diff),
+                              key="hardware", hint="give every node the same recipe, overrides and launch flags")
+    return plan_from_dict(ref)
+
+
+def launched_world() -> tuple[int, int]:
+    """(nodes, processes per node) of the launcher that started this worker."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return max(1, world // max(1, local)), local
+
+
+def worker_device(recipe) -> str:
+    """cuda or cpu, decided without a plan (a directly launched worker needs it to join the group)."""
+    from recipeforge.plan import hardware_for
+
+    return hardware_for(recipe, None).device

@@ -1,0 +1,150 @@
+"""The plan for the processes a launch really starts (`plan_for_world`).
+
+On GPUs the planner already plans every GPU of the target; this module only narrows the target to
+what the command line or the launcher says (``--nnodes``, ``--nproc-per-node``, or the WORLD_SIZE a
+launcher such as torchrun set) and refuses contradictions.
+
+On a CPU-only target the planner plans one process. A multi-process CPU run (gloo) is asked for with
+``--nproc-per-node N`` (and ``--nnodes``), or by starting recipeforge under a launcher. The plan is then
+re-derived for that world here, so the plan stays the one place where world size and batch math
+live: ``micro_batch_size x gradient_accumulation x data_parallel == train.global_batch_size``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from recipeforge.backends.presets import deepspeed_preset, fsdp_preset, get_preset
+from recipeforge.errors import RecipeError
+from recipeforge.plan.types import Choice, Plan
+
+CPU_BACKENDS = ("ddp", "deepspeed", "fsdp")
+
+
+def plan_for_world(recipe, *, nnodes: int | None = None, nproc_per_node: int | None = None,
+                   hardware=None) -> Plan:
+    """Plan `recipe` for `nnodes` x `nproc_per_node` processes (None: what the target says)."""
+    from recipeforge.plan import hardware_for, make_plan
+
+    hw = hardware if hardware is not None else hardware_for(recipe, None)
+    if nproc_per_node is not None and nproc_per_node < 1:
+        raise RecipeError(f"--nproc-per-node must be >= 1 (got {nproc_per_node})")
+    if hw.device == "cuda":
+        return make_plan(recipe, _gpu_target(hw, nnodes, nproc_per_node))
+    nodes = nnodes or hw.nodes
+    per_node = nproc_per_node or 1
+    world = nodes * per_node
+    pinned = recipe.distributed.backend
+    if world == 1 and pinned != "deepspeed":
+        return make_plan(recipe, hw)
+    if pinned in ("single", "megatron"):
+        raise RecipeError(f"backend {pinned} runs one process on the CPU; {world} processes were asked for",
+                          key="distributed.backend",
+                          hint="use backend: ddp, deepspeed or auto for several CPU processes, or drop --nproc-per-node")
+    # The planner sizes one CPU process (and refuses DeepSpeed pins on a CPU target); plan that,
+    # then spread it over the world: memory per process only shrinks when the batch is split.
+    base = make_plan(_planner_view(recipe), hw)
+    return _spread(base, recipe, nodes=nodes, per_node=per_node)
+
+
+def _gpu_target(hw, nnodes: int | None, nproc_per_node: int | None):
+    if nnodes is not None and nnodes != hw.nodes:
+        if hw.source != "probe":
+            raise RecipeError(f"--nnodes {nnodes} contradicts the target {hw.describe()} ({hw.nodes} node(s))",
+                              key="hardware.nodes", hint="make hardware.nodes and --nnodes agree")
+        hw = replace(hw, nodes=nnodes)  # the probe sees one machine; the job spans several
+    if nproc_per_node is not None and nproc_per_node != hw.gpus_per_node:
+        if nproc_per_node > hw.gpus_per_node:
+            raise RecipeError(f"{nproc_per_node} processes per node asked for, but the target has "
+                              f"{hw.gpus_per_node} GPU(s) per node", key="hardware.gpus_per_node",
+                              hint="one process drives one GPU")
+        hw = replace(hw, gpus_per_node=nproc_per_node)
+    return hw
+
+
+def _planner_view(recipe):
+    """The recipe as the CPU planner accepts it: a DeepSpeed pin planned as DDP (same memory on one
+    process), settings that only DeepSpeed takes removed."""
+    d = recipe.distributed
+    if d.backend != "deepspeed":
+        return recipe
+    dist = d.model_copy(update={"backend": "ddp", "zero_stage": "auto", "preset": None, "offload": "auto"})
+    return recipe.model_copy(update={"distributed": dist})
+
+
+def _spread(base: Plan, recipe, *, nodes: int, per_node: int) -> Plan:
+    d, t = recipe.distributed, recipe.train
+    world = nodes * per_node
+    backend = d.backend if d.backend in CPU_BACKENDS else "ddp"
+    preset, zero, offload = None, None, "none"
+    if backend == "deepspeed":
+        if d.preset:
+            p = get_preset(d.preset, backend="deepspeed")
+            zero, offload = p.zero_stage, p.offload
+        else:
+            zero = d.zero_stage if d.zero_stage != "auto" else 2
+            offload = d.offload if d.offload not in ("auto",) else "none"
+        preset = deepspeed_preset(zero, offload)
+    elif backend == "fsdp":
+        if d.preset:
+            p = get_preset(d.preset, backend="fsdp")
+            sharding, offload = p.sharding, p.offload
+        else:
+            sharding, offload = d.fsdp_sharding, d.offload if d.offload != "auto" else "none"
+        preset = fsdp_preset(sharding, offload)
+    global_batch = t.global_batch_size
+    if global_batch % world:
+        raise RecipeError(f"global batch {global_batch} cannot be split over {world} processes",
+                          key="train.global_batch_size",
+                          hint=f"use a multiple of {world} (e.g. {world * max(1, round(global_batch / world))})")
+    per_rank = global_batch // world
+    if isinstance(t.micro_batch_size, int):
+        micro = t.micro_batch_size
+        if per_rank % micro:
+            raise RecipeError(f"global batch {global_batch} is not a multiple of micro batch {micro} x {world} "
+                              "processes", key="train.micro_batch_size",
+                              hint=f"use micro_batch_size: auto, or a divisor of {per_rank}")
+        micro_reason = "recipe sets it"
+    else:
+        # The single-process plan's micro batch fits in memory; any smaller one does too.
+        micro = max(b for b in range(1, min(per_rank, base.micro_batch_size) + 1) if per_rank % b == 0)
+        micro_reason = (f"auto: largest divisor of the per-process batch {per_rank} that is at most the "
+                        f"single-process choice {base.micro_batch_size}")
+    accumulation = per_rank // micro
+    where = f"{world} CPU processes ({nodes} node(s) x {per_node}, gloo)"
+    reasons = dict(base.reasons)
+    reasons["backend"] = Choice(backend, f"recipe pins it; {where}" if d.backend == backend
+                                else f"auto: replicas on {where}")
+    reasons["preset"] = Choice(preset, "from the recipe's distributed settings" if preset else "none for DDP")
+    reasons["data_parallel"] = Choice(world, f"{where}, from --nproc-per-node / the launcher")
+    reasons["micro_batch_size"] = Choice(micro, micro_reason)
+    reasons["gradient_accumulation"] = Choice(accumulation, f"global batch {global_batch} / (micro batch {micro} x "
+                                                            f"{world} data-parallel ranks)")
+    reasons["zero_stage"] = Choice(zero, "from the preset" if d.preset else
+                                   ("recipe pins it" if d.zero_stage != "auto" else
+                                    ("auto: ZeRO-2 (memory is not the constraint on the CPU)" if zero is not None
+                                     else "not DeepSpeed")))
+    reasons["offload"] = Choice(offload, "recipe pins it" if offload != "none" else "not needed")
+    extra = {**base.extra, "processes_per_node": per_node,
+             "warnings": list(base.extra.get("warnings", [])) +
+             ["memory figures are the one-process estimate; sharding only lowers them"]}
+    return replace(base, backend=backend, preset=preset, nodes=nodes, gpus_per_node=0, world_size=world,
+                   data_parallel=world, tensor_parallel=1, pipeline_parallel=1, micro_batch_size=micro,
+                   gradient_accumulation=accumulation, global_batch_size=micro * accumulation * world,
+                   zero_stage=zero, offload=offload, reasons=reasons, extra=extra)
+
+
+def processes_per_node(plan: Plan) -> int:
+    """Processes each node's launcher starts."""
+    if plan.device == "cuda":
+        return plan.gpus_per_node
+    return int(plan.extra.get("processes_per_node", max(1, plan.world_size // max(1, plan.nodes))))
+
+
+def check_world(plan: Plan, world_size: int) -> None:
+    """A launched job must have exactly the processes its plan was made for."""
+    if plan.world_size != world_size:
+        raise RecipeError(f"the launcher started {world_size} processes but the plan is for {plan.world_size}",
+                          key="distributed",
+                          hint="start `recipeforge train` without a launcher (it launches the plan's processes), "
+                               "or make the launcher's process count match the recipe's hardware")

@@ -1,0 +1,180 @@
+"""Two CPU processes over gloo, through the real launchers: DDP, DeepSpeed ZeRO-2 and ZeRO-3 train the tiny
+SFT recipe with the loss curve of one process (same global batch), final/ loads with plain transformers,
+resume from a ZeRO-3 sharded checkpoint continues exactly, ZeRO-3 with CPU optimizer and parameter
+offload matches too, and DPO runs on two processes.
+
+Each entry point is used once: `recipeforge train --nproc-per-node 2` (accelerate launch with a generated
+config file), `torchrun -m recipeforge train` and `accelerate launch -m recipeforge train` directly.
+DeepSpeed builds a small extension on first use (about a minute, once per machine: it is cached in
+~/.cache/recipeforge/torch_extensions, or $TORCH_EXTENSIONS_DIR).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[3]
+SFT = REPO / "examples" / "yaml" / "tiny" / "sft-full.yaml"
+DPO = REPO / "examples" / "yaml" / "tiny" / "dpo.yaml"
+BIN = Path(sys.executable).parent
+# Six steps of global batch 8 over 16 packed sequences: whole batches only (a ragged last batch is
+# padded with repeated samples under data parallelism, which one process does not do).
+VARIANT = ("train.max_steps=6", "train.micro_batch_size=auto", "train.logging_steps=1", "output.save_steps=3",
+           "data.val_size=0")
+needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed")
+TOL = 1e-3
+
+
+def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=900)
+    assert proc.returncode == 0, f"{cmd}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}"
+    return proc
+
+
+def _args(tiny, recipe: Path, run: Path, *overrides: str) -> list[str]:
+    return [str(recipe), f"output.dir={run}", f"data.cache_dir={tiny.cache_dir}", "logging.progress_bar=false",
+            *overrides]
+
+
+def recipeforge(tiny, recipe, run, *overrides, nproc=2):
+    return _run([sys.executable, "-m", "recipeforge", "train", *_args(tiny, recipe, run, *overrides),
+                 "--nproc-per-node", str(nproc)], run.parent)
+
+
+def _losses(tiny, run: Path) -> list[float]:
+    return tiny.values(run, "loss")
+
+
+def _observed(run: Path) -> dict:
+    return json.loads((run / "backend.json").read_text())["observed"]
+
+
+def _assert_same_curve(tiny, run: Path, reference: Path) -> None:
+    mine, ref = _losses(tiny, run), _losses(tiny, reference)
+    assert len(mine) == len(ref) == 6, (mine, ref)
+    assert mine == pytest.approx(ref, abs=TOL), (mine, ref)
+    assert mine[-1] < mine[0] - 0.5  # and it learns
+
+
+def _assert_final_matches(run: Path, reference: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(run / "final")     # plain transformers, no recipeforge
+    ref = AutoModelForCausalLM.from_pretrained(reference / "final")
+    mine, theirs = model.state_dict(), ref.state_dict()
+    assert mine.keys() == theirs.keys()
+    worst = max((mine[k].float() - theirs[k].float()).abs().max().item() for k in mine)
+    assert worst < 1e-3, worst
+    assert all(t.dtype == torch.float32 for t in mine.values())
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("multiprocess")
+
+
+@pytest.fixture(scope="module")
+def reference(tiny, workdir) -> Path:
+    """One process, same recipe and global batch: the curve every backend must reproduce."""
+    return tiny.train(str(SFT), workdir / "single", *VARIANT)
+
+
+def test_ddp_through_the_recipeforge_launcher(tiny, workdir, reference):
+    run = workdir / "ddp"
+    proc = recipeforge(tiny, SFT, run, *VARIANT, "distributed.backend=ddp")
+    assert "launching accelerate:" in proc.stderr and "--config_file" in proc.stderr
+    assert (run / "accelerate_config.yaml").is_file() and not (run / "deepspeed.json").exists()
+    plan = json.loads((run / "plan.json").read_text())
+    assert (plan["backend"], plan["world_size"], plan["micro_batch_size"] * plan["gradient_accumulation"]
+            * plan["data_parallel"]) == ("ddp", 2, 8)
+    seen = _observed(run)
+    assert (seen["distributed_type"], seen["num_processes"], seen["process_group_backend"], seen["ddp"]) == \
+        ("MULTI_CPU", 2, "gloo", True)
+    _assert_same_curve(tiny, run, reference)
+    _assert_final_matches(run, reference)
+    assert proc.stdout.count("run written to") == 1  # the launching command reports, not every worker
+
+
+@needs_deepspeed
+def test_zero2_launched_directly_by_torchrun(tiny, workdir, reference):
+    run = workdir / "zero2"
+    _run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "recipeforge", "train",
+          *_args(tiny, SFT, run, *VARIANT, "distributed.backend=deepspeed", "distributed.zero_stage=2")], workdir)
+    plan = json.loads((run / "plan.json").read_text())  # rank 0 planned for the launcher's world
+    assert (plan["backend"], plan["preset"], plan["world_size"], plan["micro_batch_size"]) == ("deepspeed", "zero2", 2, 4)
+    seen = _observed(run)
+    assert (seen["engine"], seen["zero_stage"], seen["num_processes"], seen["distributed_type"]) == \
+        ("DeepSpeedEngine", 2, 2, "DEEPSPEED")
+    assert seen["partitioned_params"] == 0
+    _assert_same_curve(tiny, run, reference)
+    _assert_final_matches(run, reference)
+
+
+@pytest.fixture(scope="module")
+def zero3(tiny, workdir) -> Path:
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("needs deepspeed")
+    run = workdir / "zero3"
+    recipeforge(tiny, SFT, run, *VARIANT, "distributed.backend=deepspeed", "distributed.zero_stage=3")
+    return run
+
+
+def test_zero3_shards_and_consolidates(tiny, zero3, reference):
+    ds = json.loads((zero3 / "deepspeed.json").read_text())
+    assert ds["zero_optimization"]["stage"] == 3 and ds["train_batch_size"] == 8
+    seen = _observed(zero3)
+    assert (seen["engine"], seen["zero_stage"], seen["num_processes"]) == ("DeepSpeedEngine", 3, 2)
+    # every parameter is partitioned: this rank holds half of the elements
+    assert seen["partitioned_params"] == 21 and seen["local_param_elements"] * 2 == seen["full_param_elements"]
+    _assert_same_curve(tiny, zero3, reference)
+    _assert_final_matches(zero3, reference)
+    shards = sorted(p.name for p in (zero3 / "checkpoints" / "checkpoint-3" / "global_step3").iterdir())
+    assert shards == [f"zero_pp_rank_{r}_mp_rank_00_{kind}_states.pt" for r in (0, 1) for kind in ("model", "optim")]
+
+
+def test_resume_from_a_zero3_sharded_checkpoint(tiny, workdir, zero3):
+    run = workdir / "zero3-resumed"
+    shutil.copytree(zero3, run)
+    shutil.rmtree(run / "checkpoints" / "checkpoint-6")
+    shutil.rmtree(run / "final")
+    proc = recipeforge(tiny, SFT, run, *VARIANT, "distributed.backend=deepspeed", "distributed.zero_stage=3")
+    assert f"resuming from {run / 'checkpoints' / 'checkpoint-3'}" in proc.stderr
+    assert [r["step"] for r in tiny.records(run, "train") if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    assert _losses(tiny, run) == pytest.approx(_losses(tiny, zero3), abs=1e-5)
+    _assert_final_matches(run, zero3)
+
+
+@needs_deepspeed
+def test_zero3_with_optimizer_and_parameter_offload(tiny, workdir, reference):
+    run = workdir / "zero3-offload"
+    recipeforge(tiny, SFT, run, *VARIANT, "distributed.backend=deepspeed", "distributed.preset=zero3_offload_params")
+    zero = json.loads((run / "deepspeed.json").read_text())["zero_optimization"]
+    assert zero["offload_optimizer"]["device"] == zero["offload_param"]["device"] == "cpu"
+    seen = _observed(run)
+    assert (seen["zero_stage"], seen["offload_optimizer"], seen["num_processes"]) == (3, True, 2)
+    _assert_same_curve(tiny, run, reference)
+    _assert_final_matches(run, reference)
+
+
+def test_dpo_on_two_processes_launched_by_accelerate(tiny, workdir):
+    single = tiny.train(str(DPO), workdir / "dpo-single", "train.max_steps=6", "train.micro_batch_size=auto",
+                        "train.logging_steps=1")
+    run = workdir / "dpo-ddp"
+    _run([str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", "0",
+          "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "recipeforge", "train",
+          *_args(tiny, DPO, run, "train.max_steps=6", "train.micro_batch_size=auto", "train.logging_steps=1")],
+         workdir)
+    seen = _observed(run)
+    assert (seen["num_processes"], seen["ddp"]) == (2, True)
+    assert _losses(tiny, run) == pytest.approx(_losses(tiny, single), abs=TOL)
+    assert (run / "final" / "adapter_model.safetensors").is_file()

@@ -1,0 +1,157 @@
+"""`recipeforge train --dry-run`: the exact launcher command, environment and generated files, for a
+2-node x 8-GPU plan; nothing is started or written, and torch is never imported."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from recipeforge.cli import main
+
+ROOT = Path(__file__).resolve().parents[3]
+RECIPE = ROOT / "examples" / "yaml" / "llama3-70b-full-sft.yaml"   # hardware: 2 nodes x 8 H100
+NODE = ["--nnodes", "2", "--node-rank", "1", "--master-addr", "10.1.2.3", "--master-port", "29555"]
+
+
+def dry_run(capsys, run_dir: Path, *overrides: str, recipe=RECIPE, flags=NODE) -> tuple[str, list[str], dict, dict]:
+    """Run the CLI; returns (plan line, command, environment, files by name)."""
+    code = main(["train", str(recipe), f"output.dir={run_dir}", *overrides, "--dry-run", *flags])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    plan_line, sections, name = out.splitlines()[0], {}, None
+    assert plan_line.startswith("# plan: ")
+    for line in out.splitlines()[1:]:
+        if line in ("# command", "# environment (added to the current one)") or line.startswith("# file "):
+            name, sections[line] = line, []
+        elif name is not None:
+            sections[name].append(line)
+    text = {k: "\n".join(v).strip() for k, v in sections.items()}
+    command = shlex.split(text["# command"])
+    env = dict(line.split("=", 1) for line in text["# environment (added to the current one)"].splitlines())
+    files = {Path(k[7:]).name: (Path(k[7:]), v) for k, v in text.items() if k.startswith("# file ")}
+    return plan_line, command, env, files
+
+
+def test_deepspeed_dry_run_for_two_nodes_of_eight_gpus(tmp_path, capsys, monkeypatch):
+    from recipeforge.backends.deepspeed import extensions_dir
+
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    run = tmp_path / "run"
+    # ZeRO-3 with the optimizer on the CPU: what the planner itself picks for this recipe and target.
+    plan_line, command, env, files = dry_run(capsys, run, "distributed.preset=zero3_offload")
+    assert plan_line.startswith("# plan: deepspeed (zero3_offload), 2 node(s) x 8 GPUs = 16 processes")
+    assert Path(command[0]).name == "accelerate" and command[1] == "launch"
+    assert command[2:4] == ["--config_file", str(run / "accelerate_config.yaml")]
+    assert command[4:10] == ["--machine_rank", "1", "--main_process_ip", "10.1.2.3", "--main_process_port", "29555"]
+    assert command[10:] == ["-m", "recipeforge", "train", str(RECIPE), f"output.dir={run}",
+                            "distributed.preset=zero3_offload"]
+    assert env["RECIPEFORGE_PLAN"] == str(run / "plan.json") and env["RECIPEFORGE_RUN_DIR"] == str(run)
+    # DeepSpeed's JIT-built extension is cached per machine, not per run
+    assert env["TORCH_EXTENSIONS_DIR"] == extensions_dir() and "OMP_NUM_THREADS" not in env
+    assert set(files) == {"plan.json", "deepspeed.json", "accelerate_config.yaml"}
+
+    acc = yaml.safe_load(files["accelerate_config.yaml"][1])
+    assert acc["distributed_type"] == "DEEPSPEED"
+    assert (acc["num_processes"], acc["num_machines"], acc["rdzv_backend"]) == (16, 2, "static")
+    assert acc["deepspeed_config"] == {"deepspeed_config_file": str(run / "deepspeed.json"), "zero3_init_flag": True,
+                                       "deepspeed_multinode_launcher": "standard"}
+    assert "mixed_precision" not in acc  # DeepSpeed takes precision from deepspeed.json only
+
+    ds = json.loads(files["deepspeed.json"][1])
+    assert ds["zero_optimization"]["stage"] == 3
+    assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * 16 == 128
+    zero = ds["zero_optimization"]
+    assert ds["bf16"]["enabled"] is True and zero["stage3_gather_16bit_weights_on_model_save"]
+    assert zero["offload_optimizer"] == {"device": "cpu", "pin_memory": True} and "offload_param" not in zero
+    # offloaded states are stepped by DeepSpeed's CPU Adam, with the trainer's settings
+    assert ds["optimizer"] == {"type": "AdamW", "params": {"lr": 5e-6, "betas": [0.9, 0.999], "eps": 1e-8,
+                                                           "weight_decay": 0.0}}
+    assert not run.exists()  # a dry run writes nothing
+
+
+def test_accelerate_reads_the_generated_config(tmp_path, capsys):
+    pytest.importorskip("accelerate")
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    run = tmp_path / "run"
+    eight_b = RECIPE.with_name("llama3-8b-full-sft.yaml")
+    _, _, _, files = dry_run(capsys, run, "hardware.nodes=2", "distributed.backend=fsdp",
+                             "distributed.preset=fsdp_hybrid_shard", "train.gradient_checkpointing=true",
+                             recipe=eight_b)
+    path = tmp_path / "accelerate_config.yaml"
+    path.write_text(files["accelerate_config.yaml"][1])
+    cfg = load_config_from_file(str(path))
+    assert cfg.distributed_type == "FSDP" and cfg.num_processes == 16 and cfg.num_machines == 2
+    assert cfg.mixed_precision == "bf16"
+    assert cfg.fsdp_config["fsdp_version"] == 2
+    assert cfg.fsdp_config["fsdp_transformer_layer_cls_to_wrap"] == "LlamaDecoderLayer"
+    assert cfg.fsdp_config["fsdp_state_dict_type"] == "SHARDED_STATE_DICT"
+    assert cfg.fsdp_config["fsdp_activation_checkpointing"] is True   # the recipe sets gradient_checkpointing
+    assert cfg.parallelism_config == {"parallelism_config_dp_replicate_size": 2, "parallelism_config_dp_shard_size": 8}
+
+
+def test_one_node_gets_a_free_port_and_a_cpu_world_splits_the_cores(tmp_path, capsys):
+    tiny = ROOT / "examples" / "yaml" / "tiny" / "sft-full.yaml"
+    code = main(["train", str(tiny), f"output.dir={tmp_path / 'run'}", "train.micro_batch_size=auto",
+                 "--dry-run", "--nproc-per-node", "2"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "# plan: ddp, 1 node(s) x 2 CPU processes = 2 processes; micro batch 4 x accumulation 1" in out
+    assert "--main_process_port 0 -m recipeforge train" in out
+    assert "OMP_NUM_THREADS=" in out and "distributed_type: MULTI_GPU" in out and "mixed_precision: 'no'" in out
+
+
+def test_single_process_dry_run_says_it_trains_in_place(tmp_path, capsys):
+    tiny = ROOT / "examples" / "yaml" / "tiny" / "sft-full.yaml"
+    assert main(["train", str(tiny), f"output.dir={tmp_path / 'run'}", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# plan: single") and "no launcher" in out
+
+
+def test_megatron_without_its_packages_names_the_extra(tmp_path, capsys):
+    from recipeforge.backends.megatron import megatron_installed
+
+    if megatron_installed():
+        pytest.skip("Megatron-Bridge is installed here")
+    pretrain = ROOT / "examples" / "yaml" / "pretrain-llama3-405b.yaml"
+    assert main(["train", str(pretrain), f"output.dir={tmp_path / 'run'}", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "megatron backend needs Megatron-Bridge" in err and "pip install 'recipeforge[megatron]'" in err
+
+
+def test_fsdp_on_the_cpu_is_refused_not_faked(tmp_path, capsys):
+    tiny = ROOT / "examples" / "yaml" / "tiny" / "sft-full.yaml"
+    code = main(["train", str(tiny), f"output.dir={tmp_path / 'run'}", "train.micro_batch_size=auto",
+                 "distributed.backend=fsdp", "--nproc-per-node", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "distributed.backend: the fsdp backend needs CUDA GPUs" in err
+    assert "silently" in err and "deepspeed" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_dry_run_and_slurm_script_import_no_torch(tmp_path):
+    code = textwrap.dedent(f"""
+        import sys
+        from recipeforge.cli import main
+        assert main(["train", {str(RECIPE)!r}, "output.dir={tmp_path / 'a'}", "--dry-run", "--nnodes", "2",
+                     "--node-rank", "0", "--master-addr", "h0"]) == 0
+        assert main(["launch", "--slurm", {str(RECIPE)!r}, "output.dir={tmp_path / 'b'}"]) == 0
+        heavy = sorted(m for m in ("torch", "transformers", "accelerate", "deepspeed") if m in sys.modules)
+        assert not heavy, heavy
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_a_multi_node_plan_needs_one_command_per_node(tmp_path, capsys):
+    assert main(["train", str(RECIPE), f"output.dir={tmp_path / 'run'}", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "hardware.nodes: the plan spans 2 nodes, and this command was started for 1" in err
+    assert "--nnodes/--node-rank/--master-addr" in err and "launch --slurm" in err
