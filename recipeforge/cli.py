@@ -34,7 +34,14 @@ def build_parser() -> argparse.ArgumentParser:
                "--debug (or RECIPEFORGE_DEBUG=1) shows tracebacks.")
     parser.add_argument("--version", action="version", version=f"recipeforge {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    parser.add_argument("--trust-code", action="store_true",
+                        help="allow the recipe to import Python code by dotted path (e.g. a reward my_mod:f); "
+                             "same as allow_code: true in the recipe")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("plugins", help="list plugin components by group: name, distribution, version, status")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_plugins)
 
     p = sub.add_parser("validate", help="check a recipe and report every problem with its file:line")
     _recipe_args(p)
@@ -103,6 +110,10 @@ def _load(args):
 
     loaded = load_recipe(args.recipe, args.overrides)
     args.loaded = loaded  # lets errors raised later (planner, data) point into the recipe
+    if args.command in ("validate", "plan", "train"):
+        from recipeforge.config.validate import check_components
+
+        check_components(loaded)
     return loaded
 
 
@@ -134,11 +145,20 @@ def cmd_schema(args) -> int:
     return 0
 
 
+def cmd_plugins(args) -> int:
+    from recipeforge.plugins import plugins_report, render_plugins
+
+    print(json.dumps(plugins_report(), indent=2, default=str) if args.json else render_plugins())
+    return 0
+
+
 def cmd_plan(args) -> int:
     from recipeforge.plan import hardware_for, make_plan, render_plan
 
     loaded = _load(args)
-    plan = make_plan(loaded.recipe, hardware_for(loaded.recipe, args.hardware))
+    from recipeforge.plugins import annotate_plan
+
+    plan = annotate_plan(make_plan(loaded.recipe, hardware_for(loaded.recipe, args.hardware)), loaded.recipe)
     print(json.dumps(plan.to_dict(), indent=2, default=str) if args.json else render_plan(plan))
     return 0
 
@@ -222,6 +242,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     debug = args.debug or os.environ.get("RECIPEFORGE_DEBUG", "") not in ("", "0")
+    if args.trust_code:  # read by the recipe loader and by whatever imports user code later
+        from recipeforge.registry import TRUST_ENV
+
+        os.environ[TRUST_ENV] = "1"
     func: Callable | None = getattr(args, "func", None)
     if func is None:
         parser.print_help()

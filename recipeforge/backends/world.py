@@ -23,7 +23,15 @@ CPU_BACKENDS = ("ddp", "deepspeed", "fsdp")
 
 def plan_for_world(recipe, *, nnodes: int | None = None, nproc_per_node: int | None = None,
                    hardware=None) -> Plan:
-    """Plan `recipe` for `nnodes` x `nproc_per_node` processes (None: what the target says)."""
+    """Plan `recipe` for `nnodes` x `nproc_per_node` processes (None: what the target says), with the
+    code-trust decision and the plugins it uses recorded in the plan."""
+    from recipeforge.plugins import annotate_plan
+
+    plan = _plan_for_world(recipe, nnodes=nnodes, nproc_per_node=nproc_per_node, hardware=hardware)
+    return annotate_plan(plan, recipe)
+
+
+def _plan_for_world(recipe, *, nnodes: int | None, nproc_per_node: int | None, hardware) -> Plan:
     from recipeforge.plan import hardware_for, make_plan
 
     hw = hardware if hardware is not None else hardware_for(recipe, None)

@@ -168,3 +168,23 @@ def test_plan_command_table_json_and_located_error(capsys):
 def test_plan_unknown_gpu_lists_known(capsys):
     assert main(["plan", "examples/yaml/qlora-70b.yaml", "--hardware", "8xH1OO-80GB"]) == 2
     assert "H100-80GB" in capsys.readouterr().err
+
+
+def test_plugins_command_lists_every_group(capsys):
+    assert main(["plugins"]) == 0
+    out = capsys.readouterr().out
+    for group in ("models", "kernels", "rollout_engines", "rewards", "formats", "backends"):
+        assert f"{group} (recipeforge.{group})" in out
+    assert main(["plugins", "--json"]) == 0
+    assert "rewards" in json.dumps(json.loads(capsys.readouterr().out)["groups"])
+
+
+def test_trust_code_flag_is_the_opt_in(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("RECIPEFORGE_TRUST_CODE", raising=False)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(MINIMAL.replace("sft", "grpo").replace("alpaca", "prompt")
+                      + "grpo: {num_generations: 4, rewards: [{name: 'my_rewards:score'}]}\n"
+                        "train: {global_batch_size: 8}\n")
+    assert main(["validate", str(recipe)]) == 2
+    assert "--trust-code" in capsys.readouterr().err
+    assert main(["--trust-code", "validate", str(recipe)]) == 0
