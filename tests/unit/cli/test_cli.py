@@ -180,7 +180,9 @@ def test_plugins_command_lists_every_group(capsys):
 
 
 def test_trust_code_flag_is_the_opt_in(tmp_path, capsys, monkeypatch):
-    monkeypatch.delenv("RECIPEFORGE_TRUST_CODE", raising=False)
+    # setenv first so that monkeypatch restores the variable (the flag sets it) after the test
+    monkeypatch.setenv("RECIPEFORGE_TRUST_CODE", "")
+    monkeypatch.delenv("RECIPEFORGE_TRUST_CODE")
     recipe = tmp_path / "r.yaml"
     recipe.write_text(MINIMAL.replace("sft", "grpo").replace("alpaca", "prompt")
                       + "grpo: {num_generations: 4, rewards: [{name: 'my_rewards:score'}]}\n"
