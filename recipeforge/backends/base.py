@@ -125,13 +125,14 @@ def _common_report(trainer) -> dict:
 
 def full_state_dict_save(ctx, model, tokenizer, state_dict: dict[str, Any] | None) -> Path:
     """Write final/ from a gathered full state dict (main process only), atomically."""
-    import os
-    import shutil
-    import tempfile
+    from recipeforge.outputs.export import save_pretrained_atomic
 
     out = ctx.run.final
     if not ctx.dist.is_main:
         return out
+    if state_dict is None:
+        raise RuntimeError("gathering the sharded weights returned nothing on the main process")
+    return save_pretrained_atomic(model, tokenizer, out, state_dict=state_dict)
     if state_dict is None:
         raise RuntimeError("gathering the sharded weights returned nothing on the main process")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -17,8 +17,9 @@ def is_peft(model) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "merge_and_unload")
 
 
-def save_pretrained_atomic(model, tokenizer, out: Path) -> Path:
-    """`save_pretrained` (safetensors) + tokenizer into `out`, replacing it only once fully written."""
+def save_pretrained_atomic(model, tokenizer, out: Path, state_dict: dict | None = None) -> Path:
+    """`save_pretrained` (safetensors) + tokenizer into `out`, replacing it only once fully written.
+    `state_dict`: weights gathered from a sharded model (ZeRO-3, FSDP) to write instead of the model's."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
@@ -27,7 +28,7 @@ def save_pretrained_atomic(model, tokenizer, out: Path) -> Path:
         if config is not None:
             config.use_cache = True  # training turns the KV cache off; users of the model want it on
         try:
-            model.save_pretrained(str(tmp), safe_serialization=True)
+            model.save_pretrained(str(tmp), state_dict=state_dict, safe_serialization=True)
         finally:
             if config is not None and cache_flag is not None:
                 config.use_cache = cache_flag
