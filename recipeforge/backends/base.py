@@ -133,25 +133,3 @@ def full_state_dict_save(ctx, model, tokenizer, state_dict: dict[str, Any] | Non
     if state_dict is None:
         raise RuntimeError("gathering the sharded weights returned nothing on the main process")
     return save_pretrained_atomic(model, tokenizer, out, state_dict=state_dict)
-    if state_dict is None:
-        raise RuntimeError("gathering the sharded weights returned nothing on the main process")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    config = getattr(model, "config", None)
-    cache_flag = getattr(config, "use_cache", None)
-    try:
-        if config is not None:
-            config.use_cache = True  # training switches the KV cache off; users of the model want it
-        model.save_pretrained(str(tmp), state_dict=state_dict, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(str(tmp))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        if config is not None and cache_flag is not None:
-            config.use_cache = cache_flag
-    return out
