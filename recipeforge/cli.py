@@ -70,7 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "worker under `accelerate launch -m recipeforge train` or `torchrun -m ...`.")
     _recipe_args(p)
     p.add_argument("--overwrite", action="store_true",
-                   help="allow writing into a run directory that holds another recipe's run")
+                   help="delete what the run directory holds (another run, or a finished one) and start over")
+    p.add_argument("--force", action="store_true",
+                   help="continue an earlier run of this directory although the recipe changed (the refusal "
+                        "without it lists the changes)")
     _launch_args(p)
     p.add_argument("--dry-run", action="store_true",
                    help="print the launch command, its environment and the generated files; start nothing")
@@ -184,7 +187,7 @@ def cmd_train(args) -> int:
                          master_addr=args.master_addr, master_port=args.master_port, dry_run=args.dry_run,
                          debug=args.debug or os.environ.get("RECIPEFORGE_DEBUG", "") not in ("", "0"))
     try:
-        run_dir = train(loaded, overwrite=args.overwrite, launch=opts)
+        run_dir = train(loaded, overwrite=args.overwrite, force=args.force, launch=opts)
     except LaunchFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.code if exc.code > 0 else EXIT_INTERNAL_ERROR

@@ -42,7 +42,8 @@ class LaunchFailed(Exception):
         self.code = code
 
 
-def train(loaded, *, overwrite: bool = False, plan=None, launch: LaunchOptions | None = None) -> Path | None:
+def train(loaded, *, overwrite: bool = False, force: bool = False, plan=None,
+          launch: LaunchOptions | None = None) -> Path | None:
     """Train `loaded` (a `config.LoadedRecipe`); returns the run directory (None for a dry run).
 
     Plans once (or takes `plan`) for the processes the command line asks for. One process trains
@@ -55,11 +56,11 @@ def train(loaded, *, overwrite: bool = False, plan=None, launch: LaunchOptions |
     _network_guards()
     dist = DistInfo.from_env()
     if dist.world_size > 1 or os.environ.get(PLAN_ENV):
-        return _train_worker(loaded, dist, overwrite=overwrite)
-    return _train_launching(loaded, plan, launch or LaunchOptions(), overwrite)
+        return _train_worker(loaded, dist, overwrite=overwrite, force=force)
+    return _train_launching(loaded, plan, launch or LaunchOptions(), overwrite, force)
 
 
-def _train_launching(loaded, plan, opts: LaunchOptions, overwrite: bool) -> Path | None:
+def _train_launching(loaded, plan, opts: LaunchOptions, overwrite: bool, force: bool) -> Path | None:
     """The command a user runs: plan, then train here or start the launcher (on every node)."""
     import tempfile
 
@@ -84,7 +85,7 @@ def _train_launching(loaded, plan, opts: LaunchOptions, overwrite: bool) -> Path
                                "or submit `recipeforge launch --slurm RECIPE`")
     run = RunDir(default_run_dir(recipe, Path(loaded.path)).absolute())
     if backend.launcher(plan) == "none" and not opts.dry_run:
-        return _train_here(loaded, plan, run, backend, overwrite)
+        return _train_here(loaded, plan, run, backend, overwrite, force)
     # Files of the main node go into the run directory; other nodes keep theirs node-local, so they
     # never touch what the main node prepares (or wipes with --overwrite).
     files_dir = None if cluster.is_main_node or opts.dry_run else Path(tempfile.mkdtemp(prefix="recipeforge-launch-"))
@@ -104,7 +105,7 @@ def _train_launching(loaded, plan, opts: LaunchOptions, overwrite: bool) -> Path
         print(f"# plan: {_plan_line(plan)}\n" + spec.render(), end="")
         return None
     if cluster.is_main_node:
-        _prepare_run(loaded, plan, run, overwrite=overwrite)
+        _prepare_run(loaded, plan, run, overwrite=overwrite, force=force)
     marker = run.root / USER_ERROR
     marker.unlink(missing_ok=True)
     code = run_launcher(spec, log=_log)
@@ -126,11 +127,11 @@ def _plan_line(plan) -> str:
             f"{plan.gradient_accumulation} x data parallel {plan.data_parallel} = global batch {plan.global_batch_size}")
 
 
-def _train_here(loaded, plan, run, backend, overwrite: bool) -> Path:
+def _train_here(loaded, plan, run, backend, overwrite: bool, force: bool) -> Path:
     """One process: prepare the run directory and train in this process."""
     from recipeforge.stages.base import DistInfo, _log
 
-    resume_from = _prepare_run(loaded, plan, run, overwrite=overwrite)
+    resume_from = _prepare_run(loaded, plan, run, overwrite=overwrite, force=force)
     _run(loaded, plan, run, backend, DistInfo(), resume_from)
     _log(f"done: {run.root}")
     return run.root
@@ -139,11 +140,11 @@ def _train_here(loaded, plan, run, backend, overwrite: bool) -> Path:
 USER_ERROR = ".user_error"  # a worker's RecipeError, for the launching command to report as one
 
 
-def _train_worker(loaded, dist, *, overwrite: bool) -> Path:
+def _train_worker(loaded, dist, *, overwrite: bool, force: bool) -> Path:
     """One rank of a launched job (see `_run_worker`); rank 0 leaves a user error for the launching
     command, which then exits as for any recipe mistake."""
     try:
-        return _run_worker(loaded, dist, overwrite=overwrite)
+        return _run_worker(loaded, dist, overwrite=overwrite, force=force)
     except RecipeError as exc:
         if dist.is_main and os.environ.get("RECIPEFORGE_RUN_DIR"):
             try:
@@ -156,7 +157,7 @@ def _train_worker(loaded, dist, *, overwrite: bool) -> Path:
         raise
 
 
-def _run_worker(loaded, dist, *, overwrite: bool) -> Path:
+def _run_worker(loaded, dist, *, overwrite: bool, force: bool) -> Path:
     """One rank of a launched job. Started by `recipeforge train`, it reads the plan named by
     RECIPEFORGE_PLAN (the run directory is ready). Started directly by a launcher, rank 0 plans for the
     launcher's world and prepares the run directory while the others wait."""
@@ -182,7 +183,7 @@ def _run_worker(loaded, dist, *, overwrite: bool) -> Path:
                                                 nproc_per_node=w.launched_world()[1]), dist)
         plan = w.agreed_plan(plan)
         check_world(plan, dist.world_size)
-        w.on_main(lambda: _prepare_run(loaded, plan, run, overwrite=overwrite), dist)
+        w.on_main(lambda: _prepare_run(loaded, plan, run, overwrite=overwrite, force=force), dist)
     check_world(plan, dist.world_size)
     backend = get_backend(plan.backend)
     backend.check(plan, recipe)
@@ -193,7 +194,7 @@ def _run_worker(loaded, dist, *, overwrite: bool) -> Path:
     return run.root
 
 
-def _prepare_run(loaded, plan, run, *, overwrite: bool) -> Path | None:
+def _prepare_run(loaded, plan, run, *, overwrite: bool, force: bool = False) -> Path | None:
     """Create (or check, or with `overwrite` wipe) the run directory and write the recipe, plan and
     environment; returns the checkpoint to resume from. Main process of the main node only."""
     from recipeforge.outputs import checkpoint
@@ -201,16 +202,19 @@ def _prepare_run(loaded, plan, run, *, overwrite: bool) -> Path | None:
     from recipeforge.outputs.run_dir import prepare
     from recipeforge.stages.base import _log
 
+    from recipeforge.outputs.run_guard import check_existing_run
+
     recipe = loaded.recipe
+    resolved = _resolved_for_run(loaded, run)
     # Everything that can refuse the run does so before the run directory is touched.
     if not overwrite:
-        _check_same_run(run, loaded)
+        check_existing_run(run, resolved, force=force)
     if recipe.output.resume not in ("auto", "never"):
         checkpoint.resume_checkpoint(recipe.output.resume, run.checkpoints)
     prepare(run, overwrite=overwrite, resume=recipe.output.resume)
     checkpoint.remove_incomplete(run.checkpoints)
     resume_from = checkpoint.resume_checkpoint(recipe.output.resume, run.checkpoints)
-    run.write_recipe(_resolved_for_run(loaded, run), Path(loaded.path))
+    run.write_recipe(resolved, Path(loaded.path))
     run.write_plan(plan)
     run.write_environment()
     writer = MetricsWriter(run.metrics)
@@ -333,26 +337,6 @@ def _resolved_for_run(loaded, run) -> dict:
                 data["data"][section][i]["path"] = str(found)
     data["output"]["dir"] = str(run.root)
     return data
-
-
-def _check_same_run(run, loaded) -> None:
-    """Refuse to continue a run directory that belongs to a different recipe (model, data, stage)."""
-    import yaml
-
-    if not run.resolved_recipe.is_file() or not run.has_results():
-        return
-    try:
-        old = yaml.safe_load(run.resolved_recipe.read_text()) or {}
-    except yaml.YAMLError:
-        return
-    from recipeforge.config.dump import resolved_data
-
-    new = resolved_data(loaded)
-    for key in ("stage", "model", "adapter"):
-        if old.get(key) != new.get(key):
-            raise RecipeError(f"run directory {run.root} holds a run of a different recipe ({key} differs)",
-                              key="output.dir",
-                              hint="pass --overwrite to start over, or set output.dir to a new directory")
 
 
 def _write_card(ctx, runner) -> None:

@@ -88,7 +88,10 @@ class RunDir:
             shutil.rmtree(self.root)
 
     def write_recipe(self, tree_data: dict, source: Path | None = None) -> None:
-        header = f"# Resolved from {source}\n" if source else ""
+        """resolved_recipe.yaml: the recipe as run, headed by its source and its hash (see run_guard)."""
+        from recipeforge.outputs.run_guard import HASH_HEADER, recipe_hash
+
+        header = (f"# Resolved from {source}\n" if source else "") + f"{HASH_HEADER}{recipe_hash(tree_data)}\n"
         text = yaml.safe_dump(tree_data, sort_keys=False, allow_unicode=True)
         _atomic_write(self.resolved_recipe, header + text)
 
