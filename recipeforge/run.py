@@ -146,12 +146,18 @@ def _train_worker(loaded, dist, *, overwrite: bool, force: bool) -> Path:
     try:
         return _run_worker(loaded, dist, overwrite=overwrite, force=force)
     except RecipeError as exc:
-        if dist.is_main and os.environ.get("RECIPEFORGE_RUN_DIR"):
+        from recipeforge.plan.oom import OutOfMemory
+
+        # Rank 0 reports recipe mistakes; running out of memory can happen on any rank.
+        if (dist.is_main or isinstance(exc, OutOfMemory)) and os.environ.get("RECIPEFORGE_RUN_DIR"):
             try:
                 from recipeforge.errors import locate_problems
 
                 located = locate_problems(exc, loaded.tree.locate) if getattr(loaded, "tree", None) else exc
-                (Path(os.environ["RECIPEFORGE_RUN_DIR"]) / USER_ERROR).write_text(located.render() + "\n")
+                marker = Path(os.environ["RECIPEFORGE_RUN_DIR"]) / USER_ERROR
+                tmp = marker.with_name(f"{USER_ERROR}.{os.getpid()}.tmp")  # ranks may report at once
+                tmp.write_text(located.render() + "\n")
+                os.replace(tmp, marker)
             except OSError:
                 pass
         raise
@@ -255,13 +261,21 @@ def _run_stage(ctx):
         from recipeforge.backends import worker as w
 
         w.on_main(lambda: _warm_data(runner_class(ctx.recipe.stage)(ctx)), ctx.dist, local=True)
-    runner.setup()
-    if ctx.dist.is_main and runner.data_stats:
-        MetricsWriter(ctx.run.metrics).write({"split": "data", "step": 0, **runner.data_stats})
-    runner.train()
-    if ctx.dist.is_main and ctx.plan.backend != "single":
-        _write_backend_report(ctx, runner)
-    runner.save()
+    try:
+        runner.setup()
+        if ctx.dist.is_main and runner.data_stats:
+            MetricsWriter(ctx.run.metrics).write({"split": "data", "step": 0, **runner.data_stats})
+        runner.train()
+        if ctx.dist.is_main and ctx.plan.backend != "single":
+            _write_backend_report(ctx, runner)
+        runner.save()
+    except Exception as exc:
+        from recipeforge.stages.oom import is_out_of_memory, out_of_memory_error
+
+        if not is_out_of_memory(exc):
+            raise
+        # Answered with the plan's numbers and what would fit, as any recipe that does not fit is.
+        raise out_of_memory_error(ctx, runner, exc) from None
     return runner
 
 

@@ -9,7 +9,8 @@ either a complete published checkpoint or a staging leftover that is never resum
 `RECIPEFORGE_FAULT=<point>:<step>` kills the process with SIGKILL at a named point, so crash safety can
 be tested reproducibly: ``step`` (during training, after <step> optimizer steps), ``save-partial`` (inside
 the save of <step>: weights written, optimizer not yet), ``save-staged`` (the whole checkpoint staged,
-not yet published), ``save-published`` (published, rotation not yet run).
+not yet published), ``save-published`` (published, rotation not yet run). ``oom`` raises PyTorch's
+out-of-memory error at <step> instead, so the runtime answer to it can be tested without a GPU.
 """
 
 from __future__ import annotations
@@ -37,6 +38,14 @@ def maybe_fault(point: str, step: int) -> None:
     """SIGKILL this process if `RECIPEFORGE_FAULT` names `point` at `step` (crash-safety tests)."""
     if _fault_point() == (point, step):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def maybe_fail_oom(step: int) -> None:
+    """Raise torch's out-of-memory error if `RECIPEFORGE_FAULT` is ``oom:<step>`` (tests of the OOM report)."""
+    if _fault_point() == ("oom", step):
+        import torch
+
+        raise torch.cuda.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 2.00 GiB (raised by {FAULT_ENV})")
 
 
 def write_marker(directory: Path, step: int) -> None:
@@ -89,6 +98,7 @@ def crash_safe(trainer_cls: type) -> type:
 
         def training_step(self, *args, **kwargs):
             maybe_fault("step", self.state.global_step)
+            maybe_fail_oom(self.state.global_step)
             return super().training_step(*args, **kwargs)
 
         def _save_optimizer_and_scheduler(self, output_dir):
