@@ -263,7 +263,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from recipeforge.errors import locate_problems
 
             exc = locate_problems(exc, loaded.tree.locate)
-        print(f"error: {exc.render()}", file=sys.stderr)
+        from recipeforge.config.secrets import scrub
+
+        print(f"error: {scrub(exc.render())}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -273,7 +275,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # an internal bug: short message, traceback with --debug
         if debug:
             raise
-        print(f"internal error: {type(exc).__name__}: {exc}\n(rerun with --debug for the traceback, "
+        from recipeforge.config.secrets import scrub
+
+        print(f"internal error: {type(exc).__name__}: {scrub(str(exc))}\n(rerun with --debug for the traceback, "
               f"and please report it)", file=sys.stderr)
         return EXIT_INTERNAL_ERROR
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from recipeforge.backends.cluster import DEFAULT_PORT
+from recipeforge.config.secrets import public
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ def write_sbatch(loaded, *, recipe: str, overrides: Sequence[str], options: Slur
     run_dir = default_run_dir(r, Path(loaded.path)).absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     flags = ["--nproc-per-node", str(processes_per_node(plan))] if plan.device != "cuda" else []
-    text = sbatch_script(job_name=r.name or Path(recipe).stem, nodes=plan.nodes,
+    text = sbatch_script(job_name=public(loaded, ("name",), r.name) or Path(recipe).stem, nodes=plan.nodes,
                          gpus_per_node=plan.gpus_per_node if plan.device == "cuda" else 0,
                          recipe=str(Path(recipe).absolute()), overrides=[*overrides, f"output.dir={run_dir}"],
                          run_dir=run_dir, options=options, port=port or DEFAULT_PORT, train_flags=flags)

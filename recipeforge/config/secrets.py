@@ -7,6 +7,7 @@ reach resolved_recipe.yaml, the model card, logs or plan output. Only the variab
 from __future__ import annotations
 
 import copy
+import os
 import re
 from typing import Any
 
@@ -44,3 +45,27 @@ def redact(data: Any, env_refs: dict[tuple, list[str]]) -> Any:
 def secret_values(env_refs: dict[tuple, list[str]], environ) -> list[str]:
     """The secret strings themselves (to scrub from free text such as logs)."""
     return [environ[n] for names in secret_paths(env_refs).values() for n in names if environ.get(n)]
+
+
+def is_secret_path(loaded, path: tuple) -> bool:
+    """Whether the recipe value at `path` came (wholly or partly) from a secret variable."""
+    return tuple(path) in secret_paths(getattr(loaded, "env_refs", None) or {})
+
+
+def public(loaded, path: tuple, value: Any, default: Any = None) -> Any:
+    """`value` (the recipe's value at `path`) for text that lands in files or trackers (run names,
+    titles), or `default` when it was read from a secret variable."""
+    return default if is_secret_path(loaded, path) else value
+
+
+MIN_SCRUB_LENGTH = 6  # shorter values ("1", "true") would blank out ordinary words
+
+
+def scrub(text: str, environ=None) -> str:
+    """`text` with the value of every secret-named environment variable replaced by its name; for
+    messages that may quote a value (an error about a key that was set from ``${env:HF_TOKEN}``)."""
+    environ = os.environ if environ is None else environ
+    for name, value in environ.items():
+        if len(value) >= MIN_SCRUB_LENGTH and is_secret_name(name) and value in text:
+            text = text.replace(value, f"<redacted: ${{env:{name}}}>")
+    return text

@@ -12,16 +12,18 @@ from recipeforge.outputs.metrics import read_metrics, series
 
 def render_model_card(*, recipe, recipe_data: dict, plan, data_stats: dict, run_dir: Path,
                       adapter: bool) -> str:
-    """The model card text."""
-    name = recipe.name or run_dir.name
+    """The model card text. Free text (name, description) comes from `recipe_data`, the redacted recipe,
+    so a value read from a secret variable never reaches the card."""
+    name = _text(recipe_data.get("name")) or run_dir.name
+    description = _text(recipe_data.get("description"))
     base = recipe.model.name_or_path
     tags = ["recipeforge", recipe.stage] + (["lora"] if adapter else [])
     front = {"library_name": "peft" if adapter else "transformers", "tags": tags, "pipeline_tag": "text-generation"}
     if not base.startswith("tiny:"):
         front["base_model"] = base
     lines = ["---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "", f"# {name}", ""]
-    if recipe.description:
-        lines += [recipe.description, ""]
+    if description:
+        lines += [description, ""]
     what = {"pretrain": "pretrained", "sft": "fine-tuned (SFT)", "dpo": "trained with DPO",
             "grpo": "trained with GRPO"}[recipe.stage]
     how = "LoRA adapters" if recipe.adapter.type == "lora" else \
@@ -46,6 +48,11 @@ def render_model_card(*, recipe, recipe_data: dict, plan, data_stats: dict, run_
     lines += ["## Recipe", "", "Reproduce with `recipeforge train resolved_recipe.yaml`.", "", "```yaml",
               yaml.safe_dump(recipe_data, sort_keys=False, allow_unicode=True).rstrip(), "```", ""]
     return "\n".join(lines)
+
+
+def _text(value) -> str | None:
+    """A card-worthy string, or None for a missing or redacted one."""
+    return value if isinstance(value, str) and value and not value.startswith("<redacted") else None
 
 
 def _results(run_dir: Path) -> list[str]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from recipeforge.config.secrets import public
 from recipeforge.errors import Location, RecipeError
 from recipeforge.outputs.run_dir import RunDir
 
@@ -312,7 +313,9 @@ class TrainerStage:
             load_best_model_at_end=t.load_best_model_at_end,
             metric_for_best_model=t.metric_for_best_model if t.load_best_model_at_end else None,
             report_to=report_to,
-            run_name=r.name or (self.ctx.loaded.path.stem if getattr(self.ctx.loaded, "path", None) else None),
+            # Run names reach trackers and training_args.bin: never one read from a secret variable.
+            run_name=public(self.ctx.loaded, ("name",), r.name)
+            or (self.ctx.loaded.path.stem if getattr(self.ctx.loaded, "path", None) else None),
             disable_tqdm=not (r.logging.progress_bar and self.ctx.dist.is_main),
             use_cpu=on_cpu,
             # Mixed precision only on GPUs; TRL configs default bf16=True, which CPUs refuse.
@@ -346,7 +349,7 @@ class TrainerStage:
             wandb_dir.mkdir(parents=True, exist_ok=True)
             env = {"WANDB_PROJECT": lg.wandb.project, "WANDB_MODE": lg.wandb.mode, "WANDB_DIR": str(wandb_dir),
                    "WANDB_CACHE_DIR": str(wandb_dir / "cache"), "WANDB_CONFIG_DIR": str(wandb_dir / "config"),
-                   "WANDB_DATA_DIR": str(wandb_dir / "data"), "WANDB_NAME": lg.wandb.name or run.root.name}
+                   "WANDB_DATA_DIR": str(wandb_dir / "data"), "WANDB_NAME": public(self.ctx.loaded, ("logging", "wandb", "name"), lg.wandb.name) or run.root.name}
             if lg.wandb.entity:
                 env["WANDB_ENTITY"] = lg.wandb.entity
             if lg.wandb.tags:
