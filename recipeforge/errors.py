@@ -144,6 +144,7 @@ def parse_key(key: str) -> tuple:
 def locate_problems(error: RecipeError, locate) -> RecipeError:
     """Fill in the location of keyed problems that have none (e.g. from the planner), using
     `locate(path) -> Location` (a recipe's provenance)."""
+    # Keys that are command-line options (--hardware) have no place in the recipe.
     fixed = [Problem(p.message, locate(parse_key(p.key)), p.key, p.hint)
-             if p.location is None and p.key else p for p in error.problems]
+             if p.location is None and p.key and not p.key.startswith("-") else p for p in error.problems]
     return RecipeError(fixed)

@@ -152,6 +152,8 @@ def prepare_lm_data(recipe, tokenizer, *, base_dir: Path | None, locate: Locate 
         finally:
             datasets.enable_progress_bars()
         status = list(out["status"])
+        if status and not any(s in (OK, TRUNCATED, SPLIT) for s in status):
+            raise _nothing_left(status, data)
         counts["truncated"] += status.count(TRUNCATED)
         counts["split_samples"] += status.count(SPLIT)
         counts["dropped_too_long"] += status.count(TOO_LONG)
@@ -179,6 +181,21 @@ def prepare_lm_data(recipe, tokenizer, *, base_dir: Path | None, locate: Locate 
         _save_cached(result, path)
         result.stats["cache"] = "miss"
     return result
+
+
+def _nothing_left(status: list, data) -> RecipeError:
+    """Every row of a dataset was filtered out: say by which rule, with the counts."""
+    too_long, no_target = status.count(TOO_LONG), status.count(NO_TARGET)
+    parts = []
+    if too_long:
+        parts.append(f"{too_long} longer than data.sequence_len ({data.sequence_len} tokens) with data.truncation: drop")
+    if no_target:
+        parts.append(f"{no_target} with no target tokens left to train on (the response is empty, or cut off by "
+                     "truncation)")
+    fixes = ["raise data.sequence_len"] + (["set data.truncation: truncate"] if too_long else []) + \
+        (["check that the response column is filled"] if no_target else [])
+    return RecipeError(f"all {len(status)} rows were dropped: " + "; ".join(parts),
+                       hint=", ".join(fixes[:-1]) + f" or {fixes[-1]}" if len(fixes) > 1 else fixes[0])
 
 
 def _packed(ids, labels, capacity):

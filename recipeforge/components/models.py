@@ -187,8 +187,13 @@ def load_model(name_or_path: str, tokenizer, *, device: str, dtype: str = "auto"
                                "machine, or tiny:llama for an offline model") from None
     except ValueError as exc:
         msg = _first_line(exc)
-        hint = ("set model.trust_remote_code: true if you trust this model's code"
-                if "trust_remote_code" in str(exc) else None)
+        if "trust_remote_code" in str(exc):
+            hint = "set model.trust_remote_code: true if you trust this model's code"
+        elif "does not recognize this architecture" in str(exc):
+            hint = ("this transformers version has no such model type: upgrade transformers, or set "
+                    "model.trust_remote_code: true for a model that ships its own code")
+        else:
+            hint = None
         raise RecipeError(f"cannot load model '{name_or_path}': {msg}", key="model.name_or_path",
                           location=location, hint=hint) from None
     if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:

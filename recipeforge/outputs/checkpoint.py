@@ -89,23 +89,3 @@ def resume_checkpoint(resume: str, directory: Path) -> Path | None:
                           key="output.resume",
                           hint="give a checkpoints/checkpoint-<step> directory of an earlier run, or use auto")
     return path
-
-
-def mark_complete(path: Path, step: int) -> None:
-    """Record that the trainer finished writing checkpoint `path`."""
-    if path.is_dir():
-        from recipeforge.outputs.atomic import write_marker
-
-        write_marker(path, step)
-
-
-def make_callback():
-    """A `TrainerCallback` that marks each checkpoint complete once it is saved (imports transformers)."""
-    from transformers import TrainerCallback
-
-    class CheckpointMarker(TrainerCallback):
-        def on_save(self, args, state, control, **kwargs):
-            if state.is_world_process_zero:
-                mark_complete(Path(args.output_dir) / f"{PREFIX}{state.global_step}", state.global_step)
-
-    return CheckpointMarker()

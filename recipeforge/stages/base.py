@@ -248,11 +248,12 @@ class TrainerStage:
         return lora_config(self.recipe.adapter) if self.recipe.adapter.type != "none" else None
 
     def callbacks(self) -> list:
-        """Metrics, checkpoint marking, tensorboard, plus any from the context."""
-        from recipeforge.outputs import checkpoint, metrics
+        """Metrics, tensorboard, plus any from the context. (Checkpoints are staged, marked complete and
+        published by the trainer itself: `outputs.atomic.crash_safe`.)"""
+        from recipeforge.outputs import metrics
 
         writer = metrics.MetricsWriter(self.ctx.run.metrics, enabled=self.ctx.dist.is_main)
-        cbs = [metrics.make_callback(writer, self.extra_log_sources), checkpoint.make_callback()]
+        cbs = [metrics.make_callback(writer, self.extra_log_sources)]
         if self.recipe.logging.tensorboard and self.ctx.dist.is_main:
             cbs.append(_tensorboard_callback(self.ctx.run.tensorboard))
         return cbs + list(self.ctx.callbacks)

@@ -21,6 +21,11 @@ data:
 """
 ROWS = '{"instruction": "What does the cow say?", "input": "", "output": "moo"}\n' * 4
 GRPO = OK.replace("sft", "grpo").replace("alpaca", "prompt")
+LIMITED = OK.split("data:")[0] + "data:\n  sequence_len: 16\n"   # shorter than any rendered row
+DATASETS = "  datasets:\n    - {path: rows.jsonl, format: alpaca}\n"
+# A complete config of a model type this transformers does not know.
+UNKNOWN_ARCH = ('{"model_type": "nonsense_arch", "vocab_size": 1024, "hidden_size": 64, "intermediate_size": 128, '
+                '"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}')
 
 
 def case(id, recipe=None, args=("validate", "r.yaml"), where="", message="", files=None, hint=""):
@@ -132,6 +137,31 @@ CASES = [
          message="has no rows"),
     case("data-unsupported", OK.replace("rows.jsonl", "rows.xlsx"), args=("preprocess", "r.yaml"),
          files={"rows.xlsx": "x"}, where="r.yaml:7:8", message="unsupported data file type '.xlsx'"),
+    case("data-all-too-long", LIMITED + "  truncation: drop\n" + DATASETS, args=("preprocess", "r.yaml"),
+         where="r.yaml:9:8", message="all 4 rows were dropped: 4 longer than data.sequence_len (16 tokens) with "
+                                     "data.truncation: drop", hint="set data.truncation: truncate"),
+    case("data-no-target-left", LIMITED + DATASETS, args=("preprocess", "r.yaml"), where="r.yaml:8:8",
+         message="all 4 rows were dropped: 4 with no target tokens left to train on",
+         hint="raise data.sequence_len or check that the response column is filled"),
+    case("model-unknown-architecture", OK.replace("tiny:llama", "./m\n  tokenizer: tiny:llama"),
+         args=("train", "r.yaml"), files={"m/config.json": UNKNOWN_ARCH}, where="r.yaml:3:3",
+         message="does not recognize this architecture", hint="upgrade transformers"),
+    # -- plugin names
+    case("unknown-rollout-engine", GRPO + "grpo: {rewards: [{name: length}], rollout: {engine: vlm}}\n",
+         where="r.yaml:8:45", message="unknown rollout engine 'vlm'", hint="did you mean 'vllm'?"),
+    case("unknown-reward", GRPO + "grpo: {rewards: [{name: lenght}]}\n", where="r.yaml:8:19",
+         message="unknown reward 'lenght'", hint="did you mean 'length'?"),
+    case("unknown-backend", OK, args=("validate", "r.yaml", "distributed.backend=megatorn"),
+         where="<cli distributed.backend=megatorn>", message="must be one of", hint="did you mean 'megatron'?"),
+    # -- command-line arguments and run directories
+    case("resume-not-a-checkpoint", OK + "output: {resume: /nope}\n", args=("train", "r.yaml"), where="r.yaml:8:10",
+         message="cannot resume from '/nope': not a complete checkpoint directory"),
+    case("nproc-zero", OK, args=("train", "r.yaml", "--nproc-per-node", "0"),
+         message="--nproc-per-node must be >= 1 (got 0)"),
+    case("hardware-no-gpus", OK, args=("plan", "r.yaml", "--hardware", "0xH100-80GB"), where="--hardware:",
+         message="needs at least one node and one GPU"),
+    case("merge-unfinished", None, args=("merge", "."), message="has no final/ model",
+         hint="train the recipe first"),
 ]
 
 
@@ -140,12 +170,16 @@ def test_bad_input(tmp_path, monkeypatch, capsys, files, args, where, message, h
     files = {"rows.jsonl": ROWS, **files}
     for name, text in files.items():
         if text is not None:
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp_path / name).write_bytes(text if isinstance(text, bytes) else text.encode())
     monkeypatch.chdir(tmp_path)
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    assert err.startswith("error: ")
+    # Commands that got as far as training log progress first; the error is the last thing said.
+    start = err.find("error: ")
+    assert start == 0 or (start > 0 and err[start - 1] == "\n"), err
+    err = err[start:]
     if where:
         lines = err.removeprefix("error: ").splitlines()
         assert any(line.startswith(where) for line in lines), err

@@ -8,6 +8,7 @@ import pytest
 
 from recipeforge.errors import RecipeError
 from recipeforge.outputs import checkpoint as ck
+from recipeforge.outputs.atomic import write_marker
 
 
 def _ckpt(root, step, *, state=True, weights=True, marker=False):
@@ -18,7 +19,7 @@ def _ckpt(root, step, *, state=True, weights=True, marker=False):
     if weights:
         (d / "model.safetensors").write_bytes(b"x")
     if marker:
-        ck.mark_complete(d, step)
+        write_marker(d, step)
     return d
 
 
