@@ -10,8 +10,10 @@ id that is neither local, tiny nor in the table.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
+import socket
 from pathlib import Path
 
 from recipeforge.components.models import models
@@ -141,12 +143,15 @@ def resolve_model(name_or_path: str, revision: str | None = None, *, allow_hub: 
             return spec_from_config(config, name_or_path), "hub config.json"
     else:
         why = "not a hub id"
+    ids = known_model_ids() + plugin_model_ids()
+    # The closest ids, or else one per organisation: a few examples, not the whole table.
+    close = difflib.get_close_matches(name_or_path, ids, n=6, cutoff=0.4) or \
+        list({i.split("/")[0]: i for i in reversed(ids)}.values())[::-1][:6]
     raise RecipeError(
         f"cannot size model '{name_or_path}': not a local directory, not a known id, and {why}",
         key="model.name_or_path",
-        hint=(did_you_mean(name_or_path, known_model_ids() + plugin_model_ids()) or "")
-        + " use a local directory with config.json, or a known id: "
-        + ", ".join(known_model_ids() + plugin_model_ids()))
+        hint=" ".join(filter(None, [did_you_mean(name_or_path, ids), "use a local directory with config.json, or one "
+                                    f"of the {len(ids)} known ids, e.g. " + ", ".join(close)])))
 
 
 def _known(name: str) -> str | None:
@@ -176,11 +181,33 @@ def _hub_config(repo_id: str, revision: str | None) -> tuple[dict | None, str]:
     if importlib.util.find_spec("huggingface_hub") is None:
         return None, "huggingface_hub is not installed"
     try:
-        from huggingface_hub import hf_hub_download  # noqa: PLC0415 - only when needed
+        from huggingface_hub import hf_hub_download, try_to_load_from_cache  # noqa: PLC0415 - only when needed
 
+        cached = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+        if isinstance(cached, str):
+            return _read_json(Path(cached)), ""
+        unreachable = _hub_unreachable()
+        if unreachable:
+            return None, unreachable
         return _read_json(Path(hf_hub_download(repo_id, "config.json", revision=revision))), ""
     except Exception as exc:  # offline, gated, missing: all mean "cannot size from the hub"
         return None, f"its config.json could not be fetched ({type(exc).__name__})"
+
+
+def _hub_unreachable(timeout: float = 3.0) -> str:
+    """Why the hub cannot be reached ("" when it can, or when a proxy decides). A quick connect first,
+    because the hub client retries a dead network with backoff for half a minute."""
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return ""
+    from urllib.parse import urlparse
+
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        return f"the hub ({host}) is not reachable from here ({exc.strerror or type(exc).__name__})"
+    return ""
 
 
 def _read_json(path: Path) -> dict:

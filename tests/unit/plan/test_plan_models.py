@@ -107,7 +107,22 @@ def test_unknown_id_offline_explains(monkeypatch):
         resolve_model("someone/unknown-model-7B")
     problem = err.value.problems[0]
     assert "HF_HUB_OFFLINE" in problem.message and problem.key == "model.name_or_path"
-    assert "meta-llama/Llama-3.1-8B" in problem.hint
+    assert "use a local directory with config.json, or one of the " in problem.hint
+    examples = problem.hint.split("e.g. ")[1].split(", ")
+    assert 1 <= len(examples) <= 6  # a few ids, not the whole table
+
+
+def test_unreachable_hub_is_reported_at_once(monkeypatch):
+    import time
+
+    for var in ("HF_HUB_OFFLINE", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
+    start = time.monotonic()
+    with pytest.raises(RecipeError) as err:
+        resolve_model("someone/unknown-model-7B")
+    assert "the hub (127.0.0.1) is not reachable from here" in err.value.problems[0].message
+    assert time.monotonic() - start < 10  # not the client's half-minute of retries
 
 
 def test_moe_structure():
