@@ -250,9 +250,11 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
             part["kv_cache"] = kv_cache_bytes(w, micro_batch * accumulation)
             if _shards_weights(layout):
                 part["generation_params"] = psi * c / mp  # the whole model is gathered to generate
-        else:
+        elif w.rollout.reserves_memory:
             part["rollout_engine"] = w.rollout.gpu_memory_utilization * gpu_memory
             notes.append(f"{w.rollout.engine} reserves {w.rollout.gpu_memory_utilization:.0%} of each GPU")
+        else:
+            notes.append(f"the memory of rollout engine {w.rollout.engine} is not estimated")
 
     part["runtime"] = (CUDA_RUNTIME + (NCCL_BUFFERS if layout.world_size > 1 else 0.0)) if gpu_memory else 0.0
 

@@ -33,6 +33,7 @@ class Rollout:
     gpu_memory_utilization: float     # vLLM's share of each GPU when colocated
     prompt_len: int
     completion_len: int
+    reserves_memory: bool = False     # colocated engine holding gpu_memory_utilization of each GPU (vLLM)
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ def build_workload(recipe, model: ModelSpec, hardware: Hardware) -> Workload:
         r = g.rollout
         rollout = Rollout(engine=r.engine, colocated=r.mode == "colocate",
                           gpu_memory_utilization=r.gpu_memory_utilization, prompt_len=prompt,
-                          completion_len=g.max_completion_length)
+                          completion_len=g.max_completion_length, reserves_memory=_engine_reserves(r.engine))
 
     lora_linears: tuple[Linear, ...] = ()
     save_params = 0
@@ -144,11 +145,29 @@ def build_workload(recipe, model: ModelSpec, hardware: Hardware) -> Workload:
             if short in ("embed_tokens", "wte", "embed_in", "lm_head", "embed_out"):
                 save_params += model.vocab_size * model.hidden_size
 
-    kernels = set(recipe.kernels)
+    liger = recipe.kernels.get("liger")
+    fused_loss = liger is not None and liger.get("fused_linear_cross_entropy") is not False \
+        and not liger.get("cross_entropy")
+    fused_kernels = liger is not None and not (liger.get("rms_norm") is False and liger.get("swiglu") is False)
     return Workload(
         model=model, stage=recipe.stage, dtype=dtype, adapter=adapter.type, optimizer=recipe.train.optimizer,
         attention=attention, seq_len=seq, logit_tokens=logit_tokens, sequences_per_sample=per_sample,
         lora_rank=adapter.r if adapter.type != "none" else 0, lora_linears=lora_linears,
         lora_dropout=adapter.dropout, lora_dora=adapter.use_dora, modules_to_save_params=save_params,
         quant_bits=adapter.quant.bits, double_quant=adapter.quant.double_quant, reference_model=reference,
-        rollout=rollout, fused_loss="liger" in kernels, fused_kernels="liger" in kernels, notes=tuple(notes))
+        rollout=rollout, fused_loss=fused_loss, fused_kernels=fused_kernels, notes=tuple(notes))
+
+
+def _engine_reserves(engine: str) -> bool:
+    """Whether a colocated rollout engine holds a share of each GPU: as its plugin declares, or, when
+    planning on a machine without that plugin, as vLLM (the one engine known to) does."""
+    if engine == "hf":
+        return False
+    from recipeforge.components.rollout import rollout_engines
+
+    if rollout_engines.has(engine):
+        try:
+            return bool(rollout_engines.get(engine).reserves_gpu_memory)
+        except Exception:  # a broken plugin is reported by validation; size it like vLLM meanwhile
+            pass
+    return engine == "vllm"

@@ -115,7 +115,8 @@ def test_dpo_and_reference_model():
 
 
 def test_grpo_rollout_memory():
-    rollout = Rollout(engine="vllm", colocated=True, gpu_memory_utilization=0.3, prompt_len=512, completion_len=256)
+    rollout = Rollout(engine="vllm", colocated=True, gpu_memory_utilization=0.3, prompt_len=512, completion_len=256,
+                      reserves_memory=True)
     w = workload(stage="grpo", seq_len=768, logit_tokens=256, rollout=rollout)
     vllm = estimate(w, SINGLE, 1, True, gpu_memory=H100)
     assert vllm.components["rollout_engine"] == pytest.approx(0.3 * H100)
@@ -124,6 +125,52 @@ def test_grpo_rollout_memory():
     assert hf.components["kv_cache"] == 8 * 768 * 32 * 2 * 1024 * 2
     server = estimate(replace(w, rollout=replace(rollout, colocated=False)), SINGLE, 1, True, gpu_memory=H100)
     assert server.components["rollout_engine"] == 0 and server.components["kv_cache"] == 0
+    # A colocated plugin engine that declares no reservation holds no vLLM share (and is noted as unsized).
+    own = estimate(replace(w, rollout=replace(rollout, engine="mine", reserves_memory=False)), SINGLE, 1, True,
+                   gpu_memory=H100)
+    assert own.components["rollout_engine"] == 0
+    assert "the memory of rollout engine mine is not estimated" in own.notes
+
+
+def test_rollout_reservation_comes_from_the_engine(recipe, monkeypatch):
+    from recipeforge.components.rollout import RolloutEngineSpec, rollout_engines
+    from recipeforge.plan.workload import build_workload
+    from recipeforge.plan.catalog import resolve_model
+    from recipeforge.plan.hardware import parse_hardware
+
+    spec, _ = resolve_model("Qwen/Qwen2.5-7B")
+    hw = parse_hardware("1xH100-80GB")
+
+    def reserves(engine: str) -> bool:
+        r = recipe("Qwen/Qwen2.5-7B", "grpo", grpo={"rollout": {"engine": engine}})
+        return build_workload(r, spec, hw).rollout.reserves_memory
+
+    assert reserves("hf") is False
+    assert reserves("vllm") is True  # sized like vLLM even where its plugin is not installed
+    # A plugin engine that holds no share of the GPU (registered for this test only).
+    monkeypatch.setattr(rollout_engines, "_entries", dict(rollout_engines._entries))
+    monkeypatch.setattr(rollout_engines, "_raw", dict(rollout_engines._raw))
+    rollout_engines.register("quiet_engine", RolloutEngineSpec("quiet_engine", lambda r, o, d: {}))
+    assert reserves("quiet_engine") is False
+
+
+def test_liger_options_decide_what_is_fused(recipe):
+    from recipeforge.plan.workload import build_workload
+    from recipeforge.plan.catalog import resolve_model
+    from recipeforge.plan.hardware import parse_hardware
+
+    spec, _ = resolve_model("meta-llama/Llama-3.1-8B")
+    hw = parse_hardware("1xH100-80GB")
+
+    def fused(kernels):
+        w = build_workload(recipe("meta-llama/Llama-3.1-8B", kernels=kernels), spec, hw)
+        return w.fused_loss, w.fused_kernels
+
+    assert fused({}) == (False, False)
+    assert fused({"liger": {}}) == (True, True)
+    assert fused({"liger": {"fused_linear_cross_entropy": False}}) == (False, True)
+    assert fused({"liger": {"cross_entropy": True}}) == (False, True)
+    assert fused({"liger": {"rms_norm": False, "swiglu": False}}) == (True, False)
 
 
 def test_peak_takes_the_larger_phase():
