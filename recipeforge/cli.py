@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     _recipe_args(p)
     p.add_argument("--hardware", help="plan for this hardware instead of this machine: 8xH100-80GB, "
                                       "2x8xA100-80GB (nodes x gpus), cpu")
+    p.add_argument("--nproc-per-node", type=int,
+                   help="plan for this many processes per node, as `train --nproc-per-node` (CPU runs over gloo)")
+    p.add_argument("--nnodes", type=int, help="plan for this many nodes, as `train --nnodes`")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=cmd_plan)
 
@@ -156,12 +159,13 @@ def cmd_plugins(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from recipeforge.plan import hardware_for, make_plan, render_plan
+    from recipeforge.backends.world import plan_for_world
+    from recipeforge.plan import hardware_for, render_plan
 
     loaded = _load(args)
-    from recipeforge.plugins import annotate_plan
-
-    plan = annotate_plan(make_plan(loaded.recipe, hardware_for(loaded.recipe, args.hardware)), loaded.recipe)
+    # The same planning `train` does for the same process layout.
+    plan = plan_for_world(loaded.recipe, nnodes=args.nnodes, nproc_per_node=args.nproc_per_node,
+                          hardware=hardware_for(loaded.recipe, args.hardware))
     print(json.dumps(plan.to_dict(), indent=2, default=str) if args.json else render_plan(plan))
     return 0
 

@@ -165,6 +165,20 @@ def test_plan_command_table_json_and_located_error(capsys):
     assert "does not fit" in err and "adapter.type: qlora" in err
 
 
+def test_plan_takes_the_process_layout_train_takes(capsys):
+    tiny = "examples/yaml/tiny/sft-full.yaml"
+    assert main(["plan", tiny, "--nproc-per-node", "2", "--json"]) == 2  # the tiny recipes pin micro batch 8 of 8
+    assert "global batch 8 is not a multiple of micro batch 8 x 2 processes" in capsys.readouterr().err
+    assert main(["plan", tiny, "train.micro_batch_size=auto", "--nproc-per-node", "2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["backend"], data["world_size"], data["data_parallel"]) == ("ddp", 2, 2)
+    assert data["micro_batch_size"] * data["gradient_accumulation"] * 2 == data["global_batch_size"]
+    # DeepSpeed runs on CPU processes (gloo) under `train`; `plan` says the same.
+    assert main(["plan", tiny, "distributed.backend=deepspeed", "train.micro_batch_size=auto", "--nproc-per-node", "2",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["backend"] == "deepspeed"
+
+
 def test_plan_unknown_gpu_lists_known(capsys):
     assert main(["plan", "examples/yaml/qlora-70b.yaml", "--hardware", "8xH1OO-80GB"]) == 2
     assert "H100-80GB" in capsys.readouterr().err
