@@ -195,6 +195,7 @@ def _run_worker(loaded, dist, *, overwrite: bool, force: bool) -> Path:
     backend.check(plan, recipe)
     resume_from = checkpoint.resume_checkpoint(recipe.output.resume, run.checkpoints)
     _run(loaded, plan, run, backend, dist, resume_from)
+    w.finish()
     if dist.is_main:
         _log(f"done: {run.root}")
     return run.root

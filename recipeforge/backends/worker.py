@@ -60,6 +60,18 @@ def barrier() -> None:
         dist.barrier()
 
 
+def finish() -> None:
+    """End a worker's run together: wait until every rank (the main one writing final/, the merge and
+    the model card) is done, then leave the process group. A rank that simply exited while others
+    still worked would tear its communication threads down mid-run, abort, and make the launcher stop
+    the whole job."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def broadcast(obj, *, src: int = 0):
     """Rank `src`'s `obj` on every rank (any picklable object)."""
     import torch.distributed as dist
