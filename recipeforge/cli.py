@@ -30,7 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="recipeforge",
         description="Train LLMs from one declarative YAML recipe: validate it, plan the distributed "
                     "backend and memory, and run pretrain / SFT / DPO / GRPO on the Hugging Face stack.",
-        epilog="Exit codes: 0 ok, 2 problem in the input (recipe, data, arguments), 1 internal error. "
+        epilog="Exit codes: 0 ok, 2 problem in the input (recipe, data, arguments, a run directory in use), "
+               "1 internal error, 75 training stopped by SIGTERM/SIGUSR1/Ctrl-C after saving a checkpoint (run "
+               "the same command again to resume), 130 aborted by a second Ctrl-C. "
                "--debug (or RECIPEFORGE_DEBUG=1) shows tracebacks.")
     parser.add_argument("--version", action="version", version=f"recipeforge {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
@@ -70,7 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="plan and run a recipe; writes the run directory",
                        description="Plan the recipe, then train in this process or start the backend's launcher "
                                    "(accelerate launch / torchrun) with the plan's process count. Also runs as a "
-                                   "worker under `accelerate launch -m recipeforge train` or `torchrun -m ...`.")
+                                   "worker under `accelerate launch -m recipeforge train` or `torchrun -m ...`.",
+                       epilog="SIGTERM, SIGUSR1 or a first Ctrl-C: every process finishes its step, a checkpoint "
+                              "is saved, and train exits with 75; the same command resumes. A second Ctrl-C "
+                              "aborts (exit 130). One run per output.dir: a second train into a directory in "
+                              "use exits with 2.")
     _recipe_args(p)
     p.add_argument("--overwrite", action="store_true",
                    help="delete what the run directory holds (another run, or a finished one) and start over")
@@ -116,6 +122,9 @@ def _load(args):
 
     loaded = load_recipe(args.recipe, args.overrides)
     args.loaded = loaded  # lets errors raised later (planner, data) point into the recipe
+    from recipeforge.config.load import check_finite_numbers
+
+    check_finite_numbers(loaded.recipe.model_dump(), loaded.tree.locate)  # '1e999' or 'nan' for a number
     if args.command in ("validate", "plan", "train"):
         from recipeforge.config.validate import check_components
 
@@ -126,7 +135,10 @@ def _load(args):
 def cmd_validate(args) -> int:
     loaded = _load(args)
     r = loaded.recipe
-    print(f"ok: {args.recipe} is a valid {r.stage} recipe (model {r.model.name_or_path}, adapter {r.adapter.type})")
+    from recipeforge.errors import bounded_text
+
+    print(bounded_text(f"ok: {args.recipe} is a valid {r.stage} recipe (model {r.model.name_or_path}, "
+                       f"adapter {r.adapter.type})"))
     return 0
 
 
@@ -159,14 +171,20 @@ def cmd_plugins(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from recipeforge.backends.world import plan_for_world
     from recipeforge.plan import hardware_for, render_plan
+    from recipeforge.plan.world import plan_for_world
 
     loaded = _load(args)
     # The same planning `train` does for the same process layout.
     plan = plan_for_world(loaded.recipe, nnodes=args.nnodes, nproc_per_node=args.nproc_per_node,
                           hardware=hardware_for(loaded.recipe, args.hardware))
-    print(json.dumps(plan.to_dict(), indent=2, default=str) if args.json else render_plan(plan))
+    from recipeforge.components.data_checks import check_plan_numbers
+
+    check_plan_numbers(plan)
+    from recipeforge.errors import redact_url_credentials
+
+    print(redact_url_credentials(json.dumps(plan.to_dict(), indent=2, default=str)) if args.json
+          else render_plan(plan))
     return 0
 
 
@@ -190,11 +208,25 @@ def cmd_train(args) -> int:
                          nproc_per_node=args.nproc_per_node, nnodes=args.nnodes, node_rank=args.node_rank,
                          master_addr=args.master_addr, master_port=args.master_port, dry_run=args.dry_run,
                          debug=args.debug or os.environ.get("RECIPEFORGE_DEBUG", "") not in ("", "0"))
+    from recipeforge.stages.preemption import EXIT_PREEMPTED, Preempted
+
     try:
         run_dir = train(loaded, overwrite=args.overwrite, force=args.force, launch=opts)
     except LaunchFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.code if exc.code > 0 else EXIT_INTERNAL_ERROR
+    except Preempted as stop:
+        if os.environ.get("RECIPEFORGE_PLAN"):
+            return 0  # a launched worker: the launching command reports (and exits 75)
+        if int(os.environ.get("RANK", "0")) == 0:
+            import shlex
+
+            from recipeforge.errors import redact_url_credentials
+
+            again = redact_url_credentials(shlex.join(["recipeforge", "train", args.recipe, *args.overrides]))
+            print(f"[recipeforge] {stop.describe()}\n[recipeforge] to continue, run the same command again "
+                  f"(it resumes from the newest checkpoint): {again}", file=sys.stderr)
+        return EXIT_PREEMPTED
     if run_dir is None:  # --dry-run printed the launch
         return 0
     if os.environ.get("RECIPEFORGE_PLAN") or int(os.environ.get("RANK", "0")) != 0:
@@ -280,8 +312,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             raise
         from recipeforge.config.secrets import scrub
+        from recipeforge.outputs.preflight import write_failure
 
-        print(f"internal error: {type(exc).__name__}: {scrub(str(exc))}\n(rerun with --debug for the traceback, "
+        failure = write_failure(exc)  # a full disk, a read-only or forbidden path: the user's to fix
+        if failure is not None:
+            print(f"error: {scrub(failure.render())}", file=sys.stderr)
+            return EXIT_USER_ERROR
+
+        from recipeforge.errors import bounded_text
+
+        print(f"internal error: {type(exc).__name__}: {bounded_text(scrub(str(exc)))}\n(rerun with --debug for the traceback, "
               f"and please report it)", file=sys.stderr)
         return EXIT_INTERNAL_ERROR
 

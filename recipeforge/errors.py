@@ -9,10 +9,18 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 Path = tuple  # a key path into a recipe: ("data", "datasets", 0, "format")
+
+# Bounds on what a message may echo of user input (a value, a key, a file's contents): a hostile or
+# mistaken value (a password, a whole file pulled in by `extends:`, a megabyte string) must never be
+# copied into the terminal or a log in full. Every rendered message goes through `bounded_text`.
+MAX_EXCERPT = 60       # characters of one quoted value
+MAX_LINE = 400         # characters of one message line
+MAX_PROBLEMS = 30      # problems rendered in full; the rest are counted
 
 
 @dataclass(frozen=True)
@@ -24,7 +32,11 @@ class Location:
     col: int | None = None
 
     def render(self) -> str:
-        name = _display_path(self.file)
+        name = bounded_text(_display_path(self.file).replace("\n", "\\n"), MAX_LINE // 2)
+        if name.startswith("<cli ") and len(name) > MAX_EXCERPT + 6:  # <cli key=VALUE>: a short excerpt only
+            name = name[:MAX_EXCERPT + 5] + "...>"
+        elif name.startswith("<") and len(name) > MAX_LINE // 4:  # <env NAME>
+            name = name[:MAX_LINE // 4] + "...>"
         if self.line is None:
             return name
         if self.col is None:
@@ -46,11 +58,18 @@ class Problem:
         if self.location is not None:
             head.append(self.location.render())
         if self.key:
-            head.append(self.key)
+            key = bounded_text(self.key.replace("\n", "\\n"))
+            head.append(key if len(key) <= MAX_EXCERPT else key[:MAX_EXCERPT - 3] + "...")
         prefix = " ".join(head)
-        line = f"{prefix}: {self.message}" if prefix else self.message
+        message = bounded_text(self.message)
+        if self.key and is_secret_key(self.key):
+            # The value of a key named like a password never shows, not even in a "(got ...)" part;
+            # the key's own name may.
+            name = _last_part(self.key)
+            message = _QUOTED.sub(lambda m: m.group(0) if m.group(0)[1:-1] == name else "'***'", message)
+        line = f"{prefix}: {message}" if prefix else message
         if self.hint:
-            line += f"\n  hint: {self.hint}"
+            line += f"\n  hint: {bounded_text(self.hint)}"
         return line
 
 
@@ -71,13 +90,75 @@ class RecipeError(Exception):
 
     def render(self) -> str:
         """All problems, one block each; a count header when there are several."""
-        body = "\n".join(p.render() for p in self.problems)
+        body = "\n".join(p.render() for p in self.problems[:MAX_PROBLEMS])
+        if len(self.problems) > MAX_PROBLEMS:
+            body += f"\n... and {len(self.problems) - MAX_PROBLEMS} more"
         if len(self.problems) > 1:
             return f"{len(self.problems)} problems:\n{body}"
         return body
 
     def __str__(self) -> str:  # dataclass would otherwise override Exception.__str__
         return self.render()
+
+
+# A URL's userinfo (`scheme://user:password@host`); the scheme keeps it from matching e-mail addresses.
+_URL_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)([^\s/?#@'\"]*)@")
+# A quoted value in a message, as repr() writes it.
+_QUOTED = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
+# Key names whose value is a credential: hf_token, hub_token, api_key, apikey, db_password, secret, ...
+# `token` only as the last word and not a tokenizer's special token: hf_token, hub_token, access_token
+# are credentials; tokenizer, max_tokens, pad_token and pad_token_id are not.
+_SECRET_KEY = re.compile(r"secret|passw(or)?d|api_?key|access_?key|private_?key|credential|"
+                         r"(^|_)(?<!pad_)(?<!eos_)(?<!bos_)(?<!unk_)(?<!sep_)(?<!cls_)(?<!mask_)token$", re.IGNORECASE)
+
+
+def is_secret_key(key: Any) -> bool:
+    """Whether a recipe key's name (its last part, for a dotted key) says its value is a credential."""
+    return isinstance(key, str) and bool(_SECRET_KEY.search(_last_part(key)))
+
+
+def _last_part(key: str) -> str:
+    return re.split(r"[.\[]", key.rstrip("]"))[-1] if "." in key or "[" in key else key
+
+
+def redact_url_credentials(text: str) -> str:
+    """`text` with the userinfo of every URL in it hidden: ``http://user:***@host``, ``https://***@host``."""
+    def hide(match: re.Match) -> str:
+        user, sep, _ = match.group(2).partition(":")
+        return f"{match.group(1)}{user}:***@" if sep else f"{match.group(1)}***@"
+    return _URL_USERINFO.sub(hide, text) if "@" in text else text
+
+
+def _escape(text: str) -> str:
+    # Control characters (a terminal escape sequence, a NUL) and lone surrogates (bytes that were not
+    # UTF-8) are written as escapes, as repr() does; newlines stay (messages may span lines).
+    return "".join(ch if ch == "\n" or (ch.isprintable() and not 0xD800 <= ord(ch) <= 0xDFFF)
+                   else repr(ch)[1:-1] for ch in text)
+
+
+def bounded_text(text: Any, limit: int = MAX_LINE) -> str:
+    """`text` safe to print: escaped, URL credentials hidden, quoted values cut to `MAX_EXCERPT`
+    characters and each line to `limit`."""
+    text = redact_url_credentials(_escape(str(text)))
+    if len(text) <= MAX_EXCERPT:
+        return text
+    text = _QUOTED.sub(lambda m: _cut_quoted(m.group(0)), text)
+    return "\n".join(line if len(line) <= limit else line[:limit - 3] + "..." for line in text.split("\n"))
+
+
+def _cut_quoted(quoted: str) -> str:
+    if len(quoted) <= MAX_EXCERPT + 2:
+        return quoted
+    return f"{quoted[:MAX_EXCERPT + 1]}...{quoted[-1]} ({len(quoted) - 2} characters)"
+
+
+def excerpt(value: Any, limit: int = MAX_EXCERPT) -> str:
+    """A short, escaped, repr-like quote of a user value for a message: ``'abc...' (1200 characters)``."""
+    text = redact_url_credentials(value if isinstance(value, str) else repr(value))
+    if isinstance(value, str):
+        shown = repr(text[:limit])
+        return shown if len(text) <= limit else f"{shown[:-1]}...{shown[-1]} ({len(text)} characters)"
+    return _escape(text if len(text) <= limit else text[:limit] + "...")
 
 
 def format_key(path: Iterable) -> str:

@@ -1,5 +1,4 @@
-"""What is installed and what is trusted: the `recipeforge plugins` report, and the plugin and
-code-trust facts a plan carries.
+"""What is installed and what is trusted: the `recipeforge plugins` report.
 
 `plugins_report()` loads every plugin entry point of every group (``recipeforge.models``,
 ``.kernels``, ``.rollout_engines``, ``.rewards``, ``.formats``, ``.backends``, ``.recipes``) and
@@ -8,19 +7,23 @@ broken plugin is reported as failed; it never stops the others from loading.
 
 Trust: a recipe may import Python code by dotted path only when the user opts in, by the recipe's
 ``allow_code: true`` or the environment variable ``RECIPEFORGE_TRUST_CODE=1`` (what the CLI's
-``--trust-code`` sets). `annotate_plan` puts the decision, and the plugin components a recipe uses,
-into its plan.
+``--trust-code`` sets). `annotate_plan` (from `plan.trust`, which the planner calls) puts the decision,
+and the plugin components a recipe uses, into its plan.
+
+This module loads every group, backends included, so it sits at the top of the package next to the
+CLI; nothing below imports it.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
-from recipeforge.registry import (BUILTIN, FIRST_PARTY, GROUPS, TRUST_ENV, Registry, code_trust,
-                                  is_code_reference, registry_for)
+from recipeforge.config.plugin_recipes import recipes
+from recipeforge.plan.trust import annotate_plan, used_components
+from recipeforge.registry import FIRST_PARTY, GROUPS, TRUST_ENV, Registry, code_trust, registry_for
+
+__all__ = ["annotate_plan", "plugins_report", "recipes", "render_plugins", "used_components"]
 
 # Where each group's built-ins register (importing the module registers them). Backends register
 # in their own package; the report works whether or not it defines a registry.
@@ -32,30 +35,6 @@ BUILTIN_MODULES = {
     "formats": "recipeforge.components.formats",
     "backends": "recipeforge.backends",
 }
-
-
-@dataclass(frozen=True)
-class RecipePackage:
-    """A plugin's base recipes: ``extends: pkg://<name>/<file>.yaml`` names a file in `directory`."""
-
-    name: str
-    directory: Path
-    files: tuple[str, ...]
-
-
-def _as_recipes(name: str, module: Any) -> RecipePackage:
-    """A ``recipeforge.recipes`` entry point names a package; its directory holds the YAML files."""
-    paths = list(getattr(module, "__path__", None) or [])  # packages (namespace ones too) have a __path__
-    if not paths:
-        raise TypeError(f"'{getattr(module, '__name__', module)}' is not a package (a directory of YAML files)")
-    directory = Path(paths[0])
-    files = tuple(sorted(p.name for p in directory.iterdir() if p.suffix in (".yaml", ".yml")))
-    if not files:
-        raise TypeError(f"package {module.__name__} holds no .yaml recipes")
-    return RecipePackage(name, directory, files)
-
-
-recipes: Registry[RecipePackage] = Registry("recipes", coerce=_as_recipes)
 
 
 def _registry(kind: str) -> Registry:
@@ -117,49 +96,3 @@ def render_plugins(environ: Mapping[str, str] | None = None) -> str:
         lines.append(f"{failed} plugin entr{'y' if failed == 1 else 'ies'} failed to load (see above); "
                      f"recipes naming them fail, everything else works")
     return "\n".join(lines)
-
-
-def used_components(recipe) -> list[tuple[str, str]]:
-    """(group, name) of every registered component `recipe` names."""
-    used = [("models", recipe.model.name_or_path)]
-    used += [("formats", ds.format) for ds in (*recipe.data.datasets, *recipe.data.eval_datasets)]
-    used += [("kernels", name) for name in recipe.kernels]
-    grpo = getattr(recipe, "grpo", None)
-    if grpo is not None:
-        used.append(("rollout_engines", grpo.rollout.engine))
-        used += [("rewards", r.name) for r in grpo.rewards if not is_code_reference(r.name)]
-    return list(dict.fromkeys(used))
-
-
-def annotate_plan(plan, recipe, environ: Mapping[str, str] | None = None):
-    """Add the code-trust decision and the plugin components `recipe` uses to `plan` (in place).
-
-    The decision becomes ``plan.reasons["allow_code"]`` (printed with the other decisions), the
-    plugin components ``plan.extra["plugins"]``, and a component whose first-party plugin is not
-    installed here a warning. Returns `plan`.
-    """
-    from recipeforge.plan.types import Choice
-
-    allowed, reason = code_trust(recipe.allow_code, environ)
-    code = [r.name for r in getattr(getattr(recipe, "grpo", None), "rewards", ()) if is_code_reference(r.name)]
-    if code:
-        reason += f"; imports {', '.join(code)}"
-    plan.reasons["allow_code"] = Choice(allowed, reason)
-    plugins, warnings = [], plan.extra.setdefault("warnings", [])
-    if recipe.model.trust_remote_code:
-        warnings.append("model.trust_remote_code: true runs the Python code of the model's repository")
-    for kind, name in used_components(recipe):
-        reg = _registry(kind)
-        missing = reg.first_party_plugin(name)
-        if missing:
-            warnings.append(f"{reg.label} '{name}' needs the {missing} plugin, which is not installed here; "
-                            f"install it where this recipe trains")
-            continue
-        if not reg.has(name):
-            continue
-        entry = reg.entry(name)
-        if entry.source != BUILTIN:
-            plugins.append({"group": reg.group, "name": name, "distribution": entry.source,
-                            "version": entry.version})
-    plan.extra["plugins"] = plugins
-    return plan

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from recipeforge.errors import RecipeError
+from recipeforge.outputs.preflight import reports_write_errors
 
 
 @dataclass(frozen=True)
@@ -53,11 +54,19 @@ def train(loaded, *, overwrite: bool = False, force: bool = False, plan=None,
     from recipeforge.backends.launch import PLAN_ENV
     from recipeforge.stages.base import DistInfo
 
+    from recipeforge.outputs import run_lock
+    from recipeforge.stages import preemption
+
     _network_guards()
     dist = DistInfo.from_env()
-    if dist.world_size > 1 or os.environ.get(PLAN_ENV):
-        return _train_worker(loaded, dist, overwrite=overwrite, force=force)
-    return _train_launching(loaded, plan, launch or LaunchOptions(), overwrite, force)
+    try:
+        if dist.world_size > 1 or os.environ.get(PLAN_ENV):
+            preemption.install()  # as early as possible: a stop request during setup is kept
+            return _train_worker(loaded, dist, overwrite=overwrite, force=force)
+        return _train_launching(loaded, plan, launch or LaunchOptions(), overwrite, force)
+    finally:
+        preemption.uninstall()
+        run_lock.release_all()
 
 
 def _train_launching(loaded, plan, opts: LaunchOptions, overwrite: bool, force: bool) -> Path | None:
@@ -67,8 +76,8 @@ def _train_launching(loaded, plan, opts: LaunchOptions, overwrite: bool, force: 
     from recipeforge.backends import get_backend
     from recipeforge.backends.cluster import detect_cluster
     from recipeforge.backends.launch import launch_spec, run_launcher
-    from recipeforge.backends.world import plan_for_world
     from recipeforge.outputs.run_dir import RunDir, default_run_dir
+    from recipeforge.plan.world import plan_for_world
     from recipeforge.stages.base import _log
 
     recipe = loaded.recipe
@@ -78,6 +87,9 @@ def _train_launching(loaded, plan, opts: LaunchOptions, overwrite: bool, force: 
         plan = plan_for_world(recipe, nnodes=nnodes, nproc_per_node=opts.nproc_per_node)
     backend = get_backend(plan.backend)
     backend.check(plan, recipe)
+    from recipeforge.components.data_checks import check_plan_numbers
+
+    check_plan_numbers(plan)
     if plan.nodes != cluster.nnodes:
         raise RecipeError(f"the plan spans {plan.nodes} nodes, and this command was started for {cluster.nnodes}",
                           key="hardware.nodes",
@@ -93,10 +105,11 @@ def _train_launching(loaded, plan, opts: LaunchOptions, overwrite: bool, force: 
     if recipe_path is None:
         # Called as a library: the workers load the resolved recipe the run directory keeps (overrides,
         # defaults and absolute data paths included), unless values in it had to be redacted.
-        from recipeforge.config.secrets import secret_paths
+        from recipeforge.config.secrets import has_redactions
 
-        if secret_paths(getattr(loaded, "env_refs", {}) or {}):
-            raise RecipeError("this recipe reads secrets from the environment; launch it with the command line",
+        if has_redactions(loaded):  # secrets from the environment, or credentials written in the recipe
+            raise RecipeError("this recipe holds secrets that its written copy redacts; launch it with the "
+                              "command line",
                               hint="run `recipeforge train RECIPE ...` so every worker resolves the recipe itself")
         recipe_path = str(run.resolved_recipe)
     spec = launch_spec(plan, recipe, recipe_path=recipe_path, overrides=opts.overrides,
@@ -108,7 +121,17 @@ def _train_launching(loaded, plan, opts: LaunchOptions, overwrite: bool, force: 
         _prepare_run(loaded, plan, run, overwrite=overwrite, force=force)
     marker = run.root / USER_ERROR
     marker.unlink(missing_ok=True)
-    code = run_launcher(spec, log=_log)
+    from recipeforge.outputs import run_lock
+    from recipeforge.stages import preemption
+
+    stopped = spec.plan_path.parent / preemption.RECORD  # left by the workers when a signal stopped them
+    stopped.unlink(missing_ok=True)
+    lock = run_lock.held(run.root)
+    code = run_launcher(spec, log=_log, pass_fds=(lock.fd,) if lock is not None else ())
+    stop = preemption.read_record(stopped)
+    if stop is not None:
+        stopped.unlink(missing_ok=True)
+        raise stop
     if code != 0:
         if cluster.is_main_node and marker.is_file():
             # A mistake in the recipe or data that only a worker could see: still a user error (exit 2).
@@ -118,7 +141,7 @@ def _train_launching(loaded, plan, opts: LaunchOptions, overwrite: bool, force: 
 
 
 def _plan_line(plan) -> str:
-    from recipeforge.backends.world import processes_per_node
+    from recipeforge.plan.world import processes_per_node
 
     per = processes_per_node(plan)
     unit = ("GPU" if per == 1 else "GPUs") if plan.device == "cuda" else ("CPU process" if per == 1 else "CPU processes")
@@ -129,8 +152,10 @@ def _plan_line(plan) -> str:
 
 def _train_here(loaded, plan, run, backend, overwrite: bool, force: bool) -> Path:
     """One process: prepare the run directory and train in this process."""
+    from recipeforge.stages import preemption
     from recipeforge.stages.base import DistInfo, _log
 
+    preemption.install()  # SIGTERM/SIGUSR1/Ctrl-C: save a checkpoint at the end of the step, then stop
     resume_from = _prepare_run(loaded, plan, run, overwrite=overwrite, force=force)
     _run(loaded, plan, run, backend, DistInfo(), resume_from)
     _log(f"done: {run.root}")
@@ -143,8 +168,19 @@ USER_ERROR = ".user_error"  # a worker's RecipeError, for the launching command 
 def _train_worker(loaded, dist, *, overwrite: bool, force: bool) -> Path:
     """One rank of a launched job (see `_run_worker`); rank 0 leaves a user error for the launching
     command, which then exits as for any recipe mistake."""
+    from recipeforge.stages.preemption import Preempted
+
     try:
         return _run_worker(loaded, dist, overwrite=overwrite, force=force)
+    except Preempted as stop:
+        # Every rank stopped at the same step: leave the process group together, then report.
+        from recipeforge.backends import worker as w
+        from recipeforge.stages.preemption import write_record
+
+        w.finish()
+        if dist.local_rank == 0:
+            write_record(stop)
+        raise
     except RecipeError as exc:
         from recipeforge.plan.oom import OutOfMemory
 
@@ -170,9 +206,9 @@ def _run_worker(loaded, dist, *, overwrite: bool, force: bool) -> Path:
     from recipeforge.backends import get_backend
     from recipeforge.backends import worker as w
     from recipeforge.backends.launch import PLAN_ENV, RUN_DIR_ENV
-    from recipeforge.backends.world import check_world, plan_for_world
     from recipeforge.outputs import checkpoint
     from recipeforge.outputs.run_dir import RunDir, default_run_dir
+    from recipeforge.plan.world import check_world, plan_for_world
     from recipeforge.stages.base import _log
 
     recipe = loaded.recipe
@@ -201,6 +237,7 @@ def _run_worker(loaded, dist, *, overwrite: bool, force: bool) -> Path:
     return run.root
 
 
+@reports_write_errors
 def _prepare_run(loaded, plan, run, *, overwrite: bool, force: bool = False) -> Path | None:
     """Create (or check, or with `overwrite` wipe) the run directory and write the recipe, plan and
     environment; returns the checkpoint to resume from. Main process of the main node only."""
@@ -212,15 +249,23 @@ def _prepare_run(loaded, plan, run, *, overwrite: bool, force: bool = False) -> 
     from recipeforge.outputs.run_guard import check_existing_run
 
     recipe = loaded.recipe
+    # Everything that can refuse the run does so before the run directory is touched: first whether
+    # its location can and may be written (data paths resolved, so a folder inside a dataset is refused).
+    _check_output_location(loaded, plan, run, overwrite=overwrite)
+    from recipeforge.outputs import run_lock
+
+    run_lock.acquire(run.root, log=_log)  # one run per directory, held until this process ends
     resolved = _resolved_for_run(loaded, run)
-    # Everything that can refuse the run does so before the run directory is touched.
     if not overwrite:
         check_existing_run(run, resolved, force=force)
-    if recipe.output.resume not in ("auto", "never"):
-        checkpoint.resume_checkpoint(recipe.output.resume, run.checkpoints)
+    named = None
+    if recipe.output.resume not in ("auto", "never"):  # verified (a damaged one is exit 2, naming the file)
+        named = checkpoint.resume_checkpoint(recipe.output.resume, run.checkpoints, verify=True)
     prepare(run, overwrite=overwrite, resume=recipe.output.resume)
+    run_lock.reassert(run.root, log=_log)  # --overwrite removed the lock file with the rest
     checkpoint.remove_incomplete(run.checkpoints)
-    resume_from = checkpoint.resume_checkpoint(recipe.output.resume, run.checkpoints)
+    resume_from = named or checkpoint.resume_checkpoint(recipe.output.resume, run.checkpoints, verify=True,
+                                                        log=_log)
     run.write_recipe(resolved, Path(loaded.path))
     run.write_plan(plan)
     run.write_environment()
@@ -233,17 +278,23 @@ def _prepare_run(loaded, plan, run, *, overwrite: bool, force: bool = False) -> 
     return resume_from
 
 
+@reports_write_errors
 def _run(loaded, plan, run, backend, dist, resume_from) -> None:
     """Run the stage on `backend` in this process (one rank, or the only process)."""
     from recipeforge.stages.base import StageContext
 
-    ctx = StageContext(loaded=loaded, plan=plan, run=run, resume_from=resume_from, dist=dist, backend=backend)
+    ctx = StageContext(loaded=loaded, plan=plan, run=run, resume_from=resume_from, dist=dist,
+                       save_final=backend.save_final)
+    if dist.world_size > 1:
+        from recipeforge.backends import worker as w
+
+        ctx.barrier = w.barrier
     if getattr(backend, "trains_itself", False):  # Megatron runs its own loop and export
         backend.train_stage(ctx)
         return
     backend.setup_worker(ctx)
     ctx.backend_kwargs = backend.trainer_kwargs(ctx)
-    runner = _run_stage(ctx)
+    runner = _run_stage(ctx, backend)
     if dist.is_main:
         if ctx.recipe.output.merge_adapter and ctx.recipe.adapter.type != "none":
             from recipeforge.outputs.export import merge_adapter
@@ -252,7 +303,7 @@ def _run(loaded, plan, run, backend, dist, resume_from) -> None:
         _write_card(ctx, runner)
 
 
-def _run_stage(ctx):
+def _run_stage(ctx, backend):
     from recipeforge.outputs.metrics import MetricsWriter
     from recipeforge.stages import runner_class
 
@@ -268,7 +319,7 @@ def _run_stage(ctx):
             MetricsWriter(ctx.run.metrics).write({"split": "data", "step": 0, **runner.data_stats})
         runner.train()
         if ctx.dist.is_main and ctx.plan.backend != "single":
-            _write_backend_report(ctx, runner)
+            _write_backend_report(ctx, runner, backend)
         runner.save()
     except Exception as exc:
         from recipeforge.stages.oom import is_out_of_memory, out_of_memory_error
@@ -285,13 +336,13 @@ def _warm_data(runner) -> None:
     runner.prepare_data()
 
 
-def _write_backend_report(ctx, runner) -> None:
+def _write_backend_report(ctx, runner, backend) -> None:
     """backend.json: what ran, observed from inside the (main) worker, next to what was planned."""
     from recipeforge.outputs.run_dir import _atomic_write
 
     report = {"planned": {"backend": ctx.plan.backend, "preset": ctx.plan.preset, "world_size": ctx.plan.world_size,
                           "zero_stage": ctx.plan.zero_stage},
-              "observed": ctx.backend.runtime_report(runner.trainer) if runner.trainer is not None else {}}
+              "observed": backend.runtime_report(runner.trainer) if runner.trainer is not None else {}}
     _atomic_write(ctx.run.root / "backend.json", json.dumps(report, indent=2, default=str) + "\n")
 
 
@@ -309,6 +360,9 @@ def preprocess(loaded) -> dict:
     runner = runner_class(recipe.stage)(StageContext(loaded=loaded, plan=None, run=None))
     runner.tokenizer = runner.load_tokenizer()
     runner.prepare_data()
+    from recipeforge.components.data_checks import check_runner_numbers
+
+    check_runner_numbers(runner)
     stats = dict(runner.data_stats)
     data = getattr(runner, "data", None)
     if data is not None and getattr(data, "cache_path", None) is not None:
@@ -334,6 +388,24 @@ def _network_guards() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("HF_UPDATE_DOWNLOAD_COUNTS", "false")
     os.environ.setdefault("DO_NOT_TRACK", "1")
+
+
+def _check_output_location(loaded, plan, run, *, overwrite: bool) -> None:
+    """Refuse an output location the run cannot or must not write, before anything is written there."""
+    from recipeforge.components.data import DatasetRef, resolve_local
+    from recipeforge.outputs.preflight import check_output_location, planned_output
+    from recipeforge.stages.base import _log
+
+    base = Path(loaded.path).resolve().parent
+    data = []
+    for section in ("datasets", "eval_datasets"):
+        for i, spec in enumerate(getattr(loaded.recipe.data, section)):
+            ref = DatasetRef(spec, section, i)
+            found = resolve_local(ref, base_dir=base, locate=loaded.tree.locate)
+            if found is not None:
+                data.append((ref.key, found))
+    check_output_location(run.root, recipe_path=Path(loaded.path), datasets=data, overwrite=overwrite,
+                          planned=planned_output(plan, loaded.recipe), log=_log)
 
 
 def _resolved_for_run(loaded, run) -> dict:

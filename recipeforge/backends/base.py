@@ -7,7 +7,8 @@ A backend is chosen by the plan (`Plan.backend`) and looked up in the ``backends
    environment (`launcher`, `accelerate_config`, `launch_files`, `launch_env`),
 3. sets up each worker before the trainer exists (`setup_worker`) and gives the trainer its
    arguments (`trainer_kwargs`, merged last by `stages.base.TrainerStage.training_arguments`),
-4. writes final/ as plain Hugging Face safetensors, gathering sharded weights first (`save_final`),
+4. writes final/ as plain Hugging Face safetensors, gathering sharded weights first (`save_final`,
+   which the runner hands to the stage as `StageContext.save_final`),
 5. reports what really ran, from inside the worker (`runtime_report`, written to backend.json).
 
 Stage runners never look at the backend; a backend never looks at the stage beyond `stages`.

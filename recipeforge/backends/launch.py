@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Sequence
 
 from recipeforge.backends.cluster import ClusterSpec
-from recipeforge.backends.world import processes_per_node
+from recipeforge.plan.world import processes_per_node
 
 PLAN_ENV = "RECIPEFORGE_PLAN"          # path of the plan a launched worker runs
 RUN_DIR_ENV = "RECIPEFORGE_RUN_DIR"    # the run directory the launching command prepared
@@ -132,13 +132,89 @@ def _executable(name: str) -> str:
     return shutil.which(name) or name
 
 
-def run_launcher(spec: LaunchSpec, *, log=None) -> int:
-    """Write the files and run the launcher in the foreground; returns its exit code."""
+# The launcher must not act on stop signals itself: torch's elastic agent would pass SIGTERM on and
+# SIGKILL the workers 30 s later, whatever their checkpoint save still needs; SIGUSR1 would kill it.
+# (torchrun/accelerate read PET_SIGNALS_TO_HANDLE for their --signals-to-handle option.)
+LAUNCHER_ENV = {"PET_SIGNALS_TO_HANDLE": "SIGHUP,SIGQUIT", "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGHUP,SIGQUIT"}
+FORWARD_EVERY_S = 5.0   # a worker still importing ignores the signal; it is sent again until it exits
+
+
+def run_launcher(spec: LaunchSpec, *, log=None, pass_fds: Sequence[int] = ()) -> int:
+    """Write the files and run the launcher in the foreground; returns its exit code.
+
+    SIGTERM, SIGUSR1 and Ctrl-C reach the workers, not the launcher: the launcher starts with them
+    ignored, and this process sends them to the launcher's worker processes (SIGTERM for a Ctrl-C),
+    then waits for the workers to save and exit. A second Ctrl-C kills the workers at once. `pass_fds`
+    stay open in the launcher (the run directory's lock, held as long as it runs).
+    """
+    import signal
+    import time
+
     spec.write_files()
     if log is not None:
         log(f"launching {spec.launcher}: {shlex.join(spec.command)}")
-    env = {**os.environ, **spec.env}
+    env = {**os.environ, **LAUNCHER_ENV, **spec.env}
+    stops: list[int] = []
+
+    def on_signal(signum, frame):
+        stops.append(signum)
+
+    import threading
+
+    names = ("SIGTERM", "SIGUSR1", "SIGINT")
+    previous = {getattr(signal, n): signal.getsignal(getattr(signal, n)) for n in names} \
+        if threading.current_thread() is threading.main_thread() else {}
+    for sig in previous:
+        signal.signal(sig, on_signal)
     try:
-        return subprocess.run(spec.command, env=env).returncode
-    except KeyboardInterrupt:
-        return 130
+        proc = subprocess.Popen(spec.command, env=env, pass_fds=tuple(pass_fds), preexec_fn=_ignore_stop_signals)
+        sent_at, handled, killed = 0.0, 0, False
+        while True:
+            try:
+                return proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                pass
+            if not stops:
+                continue
+            if not killed and stops.count(signal.SIGINT) >= 2:
+                if log is not None:
+                    log("second Ctrl-C: killing the workers without saving")
+                _signal_tree(proc.pid, signal.SIGKILL, recursive=True)
+                killed = True
+            elif not killed and (len(stops) > handled or time.monotonic() - sent_at > FORWARD_EVERY_S):
+                first = stops[0]
+                if handled == 0 and log is not None:
+                    log(f"{signal.Signals(first).name} received: passing it to the workers, which save a "
+                        "checkpoint and stop" + (" (Ctrl-C again kills them)" if first == signal.SIGINT else ""))
+                _signal_tree(proc.pid, signal.SIGTERM if first == signal.SIGINT else first,
+                             include_root=spec.launcher not in ("accelerate", "torchrun"))
+                sent_at, handled = time.monotonic(), len(stops)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def _ignore_stop_signals() -> None:
+    """In the launcher's process, before exec: stop signals ignored (dispositions that survive exec)."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def _signal_tree(pid: int, sig: int, *, recursive: bool = False, include_root: bool = True) -> None:
+    """Send `sig` to the children of the launcher `pid` (its workers; with `recursive`, everything
+    below) and, with `include_root`, to `pid` itself (a worker started without a launcher)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        targets = [root] if include_root else []
+        targets += root.children(recursive=recursive)
+    except psutil.Error:
+        return
+    for proc in targets:
+        try:
+            proc.send_signal(sig)
+        except psutil.Error:
+            pass

@@ -2,6 +2,13 @@
 
 Each node's `recipeforge train` reads its rank from Slurm's environment (see `cluster.detect_cluster`)
 and starts the real launcher for its local GPUs; the main node's address comes from the allocation.
+
+Preemption and time limits: the script asks Slurm for USR1 `signal_lead` seconds before the time limit
+(``--signal=B:USR1@<s>``, to the batch shell) and makes the job requeueable (``--requeue``). srun runs in
+the background so the shell's traps fire at once; they pass USR1 or TERM on to srun, which forwards
+them to every node's `recipeforge train`, whose processes finish their step, save a checkpoint and exit
+with 75. After a USR1 the script requeues the job (``scontrol requeue``); a preempted job is requeued by
+Slurm itself. The requeued job runs the same command, which resumes from the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -14,6 +21,9 @@ from typing import Sequence
 from recipeforge.backends.cluster import DEFAULT_PORT
 from recipeforge.config.secrets import public
 
+SIGNAL_LEAD_S = 120   # seconds of warning before the time limit: the step, a checkpoint save, the exit
+EXIT_PREEMPTED = 75   # `recipeforge train` stopped on a signal after saving (stages.preemption)
+
 
 @dataclass(frozen=True)
 class SlurmOptions:
@@ -25,6 +35,7 @@ class SlurmOptions:
     cpus_per_task: int | None = None
     qos: str | None = None
     extra: tuple[str, ...] = ()      # further "#SBATCH" options, e.g. "--constraint=h100"
+    signal_lead: int = SIGNAL_LEAD_S  # USR1 this many seconds before the time limit
 
 
 def sbatch_script(*, job_name: str, nodes: int, gpus_per_node: int, recipe: str, overrides: Sequence[str],
@@ -45,14 +56,37 @@ def sbatch_script(*, job_name: str, nodes: int, gpus_per_node: int, recipe: str,
             lines.append(f"#SBATCH --{flag}={value}")
     lines += [f"#SBATCH {opt}" for opt in options.extra]
     lines += [f"#SBATCH --output={run_dir}/slurm-%j.out",
+              "#SBATCH --open-mode=append",
               "#SBATCH --exclusive",
+              f"#SBATCH --signal=B:USR1@{options.signal_lead}",
+              "#SBATCH --requeue",
               "",
               "set -euo pipefail",
               "# The first node of the allocation hosts the rendezvous; every node starts one launcher.",
               'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
               f"export MASTER_PORT={port}",
               "",
-              "srun --kill-on-bad-exit=1 " + shlex.join([executable, "train", recipe, *overrides, *train_flags]),
+              f"# USR1 ({options.signal_lead} s before the time limit) and TERM (preemption, scancel) go on to every "
+              "node's",
+              f"# recipeforge train: it saves a checkpoint and exits with {EXIT_PREEMPTED}; rerunning the job "
+              "resumes from it.",
+              "srun --kill-on-bad-exit=1 " + shlex.join([executable, "train", recipe, *overrides, *train_flags]) + " &",
+              "srun_pid=$!",
+              "requeue=0",
+              'forward() { echo "recipeforge job: $1 received, the trainers save a checkpoint and stop" >&2; '
+              'kill -s "$1" "$srun_pid" 2>/dev/null || true; }',
+              "trap 'requeue=1; forward USR1' USR1",
+              "trap 'forward TERM' TERM",
+              "code=0",
+              "while :; do",
+              '  wait "$srun_pid" && code=0 || code=$?',
+              '  kill -0 "$srun_pid" 2>/dev/null || break  # still running: a signal interrupted the wait',
+              "done",
+              f'if [ "$code" -eq {EXIT_PREEMPTED} ] && [ "$requeue" -eq 1 ]; then',
+              '  echo "recipeforge job: checkpoint saved before the time limit; requeueing job $SLURM_JOB_ID" >&2',
+              '  scontrol requeue "$SLURM_JOB_ID"',
+              "fi",
+              'exit "$code"',
               ""]
     return "\n".join(lines)
 
@@ -65,8 +99,8 @@ def write_sbatch(loaded, *, recipe: str, overrides: Sequence[str], options: Slur
     starts. Every node runs the same `recipeforge train` with an absolute recipe path and run directory,
     so the job does not depend on the directory it is submitted from.
     """
-    from recipeforge.backends.world import plan_for_world, processes_per_node
     from recipeforge.outputs.run_dir import default_run_dir
+    from recipeforge.plan.world import plan_for_world, processes_per_node
 
     r = loaded.recipe
     plan = plan_for_world(r, nproc_per_node=nproc_per_node)

@@ -71,14 +71,28 @@ def spec_base_dir(ref: DatasetRef, base_dir: Path | None, locate: Locate = _no_l
     return base_dir
 
 
+def resolve_local(ref: DatasetRef, *, base_dir: Path | None, locate: Locate = _no_location) -> Path | None:
+    """The local file or directory a dataset entry names, None for a hub id; a path that looks local
+    but does not exist is an error (checked before a run writes anything)."""
+    spec = ref.spec
+    base_dir = spec_base_dir(ref, base_dir, locate)
+    found = local_path(spec.path, base_dir)
+    if found is None and looks_local(spec.path):
+        tried = [str(base_dir / spec.path)] if base_dir and not Path(spec.path).is_absolute() else []
+        tried.append(str(Path(spec.path).expanduser().absolute()))
+        raise RecipeError(f"data file '{spec.path}' not found (looked at {' and '.join(dict.fromkeys(tried))})",
+                          key=f"{ref.key}.path", location=locate(ref.path_key + ("path",)),
+                          hint="paths are relative to the recipe file's folder or the working directory")
+    return found
+
+
 def load_raw(ref: DatasetRef, *, base_dir: Path | None, locate: Locate = _no_location):
     """The rows of one dataset entry as a `datasets.Dataset` (columns not yet renamed)."""
     import datasets
 
     spec = ref.spec
     where = locate(ref.path_key + ("path",))
-    base_dir = spec_base_dir(ref, base_dir, locate)
-    found = local_path(spec.path, base_dir)
+    found = resolve_local(ref, base_dir=base_dir, locate=locate)
     datasets.disable_progress_bars()  # our own log line reports rows; per-file bars are noise
     no_telemetry()
     try:
@@ -95,12 +109,6 @@ def load_raw(ref: DatasetRef, *, base_dir: Path | None, locate: Locate = _no_loc
             ds = _read_file(found, builder)
         elif found is not None:
             ds = datasets.load_dataset(str(found), name=spec.name, split=spec.split)
-        elif looks_local(spec.path):
-            tried = [str(base_dir / spec.path)] if base_dir and not Path(spec.path).is_absolute() else []
-            tried.append(str(Path(spec.path).expanduser().absolute()))
-            raise RecipeError(f"data file '{spec.path}' not found (looked at {' and '.join(dict.fromkeys(tried))})",
-                              key=f"{ref.key}.path", location=where,
-                              hint="paths are relative to the recipe file's folder or the working directory")
         else:
             ds = datasets.load_dataset(spec.path, name=spec.name, split=spec.split)
     except RecipeError:

@@ -120,18 +120,54 @@ def _features():
 
 def prepare_lm_data(recipe, tokenizer, *, base_dir: Path | None, locate: Locate = _no_location,
                     use_cache: bool = True) -> LMData:
-    """Tokenized training (and eval) data of a pretrain/SFT recipe, from the cache when possible."""
+    """Tokenized training (and eval) data of a pretrain/SFT recipe, from the cache when possible.
+
+    A cache entry is built under a lock of its own (``.<fingerprint>.lock`` next to it): processes
+    asking for the same entry at once wait for the first one and then read what it wrote."""
     data = recipe.data
-    mask_inputs = recipe.stage == "sft"
-    packing = bool(data.packing)
     fp = data_fingerprint(recipe, tokenizer, base_dir=base_dir, locate=locate)
     root = Path(data.cache_dir).expanduser() if data.cache_dir else default_cache_root()
     path = root / "tokenized" / fp
-    if use_cache and (path / "stats.json").is_file():
-        loaded = _load_cached(path)
-        if loaded is not None:
-            loaded.stats["cache"] = "hit"
-            return loaded
+    if not use_cache:
+        return _build(recipe, tokenizer, fp, path, base_dir=base_dir, locate=locate, use_cache=False)
+    hit = _cache_hit(path)
+    if hit is not None:
+        return hit
+    from recipeforge.outputs.run_lock import exclusive
+
+    with exclusive(path.parent / f".{fp}.lock"):
+        hit = _cache_hit(path)  # built by another process while this one waited
+        if hit is not None:
+            return hit
+        _set_aside_broken(path)
+        return _build(recipe, tokenizer, fp, path, base_dir=base_dir, locate=locate, use_cache=True)
+
+
+def _cache_hit(path: Path) -> LMData | None:
+    if not (path / "stats.json").is_file():
+        return None
+    loaded = _load_cached(path)
+    if loaded is not None:
+        loaded.stats["cache"] = "hit"
+    return loaded
+
+
+def _set_aside_broken(path: Path) -> None:
+    """Remove an unreadable cache entry (a copy damaged on disk, or left by an older version) so the
+    rebuilt one can take its place; called under the entry's lock."""
+    if not path.exists():
+        return
+    aside = path.with_name(f".{path.name}.broken-{os.getpid()}")
+    os.replace(path, aside)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _build(recipe, tokenizer, fp: str, path: Path, *, base_dir: Path | None, locate: Locate,
+           use_cache: bool) -> LMData:
+    """Tokenize (and pack) the recipe's data; with `use_cache`, write it to the cache entry `path`."""
+    data = recipe.data
+    mask_inputs = recipe.stage == "sft"
+    packing = bool(data.packing)
     t0 = time.perf_counter()
     # Pretraining keeps all of a long document (as consecutive samples); SFT rows are cut or dropped.
     fn = partial(tokenize_batch, tokenizer=tokenizer, train_on_inputs=data.train_on_inputs,

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from recipeforge.config.load import load_yaml_file
+from recipeforge.config.load import NotARecipe, load_yaml_file
 from recipeforge.config.tree import ConfigTree, merge_trees
-from recipeforge.errors import Location, RecipeError
+from recipeforge.errors import Location, Problem, RecipeError
 
 PKG_SCHEME = "pkg://"
 MAX_DEPTH = 32
@@ -54,10 +54,33 @@ def _compose(path: Path, stack: tuple[Path, ...], via: Location | None) -> Confi
 
 
 def _load_parent(path: Path, via: Location) -> ConfigTree:
-    if not path.is_file():
-        raise RecipeError(f"extended recipe not found: {path}", location=via, key="extends",
+    try:
+        is_file, exists = path.is_file(), path.exists()
+    except OSError as exc:  # a name too long, a loop of links
+        raise RecipeError(f"cannot open the extended recipe: {exc.strerror}", location=via, key="extends") from None
+    if not is_file:
+        what = "is not a file" if exists else "not found"
+        raise RecipeError(f"extended recipe {what}: {path}", location=via, key="extends",
                           hint="paths in extends are relative to the recipe that names them")
-    return load_yaml_file(path)
+    try:
+        return load_yaml_file(path, recipe_keys=recipe_top_level_keys())
+    except NotARecipe as exc:
+        # One error at the `extends` entry; nothing of the file (a system file, another tool's
+        # config) is quoted.
+        raise RecipeError(exc.problems[0].message, location=via, key="extends",
+                          hint="extends names recipe files: mappings of stage:, model:, data:, train:, ...") from None
+    except RecipeError as exc:
+        # A parent that cannot be read or parsed is reported where it is named, with its own line
+        # in the message (unreadable, not UTF-8, a syntax error, a tag or nesting it may not hold).
+        raise RecipeError([Problem(f"{p.location.render()}: {p.message}" if p.location else p.message, via,
+                                   "extends", p.hint) for p in exc.problems]) from None
+
+
+def recipe_top_level_keys() -> set[str]:
+    """Every key a recipe may hold at its top level (all stages), plus `extends`."""
+    from recipeforge.config.schema.recipe import STAGE_CLASSES
+
+    return {"extends"}.union(*(cls.model_fields for cls in STAGE_CLASSES.values()))
 
 
 def locate_parent(ref: str, base_dir: Path, loc: Location) -> Path:
@@ -68,7 +91,7 @@ def locate_parent(ref: str, base_dir: Path, loc: Location) -> Path:
 
 
 def _plugin_recipe(ref: str, loc: Location) -> Path:
-    from recipeforge.plugins import recipes
+    from recipeforge.config.plugin_recipes import recipes
 
     plugin, _, rel = ref[len(PKG_SCHEME):].partition("/")
     if not plugin or not rel:

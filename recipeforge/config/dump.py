@@ -13,10 +13,11 @@ def recipe_to_data(recipe) -> dict:
 
 
 def resolved_data(loaded) -> dict:
-    """The resolved recipe as data, with values read from secret environment variables redacted."""
-    from recipeforge.config.secrets import redact
+    """The resolved recipe as data, with values read from secret environment variables and credentials
+    written into the recipe (URL passwords, keys named like tokens or passwords) redacted."""
+    from recipeforge.config.secrets import redact, redact_literals
 
-    return redact(recipe_to_data(loaded.recipe), loaded.env_refs)
+    return redact_literals(redact(recipe_to_data(loaded.recipe), loaded.env_refs))
 
 
 def dump_recipe(loaded, header: bool = True) -> str:

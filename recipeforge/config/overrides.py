@@ -9,12 +9,11 @@ rules (``1e-4`` is a float, ``true`` a bool, ``[a, b]`` a list).
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
-import yaml
-
+from recipeforge.config.load import MAX_DEPTH, load_yaml_value
 from recipeforge.config.tree import ConfigTree
-from recipeforge.errors import Location, Problem, RecipeError
+from recipeforge.errors import Location, Problem, RecipeError, is_secret_key
 
 ENV_PREFIX = "RECIPEFORGE_"
 
@@ -30,7 +29,7 @@ def apply_env(tree: ConfigTree, environ: Mapping[str, str], sections: Iterable[s
             continue
         path = tuple(int(p) if p.isdigit() else p for p in parts)
         loc = Location(f"<env {name}>")
-        _set(tree, path, _parse_value(environ[name], name, loc), loc)
+        _set(tree, path, _parse_value(environ[name], loc), loc)
 
 
 def apply_cli(tree: ConfigTree, args: Iterable[str]) -> None:
@@ -46,7 +45,7 @@ def apply_cli(tree: ConfigTree, args: Iterable[str]) -> None:
 
 
 def _apply_one(tree: ConfigTree, arg: str) -> None:
-    loc = Location(f"<cli {arg}>")
+    loc = _cli_location(arg)
     if arg.startswith("~"):
         path = _parse_path(arg[1:], arg)
         if not tree.delete(path):
@@ -57,29 +56,42 @@ def _apply_one(tree: ConfigTree, arg: str) -> None:
         raise RecipeError(f"override {arg!r} is not key=value", location=loc,
                           hint="write e.g. train.learning_rate=1e-4, or ~key to delete a key")
     path = _parse_path(key.strip(), arg)
-    _set(tree, path, _parse_value(raw, arg, loc), loc)
+    _set(tree, path, _parse_value(raw, loc), loc)
+
+
+def _cli_location(arg: str) -> Location:
+    # The argument names its own location; a credential in it (hf_token=..., a password) never does.
+    key, sep, _ = arg.partition("=")
+    return Location(f"<cli {key}=***>" if sep and is_secret_key(key.strip()) else f"<cli {arg}>")
 
 
 def _parse_path(dotted: str, arg: str) -> tuple:
     parts = dotted.split(".")
-    if not dotted or not all(p.strip() for p in parts):
-        raise RecipeError(f"bad key in override {arg!r}", location=Location("<cli>"),
+    if not dotted or not all(p.strip() for p in parts) or any(0xD800 <= ord(c) <= 0xDFFF for c in dotted):
+        raise RecipeError("bad key in override", location=_cli_location(arg),
                           hint="keys are dotted names such as train.learning_rate")
     return tuple(int(p) if p.isdigit() else p for p in parts)
 
 
-def _parse_value(raw: str, what: str, loc: Location):
+def _parse_value(raw: str, loc: Location):
     if raw.strip() == "":
         return ""
-    try:
-        return yaml.safe_load(raw)
-    except yaml.YAMLError:
-        raise RecipeError(f"cannot parse the value of {what!r} as YAML", location=loc,
-                          hint="quote strings with special characters: key='value: with colon'") from None
+    return load_yaml_value(raw, loc)
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
 
 
 def _set(tree: ConfigTree, path: tuple, value, loc: Location) -> None:
     # Missing or null sections on the way are created (``logging.wandb.project=x`` works with no wandb yet).
+    if len(path) + _depth(value) > MAX_DEPTH:
+        raise RecipeError(f"nesting deeper than {MAX_DEPTH} levels of mappings and lists", location=loc,
+                          hint="a recipe nests a few levels (data.datasets[0].columns); shorten the key or value")
     try:
         tree.set(path, value, loc)
     except (IndexError, TypeError):

@@ -81,6 +81,16 @@ def resolve_interpolations(tree: ConfigTree, defaults: dict | None = None) -> tu
             failed.append(path)
             sane.get(path[:-1])[path[-1]] = None
     leaves = [(p, v) for p, v in leaves if p not in failed]
+    # Chains, cycles, expansion size and resolvers are checked on the plain tree: OmegaConf would
+    # recurse past Python's limit or build huge strings before it noticed.
+    from recipeforge.config.interpolation_limits import check_interpolations
+
+    for problem in check_interpolations(tree, leaves, defaults or {}):
+        problems.append(problem)
+        path = next(p for p, _ in leaves if format_key(p) == problem.key)
+        failed.append(path)
+        sane.get(path[:-1])[path[-1]] = None
+    leaves = [(p, v) for p, v in leaves if p not in failed]
     try:
         cfg = OmegaConf.create(_overlay(defaults or {}, sane.data))
     except OmegaConfBaseException as exc:
@@ -99,9 +109,20 @@ def resolve_interpolations(tree: ConfigTree, defaults: dict | None = None) -> tu
                                     hint=f"set it in the recipe or on the command line: {format_key(path)}=..."))
             failed.append(path)
             continue
+        except RecursionError:  # a limit above was not enough: still this key's problem, not a crash
+            problems.append(Problem("interpolation nests too deeply to resolve", tree.locate(path), format_key(path),
+                                    hint="refer to the key that holds the value directly"))
+            failed.append(path)
+            continue
         except OmegaConfBaseException as exc:
             problems.append(Problem(f"cannot resolve {raw!r}: {_short(exc)}", tree.locate(path), format_key(path),
                                     hint="interpolations look like ${train.learning_rate} or ${env:VAR,default}"))
+            failed.append(path)
+            continue
+        if isinstance(value, str) and any(0xD800 <= ord(ch) <= 0xDFFF for ch in value):
+            # Bytes that were not UTF-8 in an environment variable: no file or terminal could hold them.
+            problems.append(Problem(f"{', '.join(_env_reads) or 'the value'} is not UTF-8 text", tree.locate(path),
+                                    format_key(path), hint="set the variable to UTF-8 text"))
             failed.append(path)
             continue
         if _env_reads:

@@ -1,7 +1,11 @@
-"""Secrets that came in through ``${env:...}``: recognised by the variable's name, redacted on output.
+"""Secrets in a recipe, redacted wherever the recipe is written or printed.
 
-A recipe may write ``logging.wandb.api_key: ${env:WANDB_API_KEY}`` or a hub token; its value must never
-reach resolved_recipe.yaml, the model card, logs or plan output. Only the variable's name is kept.
+Two kinds. Values read through ``${env:...}`` from a variable whose name says it holds a secret
+(``logging.wandb.api_key: ${env:WANDB_API_KEY}``, a hub token): only the variable's name is kept.
+Credentials written into the recipe itself: the userinfo of any URL (``http://user:***@host``) and
+the whole value of a key named like a credential (``hf_token``, ``api_key``, ``password``, ...; see
+`recipeforge.errors.is_secret_key`). Neither reaches resolved_recipe.yaml, the model card, logs or
+plan output; training itself uses the real values.
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ import copy
 import os
 import re
 from typing import Any
+
+from recipeforge.errors import is_secret_key, redact_url_credentials
 
 # Names such as HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, MLFLOW_TRACKING_PASSWORD, OPENAI_KEY.
 _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL|AUTH)|(^|_)KEY$",
@@ -69,3 +75,34 @@ def scrub(text: str, environ=None) -> str:
         if len(value) >= MIN_SCRUB_LENGTH and is_secret_name(name) and value in text:
             text = text.replace(value, f"<redacted: ${{env:{name}}}>")
     return text
+
+
+REDACTED = "<redacted>"
+
+
+def redact_literals(data: Any) -> Any:
+    """A copy of `data` with credentials written into it hidden: URL userinfo in every string, and
+    the whole value of every key named like a credential (values already redacted stay as they are)."""
+    if isinstance(data, dict):
+        return {k: REDACTED if _literal_secret(k, v) else redact_literals(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [redact_literals(v) for v in data]
+    if isinstance(data, str):
+        return redact_url_credentials(data)
+    return data
+
+
+def _literal_secret(key: Any, value: Any) -> bool:
+    return is_secret_key(key) and value not in (None, "") and not (isinstance(value, str)
+                                                                   and value.startswith("<redacted"))
+
+
+def has_redactions(loaded) -> bool:
+    """Whether writing `loaded` (a `LoadedRecipe`) hides any value: then the written recipe cannot
+    stand in for the real one (workers must resolve the recipe themselves)."""
+    if secret_paths(getattr(loaded, "env_refs", None) or {}):
+        return True
+    from recipeforge.config.dump import recipe_to_data
+
+    data = recipe_to_data(loaded.recipe)
+    return redact_literals(data) != data

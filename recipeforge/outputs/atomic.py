@@ -2,9 +2,11 @@
 
 The trainer writes each checkpoint under ``checkpoints/.staging/checkpoint-<step>``; once every rank has
 finished, rank 0 writes the completeness marker (atomically, fsynced) and publishes the directory with
-one ``os.replace`` to ``checkpoints/checkpoint-<step>``. A process killed at any point therefore leaves
-either a complete published checkpoint or a staging leftover that is never resumed from. Rotation
-(`output.save_total_limit`) runs after publishing and only ever counts complete checkpoints.
+one ``os.replace`` to ``checkpoints/checkpoint-<step>``. Before the marker, rank 0 writes the
+checkpoint's manifest (every file's path, size and hash; see `manifest.py`), which a resume verifies.
+A process killed at any point therefore leaves either a complete published checkpoint or a staging
+leftover that is never resumed from. Rotation (`output.save_total_limit`) runs after publishing and
+only ever counts complete checkpoints.
 
 `RECIPEFORGE_FAULT=<point>:<step>` kills the process with SIGKILL at a named point, so crash safety can
 be tested reproducibly: ``step`` (during training, after <step> optimizer steps), ``save-partial`` (inside
@@ -23,6 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from recipeforge.outputs.checkpoint import MARKER, PREFIX, checkpoints, is_complete
+from recipeforge.outputs.manifest import MANIFEST, write_manifest
 
 STAGING = ".staging"
 FAULT_ENV = "RECIPEFORGE_FAULT"
@@ -48,11 +51,12 @@ def maybe_fail_oom(step: int) -> None:
         raise torch.cuda.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 2.00 GiB (raised by {FAULT_ENV})")
 
 
-def write_marker(directory: Path, step: int) -> None:
-    """Write the completeness marker atomically: temp file, fsync, rename."""
+def write_marker(directory: Path, step: int, *, manifest: str | None = None) -> None:
+    """Write the completeness marker atomically: temp file, fsync, rename. `manifest` names the
+    checkpoint's manifest file, so a checkpoint that lost it is recognised as damaged."""
     tmp = directory / (MARKER + ".tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps({"step": step}) + "\n")
+        fh.write(json.dumps({"step": step, **({"manifest": manifest} if manifest else {})}) + "\n")
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, directory / MARKER)
@@ -129,7 +133,9 @@ def crash_safe(trainer_cls: type) -> type:
                 self.state.best_model_checkpoint = str(root / Path(best).name)
                 self.state.save_to_json(str(staged / "trainer_state.json"))
             maybe_fault("save-staged", step)
-            write_marker(staged, step)
+            # Every rank's files are on disk: list them with sizes and hashes (verified on resume).
+            write_manifest(staged, skip=(MARKER, MARKER + ".tmp"))
+            write_marker(staged, step, manifest=MANIFEST)
             if final.exists():  # the same step saved again after a resume
                 shutil.rmtree(final)
             os.replace(staged, final)

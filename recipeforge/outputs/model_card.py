@@ -12,11 +12,15 @@ from recipeforge.outputs.metrics import read_metrics, series
 
 def render_model_card(*, recipe, recipe_data: dict, plan, data_stats: dict, run_dir: Path,
                       adapter: bool) -> str:
-    """The model card text. Free text (name, description) comes from `recipe_data`, the redacted recipe,
-    so a value read from a secret variable never reaches the card."""
+    """The model card text. Everything taken from the recipe comes from `recipe_data`, the redacted
+    recipe, so neither a value read from a secret variable nor a credential written into the recipe
+    (a URL's password) reaches the card."""
+    from recipeforge.errors import redact_url_credentials
+
     name = _text(recipe_data.get("name")) or run_dir.name
     description = _text(recipe_data.get("description"))
-    base = recipe.model.name_or_path
+    base = redact_url_credentials(str((recipe_data.get("model") or {}).get("name_or_path")
+                                      or recipe.model.name_or_path))
     tags = ["recipeforge", recipe.stage] + (["lora"] if adapter else [])
     front = {"library_name": "peft" if adapter else "transformers", "tags": tags, "pipeline_tag": "text-generation"}
     if not base.startswith("tiny:"):

@@ -34,6 +34,7 @@ NEUTRAL: tuple[tuple[str, ...], ...] = (
     ("output", "merge_adapter"),
     ("output", "push_to_hub"),
     ("logging",),
+    ("train", "divergence"),     # how a diverging run is noticed, not what it trains
     ("data", "num_proc"),
     ("data", "cache_dir"),
 )
@@ -44,8 +45,12 @@ MAX_DIFF_LINES = 20
 
 
 def comparable(data: dict) -> dict:
-    """`data` (a resolved recipe) without the `NEUTRAL` keys."""
-    out = json.loads(json.dumps(data, default=str))
+    """`data` (a resolved recipe) without the `NEUTRAL` keys, credentials in their redacted form."""
+    from recipeforge.config.secrets import redact_literals
+
+    # Redacted on both sides: a run directory written before credentials were redacted compares equal,
+    # and a changed password is no change of the recipe (as a rotated ${env:...} token is not).
+    out = redact_literals(json.loads(json.dumps(data, default=str)))
     for path in NEUTRAL:
         node = out
         for part in path[:-1]:

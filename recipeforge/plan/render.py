@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from recipeforge.errors import redact_url_credentials
 from recipeforge.plan.memory import COMPONENTS
 from recipeforge.plan.models import human_count
 from recipeforge.plan.types import Plan
@@ -18,7 +19,7 @@ _LABELS = {
 
 def render_plan(plan: Plan) -> str:
     """A plain-text report: the choice, sizes, batch split, memory per GPU by component, every
-    decision with its reason (with `plugins.annotate_plan`: whether the recipe may import code, and
+    decision with its reason (with `plan.trust.annotate_plan`: whether the recipe may import code, and
     why), the plugin components used, the runners-up and warnings."""
     x = plan.extra
     model = x.get("model", {})
@@ -76,7 +77,8 @@ def render_plan(plan: Plan) -> str:
         lines.append("")
         lines.append("Warnings:")
         lines.extend(f"  - {w}" for w in warnings)
-    return "\n".join(lines)
+    # Names and reasons may quote recipe values (a model id, a server URL): never with a password.
+    return redact_url_credentials("\n".join(lines))
 
 
 def _value(value) -> str:

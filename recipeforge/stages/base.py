@@ -54,9 +54,15 @@ def _log(message: str) -> None:
     print(f"[recipeforge] {message}", file=sys.stderr, flush=True)
 
 
+def _no_wait() -> None:
+    """The barrier of a single process: nobody to wait for."""
+
+
 @dataclass
 class StageContext:
-    """Everything a stage runner gets: the loaded recipe, the plan, the run directory."""
+    """Everything a stage runner gets: the loaded recipe, the plan, the run directory, and what it
+    needs from the distributed side as plain callables handed in by the runner (`recipeforge.run`):
+    a barrier and the final-weights saver. Stages never import a backend or hold one."""
 
     loaded: Any                       # config.LoadedRecipe (recipe, path, provenance tree)
     plan: Any                         # plan.types.Plan
@@ -66,13 +72,11 @@ class StageContext:
     backend_kwargs: dict = field(default_factory=dict)   # trainer arguments from the backend (merged last)
     callbacks: list = field(default_factory=list)        # extra TrainerCallbacks
     log: Callable[[str], None] = _log
-    backend: Any = None               # backends.base.Backend: writes final/ (gathering sharded weights)
-
-    def barrier(self) -> None:
-        """Wait for every process of a launched job (no-op for one process)."""
-        if self.dist.world_size > 1:
-            from recipeforge.backends.worker import barrier
-            barrier()
+    # Waits for every process of a launched job (one process: returns at once).
+    barrier: Callable[[], None] = _no_wait
+    # save_final(ctx, trainer, model, tokenizer) writes final/, called on every rank since gathering
+    # sharded weights is collective (the backend's `save_final`); None: the main process saves.
+    save_final: Callable[..., Any] | None = None
 
     @property
     def recipe(self):
@@ -123,6 +127,9 @@ class TrainerStage:
         self.kernels = apply_kernels(self.recipe.kernels, self.ctx.plan.device, log=self.ctx.log)
         self.tokenizer = self.load_tokenizer()
         self.prepare_data()
+        from recipeforge.components.data_checks import check_runner_numbers
+
+        check_runner_numbers(self)  # batch, steps and warmup against the data, before the model loads
         self.model = self.load_model()
         self.ctx.barrier()  # rank 0 may have written base_model/, which trainers load by path
         self.trainer = self.build_trainer()
@@ -132,6 +139,9 @@ class TrainerStage:
         resume = str(self.ctx.resume_from) if self.ctx.resume_from else None
         try:
             result = self.trainer.train(resume_from_checkpoint=resume)
+            from recipeforge.stages.preemption import raise_if_stopped
+
+            raise_if_stopped(self.trainer)  # stopped on a signal: checkpoint saved, no final evaluation
             metrics = dict(result.metrics)
             if self.has_eval and not self._evaluated_at(self.trainer.state.global_step):
                 metrics.update(self.trainer.evaluate())
@@ -147,8 +157,8 @@ class TrainerStage:
             model = self.trainer.accelerator.unwrap_model(self.trainer.model)
         else:
             model = self.model
-        if self.ctx.backend is not None and self.trainer is not None:  # every rank: gathering is collective
-            self.ctx.backend.save_final(self.ctx, self.trainer, model, self.tokenizer)
+        if self.ctx.save_final is not None and self.trainer is not None:  # every rank: gathering is collective
+            self.ctx.save_final(self.ctx, self.trainer, model, self.tokenizer)
         elif self.ctx.dist.is_main:
             save_pretrained_atomic(model, self.tokenizer, self.ctx.run.final)
         return self.ctx.run.final
@@ -248,14 +258,22 @@ class TrainerStage:
         return lora_config(self.recipe.adapter) if self.recipe.adapter.type != "none" else None
 
     def callbacks(self) -> list:
-        """Metrics, tensorboard, plus any from the context. (Checkpoints are staged, marked complete and
-        published by the trainer itself: `outputs.atomic.crash_safe`.)"""
+        """Metrics, tensorboard, the divergence watch (`stages.divergence`), plus any from the context.
+        (Checkpoints are staged, marked complete and published by the trainer itself:
+        `outputs.atomic.crash_safe`.)"""
         from recipeforge.outputs import metrics
 
         writer = metrics.MetricsWriter(self.ctx.run.metrics, enabled=self.ctx.dist.is_main)
         cbs = [metrics.make_callback(writer, self.extra_log_sources)]
         if self.recipe.logging.tensorboard and self.ctx.dist.is_main:
             cbs.append(_tensorboard_callback(self.ctx.run.tensorboard))
+        from recipeforge.stages.divergence import make_callback as divergence_callback
+
+        cbs.append(divergence_callback(self.recipe.train.divergence, stage=self.recipe.stage,
+                                       checkpoints=self.ctx.run.checkpoints, log=self.ctx.log))
+        from recipeforge.stages.preemption import make_callback as stop_on_signal
+
+        cbs.append(stop_on_signal(self.ctx.run.checkpoints, self.ctx.resume_from))  # SIGTERM: save, stop
         return cbs + list(self.ctx.callbacks)
 
     def training_arguments(self, cls, **stage_kwargs):
@@ -306,6 +324,7 @@ class TrainerStage:
             data_seed=t.seed,
             logging_steps=t.logging_steps,
             logging_first_step=True,
+            logging_nan_inf_filter=False,  # a NaN loss must show (and stop the run), not be averaged away
             eval_strategy=eval_strategy,
             eval_steps=t.eval_steps,
             save_strategy="steps" if o.save_steps else "epoch",

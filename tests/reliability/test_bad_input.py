@@ -143,7 +143,8 @@ CASES = [
     case("data-no-target-left", LIMITED + DATASETS, args=("preprocess", "r.yaml"), where="r.yaml:8:8",
          message="all 4 rows were dropped: 4 with no target tokens left to train on",
          hint="raise data.sequence_len or check that the response column is filled"),
-    case("model-unknown-architecture", OK.replace("tiny:llama", "./m\n  tokenizer: tiny:llama"),
+    case("model-unknown-architecture", OK.replace("tiny:llama", "./m\n  tokenizer: tiny:llama")
+         + "train: {global_batch_size: 4}\n",
          args=("train", "r.yaml"), files={"m/config.json": UNKNOWN_ARCH}, where="r.yaml:3:3",
          message="does not recognize this architecture", hint="upgrade transformers"),
     # -- plugin names

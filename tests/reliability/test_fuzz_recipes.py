@@ -88,13 +88,13 @@ def text_mutations(draw):
     return "\n".join(lines) + "\n"
 
 
-def _check(text: str, overrides: list[str] | None = None) -> None:
+def _check(text: str | bytes, overrides: list[str] | None = None, environ: dict | None = None) -> None:
     fd, path = tempfile.mkstemp(suffix=".yaml")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogatepass") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass"))
         try:
-            loaded = load_recipe(path, overrides or [], environ={})
+            loaded = load_recipe(path, overrides or [], environ=environ or {})
         except RecipeError as exc:
             assert exc.problems and all(p.message for p in exc.problems)
             exc.render()
@@ -129,3 +129,81 @@ def test_random_text_only_raises_recipe_errors(text):
 @given(st.lists(st.text(max_size=25), max_size=4))
 def test_random_overrides_only_raise_recipe_errors(overrides):
     _check(yaml.safe_dump(SEEDS[0]), overrides)
+
+
+# -- hostile structure: what a careless or malicious recipe, override or variable can hold
+def _nested(depth: int, kind: str) -> str:
+    if kind == "flow-list":
+        return "[" * depth + "1" + "]" * depth
+    if kind == "flow-map":
+        return "{a: " * depth + "1" + "}" * depth
+    return "[{a: " * (depth // 2) + "1" + "}]" * (depth // 2)
+
+
+deep_values = st.builds(_nested, st.integers(1, 400), st.sampled_from(["flow-list", "flow-map", "mixed"]))
+alias_values = st.sampled_from([
+    "&a [*a]", "&a {x: *a}", "&a [[1, [*a]]]", "&a {<<: *a}", "&a [1, 2]", "*undefined", "&a {x: 1}",
+    "&a [&b [*b]]", "&a [&b [*a]]", "[&a [1], *a, *a]",
+])
+huge_numbers = st.one_of(
+    st.integers(2**63 - 2, 2**63 + 2).map(str),
+    st.integers(20, 6000).map(lambda n: "9" * n),
+    st.integers(20, 6000).map(lambda n: "-" + "1" * n),
+    st.integers(300, 100000).map(lambda e: f"1.0e+{e}"),
+    st.integers(300, 100000).map(lambda e: f"1e{e}"),
+    st.sampled_from(["0x" + "f" * 40, "0b" + "1" * 100, "0o" + "7" * 40]),
+)
+non_finite = st.sampled_from([".nan", ".NaN", ".inf", "-.inf", "+.Inf", "nan", "inf", "-Infinity", "'nan'"])
+odd_text = st.one_of(
+    st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x1F), min_size=1, max_size=5),
+    st.sampled_from(['"\\ud800"', '"\\udfff x"', "caf\udce9", "\x1b[31m", "\ufeffx", "a\u202eb"]),
+)
+hostile_values = st.one_of(deep_values, alias_values, huge_numbers, non_finite, odd_text,
+                           st.sampled_from(["${name}", "${.x}", "${oc.env:HOME}", "${env:${x}}", "${" * 50,
+                                            "${train.seed}" * 500]))
+KEYS = ["name", "description", "train.seed", "train.max_steps", "train.learning_rate", "train.weight_decay",
+        "adapter.dropout", "data.sequence_len", "model.name_or_path", "kernels.liger", "hardware.cpu_ram_gb"]
+
+
+@st.composite
+def hostile_files(draw):
+    """A seed recipe with one key set to a hostile YAML value, written into the file."""
+    key = draw(st.sampled_from(KEYS)).split(".")
+    rest = {k: v for k, v in draw(st.sampled_from(SEEDS)).items() if k != key[0]}
+    block = "".join("  " * i + f"{k}:\n" for i, k in enumerate(key[:-1])) + "  " * (len(key) - 1) + \
+        f"{key[-1]}: {draw(hostile_values)}\n"
+    return yaml.safe_dump(rest, sort_keys=False) + block
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hostile_files())
+def test_hostile_file_values_only_raise_recipe_errors(text):
+    _check(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(KEYS), hostile_values)
+def test_hostile_overrides_only_raise_recipe_errors(key, value):
+    _check(yaml.safe_dump(SEEDS[0]), [f"{key}={value}"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(KEYS), hostile_values)
+def test_hostile_environment_only_raises_recipe_errors(key, value):
+    name = "RECIPEFORGE_" + key.upper().replace(".", "__")
+    _check(yaml.safe_dump(SEEDS[0]), environ={name: value})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=80), st.integers(0, 400))
+def test_non_utf8_bytes_only_raise_recipe_errors(junk, where):
+    text = yaml.safe_dump(SEEDS[1]).encode()
+    where = min(where, len(text))
+    _check(text[:where] + junk + text[where:])
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 1500), st.sampled_from(["map", "list"]))
+def test_deep_block_nesting_only_raises_recipe_errors(depth, kind):
+    step = "k:\n" if kind == "map" else "-\n"
+    _check("stage: sft\nname:\n" + "".join("  " * (i + 1) + step for i in range(depth)) + "  " * (depth + 1) + "1\n")

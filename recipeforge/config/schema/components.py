@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterator
 
-from recipeforge.config.schema.rules import RuleProblem
+from recipeforge.config.schema.problems import RuleProblem, model_problems
+from recipeforge.config.schema.recipe import Recipe
 from recipeforge.errors import RecipeError
 
 if TYPE_CHECKING:
-    from recipeforge.config.schema.recipe import Recipe
     from recipeforge.registry import Registry
 
 
@@ -40,8 +40,6 @@ def options_problems(model: Any, data: Any, path: tuple) -> list[RuleProblem]:
         return []
     from pydantic import BaseModel
 
-    from recipeforge.config.validate import model_problems
-
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
         return [RuleProblem(path, f"the plugin declares an options schema that is not a pydantic model "
                                   f"({type(model).__name__})", "report it to the plugin's authors")]
@@ -49,7 +47,7 @@ def options_problems(model: Any, data: Any, path: tuple) -> list[RuleProblem]:
     return model_problems(model, data, path)
 
 
-def _formats(r: "Recipe") -> Iterator[RuleProblem]:
+def _formats(r: Recipe) -> Iterator[RuleProblem]:
     from recipeforge.components.formats import format_stages, formats
 
     for section in ("datasets", "eval_datasets"):
@@ -64,7 +62,7 @@ def _formats(r: "Recipe") -> Iterator[RuleProblem]:
                                   f"use {' or '.join(fits)} for stage {r.stage}")
 
 
-def _kernels(r: "Recipe") -> Iterator[RuleProblem]:
+def _kernels(r: Recipe) -> Iterator[RuleProblem]:
     from recipeforge.components.kernels import kernels
     from recipeforge.components.models import FLASH_IMPLEMENTATIONS
 
@@ -84,7 +82,7 @@ def _kernels(r: "Recipe") -> Iterator[RuleProblem]:
                               "set model.attn_implementation: auto (or flash_attention_2), or drop the kernel")
 
 
-def _rollout(r: "Recipe") -> Iterator[RuleProblem]:
+def _rollout(r: Recipe) -> Iterator[RuleProblem]:
     if r.stage != "grpo":
         return
     from recipeforge.components.rollout import rollout_engines
@@ -104,7 +102,7 @@ def _rollout(r: "Recipe") -> Iterator[RuleProblem]:
     yield from options_problems(spec.options, rollout.options, ("grpo", "rollout", "options"))
 
 
-def _rewards(r: "Recipe") -> Iterator[RuleProblem]:
+def _rewards(r: Recipe) -> Iterator[RuleProblem]:
     if r.stage != "grpo":
         return
     from recipeforge.components.rewards import rewards

@@ -1,7 +1,8 @@
 """The whole recipe: common sections, one class per stage, discriminated on `stage`.
 
-Cross-field rules live in `rules.py`; they run after every section validated on its own and report
-all violations together, each at the key the user has to change.
+Building a `Recipe` validates each section on its own. The cross-field rules (`rules.py`) take the
+built recipe as data; `config.validate` runs them and reports all violations together, each at the
+key the user has to change.
 """
 
 from __future__ import annotations
@@ -63,15 +64,6 @@ class Recipe(Section):
         if isinstance(value, dict) and isinstance(value.get("data"), dict) and value["data"].get("packing") is None:
             value = {**value, "data": {**value["data"], "packing": value.get("stage") == "pretrain"}}
         return value
-
-    @model_validator(mode="after")
-    def _cross_field_rules(self) -> "Recipe":
-        from recipeforge.config.schema.rules import RuleViolations, check_rules
-
-        problems = check_rules(self)
-        if problems:
-            raise RuleViolations(problems)
-        return self
 
 
 class PretrainRecipe(Recipe):

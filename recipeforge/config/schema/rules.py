@@ -1,49 +1,30 @@
 """Cross-field rules: combinations of individually valid settings that cannot work together.
 
-Each rule names the key to change and how. They run after the sections validated on their own,
-and all violations are reported at once.
+Each rule takes a built `Recipe` (every section already valid on its own) and yields a
+`RuleProblem` naming the key to change and how. `config.validate` runs them after pydantic built the
+recipe and reports all violations at once, each at its own key.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Iterator
 
-if TYPE_CHECKING:
-    from recipeforge.config.schema.recipe import Recipe
-
-
-@dataclass(frozen=True)
-class RuleProblem:
-    """A violated rule at a key path."""
-
-    path: tuple
-    message: str
-    hint: str | None = None
+from recipeforge.config.schema.components import COMPONENT_RULES
+from recipeforge.config.schema.problems import RuleProblem
+from recipeforge.config.schema.recipe import Recipe
 
 
-class RuleViolations(Exception):
-    """Raised from the recipe's model validator; deliberately not a ValueError, so pydantic lets it
-    through untouched and the loader can locate every problem at its own key."""
-
-    def __init__(self, problems: list[RuleProblem]):
-        self.problems = problems
-        super().__init__("; ".join(p.message for p in problems))
-
-
-def check_rules(recipe: "Recipe") -> list[RuleProblem]:
+def check_rules(recipe: Recipe) -> list[RuleProblem]:
     """Every cross-field problem of `recipe` (empty when consistent)."""
     # Components (formats, kernels, rollout engines, rewards) are checked against their registries,
     # and plugin options against the plugins' own schemas, in `components`.
-    from recipeforge.config.schema.components import COMPONENT_RULES
-
     out: list[RuleProblem] = []
-    for rule in (_data, _adapter, _train, _distributed, _stage_specific, *COMPONENT_RULES):
+    for rule in (*CORE_RULES, *COMPONENT_RULES):
         out.extend(rule(recipe))
     return out
 
 
-def _data(r: "Recipe"):
+def _data(r: Recipe) -> Iterator[RuleProblem]:
     if isinstance(r.data.val_size, float) and r.data.val_size >= 1:
         yield RuleProblem(("data", "val_size"), f"a share must be below 1 (got {r.data.val_size})",
                           "use 0 < x < 1 for a share, or a whole number of rows")
@@ -52,7 +33,7 @@ def _data(r: "Recipe"):
                           "drop one of them")
 
 
-def _adapter(r: "Recipe"):
+def _adapter(r: Recipe) -> Iterator[RuleProblem]:
     a = r.adapter
     if a.type == "qlora" and r.model.dtype == "fp32":
         yield RuleProblem(("model", "dtype"), "QLoRA computes in bf16 or fp16 on its 4-bit base; fp32 is not supported",
@@ -65,7 +46,7 @@ def _adapter(r: "Recipe"):
                           "use adapter.type: lora, or backend: auto")
 
 
-def _train(r: "Recipe"):
+def _train(r: Recipe) -> Iterator[RuleProblem]:
     t = r.train
     if t.max_steps is None and t.epochs is None:
         yield RuleProblem(("train", "epochs"), "set train.epochs or train.max_steps", "e.g. train.epochs: 1")
@@ -78,7 +59,7 @@ def _train(r: "Recipe"):
                           "set data.val_size or data.eval_datasets")
 
 
-def _distributed(r: "Recipe"):
+def _distributed(r: Recipe) -> Iterator[RuleProblem]:
     d = r.distributed
     if (d.tensor_parallel > 1 or d.pipeline_parallel > 1) and d.backend not in ("auto", "megatron"):
         key = "tensor_parallel" if d.tensor_parallel > 1 else "pipeline_parallel"
@@ -98,7 +79,7 @@ def _distributed(r: "Recipe"):
                           "set zero_stage: 3, or offload: optimizer")
 
 
-def _stage_specific(r: "Recipe"):
+def _stage_specific(r: Recipe) -> Iterator[RuleProblem]:
     if r.stage == "grpo":
         g = r.grpo  # type: ignore[attr-defined]
         if r.train.global_batch_size % g.num_generations:
@@ -106,3 +87,6 @@ def _stage_specific(r: "Recipe"):
                               f"GRPO needs a global batch divisible by grpo.num_generations "
                               f"({r.train.global_batch_size} % {g.num_generations} != 0)",
                               f"use a multiple of {g.num_generations}, e.g. {g.num_generations * max(1, r.train.global_batch_size // g.num_generations)}")
+
+
+CORE_RULES = (_data, _adapter, _train, _distributed, _stage_specific)

@@ -13,6 +13,21 @@ Optimizer = Literal["adamw", "adamw_fused", "adamw_8bit", "paged_adamw_8bit", "p
 Scheduler = Literal["linear", "cosine", "cosine_with_min_lr", "constant", "constant_with_warmup", "wsd"]
 
 
+class DivergenceConfig(Section):
+    """Watching the logged loss for a run that has gone off the rails."""
+
+    stop_on_nan: bool = Field(
+        True, description="Stop at once when the loss or gradient norm is NaN or infinite (exit 2; the last "
+                          "complete checkpoint is kept, nothing diverged is saved).")
+    spike_factor: Optional[float] = Field(
+        3.0, gt=1, description="A loss above this many times the median of the last `spike_window` logged losses "
+                               "counts as a spike (null: no spike check). Positive losses only, so GRPO is exempt.")
+    spike_window: int = Field(10, ge=2, description="Logged losses the running median is taken over.")
+    spike_patience: int = Field(3, ge=1, description="Consecutive spiking logs before `on_spike` acts.")
+    on_spike: Literal["warn", "stop"] = Field(
+        "warn", description="`warn`: print a warning with the step; `stop`: end the run as for a NaN loss.")
+
+
 class TrainConfig(Section):
     """How long and how to optimize."""
 
@@ -38,3 +53,5 @@ class TrainConfig(Section):
     eval_steps: Optional[int] = Field(None, gt=0, description="Evaluate every N steps (null: at the end of each epoch).")
     load_best_model_at_end: bool = Field(False, description="Keep the checkpoint with the best eval metric as final.")
     metric_for_best_model: str = Field("eval_loss", description="Metric that decides the best checkpoint.")
+    divergence: DivergenceConfig = Field(
+        default_factory=DivergenceConfig, description="Stop on NaN/inf losses, warn on sustained loss spikes.")

@@ -6,7 +6,7 @@ import pytest
 
 from recipeforge.backends import backends, get_backend
 from recipeforge.backends.base import Backend
-from recipeforge.backends.world import plan_for_world
+from recipeforge.plan.world import plan_for_world
 from recipeforge.backends.worker import on_main
 from recipeforge.errors import RecipeError
 from recipeforge.plan import make_plan

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from recipeforge.backends.presets import PRESETS, get_preset, known_preset_names
-from recipeforge.backends.world import check_world, plan_for_world, processes_per_node
+from recipeforge.plan.presets import PRESETS, get_preset, known_preset_names
+from recipeforge.plan.world import check_world, plan_for_world, processes_per_node
 from recipeforge.errors import RecipeError
 from recipeforge.plan import make_plan, parse_hardware
 

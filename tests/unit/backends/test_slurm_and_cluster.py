@@ -41,7 +41,7 @@ def test_sbatch_script_for_two_gpu_nodes(tmp_path, capsys, monkeypatch):
                      f"#SBATCH --output={run}/slurm-%j.out", "export MASTER_PORT=29500"):
         assert expected in lines, expected
     assert any(line.startswith("export MASTER_ADDR=") and "scontrol show hostnames" in line for line in lines)
-    srun = shlex.split(next(line for line in lines if line.startswith("srun ")))
+    srun = shlex.split(next(line for line in lines if line.startswith("srun ")).removesuffix(" &"))
     assert srun[:2] == ["srun", "--kill-on-bad-exit=1"]
     assert srun[2:] == ["recipeforge", "train", str(recipe), f"output.dir={run}", "train.learning_rate=1e-5",
                         f"output.dir={run}"]
@@ -54,4 +54,4 @@ def test_sbatch_script_for_cpu_processes(tmp_path, capsys):
                  "--nproc-per-node", "2", "-o", str(out)]) == 0
     text = out.read_text()
     assert "--gpus-per-node" not in text and "#SBATCH --nodes=1" in text
-    assert text.rstrip().endswith("--nproc-per-node 2")
+    assert "--nproc-per-node 2 &\n" in text

@@ -1,8 +1,8 @@
 """Named backend presets (``zero2``, ``zero3_offload``, ``fsdp_full_shard``, ``tp2_pp4`` ...) and what each sets.
 
 The planner owns the list of presets a target can use (`plan.policy.known_presets`); this module says
-what a preset *means* to a backend, so a recipe pinning ``distributed.preset: zero3_offload`` and a
-plan choosing it run the same way. Pure data, no heavy imports.
+what a preset *means* (ZeRO stage, offload, FSDP sharding, TP/PP), so a recipe pinning
+``distributed.preset: zero3_offload`` and a plan choosing it run the same way. Pure data, no heavy imports.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The plan for the processes a launch really starts (`plan_for_world`).
+"""The plan for the processes a launch really starts (`plan_for_world`), and what a finished plan
+says about them (`processes_per_node`, `check_world`).
 
 On GPUs the planner already plans every GPU of the target; this module only narrows the target to
 what the command line or the launcher says (``--nnodes``, ``--nproc-per-node``, or the WORLD_SIZE a
@@ -14,8 +15,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from recipeforge.backends.presets import deepspeed_preset, fsdp_preset, get_preset
 from recipeforge.errors import RecipeError
+from recipeforge.plan.hardware import hardware_for
+from recipeforge.plan.plan import make_plan
+from recipeforge.plan.presets import deepspeed_preset, fsdp_preset, get_preset
+from recipeforge.plan.trust import annotate_plan
 from recipeforge.plan.types import Choice, Plan
 
 CPU_BACKENDS = ("ddp", "deepspeed", "fsdp")
@@ -25,15 +29,11 @@ def plan_for_world(recipe, *, nnodes: int | None = None, nproc_per_node: int | N
                    hardware=None) -> Plan:
     """Plan `recipe` for `nnodes` x `nproc_per_node` processes (None: what the target says), with the
     code-trust decision and the plugins it uses recorded in the plan."""
-    from recipeforge.plugins import annotate_plan
-
     plan = _plan_for_world(recipe, nnodes=nnodes, nproc_per_node=nproc_per_node, hardware=hardware)
     return annotate_plan(plan, recipe)
 
 
 def _plan_for_world(recipe, *, nnodes: int | None, nproc_per_node: int | None, hardware) -> Plan:
-    from recipeforge.plan import hardware_for, make_plan
-
     hw = hardware if hardware is not None else hardware_for(recipe, None)
     if nproc_per_node is not None and nproc_per_node < 1:
         raise RecipeError(f"--nproc-per-node must be >= 1 (got {nproc_per_node})")
