@@ -119,6 +119,11 @@ def _train_launching(loaded, plan, opts: LaunchOptions, overwrite: bool, force: 
         return None
     if cluster.is_main_node:
         _prepare_run(loaded, plan, run, overwrite=overwrite, force=force)
+    from recipeforge.backends.data_ready import build_before_launch
+
+    # Tokenize here, before any worker exists: a worker waiting for another's tokenization inside a
+    # collective would run into the process-group timeout. The workers then read the cache.
+    build_before_launch(loaded, log=_log)
     marker = run.root / USER_ERROR
     marker.unlink(missing_ok=True)
     from recipeforge.outputs import run_lock
@@ -216,11 +221,11 @@ def _run_worker(loaded, dist, *, overwrite: bool, force: bool) -> Path:
     if plan_file:
         plan = w.read_plan(Path(plan_file))
         run = RunDir(Path(os.environ.get(RUN_DIR_ENV) or default_run_dir(recipe, Path(loaded.path))).absolute())
-        w.init_process_group(plan.device)
+        w.init_process_group(plan.device, recipe.distributed.timeout_minutes)
         plan = w.agreed_plan(plan)
     else:
         run = RunDir(default_run_dir(recipe, Path(loaded.path)).absolute())
-        w.init_process_group(w.worker_device(recipe))
+        w.init_process_group(w.worker_device(recipe), recipe.distributed.timeout_minutes)
         plan = w.on_main(lambda: plan_for_world(recipe, nnodes=w.launched_world()[0],
                                                 nproc_per_node=w.launched_world()[1]), dist)
         plan = w.agreed_plan(plan)
@@ -309,10 +314,13 @@ def _run_stage(ctx, backend):
 
     runner = runner_class(ctx.recipe.stage)(ctx)
     if ctx.dist.world_size > 1:
-        # One process per machine tokenizes and caches the data first; the others then read the cache.
+        # One process per machine tokenizes and caches the data first (a cache hit when `recipeforge
+        # train` built it before launching); the others poll for it outside any collective, then read it.
         from recipeforge.backends import worker as w
+        from recipeforge.backends.data_ready import prepare_on_first_rank
 
-        w.on_main(lambda: _warm_data(runner_class(ctx.recipe.stage)(ctx)), ctx.dist, local=True)
+        prepare_on_first_rank(lambda: runner_class(ctx.recipe.stage)(ctx), ctx.dist, broadcast=w.broadcast,
+                              barrier=w.barrier, log=ctx.log)
     try:
         runner.setup()
         if ctx.dist.is_main and runner.data_stats:
@@ -329,11 +337,6 @@ def _run_stage(ctx, backend):
         # Answered with the plan's numbers and what would fit, as any recipe that does not fit is.
         raise out_of_memory_error(ctx, runner, exc) from None
     return runner
-
-
-def _warm_data(runner) -> None:
-    runner.tokenizer = runner.load_tokenizer()
-    runner.prepare_data()
 
 
 def _write_backend_report(ctx, runner, backend) -> None:

@@ -21,6 +21,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from recipeforge.capabilities import BackendCapabilities, capabilities_of, check_plan
 from recipeforge.errors import RecipeError
 
 TRAINER_STAGES = ("pretrain", "sft", "dpo", "grpo")
@@ -53,25 +54,42 @@ class Backend(Protocol):
 
 
 class TrainerBackend:
-    """Shared behaviour of the backends that drive a transformers/TRL trainer through Accelerate."""
+    """Shared behaviour of the backends that drive a transformers/TRL trainer through Accelerate.
+
+    What a backend runs is its capability record (`recipeforge.capabilities`): built-ins find theirs
+    by name, a plugin backend sets ``capabilities = BackendCapabilities(...)`` on its class. The recipe
+    rules and the planner read the same record, so `check` refuses nothing they let through."""
 
     name = ""
-    stages: tuple[str, ...] = TRAINER_STAGES
-    package: str | None = None        # module the backend needs (looked up, never imported here)
-    extra: str | None = None          # the recipeforge extra that installs it
+
+    @property
+    def capabilities(self) -> BackendCapabilities:
+        """This backend's capability record."""
+        return capabilities_of(self.name)
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        """The stages this backend runs (from its capability record)."""
+        return self.capabilities.stages
 
     # -- before launch ----------------------------------------------------------------------------
     def check(self, plan, recipe) -> None:
         """Refuse a plan this backend cannot run, with the reason and what to do instead."""
         if plan.backend != self.name:
             raise RecipeError(f"the plan uses backend {plan.backend}, not {self.name}", key="distributed.backend")
-        if recipe.stage not in self.stages:
-            raise RecipeError(f"the {self.name} backend does not run {recipe.stage} (it runs "
-                              f"{', '.join(self.stages)})", key="distributed.backend",
-                              hint="set distributed.backend: auto")
-        if self.package and importlib.util.find_spec(self.package) is None:
-            raise RecipeError(f"the {self.name} backend needs the {self.package} package, which is not installed",
-                              key="distributed.backend", hint=f"pip install 'recipeforge[{self.extra}]'")
+        self.check_supported(plan, recipe)
+        self.check_installed()
+
+    def check_supported(self, plan, recipe) -> None:
+        """Refuse what the capability record does not run (stage, device, adapter, offload, ...)."""
+        check_plan(self.capabilities, plan, recipe)
+
+    def check_installed(self) -> None:
+        """Refuse when the package this backend needs is missing here (looked up, never imported)."""
+        package, extra = self.capabilities.package, self.capabilities.extra
+        if package and importlib.util.find_spec(package.split(".")[0]) is None:
+            raise RecipeError(f"the {self.name} backend needs the {package} package, which is not installed",
+                              key="distributed.backend", hint=f"pip install 'recipeforge[{extra}]'")
 
     def launcher(self, plan) -> str:
         """``accelerate`` (a generated config file in the run dir) or ``none`` (this process trains)."""

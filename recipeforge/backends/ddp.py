@@ -21,9 +21,37 @@ class DDPBackend(TrainerBackend):
         return "accelerate" if plan.world_size > 1 else "none"
 
     def trainer_kwargs(self, ctx) -> dict:
-        return {"ddp_backend": "gloo"} if ctx.plan.device != "cuda" else {}
+        kwargs: dict = {"ddp_backend": "gloo"} if ctx.plan.device != "cuda" else {}
+        kwargs.update(unused_parameter_kwargs(ctx.plan))
+        return kwargs
 
     def runtime_report(self, trainer) -> dict:
         report = super().runtime_report(trainer)
         report["ddp"] = type(trainer.model_wrapped).__name__ == "DistributedDataParallel"
         return report
+
+
+# Model types whose checkpoints carry a vision or audio tower that text batches never run: their
+# trained parameters there get no gradient, which DDP only tolerates when it searches for them.
+TOWER_MODEL_TYPES = frozenset({
+    "gemma3", "gemma3n", "llama4", "llava", "llava_next", "mistral3", "mllama", "paligemma", "qwen2_vl",
+    "qwen2_5_vl", "qwen3_vl", "idefics3", "smolvlm"})
+
+
+def unused_parameter_kwargs(plan) -> dict:
+    """`ddp_find_unused_parameters` for a plan. DDP's search for parameters without a gradient costs an
+    extra traversal of the autograd graph every step; in a causal LM (full fine-tuning or LoRA) every
+    trained parameter is used in every forward pass, so the search is off. Models with a tower a text
+    batch never runs need it; non-reentrant checkpointing is then used, since reentrant checkpointing
+    and the search together make DDP mark parameters ready twice."""
+    model_type = (plan.extra.get("model") or {}).get("model_type")
+    if model_type not in TOWER_MODEL_TYPES:
+        return {"ddp_find_unused_parameters": False}
+    kwargs: dict = {"ddp_find_unused_parameters": True}
+    if plan.gradient_checkpointing:
+        from transformers import TrainingArguments  # transformers 5 renamed the switch and its kwargs
+
+        name = ("activation_checkpointing_kwargs" if "activation_checkpointing_kwargs"
+                in TrainingArguments.__dataclass_fields__ else "gradient_checkpointing_kwargs")
+        kwargs[name] = {"use_reentrant": False}
+    return kwargs

@@ -16,7 +16,6 @@ import os
 from pathlib import Path
 
 from recipeforge.backends.base import TrainerBackend, _common_report, full_state_dict_save
-from recipeforge.errors import RecipeError
 
 
 def extensions_dir() -> str:
@@ -30,18 +29,6 @@ class DeepSpeedBackend(TrainerBackend):
     """ZeRO data parallelism through DeepSpeed's engine."""
 
     name = "deepspeed"
-    package = "deepspeed"
-    extra = "deepspeed"
-
-    def check(self, plan, recipe) -> None:
-        super().check(plan, recipe)
-        if plan.offload != "none" and recipe.train.optimizer not in ("adamw", "adamw_fused"):
-            raise RecipeError(f"DeepSpeed offload steps the optimizer with its CPU Adam; train.optimizer "
-                              f"{recipe.train.optimizer} cannot be offloaded", key="train.optimizer",
-                              hint="use optimizer: adamw with offload, or a preset without offload")
-        if recipe.adapter.type == "qlora" and plan.zero_stage == 3:
-            raise RecipeError("QLoRA's 4-bit weights cannot be partitioned by ZeRO-3", key="adapter.type",
-                              hint="use ZeRO-2 (preset zero2) or LoRA")
 
     def launcher(self, plan) -> str:
         return "accelerate"  # even one process: the DeepSpeed engine needs a launched worker

@@ -12,24 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from recipeforge.backends.base import TrainerBackend, _common_report, full_state_dict_save
-from recipeforge.errors import RecipeError
 
 
 class FSDPBackend(TrainerBackend):
     """Fully sharded data parallel (FSDP2, ``fully_shard``) via Accelerate."""
 
     name = "fsdp"
-
-    def check(self, plan, recipe) -> None:
-        super().check(plan, recipe)
-        if plan.device != "cuda":
-            raise RecipeError(
-                "the fsdp backend needs CUDA GPUs: Accelerate enables FSDP only on GPU devices, and on the CPU "
-                "it would silently train unsharded DDP replicas", key="distributed.backend",
-                hint="on the CPU use backend: deepspeed (ZeRO-3 shards over gloo) or ddp")
-        if recipe.adapter.type == "qlora":
-            raise RecipeError("QLoRA's 4-bit weights are not sharded by the fsdp backend", key="adapter.type",
-                              hint="use adapter.type: lora, or backend: deepspeed with preset zero2")
 
     def plugin(self, plan, recipe) -> dict:
         """Keyword arguments of Accelerate's ``FullyShardedDataParallelPlugin`` (the planner's)."""
@@ -38,7 +26,9 @@ class FSDPBackend(TrainerBackend):
         return fsdp_plugin_config(plan, recipe)
 
     def _hybrid(self, plan) -> bool:
-        return plan.preset == "fsdp_hybrid_shard" or bool(plan.extra.get("fsdp_sharding") == "hybrid_shard")
+        from recipeforge.plan.artifacts import fsdp_sharding
+
+        return fsdp_sharding(plan) == "hybrid_shard"
 
     def accelerate_config(self, plan, recipe, run_dir: Path) -> dict:
         p = self.plugin(plan, recipe)

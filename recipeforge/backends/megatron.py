@@ -51,20 +51,13 @@ class MegatronBackend(TrainerBackend):
     def check(self, plan, recipe) -> None:
         if plan.backend != self.name:
             raise RecipeError(f"the plan uses backend {plan.backend}, not megatron", key="distributed.backend")
-        if recipe.stage not in self.stages:
-            raise RecipeError(f"the megatron backend runs pretrain and sft, not {recipe.stage}",
-                              key="distributed.backend", hint="use backend: auto, deepspeed or fsdp")
-        if plan.device != "cuda":
-            raise RecipeError("the megatron backend needs CUDA GPUs (Megatron-Core's forward is CUDA-only)",
-                              key="distributed.backend", hint="use backend: deepspeed or ddp on the CPU")
+        # stages, CUDA only, adapters, offload: the capability record (recipeforge.capabilities)
+        self.check_supported(plan, recipe)
         if not megatron_installed():
             raise RecipeError("the megatron backend needs Megatron-Bridge and Transformer Engine, which are "
                               "not installed", key="distributed.backend",
                               hint="pip install 'recipeforge[megatron]' (Megatron-Bridge needs Python 3.12 "
                                    "and CUDA), or use backend: auto")
-        if recipe.adapter.type == "qlora":
-            raise RecipeError("QLoRA is not supported on the megatron backend", key="adapter.type",
-                              hint="use adapter.type: lora")
 
     def launcher(self, plan) -> str:
         return "torchrun"  # Megatron initialises its own process groups from torchrun's environment

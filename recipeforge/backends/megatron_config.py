@@ -73,6 +73,14 @@ def megatron_config(plan, recipe, *, run_dir: Path, data: dict, train_iters: int
         "dataset": _dataset(data, seq, t.seed, r.data.packing),
         "peft": _lora(recipe),
     }
+    if t.scheduler == "wsd":
+        # The same phases as the transformers trainers (`components.schedules`): Megatron's WSD holds
+        # the peak until the last `lr_wsd_decay_iters` iterations of `lr_decay_iters`.
+        from recipeforge.components.schedules import DECAY_TYPE, wsd_phases
+
+        phases = wsd_phases(train_iters, warmup, t.decay_ratio)
+        config["scheduler"].update(lr_warmup_iters=phases.warmup, lr_wsd_decay_iters=phases.decay,
+                                   lr_wsd_decay_style=DECAY_TYPE)
     if t.gradient_checkpointing is False:
         for key in ("recompute_granularity", "recompute_method", "recompute_num_layers"):
             config["model"].pop(key, None)

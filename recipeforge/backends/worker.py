@@ -32,16 +32,20 @@ def read_plan(path: Path):
 
 def plan_from_dict(raw: dict):
     """A `Plan` from its `to_dict()` form."""
-    from recipeforge.plan.types import Choice, Plan
+    from recipeforge.plan.types import Choice, Plan, PlanExtras
 
     raw = dict(raw)
     raw["reasons"] = {k: Choice(**v) if isinstance(v, dict) else v for k, v in raw.get("reasons", {}).items()}
+    raw["extra"] = PlanExtras.from_dict(raw.get("extra"))
     return Plan(**raw)
 
 
-def init_process_group(device: str) -> None:
+def init_process_group(device: str, timeout_minutes: float | None = None) -> None:
     """Join the launcher's process group (NCCL on GPUs, gloo on the CPU) before anything else, so the
-    run directory, the data cache and the plan can be coordinated with barriers."""
+    run directory, the data cache and the plan can be coordinated with barriers.
+
+    `timeout_minutes` (`distributed.timeout_minutes`) bounds every collective wait; without it torch's
+    default applies (10 minutes for NCCL), which a long wait on one rank would run into."""
     import torch
     import torch.distributed as dist
 
@@ -49,7 +53,15 @@ def init_process_group(device: str) -> None:
         return
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group(backend="nccl" if device == "cuda" else "gloo")
+    kwargs = {"timeout": process_group_timeout(timeout_minutes)} if timeout_minutes else {}
+    dist.init_process_group(backend="nccl" if device == "cuda" else "gloo", **kwargs)
+
+
+def process_group_timeout(minutes: float):
+    """`distributed.timeout_minutes` as the `timedelta` torch.distributed takes."""
+    from datetime import timedelta
+
+    return timedelta(minutes=minutes)
 
 
 def barrier() -> None:

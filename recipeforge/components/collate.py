@@ -61,3 +61,10 @@ class LMCollator:
             # A KV cache makes the models skip the packed-sequence mask: never build one here.
             return {"input_ids": input_ids, "labels": labels, "position_ids": extra, "use_cache": False}
         return {"input_ids": input_ids, "labels": labels, "attention_mask": extra}
+
+
+def pad_multiple(device: str) -> int | None:
+    """Width multiple to pad unpacked batches to: 8 on GPUs, where 16-bit matmuls run on tensor cores
+    at full speed when their dimensions are multiples of 8; none on the CPU, where padding only costs.
+    (Packed rows already fill `data.sequence_len`.)"""
+    return 8 if device == "cuda" else None

@@ -12,9 +12,10 @@ the hub). The top of this module stays light (no torch): the planner imports the
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from recipeforge.components.tiny_spec import TINY_CONFIGS, tiny_arch
 from recipeforge.errors import Location, RecipeError, did_you_mean
@@ -145,6 +146,22 @@ def plugin_loader(name_or_path: str):
     return models.get(name_or_path, key="model.name_or_path").load
 
 
+def quantized_device_map(device: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Where a quantized model is loaded: this process's own GPU, or the CPU.
+
+    Each process of a launched job trains on the GPU of its local rank (torchrun and `accelerate
+    launch` set ``LOCAL_RANK``); loading every rank onto GPU 0 would put all copies on one device.
+    """
+    if device != "cuda":
+        return {"": "cpu"}
+    env = os.environ if environ is None else environ
+    try:
+        local_rank = int(env.get("LOCAL_RANK", 0))
+    except ValueError:
+        local_rank = 0
+    return {"": max(local_rank, 0)}
+
+
 def load_model(name_or_path: str, tokenizer, *, device: str, dtype: str = "auto", attn_implementation: str = "auto",
                revision: str | None = None, trust_remote_code: bool = False, seed: int = 42,
                max_position_embeddings: int | None = None, quantization_config: Any = None,
@@ -176,7 +193,7 @@ def load_model(name_or_path: str, tokenizer, *, device: str, dtype: str = "auto"
     if quantization_config is not None:
         kwargs["quantization_config"] = quantization_config
         # 4-bit weights cannot move between devices after loading; place them where they train.
-        kwargs["device_map"] = {"": 0} if device == "cuda" else {"": "cpu"}
+        kwargs["device_map"] = quantized_device_map(device)
     try:
         model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
     except OSError as exc:

@@ -96,13 +96,19 @@ def crash_safe(trainer_cls: type) -> type:
 
     class CrashSafeCheckpoints(trainer_cls):  # type: ignore[misc, valid-type]
         _rf_staging_root: str | None = None
+        _rf_fault: tuple[str, int] | None = None  # RECIPEFORGE_FAULT, read once per train() call
 
         def _get_output_dir(self, trial):
             return self._rf_staging_root or super()._get_output_dir(trial)
 
+        def train(self, *args, **kwargs):
+            self._rf_fault = _fault_point()  # not per step: the step hook below is free when unset
+            return super().train(*args, **kwargs)
+
         def training_step(self, *args, **kwargs):
-            maybe_fault("step", self.state.global_step)
-            maybe_fail_oom(self.state.global_step)
+            if self._rf_fault is not None:
+                maybe_fault("step", self.state.global_step)
+                maybe_fail_oom(self.state.global_step)
             return super().training_step(*args, **kwargs)
 
         def _save_optimizer_and_scheduler(self, output_dir):

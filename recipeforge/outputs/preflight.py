@@ -33,7 +33,8 @@ KEY = "output.dir"
 OPTIMIZER_BYTES = {"adamw": 8, "adamw_fused": 8, "paged_adamw_32bit": 8, "adamw_8bit": 2, "paged_adamw_8bit": 2,
                    "lion_8bit": 1, "adafactor": 1, "sgd": 0}
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-RUN_FILES = ("resolved_recipe.yaml", "plan.json", "metrics.jsonl", "checkpoints", "final", "environment.json")
+RUN_FILES = ("resolved_recipe.yaml", "plan.json", "metrics.jsonl", "checkpoints", "final", "environment.json",
+             ".recipeforge.lock")  # the run lock (outputs.run_lock.LOCK_NAME) marks a run too
 
 
 def _hint(code: int | None, where: Path) -> str:

@@ -12,11 +12,11 @@ from recipeforge.plan.types import Plan
 
 
 def _hidden(plan: Plan) -> int:
-    return int(plan.extra.get("model", {}).get("hidden_size", 4096))
+    return int(plan.extra.model.get("hidden_size", 4096))
 
 
 def _dtype(plan: Plan) -> str:
-    return plan.extra.get("dtype", "bf16")
+    return plan.extra.dtype
 
 
 def _require(plan: Plan, backend: str) -> None:
@@ -71,22 +71,34 @@ def deepspeed_config(plan: Plan, recipe) -> dict:
     return config
 
 
-def fsdp_plugin_config(plan: Plan, recipe) -> dict:
-    """Keyword arguments for ``accelerate.utils.FullyShardedDataParallelPlugin`` (FSDP2)."""
+def fsdp_sharding(plan: Plan) -> str:
+    """The FSDP sharding strategy the plan chose (full_shard | shard_grad_op | hybrid_shard)."""
     _require(plan, "fsdp")
-    layer_class = plan.extra.get("model", {}).get("decoder_layer_class")
-    dtype = _dtype(plan)
+    if plan.extra.fsdp_sharding is None:
+        raise RecipeError("the plan records no FSDP sharding strategy", key="distributed.fsdp_sharding",
+                          hint="plan again with this recipeforge version (`recipeforge train` rewrites plan.json)")
+    return plan.extra.fsdp_sharding
+
+
+def fsdp_plugin_config(plan: Plan, recipe) -> dict:
+    """Keyword arguments for ``accelerate.utils.FullyShardedDataParallelPlugin`` (FSDP2).
+
+    Precision is not among them: Accelerate derives FSDP2's ``MixedPrecisionPolicy`` from its own
+    mixed-precision setting (the launch config and the trainer's bf16/fp16 arguments), which the
+    plan's dtype already sets."""
+    sharding = fsdp_sharding(plan)
+    layer_class = plan.extra.model.get("decoder_layer_class")
     config = {
         "fsdp_version": 2,
-        # FSDP2 expresses full_shard / shard_grad_op as resharding (or not) after forward
-        "reshard_after_forward": plan.preset != "fsdp_shard_grad_op",
+        # FSDP2 expresses full_shard / shard_grad_op as resharding (or not) after forward; hybrid
+        # sharding reshards too, inside each node (the backend adds the replicate/shard mesh)
+        "reshard_after_forward": sharding != "shard_grad_op",
         "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
         "transformer_cls_names_to_wrap": [layer_class] if layer_class else None,
         "activation_checkpointing": plan.gradient_checkpointing,
         "cpu_offload": plan.offload != "none",
         "state_dict_type": "SHARDED_STATE_DICT",
         "cpu_ram_efficient_loading": True,
-        "mixed_precision_policy": None if dtype == "fp32" else dtype,
     }
     return config
 

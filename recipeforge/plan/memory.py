@@ -25,7 +25,7 @@ BUFFER_FACTOR = 1.5            # DeepSpeed's additional_buffer_factor on its hos
 
 PERSISTENT = ("weights", "gradients", "optimizer", "adapter", "reference_model", "comm_buffers",
               "rollout_engine", "runtime")
-TRAIN_PHASE = ("activations", "logits", "gathered_params")
+TRAIN_PHASE = ("activations", "logits", "gathered_params", "autocast_weights")
 OPTIMIZER_PHASE = ("optimizer_step",)
 GENERATION_PHASE = ("kv_cache", "generation_params")
 COMPONENTS = PERSISTENT + TRAIN_PHASE + OPTIMIZER_PHASE + GENERATION_PHASE
@@ -216,9 +216,12 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
     elif backend == "megatron":
         cpu = _megatron_states(w, layout, part, trainable, frozen_bytes)
     else:
-        # single, ddp: the Trainer trains weights in their load dtype (fp16 training needs fp32 weights
-        # under autocast); peft keeps adapters in fp32
-        wb = 4 if (w.dtype in ("fp32", "fp16") or not w.full_finetune) else c
+        # single, ddp: the Trainer trains weights in their load dtype. Mixed precision (always for fp16,
+        # for bf16 with train.precision mixed) loads fp32 weights and computes under autocast, so
+        # gradients and AdamW states are fp32 too; pure bf16 keeps all three in bf16 (torch's AdamW and
+        # torchao's keep their states in the parameter's dtype). peft keeps adapters in fp32.
+        mixed = w.full_finetune and w.dtype != "fp32" and (w.dtype == "fp16" or w.fp32_master)
+        wb = 4 if (w.dtype == "fp32" or not w.full_finetune or mixed) else c
         ww, gg, oo = zero_model_states(trainable, 1, 0, weight_bytes=wb, grad_bytes=wb,
                                        optimizer_bytes=optimizer_state_bytes(w.optimizer, wb, m.hidden_size))
         _assign_trainable(w, part, ww, gg, oo, frozen_bytes)
@@ -226,6 +229,8 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
             part["optimizer_step"] = oo / 2
         if backend == "ddp":
             part["comm_buffers"] = gg  # DDP's gradient buckets are a second copy of the gradients
+        if mixed:
+            part["autocast_weights"] = autocast_weight_bytes(w, checkpointing)
 
     # ---- reference model (DPO, GRPO with a KL term): frozen 16-bit copy, sharded like the weights
     if w.reference_model:
@@ -261,6 +266,15 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
     persistent = sum(part[k] for k in PERSISTENT)
     phases = [sum(part[k] for k in phase) for phase in (TRAIN_PHASE, OPTIMIZER_PHASE, GENERATION_PHASE)]
     return MemoryEstimate(components=part, total=persistent + max(phases), cpu_per_node=cpu, notes=tuple(notes))
+
+
+def autocast_weight_bytes(w: Workload, checkpointing: bool) -> float:
+    """16-bit copies of fp32 weights under autocast: each linear's weight is cast for its matmul and
+    the copy is saved for backward, so a step holds one per linear weight (with recomputation only
+    the current layer's), plus the output projection's."""
+    m, c = w.model, w.compute_bytes
+    layers = 1 if checkpointing else m.num_layers
+    return c * (layers * m.linear_params() / m.num_layers + m.vocab_size * m.hidden_size)
 
 
 def _shards_weights(layout: Layout) -> bool:

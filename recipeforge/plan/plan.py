@@ -4,17 +4,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from recipeforge.capabilities import capabilities_of, parallel_key
+from recipeforge.capabilities import refusals as capability_refusals
 from recipeforge.errors import RecipeError, did_you_mean
 from recipeforge.plan.catalog import resolve_model
 from recipeforge.plan.hardware import GIB, Hardware, hardware_for
 from recipeforge.plan import policy
 from recipeforge.plan.models import human_count
+from recipeforge.plan.presets import get_preset
 from recipeforge.plan.policy import Decision, Evaluation, decide, install_hint, known_presets
-from recipeforge.plan.types import Choice, Plan
+from recipeforge.plan.precision import choose_precision, tf32_choice
+from recipeforge.plan.types import Choice, Plan, PlanExtras
 from recipeforge.plan.workload import Workload, build_workload, lora_targets
-
-# Stages each backend's runner drives (the TRL trainers run on single/ddp/deepspeed/fsdp).
-BACKEND_STAGES = {"megatron": ("pretrain", "sft")}
 
 
 def make_plan(recipe, hardware: Hardware | None = None) -> Plan:
@@ -29,24 +30,34 @@ def make_plan(recipe, hardware: Hardware | None = None) -> Plan:
     dist = recipe.distributed
     _check_pins(recipe, w, hw)
 
-    decision = decide(w, hw, dist, recipe.train)
+    # train.precision: fp32 master weights or pure bf16 (auto: by what fits), then the layout for it
+    w, decision, precision = choose_precision(recipe, w, hw.device, lambda wl: decide(wl, hw, dist, recipe.train))
     if decision.chosen is None:
         _raise_no_fit(recipe, w, hw, decision)
     ev = decision.chosen
-    return _build_plan(recipe, w, hw, ev, decision, model_source)
+    plan = _build_plan(recipe, w, hw, ev, decision, model_source)
+    # Workers read the precision from its reason's value (`stages.precision`); tf32 is settled on the GPU.
+    added = {"precision": precision, "tf32": tf32_choice(recipe, hw)}
+    return replace(plan, reasons={**plan.reasons, **{k: v for k, v in added.items() if v is not None}})
 
 
 # ----------------------------------------------------------------------------- pins and errors
 
 def _check_pins(recipe, w: Workload, hw: Hardware) -> None:
     dist = recipe.distributed
-    stages = BACKEND_STAGES.get(dist.backend)
-    if stages and recipe.stage not in stages:
-        raise RecipeError(f"the {dist.backend} backend runs {' and '.join(stages)} only, not {recipe.stage}",
-                          key="distributed.backend", hint="use backend: auto, deepspeed or fsdp")
-    if hw.device == "cpu" and dist.backend not in ("auto", "single", "ddp", "fsdp"):
-        raise RecipeError(f"backend {dist.backend} needs GPUs; the target ({hw.describe()}) has none",
-                          key="distributed.backend", hint="use backend: auto (single process on the CPU)")
+    if dist.backend != "auto":
+        # The pinned backend's capability record, the same one the recipe rules and `check()` read;
+        # a pinned preset stands for its ZeRO stage and offload.
+        zero, offload = dist.zero_stage, dist.offload
+        if dist.preset:
+            preset = get_preset(dist.preset, backend=dist.backend)
+            zero, offload = preset.zero_stage if preset.backend == "deepspeed" else zero, preset.offload
+        found = capability_refusals(capabilities_of(dist.backend), stage=recipe.stage, device=hw.device,
+                                    adapter=w.adapter, quant_bits=w.quant_bits, offload=offload,
+                                    zero_stage=zero, optimizer=w.optimizer,
+                                    model_parallel=parallel_key(dist.tensor_parallel, dist.pipeline_parallel))
+        if found:
+            raise found[0].error()
     if dist.preset and hw.device == "cuda":
         presets = known_presets(w, hw, dist.backend)
         if dist.preset not in presets:
@@ -225,19 +236,21 @@ def _build_plan(recipe, w: Workload, hw: Hardware, ev: Evaluation, decision: Dec
     warnings.extend(w.notes)
     warnings.extend(ev.memory.notes)
 
-    extra = {
-        "hardware": hw.to_dict(),
-        "model": {**w.model.summary(), "source": model_source, "trainable_params": w.trainable_params(),
-                  "decoder_layer_class": w.model.decoder_layer_class},
-        "dtype": w.dtype,
-        "precision": _precision(layout, w),
-        "attention": w.attention,
-        "sequence_len": w.seq_len,
-        "memory_limit_gb": round(limit_gb, 2),
-        "cpu_memory_gb": round(ev.memory.cpu_per_node / GIB, 1),
-        "runners_up": _runners_up(ev, decision),
-        "warnings": warnings,
-    }
+    extra = PlanExtras(
+        hardware=hw.to_dict(),
+        model={**w.model.summary(), "source": model_source, "trainable_params": w.trainable_params(),
+               "decoder_layer_class": w.model.decoder_layer_class},
+        dtype=w.dtype,
+        precision=_precision(layout, w),
+        attention=w.attention,
+        sequence_len=w.seq_len,
+        memory_limit_gb=round(limit_gb, 2),
+        cpu_memory_gb=round(ev.memory.cpu_per_node / GIB, 1),
+        runners_up=_runners_up(ev, decision),
+        warnings=warnings,
+        # the sharding the chosen layout was sized with is the one the fsdp backend runs
+        fsdp_sharding=layout.fsdp_sharding if layout.backend == "fsdp" else None,
+    )
     return Plan(
         backend=layout.backend, preset=layout.preset, device=device,
         nodes=layout.nodes if device == "cuda" else 1,
@@ -293,8 +306,8 @@ def _precision(layout, w: Workload) -> str:
         base = w.dtype if w.adapter != "qlora" else ("4-bit NF4" if w.quant_bits == 4 else "8-bit")
         return f"frozen {base} base weights; fp32 adapter weights, gradients and optimizer states; {w.dtype} compute"
     if layout.backend in ("single", "ddp"):
-        if w.dtype == "fp16":
-            return "fp32 weights with fp16 autocast; fp32 gradients and optimizer states"
+        if w.dtype == "fp16" or w.fp32_master:
+            return f"fp32 weights with {w.dtype} autocast; fp32 gradients and optimizer states"
         return f"{w.dtype} weights, gradients and optimizer states (no fp32 master copy)"
     if layout.backend == "fsdp":
         return f"fp32 sharded weights, gradients and optimizer states; {w.dtype} compute on gathered copies"

@@ -20,12 +20,13 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass, field
 
+from recipeforge.capabilities import Refusal, capabilities_of, parallel_key, refusals
 from recipeforge.plan.hardware import GIB, Hardware
 from recipeforge.plan.memory import Layout, MemoryEstimate, estimate
+from recipeforge.plan.presets import deepspeed_preset, get_preset
 from recipeforge.plan.workload import Workload
 
 MICRO_BATCH_CAP = 8  # larger micro batches rarely raise throughput for LLM-length sequences
-EXTRAS = {"deepspeed": ("deepspeed", "deepspeed"), "megatron": ("megatron.bridge", "megatron")}
 
 
 @dataclass(frozen=True)
@@ -66,9 +67,9 @@ class Evaluation:
 
 def backend_installed(backend: str) -> bool:
     """Whether the package behind `backend` can be imported here (looked up, never imported)."""
-    if backend not in EXTRAS:
+    module = capabilities_of(backend).package
+    if module is None:
         return True
-    module = EXTRAS[backend][0]
     top = module.split(".")[0]
     if importlib.util.find_spec(top) is None:
         return False
@@ -83,19 +84,59 @@ def backend_installed(backend: str) -> bool:
 
 
 def install_hint(backend: str) -> str:
-    return f"pip install 'recipeforge[{EXTRAS[backend][1]}]'" if backend in EXTRAS else ""
+    """The pip command that installs what `backend` needs ("" when nothing)."""
+    extra = capabilities_of(backend).extra
+    return f"pip install 'recipeforge[{extra}]'" if extra else ""
 
 
 # ----------------------------------------------------------------------------- candidates
 
+def layout_refusals(w: Workload, layout: Layout, device: str) -> list[Refusal]:
+    """What the backend of `layout` refuses for this workload (its capability record decides)."""
+    return refusals(capabilities_of(layout.backend), stage=w.stage, device=device, adapter=w.adapter,
+                    quant_bits=w.quant_bits, offload=layout.offload, zero_stage=layout.zero_stage,
+                    optimizer=w.optimizer,
+                    model_parallel=parallel_key(layout.tensor_parallel, layout.pipeline_parallel))
+
+
+def deepspeed_cpu_settings(dist) -> tuple[int, str, str]:
+    """(ZeRO stage, offload, preset) of DeepSpeed on the CPU: the recipe's preset or pins, else ZeRO-2
+    (ZeRO-3 for a pinned parameter offload) without offload (memory is not what a CPU run is short of)."""
+    if dist.preset:
+        p = get_preset(dist.preset, backend="deepspeed")
+        zero, offload = p.zero_stage, p.offload
+    else:
+        offload = dist.offload if dist.offload != "auto" else "none"
+        zero = dist.zero_stage if dist.zero_stage != "auto" else (3 if offload == "optimizer+params" else 2)
+    return zero, offload, deepspeed_preset(zero, offload)
+
+
+def _cpu_candidate(backend: str, dist) -> Candidate:
+    if backend == "deepspeed":
+        zero, offload, preset = deepspeed_cpu_settings(dist)
+        return Candidate(Layout("deepspeed", preset, zero_stage=zero, offload=offload, nodes=1, gpus_per_node=0),
+                         1, f"DeepSpeed ZeRO-{zero} on the CPU (gloo), one process planned")
+    if backend == "single":
+        return Candidate(Layout("single", None, nodes=1, gpus_per_node=0), 0, "one process on the CPU")
+    # gloo on the CPU; the launcher sets the process count
+    return Candidate(Layout(backend, None, nodes=1, gpus_per_node=0), 1,
+                     f"{backend} on the CPU (gloo), one process planned")
+
+
 def candidate_list(w: Workload, hw: Hardware, dist) -> list[Candidate]:
-    """Layouts to try, in preference order, honouring the recipe's pins."""
+    """Layouts to try, in preference order, honouring the recipe's pins. Only layouts whose backend's
+    capability record accepts the workload are candidates (`recipeforge.capabilities`)."""
     if hw.device == "cpu":
-        if dist.backend in ("ddp", "fsdp"):  # gloo on the CPU; the launcher sets the process count
-            return [Candidate(Layout(dist.backend, None, nodes=1, gpus_per_node=0), 1,
-                              f"{dist.backend} on the CPU (gloo), one process planned")]
-        return [Candidate(Layout("single", None, nodes=1, gpus_per_node=0), 0, "one process on the CPU")]
-    out = _all_layouts(w, hw, pinned=dist.backend != "auto")
+        # One process is planned; `plan.world` spreads it over the processes a launch starts. In auto
+        # mode the first backend that runs the pinned settings wins (DeepSpeed for a pinned offload).
+        for backend in ((dist.backend,) if dist.backend != "auto" else ("single", "ddp", "deepspeed")):
+            candidate = _cpu_candidate(backend, dist)
+            pinned_offload = dist.offload in ("auto", candidate.layout.offload)
+            if pinned_offload and not layout_refusals(w, candidate.layout, "cpu"):
+                return [candidate]
+        return []
+    out = [c for c in _all_layouts(w, hw, pinned=dist.backend != "auto")
+           if not layout_refusals(w, c.layout, hw.device)]
     if dist.backend != "auto":
         out = [c for c in out if c.layout.backend == dist.backend]
     if dist.preset:

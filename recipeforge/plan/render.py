@@ -22,9 +22,9 @@ def render_plan(plan: Plan) -> str:
     decision with its reason (with `plan.trust.annotate_plan`: whether the recipe may import code, and
     why), the plugin components used, the runners-up and warnings."""
     x = plan.extra
-    model = x.get("model", {})
+    model = x.model
     lines: list[str] = []
-    where = x.get("hardware", {}).get("spec", plan.device)
+    where = x.hardware.get("spec", plan.device)
     preset = f" ({plan.preset})" if plan.preset else ""
     lines.append(f"Plan: {plan.backend}{preset} on {where}")
     if model:
@@ -33,7 +33,7 @@ def render_plan(plan: Plan) -> str:
             size += f", {human_count(model['active_params'])} active"
         lines.append(f"Model: {model.get('name')} ({model.get('model_type')}, {size}; "
                      f"trainable {human_count(model.get('trainable_params', 0))})")
-    lines.append(f"Precision: {x.get('precision', '')}")
+    lines.append(f"Precision: {x.precision}")
     lines.append("")
     lines.append(_table([
         ("processes", f"{plan.world_size} ({plan.nodes} node(s) x {plan.gpus_per_node} GPU(s))" if plan.device == "cuda"
@@ -41,38 +41,38 @@ def render_plan(plan: Plan) -> str:
         ("parallel", f"data {plan.data_parallel} x tensor {plan.tensor_parallel} x pipeline {plan.pipeline_parallel}"),
         ("batch", f"micro {plan.micro_batch_size} x accumulation {plan.gradient_accumulation} x data "
                   f"{plan.data_parallel} = global {plan.global_batch_size}"),
-        ("sequence length", str(x.get("sequence_len", ""))),
+        ("sequence length", str(x.sequence_len or "")),
         ("gradient checkpointing", "on" if plan.gradient_checkpointing else "off"),
         ("zero stage", "-" if plan.zero_stage is None else str(plan.zero_stage)),
         ("offload", plan.offload),
     ]))
     lines.append("")
     unit = "GPU" if plan.device == "cuda" else "process"
-    lines.append(f"Memory per {unit} (GB = GiB; limit {x.get('memory_limit_gb', 0):.1f}):")
+    lines.append(f"Memory per {unit} (GB = GiB; limit {x.memory_limit_gb:.1f}):")
     rows = [(_LABELS.get(k, k), f"{plan.memory_gb[k]:8.2f}") for k in COMPONENTS if plan.memory_gb.get(k)]
     rows.append(("peak", f"{plan.memory_gb.get('total', 0):8.2f}"))
     lines.append(_table(rows, indent="  "))
     lines.append("  peak = weights/states/buffers + max(forward-backward, optimizer step, generation)")
-    if x.get("cpu_memory_gb"):
-        lines.append(f"  host RAM per node for offloaded states: {x['cpu_memory_gb']:.0f} GB")
+    if x.cpu_memory_gb:
+        lines.append(f"  host RAM per node for offloaded states: {x.cpu_memory_gb:.0f} GB")
     lines.append("")
     lines.append("Decisions:")
     for name, choice in plan.reasons.items():
         lines.append(f"  {name:<22} {_value(choice.value):<16} {choice.reason}")
-    plugins = x.get("plugins") or []
+    plugins = x.plugins
     if plugins:
         lines.append("")
         lines.append("Plugins used:")
         lines.extend(f"  {p['group']:<28} {p['name']:<24} {p['distribution']} {p.get('version') or ''}".rstrip()
                      for p in plugins)
-    runners = x.get("runners_up") or []
+    runners = x.runners_up
     if runners:
         lines.append("")
         lines.append("Runners-up:")
         for r in runners:
             label = r["backend"] + (f" {r['preset']}" if r.get("preset") else "")
             lines.append(f"  {label:<32} {r['memory_gb']:8.2f} GB  {r['why']}")
-    warnings = x.get("warnings") or []
+    warnings = x.warnings
     if warnings:
         lines.append("")
         lines.append("Warnings:")

@@ -8,6 +8,7 @@ recipe names into its plan, so `recipeforge plan` shows them next to the other d
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping
 
 from recipeforge.plan.types import Choice, Plan
@@ -38,18 +39,18 @@ def _registry(kind: str) -> Registry:
 
 
 def annotate_plan(plan: Plan, recipe, environ: Mapping[str, str] | None = None) -> Plan:
-    """Add the code-trust decision and the plugin components `recipe` uses to `plan` (in place).
+    """`plan` with the code-trust decision and the plugin components `recipe` uses.
 
     The decision becomes ``plan.reasons["allow_code"]`` (printed with the other decisions), the
-    plugin components ``plan.extra["plugins"]``, and a component whose first-party plugin is not
-    installed here a warning. Returns `plan`.
+    plugin components ``plan.extra.plugins``, and a component whose first-party plugin is not
+    installed here a warning. Returns the annotated copy (`Plan` is frozen).
     """
     allowed, reason = code_trust(recipe.allow_code, environ)
     code = [r.name for r in getattr(getattr(recipe, "grpo", None), "rewards", ()) if is_code_reference(r.name)]
     if code:
         reason += f"; imports {', '.join(code)}"
-    plan.reasons["allow_code"] = Choice(allowed, reason)
-    plugins, warnings = [], plan.extra.setdefault("warnings", [])
+    reasons = {**plan.reasons, "allow_code": Choice(allowed, reason)}
+    plugins, warnings = [], list(plan.extra.warnings)
     if recipe.model.trust_remote_code:
         warnings.append("model.trust_remote_code: true runs the Python code of the model's repository")
     for kind, name in used_components(recipe):
@@ -65,5 +66,4 @@ def annotate_plan(plan: Plan, recipe, environ: Mapping[str, str] | None = None) 
         if entry.source != BUILTIN:
             plugins.append({"group": reg.group, "name": name, "distribution": entry.source,
                             "version": entry.version})
-    plan.extra["plugins"] = plugins
-    return plan
+    return replace(plan, reasons=reasons, extra=replace(plan.extra, warnings=warnings, plugins=plugins))

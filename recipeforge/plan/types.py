@@ -5,8 +5,10 @@ Field names here are a contract shared with the stage runners and backends: exte
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+from recipeforge.errors import RecipeError
 
 
 @dataclass(frozen=True)
@@ -15,6 +17,51 @@ class Choice:
 
     value: Any
     reason: str
+
+
+@dataclass(frozen=True)
+class PlanExtras:
+    """What a plan records beyond its layout: facts for the launch, the backends and the report.
+
+    Typed fields, not a string-keyed mapping, so that a key written and never read (or read and never
+    written) cannot exist: a write of an undeclared name is a TypeError, a read an AttributeError.
+    Frozen: a later step makes a changed copy with `dataclasses.replace`.
+    """
+
+    hardware: dict[str, Any] = field(default_factory=dict)     # `Hardware.to_dict()` of the target
+    model: dict[str, Any] = field(default_factory=dict)        # sizes, source, trainable params, decoder layer class
+    dtype: str = "fp32"                    # compute dtype: bf16 | fp16 | fp32
+    precision: str = ""                    # what is kept in which precision, for the report
+    attention: str = ""                    # fused | eager (the memory model's view)
+    sequence_len: int = 0
+    memory_limit_gb: float = 0.0           # usable memory per GPU (per process on the CPU)
+    cpu_memory_gb: float = 0.0             # host RAM per node for offloaded states
+    runners_up: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    fsdp_sharding: str | None = None       # FSDP: full_shard | shard_grad_op | hybrid_shard (None: not FSDP)
+    processes_per_node: int | None = None  # CPU runs: gloo processes per node (GPU runs: one per GPU)
+    plugins: list[dict[str, Any]] = field(default_factory=list)  # plugin components the recipe uses
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The field `name` (`default` when unset), for readers that treat extras as a mapping;
+        a name that is not a field raises instead of quietly returning `default`."""
+        if name not in _EXTRA_FIELDS:
+            raise KeyError(f"PlanExtras has no field {name!r} (fields: {', '.join(sorted(_EXTRA_FIELDS))})")
+        value = getattr(self, name)
+        return default if value is None else value
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None) -> "PlanExtras":
+        """The extras of a plan.json; an unknown key is an error (a plan from another recipeforge)."""
+        raw = dict(raw or {})
+        unknown = sorted(set(raw) - _EXTRA_FIELDS)
+        if unknown:
+            raise RecipeError(f"the plan's extra section has unknown keys: {', '.join(unknown)}",
+                              hint="plan again with this recipeforge version (`recipeforge train` rewrites plan.json)")
+        return cls(**raw)
+
+
+_EXTRA_FIELDS = frozenset(f.name for f in fields(PlanExtras))
 
 
 @dataclass(frozen=True)
@@ -38,8 +85,8 @@ class Plan:
     offload: str                  # "none" | "optimizer" | "optimizer+params"
     memory_gb: dict[str, float] = field(default_factory=dict)   # per-GPU estimate by component
     reasons: dict[str, Choice] = field(default_factory=dict)    # per decision
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: PlanExtras = field(default_factory=PlanExtras)
 
     def to_dict(self) -> dict:
-        """JSON-ready representation (written to plan.json)."""
+        """JSON-ready representation (written to plan.json; `backends.worker.plan_from_dict` reads it)."""
         return asdict(self)

@@ -60,6 +60,7 @@ class Workload:
     rollout: Rollout | None = None
     fused_loss: bool = False          # liger: fused linear + cross-entropy, no full logits
     fused_kernels: bool = False       # liger: fused RMSNorm / SwiGLU
+    fp32_master: bool = False         # full fine-tune on single/ddp: fp32 weights under 16-bit autocast
     notes: tuple[str, ...] = field(default=())
 
     @property

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from recipeforge.capabilities import capabilities_of, refusals
 from recipeforge.errors import RecipeError
 from recipeforge.plan.hardware import hardware_for
 from recipeforge.plan.plan import make_plan
-from recipeforge.plan.presets import deepspeed_preset, fsdp_preset, get_preset
+from recipeforge.plan.policy import deepspeed_cpu_settings
 from recipeforge.plan.trust import annotate_plan
 from recipeforge.plan.types import Choice, Plan
-
-CPU_BACKENDS = ("ddp", "deepspeed", "fsdp")
 
 
 def plan_for_world(recipe, *, nnodes: int | None = None, nproc_per_node: int | None = None,
@@ -43,15 +42,16 @@ def _plan_for_world(recipe, *, nnodes: int | None, nproc_per_node: int | None, h
     per_node = nproc_per_node or 1
     world = nodes * per_node
     pinned = recipe.distributed.backend
-    if world == 1 and pinned != "deepspeed":
+    if pinned != "auto":
+        # Whether the pinned backend runs on the CPU, with this many processes: its capability record.
+        found = refusals(capabilities_of(pinned), device="cpu", cpu_processes=world)
+        if found:
+            raise found[0].error()
+    if world == 1:
         return make_plan(recipe, hw)
-    if pinned in ("single", "megatron"):
-        raise RecipeError(f"backend {pinned} runs one process on the CPU; {world} processes were asked for",
-                          key="distributed.backend",
-                          hint="use backend: ddp, deepspeed or auto for several CPU processes, or drop --nproc-per-node")
-    # The planner sizes one CPU process (and refuses DeepSpeed pins on a CPU target); plan that,
-    # then spread it over the world: memory per process only shrinks when the batch is split.
-    base = make_plan(_planner_view(recipe), hw)
+    # The planner sizes one CPU process; plan that, then spread it over the world: memory per
+    # process only shrinks when the batch is split.
+    base = make_plan(recipe, hw)
     return _spread(base, recipe, nodes=nodes, per_node=per_node)
 
 
@@ -70,36 +70,14 @@ def _gpu_target(hw, nnodes: int | None, nproc_per_node: int | None):
     return hw
 
 
-def _planner_view(recipe):
-    """The recipe as the CPU planner accepts it: a DeepSpeed pin planned as DDP (same memory on one
-    process), settings that only DeepSpeed takes removed."""
-    d = recipe.distributed
-    if d.backend != "deepspeed":
-        return recipe
-    dist = d.model_copy(update={"backend": "ddp", "zero_stage": "auto", "preset": None, "offload": "auto"})
-    return recipe.model_copy(update={"distributed": dist})
-
-
 def _spread(base: Plan, recipe, *, nodes: int, per_node: int) -> Plan:
     d, t = recipe.distributed, recipe.train
     world = nodes * per_node
-    backend = d.backend if d.backend in CPU_BACKENDS else "ddp"
+    # auto: replicas (DDP), unless the one-process plan needed DeepSpeed (e.g. for a pinned offload)
+    backend = d.backend if d.backend != "auto" else ("deepspeed" if base.backend == "deepspeed" else "ddp")
     preset, zero, offload = None, None, "none"
     if backend == "deepspeed":
-        if d.preset:
-            p = get_preset(d.preset, backend="deepspeed")
-            zero, offload = p.zero_stage, p.offload
-        else:
-            zero = d.zero_stage if d.zero_stage != "auto" else 2
-            offload = d.offload if d.offload not in ("auto",) else "none"
-        preset = deepspeed_preset(zero, offload)
-    elif backend == "fsdp":
-        if d.preset:
-            p = get_preset(d.preset, backend="fsdp")
-            sharding, offload = p.sharding, p.offload
-        else:
-            sharding, offload = d.fsdp_sharding, d.offload if d.offload != "auto" else "none"
-        preset = fsdp_preset(sharding, offload)
+        zero, offload, preset = deepspeed_cpu_settings(d)
     global_batch = t.global_batch_size
     if global_batch % world:
         raise RecipeError(f"global batch {global_batch} cannot be split over {world} processes",
@@ -133,9 +111,9 @@ def _spread(base: Plan, recipe, *, nodes: int, per_node: int) -> Plan:
                                     ("auto: ZeRO-2 (memory is not the constraint on the CPU)" if zero is not None
                                      else "not DeepSpeed")))
     reasons["offload"] = Choice(offload, "recipe pins it" if offload != "none" else "not needed")
-    extra = {**base.extra, "processes_per_node": per_node,
-             "warnings": list(base.extra.get("warnings", [])) +
-             ["memory figures are the one-process estimate; sharding only lowers them"]}
+    extra = replace(base.extra, processes_per_node=per_node, fsdp_sharding=None,
+                    warnings=[*base.extra.warnings,
+                              "memory figures are the one-process estimate; sharding only lowers them"])
     return replace(base, backend=backend, preset=preset, nodes=nodes, gpus_per_node=0, world_size=world,
                    data_parallel=world, tensor_parallel=1, pipeline_parallel=1, micro_batch_size=micro,
                    gradient_accumulation=accumulation, global_batch_size=micro * accumulation * world,
@@ -146,7 +124,9 @@ def processes_per_node(plan: Plan) -> int:
     """Processes each node's launcher starts."""
     if plan.device == "cuda":
         return plan.gpus_per_node
-    return int(plan.extra.get("processes_per_node", max(1, plan.world_size // max(1, plan.nodes))))
+    if plan.extra.processes_per_node is not None:
+        return plan.extra.processes_per_node
+    return max(1, plan.world_size // max(1, plan.nodes))
 
 
 def check_world(plan: Plan, world_size: int) -> None:

@@ -8,6 +8,7 @@ merged in exactly one place (`TrainerStage.training_arguments`), after the stage
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -25,7 +26,9 @@ BNB_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit", "lion_8
 SCHEDULERS = {"linear": ("linear", {}), "cosine": ("cosine", {}),
               "cosine_with_min_lr": ("cosine_with_min_lr", {"min_lr_rate": 0.1}),
               "constant": ("constant", {}), "constant_with_warmup": ("constant_with_warmup", {}),
-              "wsd": ("warmup_stable_decay", {"decay_type": "cosine"})}
+              # wsd: the phases depend on the run's real number of steps, which the trainer knows only
+              # when training starts: `components.schedules.wsd_callback` sets them then.
+              "wsd": ("warmup_stable_decay", {"decay_type": "cosine", "num_decay_steps": 0})}
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,9 @@ class TrainerStage:
     def setup(self) -> None:
         """Tokenizer, then data (fails fast on data errors), then model, then trainer."""
         from recipeforge.components.kernels import apply_kernels
+        from recipeforge.stages.precision import check_sr_optimizer, sr_optimizer
 
+        check_sr_optimizer(self.ctx.plan)  # before anything loads
         self.kernels = apply_kernels(self.recipe.kernels, self.ctx.plan.device, log=self.ctx.log)
         self.tokenizer = self.load_tokenizer()
         self.prepare_data()
@@ -133,6 +138,9 @@ class TrainerStage:
         self.model = self.load_model()
         self.ctx.barrier()  # rank 0 may have written base_model/, which trainers load by path
         self.trainer = self.build_trainer()
+        optimizer = sr_optimizer(self.ctx.plan, self.recipe.train)
+        if optimizer is not None:  # pure bf16 with stochastic rounding: torchao's AdamW
+            self.trainer.optimizer_cls_and_kwargs = optimizer
 
     def train(self) -> dict:
         """Run the trainer (resuming when the context says so), then evaluate once at the end."""
@@ -211,6 +219,7 @@ class TrainerStage:
         from recipeforge.components.models import load_model, resolve_dtype
         from recipeforge.components.tiny_spec import tiny_arch
         from recipeforge.outputs.export import save_base_model
+        from recipeforge.stages.precision import loads_fp32_masters
 
         r, plan = self.recipe, self.ctx.plan
         m, a = r.model, r.adapter
@@ -223,8 +232,8 @@ class TrainerStage:
                 dtype = "bf16"  # `auto` on a CPU: 4-bit layers compute in bf16, not fp32
             quant = quantization_config(a, resolve_dtype(dtype, plan.device), plan.device,
                                         location=self.ctx.locate(("adapter", "type")))
-        elif a.type == "none" and plan.device == "cuda" and str(resolve_dtype(m.dtype, plan.device)) == "torch.float16":
-            dtype = "fp32"  # fp16 weights cannot be trained with fp16 mixed precision: keep fp32 masters
+        elif not for_reference and loads_fp32_masters(plan, a.type, str(resolve_dtype(m.dtype, plan.device))):
+            dtype = "fp32"  # mixed precision: fp32 master weights under 16-bit autocast (`stages.precision`)
         common = dict(device=plan.device, dtype=dtype, attn_implementation=m.attn_implementation,
                       revision=m.revision, trust_remote_code=m.trust_remote_code, seed=r.train.seed,
                       max_position_embeddings=m.max_position_embeddings, location=where)
@@ -265,6 +274,10 @@ class TrainerStage:
 
         writer = metrics.MetricsWriter(self.ctx.run.metrics, enabled=self.ctx.dist.is_main)
         cbs = [metrics.make_callback(writer, self.extra_log_sources)]
+        if self.recipe.train.scheduler == "wsd":
+            from recipeforge.components.schedules import wsd_callback
+
+            cbs.append(wsd_callback(self.recipe.train.decay_ratio))
         if self.recipe.logging.tensorboard and self.ctx.dist.is_main:
             cbs.append(_tensorboard_callback(self.ctx.run.tensorboard))
         from recipeforge.stages.divergence import make_callback as divergence_callback
@@ -280,6 +293,10 @@ class TrainerStage:
         """Build `cls` (TrainingArguments or a TRL config): common settings, then the stage's, then
         the backend's — the single place where backend trainer arguments are merged."""
         kwargs = {**self.common_arguments(), **stage_kwargs, **self.ctx.backend_kwargs}
+        if "pad_to_multiple_of" in getattr(cls, "__dataclass_fields__", {}) and "pad_to_multiple_of" not in kwargs:
+            from recipeforge.components.collate import pad_multiple
+
+            kwargs["pad_to_multiple_of"] = pad_multiple(self.ctx.plan.device)  # TRL configs pad themselves
         try:
             return cls(**kwargs)
         except ValueError as exc:  # a combination the trainer refuses, e.g. batch sizes for GRPO
@@ -294,12 +311,10 @@ class TrainerStage:
             check_bitsandbytes(plan.device, what=f"optimizer {t.optimizer}", key="train.optimizer",
                                location=self.ctx.locate(("train", "optimizer")))
         scheduler, sched_kwargs = SCHEDULERS[t.scheduler]
-        if t.scheduler == "wsd":
-            total = t.max_steps or 0
-            sched_kwargs = {**sched_kwargs, "num_decay_steps": max(1, total // 10) if total else 1}
         warmup: float = t.warmup_steps if t.warmup_steps is not None else min(t.warmup_ratio, 0.999)
         on_cpu = plan.device != "cuda"
         from recipeforge.components.models import resolve_dtype
+        from recipeforge.stages.precision import cuda_capability, tf32_argument
 
         dtype = resolve_dtype(r.model.dtype, plan.device)
         eval_strategy = ("steps" if t.eval_steps else "epoch") if self.has_eval else "no"
@@ -341,6 +356,11 @@ class TrainerStage:
             # Mixed precision only on GPUs; TRL configs default bf16=True, which CPUs refuse.
             bf16=not on_cpu and str(dtype) == "torch.bfloat16",
             fp16=not on_cpu and str(dtype) == "torch.float16",
+            # TF32 matmuls on Ampere or newer (`train.tf32`); None leaves torch's default
+            tf32=tf32_argument(t.tf32, plan.device, cuda_capability() if not on_cpu else None),
+            # The same bound on collective waits as the process group (accelerate would otherwise
+            # initialise one with its own default when it starts the group itself).
+            ddp_timeout=max(1, math.ceil(r.distributed.timeout_minutes * 60)),
             dataloader_num_workers=0,
             train_sampling_strategy="random" if r.data.shuffle else "sequential",
             push_to_hub=False,

@@ -75,6 +75,7 @@ def make_callback(config, *, stage: str, checkpoints: Path, log: Callable[[str],
     from transformers import TrainerCallback
 
     spike_factor = None if stage == "grpo" else config.spike_factor
+    nan_step = _nan_fault_step()  # read once here, not on every step
 
     class DivergenceCallback(TrainerCallback):
         def __init__(self):
@@ -105,7 +106,7 @@ def make_callback(config, *, stage: str, checkpoints: Path, log: Callable[[str],
                     f"such runs)")
 
         def on_step_begin(self, args, state, control, model=None, **kwargs):
-            if _nan_fault_step() == state.global_step and model is not None:
+            if nan_step is not None and nan_step == state.global_step and model is not None:
                 _poison(model)
 
         def on_step_end(self, args, state, control, model=None, **kwargs):

@@ -38,6 +38,7 @@ class DPOStage(TrainerStage):
 
     def build_trainer(self):
         from recipeforge.outputs.atomic import crash_safe
+        from recipeforge.stages.trl_lengths import length_arguments
         from trl import DPOConfig, DPOTrainer
 
         d = self.recipe.dpo
@@ -45,9 +46,14 @@ class DPOStage(TrainerStage):
         if d.rpo_alpha:
             # RPO: the preference loss plus an NLL term on chosen answers, weighted by rpo_alpha.
             losses, weights = [d.loss_type, "sft"], [1.0, d.rpo_alpha]
+        # Every length limit the installed TRL has comes from the recipe: prompts are cut only by
+        # dpo.max_prompt_length (recipeforge cuts them itself, in prepare_data), whole pairs by
+        # data.sequence_len; a TRL default never applies.
+        lengths = length_arguments(DPOConfig, max_length=self.recipe.data.sequence_len,
+                                   max_prompt_length=d.max_prompt_length, max_completion_length=None)
         args = self.training_arguments(
             DPOConfig, beta=d.beta, loss_type=losses, loss_weights=weights, label_smoothing=d.label_smoothing,
-            max_length=self.recipe.data.sequence_len, disable_dropout=True,
+            **lengths, disable_dropout=True,
             dataset_num_proc=self.recipe.data.num_proc if self.recipe.data.num_proc > 1 else None)
         return crash_safe(DPOTrainer)(model=self.model, ref_model=self.reference_model(), args=args,
                           train_dataset=self.train_rows, eval_dataset=self.eval_rows,

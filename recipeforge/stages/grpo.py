@@ -39,14 +39,19 @@ class GRPOStage(TrainerStage):
 
     def build_trainer(self):
         from recipeforge.outputs.atomic import crash_safe
+        from recipeforge.stages.trl_lengths import length_arguments
         from trl import GRPOConfig, GRPOTrainer
 
         g, rewards, engine = self.recipe.grpo, self.rewards, self.rollout_kwargs
         # Evaluation generates whole groups per batch: round its batch up to a multiple of the group.
         micro = self.ctx.plan.micro_batch_size
         eval_batch = g.num_generations * -(-micro // g.num_generations)
+        # Prompts are cut only by grpo.max_prompt_length (recipeforge cuts them itself, in
+        # prepare_data); completions by grpo.max_completion_length. A TRL default never applies.
+        lengths = length_arguments(GRPOConfig, max_completion_length=g.max_completion_length,
+                                   max_prompt_length=g.max_prompt_length)
         args = self.training_arguments(
-            GRPOConfig, num_generations=g.num_generations, max_completion_length=g.max_completion_length,
+            GRPOConfig, num_generations=g.num_generations, **lengths,
             per_device_eval_batch_size=eval_batch,
             temperature=g.temperature, top_p=g.top_p, beta=g.beta, epsilon=g.epsilon, loss_type=g.loss_type,
             scale_rewards=g.scale_rewards, reward_weights=rewards.weights,

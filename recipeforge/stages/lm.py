@@ -43,9 +43,10 @@ class LMStage(TrainerStage):
         from recipeforge.outputs.atomic import crash_safe
         from transformers import Trainer, TrainerCallback, TrainingArguments
 
-        from recipeforge.components.collate import LMCollator
+        from recipeforge.components.collate import LMCollator, pad_multiple
 
-        collator = LMCollator(self.tokenizer.pad_token_id, packed=self.data.packed)
+        collator = LMCollator(self.tokenizer.pad_token_id, packed=self.data.packed,
+                              pad_to_multiple_of=None if self.data.packed else pad_multiple(self.ctx.plan.device))
         self.collator = collator
         self.extra_log_sources.append(collator.counter.take)
 

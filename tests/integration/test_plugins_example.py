@@ -102,7 +102,7 @@ def test_a_recipe_using_the_plugin_validates_plans_and_trains(example_plugin, tm
 
     plan = annotate_plan(make_plan(r), r)
     assert plan.reasons["model"].reason == "counted from plugin recipeforge-example 0.1.0"
-    assert {(p["group"], p["name"], p["distribution"]) for p in plan.extra["plugins"]} == {
+    assert {(p["group"], p["name"], p["distribution"]) for p in plan.extra.plugins} == {
         ("recipeforge.models", "example/tiny-wide", example_plugin),
         ("recipeforge.formats", "qa", example_plugin),
         ("recipeforge.rewards", "word_overlap", example_plugin)}

@@ -74,12 +74,26 @@ def _kernels(r: Recipe) -> Iterator[RuleProblem]:
         if problem is not None:
             yield problem
             continue
-        yield from options_problems(spec.options, options, path)
+        problems = options_problems(spec.options, options, path)
+        yield from problems
+        if not problems:
+            yield from _stage_option_problems(spec.options, options, r.stage, path)
         attn = r.model.attn_implementation
         if name == "flash_attn" and attn not in ("auto", *FLASH_IMPLEMENTATIONS):
             yield RuleProblem(("model", "attn_implementation"),
                               f"kernels.flash_attn asks for flash-attention, but attn_implementation is {attn}",
                               "set model.attn_implementation: auto (or flash_attention_2), or drop the kernel")
+
+
+def _stage_option_problems(model: Any, data: Any, stage: str, path: tuple) -> Iterator[RuleProblem]:
+    """Options the trainer of `stage` refuses: a component's options model may define
+    ``stage_problems(stage) -> [(option, message, hint)]`` (e.g. Liger's fused linear cross-entropy,
+    which TRL's DPO and GRPO trainers refuse)."""
+    if model is None or not callable(getattr(model, "stage_problems", None)):
+        return
+    options = model.model_validate(data if data is not None else {})
+    for option, message, hint in options.stage_problems(stage):
+        yield RuleProblem((*path, option), message, hint)
 
 
 def _rollout(r: Recipe) -> Iterator[RuleProblem]:

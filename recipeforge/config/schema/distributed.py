@@ -28,6 +28,13 @@ class DistributedConfig(Section):
         "full_shard", description="FSDP sharding strategy.")
     memory_headroom: float = Field(
         0.9, gt=0, le=1, description="Share of GPU memory the planner may fill.")
+    timeout_minutes: float = Field(
+        60.0, gt=0,
+        description="How long a process waits for the others at a collective (a barrier, a gradient "
+                    "all-reduce) before the job stops with a timeout: torch's `init_process_group(timeout=)` "
+                    "and the trainer's `ddp_timeout` (Axolotl's `ddp_timeout`, here in minutes). 60 leaves room "
+                    "for the main process saving or merging a large model while the others wait, and still "
+                    "ends a hung job within the hour (NCCL's own default is 10).")
 
 
 class HardwareConfig(Section):

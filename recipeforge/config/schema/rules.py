@@ -41,9 +41,6 @@ def _adapter(r: Recipe) -> Iterator[RuleProblem]:
     if a.type == "none" and r.output.merge_adapter:
         yield RuleProblem(("output", "merge_adapter"), "there is no adapter to merge (adapter.type is none)",
                           "set adapter.type: lora, or merge_adapter: false")
-    if a.type == "qlora" and r.distributed.backend == "megatron":
-        yield RuleProblem(("distributed", "backend"), "QLoRA is not supported on the megatron backend",
-                          "use adapter.type: lora, or backend: auto")
 
 
 def _train(r: Recipe) -> Iterator[RuleProblem]:
@@ -59,24 +56,39 @@ def _train(r: Recipe) -> Iterator[RuleProblem]:
                           "set data.val_size or data.eval_datasets")
 
 
+def _target_device(r: Recipe) -> str | None:
+    """cuda or cpu when the recipe's `hardware:` section says so (else known only when planning)."""
+    if r.hardware is None:
+        return None
+    return "cpu" if r.hardware.gpus_per_node == 0 else "cuda"
+
+
 def _distributed(r: Recipe) -> Iterator[RuleProblem]:
-    d = r.distributed
-    if (d.tensor_parallel > 1 or d.pipeline_parallel > 1) and d.backend not in ("auto", "megatron"):
-        key = "tensor_parallel" if d.tensor_parallel > 1 else "pipeline_parallel"
-        yield RuleProblem(("distributed", key), f"{key} > 1 needs the megatron backend (backend is {d.backend})",
-                          "set distributed.backend: megatron (or auto), or set it back to 1")
-    if d.zero_stage != "auto" and d.backend not in ("auto", "deepspeed"):
-        yield RuleProblem(("distributed", "zero_stage"), f"zero_stage applies to DeepSpeed, not to backend {d.backend}",
-                          "set distributed.backend: deepspeed, or remove zero_stage")
-    if d.offload not in ("auto", "none") and d.backend in ("single", "ddp", "megatron"):
-        yield RuleProblem(("distributed", "offload"), f"backend {d.backend} cannot offload to CPU",
-                          "use backend: deepspeed or fsdp (or auto) for offload")
-    if d.offload not in ("auto", "none") and d.zero_stage in (0, 1) and d.backend == "deepspeed":
-        yield RuleProblem(("distributed", "offload"), f"DeepSpeed offload needs ZeRO stage 2 or 3 (got {d.zero_stage})",
-                          "set zero_stage: 2 (optimizer) or 3 (optimizer+params)")
-    if d.offload == "optimizer+params" and d.zero_stage == 2:
-        yield RuleProblem(("distributed", "offload"), "parameter offload needs ZeRO stage 3",
-                          "set zero_stage: 3, or offload: optimizer")
+    """The pinned backend against its capability record (`recipeforge.capabilities`), the record the
+    planner and the backend's `check()` read too; `auto` needs at least one backend that runs it."""
+    from recipeforge.capabilities import BUILTIN, Refusal, capabilities_of, parallel_key, refusals
+
+    d, a = r.distributed, r.adapter
+    facts = dict(stage=r.stage, device=_target_device(r), adapter=a.type, quant_bits=a.quant.bits,
+                 offload=d.offload, zero_stage=d.zero_stage, optimizer=r.train.optimizer,
+                 model_parallel=parallel_key(d.tensor_parallel, d.pipeline_parallel))
+    if d.backend != "auto":
+        found = refusals(capabilities_of(d.backend), **facts)
+    else:
+        every = {name: refusals(caps, **facts) for name, caps in BUILTIN.items()}
+        if all(every.values()):
+            # No backend runs it: report the first backend's reasons (the others' are alternatives)
+            keys = [f[0].key for f in every.values()]
+            key = max(keys, key=keys.count)
+            why = "; ".join(f"{name}: {f[0].message}" for name, f in every.items() if f[0].key == key)
+            found = [Refusal(key, f"no backend runs this combination ({why})", "change this setting")]
+        else:
+            found = []
+    seen = set()
+    for refusal in found:
+        if refusal.key not in seen:  # one problem per key: the first reason is the one to fix
+            seen.add(refusal.key)
+            yield RuleProblem(tuple(refusal.key.split(".")), refusal.message, refusal.hint)
 
 
 def _stage_specific(r: Recipe) -> Iterator[RuleProblem]:

@@ -42,12 +42,26 @@ class TrainConfig(Section):
     scheduler: Scheduler = Field("cosine", description="Learning-rate schedule after warmup.")
     warmup_ratio: float = Field(0.03, ge=0, le=1, description="Share of steps with linear warmup.")
     warmup_steps: Optional[int] = Field(None, ge=0, description="Warmup steps; overrides `warmup_ratio`.")
+    decay_ratio: float = Field(
+        0.1, ge=0, le=1,
+        description="`scheduler: wsd` only: share of all optimizer steps (from `max_steps`, or counted from "
+                    "`epochs`) spent in the final cosine decay; warmup comes first, the stable peak in between.")
     weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
     adam_beta1: float = Field(0.9, ge=0, lt=1, description="Adam beta1.")
     adam_beta2: float = Field(0.999, ge=0, lt=1, description="Adam beta2.")
     max_grad_norm: Optional[float] = Field(1.0, gt=0, description="Gradient clipping norm (null: no clipping).")
     gradient_checkpointing: Union[Literal["auto"], bool] = Field(
         "auto", description="Recompute activations in the backward pass; `auto`: on when the planner needs the memory.")
+    precision: Literal["auto", "mixed", "pure_bf16", "pure_bf16_sr"] = Field(
+        "auto", description="How full fine-tuning holds the trained weights on one GPU or DDP: `mixed` keeps "
+                            "fp32 master weights and computes in `model.dtype` (autocast); `pure_bf16` keeps "
+                            "weights, gradients and optimizer states in bf16 (half the memory, small updates "
+                            "can round away); `pure_bf16_sr` adds stochastic rounding to the update (torchao's "
+                            "AdamW, `pip install torchao`); `auto`: mixed when it fits, else pure bf16 (see "
+                            "`recipeforge plan`). Sharded backends and adapters always keep fp32 masters.")
+    tf32: Union[Literal["auto"], bool] = Field(
+        "auto", description="TF32 tensor cores for fp32 matrix multiplies; `auto`: on for GPUs of compute "
+                            "capability 8.0 (Ampere) or newer, off elsewhere.")
     seed: int = Field(42, ge=0, description="Seed for weights init, data order and dropout.")
     logging_steps: int = Field(10, gt=0, description="Log metrics every N optimizer steps.")
     eval_steps: Optional[int] = Field(None, gt=0, description="Evaluate every N steps (null: at the end of each epoch).")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from recipeforge.backends import backends, get_backend
@@ -47,17 +49,24 @@ def test_each_backend_checks_the_plan(load):
         get_backend("ddp").check(single, recipe)
     ddp = plan_for_world(recipe, nproc_per_node=2)
     assert get_backend("ddp").launcher(ddp) == "accelerate" and get_backend("single").launcher(single) == "none"
-    fsdp = plan_for_world(load("tiny/sft-full", "train.micro_batch_size=auto", "distributed.backend=fsdp").recipe,
-                          nproc_per_node=2)
+    # FSDP on the CPU is refused by the planner already, and by the backend for a plan made elsewhere.
     with pytest.raises(RecipeError, match="needs CUDA GPUs"):
-        get_backend("fsdp").check(fsdp, recipe)
+        plan_for_world(load("tiny/sft-full", "train.micro_batch_size=auto", "distributed.backend=fsdp").recipe,
+                       nproc_per_node=2)
+    with pytest.raises(RecipeError, match="needs CUDA GPUs"):
+        get_backend("fsdp").check(replace(ddp, backend="fsdp", preset="fsdp_full_shard"), recipe)
 
 
 def test_deepspeed_offload_needs_adam(load):
     recipe = load("tiny/sft-full", "train.micro_batch_size=auto", "distributed.backend=deepspeed",
                   "distributed.preset=zero2_offload", "train.optimizer=sgd").recipe
     with pytest.raises(RecipeError, match="cannot be offloaded") as err:
-        get_backend("deepspeed").check(plan_for_world(recipe, nproc_per_node=2), recipe)
+        plan_for_world(recipe, nproc_per_node=2)
+    assert err.value.problems[0].key == "train.optimizer"
+    adam = recipe.model_copy(update={"train": recipe.train.model_copy(update={"optimizer": "adamw"})})
+    planned = plan_for_world(adam, nproc_per_node=2)
+    with pytest.raises(RecipeError, match="cannot be offloaded") as err:
+        get_backend("deepspeed").check(planned, recipe)
     assert err.value.problems[0].key == "train.optimizer"
 
 

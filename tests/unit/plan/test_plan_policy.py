@@ -35,7 +35,7 @@ def test_full_finetune_8b_on_8x80_is_sharded_data_parallel(recipe):
     assert p.backend in ("fsdp", "deepspeed") and p.offload == "none"
     assert p.world_size == p.data_parallel == 8
     assert p.reasons["backend"].reason.count("ddp needs") == 1   # DDP was tried first and did not fit
-    assert p.memory_gb["total"] <= p.extra["memory_limit_gb"]
+    assert p.memory_gb["total"] <= p.extra.memory_limit_gb
 
 
 def test_full_finetune_70b_on_16x80_is_zero3_or_fsdp(recipe):
@@ -44,7 +44,7 @@ def test_full_finetune_70b_on_16x80_is_zero3_or_fsdp(recipe):
     assert p.preset in ("zero3", "zero3_offload", "zero3_offload_params", "fsdp_full_shard", "fsdp_full_shard_offload")
     # offload only because every GPU-only layout was evaluated and does not fit
     if p.offload != "none":
-        gpu_only = [r for r in p.extra["runners_up"] if "offload" not in (r["preset"] or "")
+        gpu_only = [r for r in p.extra.runners_up if "offload" not in (r["preset"] or "")
                     and r["backend"] != "megatron"]
         assert gpu_only and not any(r["fits"] for r in gpu_only)
     assert p.world_size == 16 and p.nodes == 2
@@ -157,7 +157,7 @@ def test_pinned_megatron_for_dpo_is_rejected(recipe):
 
 def test_pinned_offload(recipe):
     p = plan(recipe("meta-llama/Llama-3.1-8B", distributed={"offload": "optimizer+params"}), "8xH100-80GB")
-    assert p.offload == "optimizer+params" and p.extra["cpu_memory_gb"] > 0
+    assert p.offload == "optimizer+params" and p.extra.cpu_memory_gb > 0
 
 
 def test_unknown_preset(recipe):
@@ -169,7 +169,7 @@ def test_unknown_preset(recipe):
 def test_missing_package_is_a_warning_with_the_extra(recipe, monkeypatch):
     monkeypatch.setattr(policy, "backend_installed", lambda backend: backend != "deepspeed")
     p = plan(recipe("meta-llama/Llama-3.1-8B", distributed={"backend": "deepspeed"}), "8xH100-80GB")
-    assert any("pip install 'recipeforge[deepspeed]'" in w for w in p.extra["warnings"])
+    assert any("pip install 'recipeforge[deepspeed]'" in w for w in p.extra.warnings)
 
 
 def test_auto_passes_over_a_missing_package_on_this_machine(recipe, monkeypatch):
@@ -180,15 +180,18 @@ def test_auto_passes_over_a_missing_package_on_this_machine(recipe, monkeypatch)
     assert with_deepspeed.backend == "deepspeed" and p.backend == "fsdp"
     # a target described by a spec keeps the preferred layout, with a warning
     remote = plan(recipe("meta-llama/Llama-3.1-70B"), "2x8xH100-80GB")
-    assert remote.backend == "deepspeed" and any("recipeforge[deepspeed]" in w for w in remote.extra["warnings"])
-    passed_over = [r for r in p.extra["runners_up"] if r["preset"] == with_deepspeed.preset]
+    assert remote.backend == "deepspeed" and any("recipeforge[deepspeed]" in w for w in remote.extra.warnings)
+    passed_over = [r for r in p.extra.runners_up if r["preset"] == with_deepspeed.preset]
     assert "not installed" in passed_over[0]["why"] and "recipeforge[deepspeed]" in passed_over[0]["why"]
 
 
 def test_pins_on_cpu(recipe):
     assert plan(recipe("tiny:llama", distributed={"backend": "ddp"}), "cpu").backend == "ddp"
-    with pytest.raises(RecipeError, match="needs GPUs"):
-        plan(recipe("tiny:llama", distributed={"backend": "deepspeed"}), "cpu")
+    ds = plan(recipe("tiny:llama", distributed={"backend": "deepspeed"}), "cpu")
+    assert (ds.backend, ds.zero_stage, ds.preset) == ("deepspeed", 2, "zero2")  # ZeRO over gloo
+    for backend in ("fsdp", "megatron"):
+        with pytest.raises(RecipeError, match="needs CUDA GPUs"):
+            plan(recipe("tiny:llama", distributed={"backend": backend}), "cpu")
 
 
 # ----------------------------------------------------------------------------- stages and hardware
@@ -209,17 +212,17 @@ def test_dpo_full_finetune_holds_a_reference_model(recipe):
 
 def test_moe_model_plans(recipe):
     p = plan(recipe("mistralai/Mixtral-8x7B-v0.1", adapter={"type": "qlora"}), "1xH100-80GB")
-    assert p.backend == "single" and p.extra["model"]["active_params"] < p.extra["model"]["params"] / 3
+    assert p.backend == "single" and p.extra.model["active_params"] < p.extra.model["params"] / 3
 
 
 def test_hardware_from_the_recipe_section(recipe):
     p = make_plan(recipe("Qwen/Qwen2.5-0.5B", hardware={"gpus_per_node": 2, "gpu": "L4-24GB"}))
-    assert p.extra["hardware"]["spec"] == "2xL4-24GB" and p.reasons["hardware"].reason.endswith("hardware: section")
+    assert p.extra.hardware["spec"] == "2xL4-24GB" and p.reasons["hardware"].reason.endswith("hardware: section")
 
 
 def test_fp16_on_gpus_without_bf16(recipe):
     p = plan(recipe("Qwen/Qwen2.5-0.5B"), "1xV100-32GB")
-    assert p.extra["dtype"] == "fp16" and "lacks bf16" in p.reasons["dtype"].reason
+    assert p.extra.dtype == "fp16" and "lacks bf16" in p.reasons["dtype"].reason
 
 
 def test_cpu_too_small_for_a_real_model(recipe):
@@ -248,7 +251,7 @@ def test_every_example_plans_on_its_hardware(path):
     loaded = load_recipe(path)
     assert loaded.recipe.hardware is not None, "examples name the hardware they are written for"
     p = make_plan(loaded.recipe)
-    assert p.memory_gb["total"] <= p.extra["memory_limit_gb"]
+    assert p.memory_gb["total"] <= p.extra.memory_limit_gb
     assert p.micro_batch_size * p.gradient_accumulation * p.data_parallel == loaded.recipe.train.global_batch_size
     if path.parent.name == "tiny":
         assert (p.backend, p.device, p.world_size) == ("single", "cpu", 1)

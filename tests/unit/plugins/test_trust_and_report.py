@@ -84,9 +84,9 @@ def test_the_plan_reports_the_opt_in_and_the_plugins_used(tmp_path, dists, monke
     plan = annotate_plan(make_plan(recipe), recipe)
     choice = plan.reasons["allow_code"]
     assert choice.value is True and choice.reason == "the recipe sets allow_code: true; imports my_rewards:short"
-    assert plan.extra["plugins"] == [{"group": "recipeforge.rewards", "name": "bonus", "distribution": "rf-plan",
+    assert plan.extra.plugins == [{"group": "recipeforge.rewards", "name": "bonus", "distribution": "rf-plan",
                                       "version": "3.1"}]
-    assert any("recipeforge-liger plugin, which is not installed" in w for w in plan.extra["warnings"])
+    assert any("recipeforge-liger plugin, which is not installed" in w for w in plan.extra.warnings)
     text = render_plan(plan)
     assert "allow_code             on               the recipe sets allow_code: true" in text
     assert "Plugins used:" in text and "bonus" in text and "rf-plan 3.1" in text

@@ -28,6 +28,15 @@ from recipeforge.errors import RecipeError
 
 __version__ = "0.1.0"
 
+# Options a stage's trainer refuses, as data: option -> {stage: the trainer that raises}. TRL 1.x's
+# DPOTrainer and GRPOTrainer patch the model with their own fused LM head and raise a ValueError for
+# ``liger_kernel_config={"fused_linear_cross_entropy": True}`` (it would replace that forward).
+# pretrain and sft train on transformers' Trainer, which applies it. The plugin's tests ask the
+# installed TRL (its trainers, or their source) so this table cannot drift from it.
+REFUSED_BY_TRAINER: dict[str, dict[str, str]] = {
+    "fused_linear_cross_entropy": {"dpo": "trl.DPOTrainer", "grpo": "trl.GRPOTrainer"},
+}
+
 
 class LigerOptions(Section):
     """`kernels.liger`: which of Liger's kernels to apply (unset: Liger's default for the model type)."""
@@ -46,6 +55,17 @@ class LigerOptions(Section):
             raise ValueError("cross_entropy and fused_linear_cross_entropy cannot both be on; "
                              "fused_linear_cross_entropy includes the loss")
         return self
+
+    def stage_problems(self, stage: str) -> list[tuple[str, str, str]]:
+        """(option, message, hint) for each chosen option the trainer of `stage` refuses."""
+        out = []
+        for option, refusing in REFUSED_BY_TRAINER.items():
+            trainer = refusing.get(stage)
+            if getattr(self, option) and trainer:
+                out.append((option, f"{trainer} ({stage}) refuses Liger's {option}: it patches the model with "
+                                    f"its own fused LM head", f"drop kernels.liger.{option} for stage {stage} "
+                                    f"(the other Liger kernels still apply)"))
+        return out
 
     def config(self) -> dict:
         """`liger_kernel_config` for the trainer: only the choices the recipe makes."""

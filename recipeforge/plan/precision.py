@@ -1,0 +1,120 @@
+"""How full fine-tuning holds its trained weights (`train.precision`), decided with the memory model.
+
+On one GPU or with DDP the Hugging Face Trainer trains the weights in the dtype they were loaded in:
+
+- ``mixed``: fp32 weights, gradients and AdamW states, 16-bit compute under autocast (16 bytes per
+  parameter plus the 16-bit weight copies autocast keeps for backward); what fp16 always needs;
+- ``pure_bf16``: bf16 weights, gradients and AdamW states (8 bytes per parameter); an update smaller
+  than a weight's bf16 spacing rounds away;
+- ``pure_bf16_sr``: as pure bf16, with torchao's AdamW rounding each update stochastically, so small
+  updates survive on average.
+
+DeepSpeed, FSDP and Megatron keep fp32 master weights themselves, and peft trains adapters in fp32:
+there the precision is theirs. `auto` picks mixed whenever some layout fits without offload, else
+pure bf16 on one GPU or DDP when that fits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from recipeforge.errors import RecipeError
+from recipeforge.plan.hardware import GIB
+from recipeforge.plan.types import Choice
+from recipeforge.plan.workload import Workload
+
+REPLICA = ("single", "ddp")  # the layouts where the Trainer itself holds the weights
+PURE = ("pure_bf16", "pure_bf16_sr")
+SR_OPTIMIZERS = ("adamw", "adamw_fused")
+
+
+def choose_precision(recipe, w: Workload, device: str, decide: Callable[[Workload], object]):
+    """(workload as it will train, the layout decision for it, `Choice` of precision).
+
+    `decide(workload)` is the policy's layout decision; `auto` may ask it twice (mixed, then pure bf16).
+    Raises `RecipeError` for a pinned precision the run cannot honour."""
+    pinned = recipe.train.precision
+    pure = pinned in PURE
+    if pure:
+        _check_pure(recipe, w, pinned)
+    if w.dtype == "fp32":
+        return w, decide(w), Choice("fp32", "model.dtype fp32: weights, gradients and optimizer states in fp32, "
+                                            "no autocast")
+    if not w.full_finetune:
+        return w, decide(w), Choice("mixed", f"the adapter trains in fp32 (peft) on a frozen {w.dtype} base, "
+                                             f"{w.dtype} compute")
+    mixed_w = replace(w, fp32_master=True)
+    if w.dtype == "fp16":
+        return mixed_w, decide(mixed_w), Choice("mixed", "fp16 needs fp32 master weights (loss scaling, fp16 "
+                                                         "autocast)")
+    if device == "cpu":
+        if pinned == "mixed":
+            raise RecipeError("train.precision mixed needs a GPU: the Trainer has no bf16 autocast on the CPU",
+                              key="train.precision",
+                              hint="set model.dtype: fp32 for full precision on the CPU, or train.precision: pure_bf16")
+        mode = pinned if pure else "pure_bf16"
+        return w, decide(w), Choice(mode, "bf16 weights train as they are on the CPU (no autocast there)")
+    if pinned == "mixed":
+        return mixed_w, decide(mixed_w), Choice("mixed", "recipe sets it: fp32 master weights, gradients and "
+                                                         "AdamW states; bf16 autocast compute")
+    if pure:
+        decision = decide(w)
+        chosen = getattr(decision, "chosen", None)
+        if chosen is not None and chosen.layout.backend not in REPLICA:
+            raise RecipeError(f"train.precision {pinned} applies to one GPU or DDP, and this plan runs "
+                              f"{chosen.layout.label}, which keeps fp32 master weights itself",
+                              key="train.precision",
+                              hint="set train.precision: auto, or distributed.backend: single or ddp")
+        sr = " with stochastically rounded updates (torchao AdamW)" if pinned == "pure_bf16_sr" else ""
+        return w, decision, Choice(pinned, f"recipe sets it: bf16 weights, gradients and AdamW states{sr}")
+    # auto: fp32 master weights whenever some layout holds them without offload
+    mixed_decision = decide(mixed_w)
+    chosen = getattr(mixed_decision, "chosen", None)
+    if chosen is not None and chosen.layout.offload == "none":
+        if chosen.layout.backend in REPLICA:
+            why = (f"auto: fp32 master weights fit ({chosen.layout.label}, {chosen.memory.total / GIB:.1f} GB "
+                   f"per GPU); bf16 autocast compute")
+        else:
+            why = f"auto: {chosen.layout.backend} keeps fp32 master weights and computes in bf16"
+        return mixed_w, mixed_decision, Choice("mixed", why)
+    pure_decision = decide(w)
+    pchosen = getattr(pure_decision, "chosen", None)
+    if pchosen is not None and pchosen.layout.backend in REPLICA:
+        lost = ("needs CPU offload (" + chosen.layout.label + ")" if chosen is not None
+                else "fit in no layout")
+        return w, pure_decision, Choice(
+            "pure_bf16", f"auto: with fp32 master weights the run {lost}; bf16 weights, gradients and AdamW "
+                         f"states fit ({pchosen.layout.label}, {pchosen.memory.total / GIB:.1f} GB per GPU). "
+                         f"Updates below bf16's resolution round away: train.precision pure_bf16_sr rounds "
+                         f"them stochastically (torchao)")
+    return mixed_w, mixed_decision, Choice("mixed", "auto: fp32 master weights" + (
+        f" ({chosen.layout.label} with CPU offload; pure bf16 fits no single-GPU or DDP layout either)"
+        if chosen is not None else ""))
+
+
+def _check_pure(recipe, w: Workload, pinned: str) -> None:
+    if w.dtype != "bf16":
+        raise RecipeError(f"train.precision {pinned} keeps the weights in bf16, and model.dtype resolves to "
+                          f"{w.dtype} here", key="train.precision",
+                          hint="set model.dtype: bf16, or train.precision: auto")
+    if not w.full_finetune:
+        raise RecipeError(f"train.precision {pinned} applies to full fine-tuning; peft trains the adapter in fp32",
+                          key="train.precision", hint="remove train.precision, or set adapter.type: none")
+    if pinned == "pure_bf16_sr" and recipe.train.optimizer not in SR_OPTIMIZERS:
+        raise RecipeError(f"train.precision pure_bf16_sr uses torchao's AdamW, and train.optimizer is "
+                          f"{recipe.train.optimizer}", key="train.precision",
+                          hint="set train.optimizer: adamw, or train.precision: pure_bf16")
+
+
+def tf32_choice(recipe, hw) -> Choice | None:
+    """What `train.tf32` will do on the target (the worker decides on the GPU's compute capability)."""
+    setting = recipe.train.tf32
+    if hw.device != "cuda":
+        return None
+    if setting is not True and setting is not False:
+        ampere = hw.accelerator is not None and hw.accelerator.vendor == "nvidia" and hw.accelerator.bf16
+        return Choice(ampere, f"auto: {'on' if ampere else 'off'}, {hw.accelerator.name} "
+                              f"{'is' if ampere else 'is not'} Ampere or newer (compute capability 8.0; "
+                              f"checked again on the GPU at run time)")
+    return Choice(setting, "recipe sets it")
