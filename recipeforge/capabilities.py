@@ -97,11 +97,12 @@ BUILTIN: dict[str, BackendCapabilities] = {c.name: c for c in (
         "megatron", "Megatron-Core tensor / pipeline / data parallelism through Megatron-Bridge",
         stages=("pretrain", "sft"), devices=("cuda",), adapters=("none", "lora"), quantization_bits=(),
         offload=("none", "optimizer"), max_cpu_processes=0, model_parallel=True,
-        offload_optimizers=None, presets=("tp{T}_pp{P}", "tp{T}_pp{P}_offload"),
+        offload_optimizers=("adamw", "adamw_fused"), presets=("tp{T}_pp{P}", "tp{T}_pp{P}_offload"),
         package="megatron.bridge", extra="megatron",
         why={"stages": "Megatron-Bridge's training loop has no preference or RL losses",
              "devices": _GPU_ONLY, "adapters": "Megatron-Bridge's LoRA has no 4-bit base",
-             "offload": "the distributed optimizer offloads optimizer states only (optimizer_cpu_offload)"}),
+             "offload": "the distributed optimizer offloads optimizer states only (optimizer_cpu_offload)",
+             "offload_optimizer": "Megatron-Core offloads Adam's states to the CPU, not SGD's"}),
 )}
 
 
@@ -118,6 +119,24 @@ def capabilities_of(name: str) -> BackendCapabilities:
                           hint="a backend class sets `capabilities = BackendCapabilities(...)` "
                                "(recipeforge.capabilities)")
     return caps
+
+
+def preset_facts(name: str) -> tuple[str, int | None, str] | None:
+    """(backend, ZeRO stage, offload) a built-in preset name stands for, None for an unknown name
+    (`plan.presets` holds the full meaning; a test keeps the two in step)."""
+    import re
+
+    owner = next((c.name for c in BUILTIN.values() if name in c.presets), None)
+    if owner is None and re.fullmatch(r"tp\d+_pp\d+(_offload)?", name):
+        owner = "megatron"
+    if owner is None:
+        return None
+    if owner == "deepspeed":
+        offload = "optimizer+params" if name.endswith("_offload_params") else \
+            "optimizer" if name.endswith("_offload") else "none"
+        return owner, int(name[4]), offload
+    offload = {"fsdp": "optimizer+params", "megatron": "optimizer"}[owner] if name.endswith("_offload") else "none"
+    return owner, None, offload
 
 
 def _supporting(names: Iterable[str], test) -> list[str]:

@@ -108,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     _recipe_args(p)
     p.set_defaults(func=cmd_preprocess)
 
+    p = sub.add_parser("convert-checkpoint",
+                       help="convert a recipe's Hugging Face model to a Megatron checkpoint (cached; megatron backend)")
+    _recipe_args(p)
+    p.set_defaults(func=cmd_convert_checkpoint)
+
     p = sub.add_parser("merge", help="merge a run's LoRA adapter into its base model (safetensors)")
     p.add_argument("run_dir", help="run directory written by `recipeforge train`")
     p.add_argument("-o", "--output", help="output directory (default: RUN_DIR/merged)")
@@ -253,6 +258,14 @@ def cmd_preprocess(args) -> int:
 
     stats = preprocess(_load(args))
     print(json.dumps(stats, indent=2, default=str))
+    return 0
+
+
+def cmd_convert_checkpoint(args) -> int:
+    from recipeforge.backends.megatron_convert import import_checkpoint
+
+    out = import_checkpoint(_load(args).recipe)
+    print(f"Megatron checkpoint: {out}")
     return 0
 
 

@@ -115,7 +115,10 @@ def _train_launching(loaded, plan, opts: LaunchOptions, overwrite: bool, force: 
     spec = launch_spec(plan, recipe, recipe_path=recipe_path, overrides=opts.overrides,
                        run_dir=run.root, cluster=cluster, files_dir=files_dir, debug=opts.debug)
     if opts.dry_run:
-        print(f"# plan: {_plan_line(plan)}\n" + spec.render(), end="")
+        from recipeforge.errors import redact_url_credentials
+
+        # The printed command never shows a password from an override (the launched one keeps it).
+        print(redact_url_credentials(f"# plan: {_plan_line(plan)}\n" + spec.render()), end="")
         return None
     if cluster.is_main_node:
         _prepare_run(loaded, plan, run, overwrite=overwrite, force=force)

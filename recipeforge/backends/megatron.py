@@ -1,37 +1,49 @@
 """Megatron-Bridge: tensor / pipeline / data parallel pretraining and SFT (full or LoRA) of Hugging Face models.
 
-Flow inside each torchrun worker: the HF checkpoint is imported once into Megatron's distributed format
-(`AutoBridge.import_ckpt`), the recipe's data is written in a form Megatron-Bridge reads (an indexed token
-dataset for pretraining, input/output JSONL for SFT), the `ConfigContainer` is built from
-`megatron_config` (a pure translation of recipe + plan), Megatron-Bridge's own `pretrain` / `finetune`
-loop runs, and the last checkpoint is exported to Hugging Face safetensors in final/ (LoRA adapters are
-merged first). Megatron-Bridge and Transformer Engine are imported only here, inside the functions.
+The pieces, and where each runs:
 
-Megatron-Core's forward needs CUDA, so this backend runs on GPUs only; its tests there are marked `gpu`.
+* before the job, in the launching process: `prepare_launch` converts the Hugging Face checkpoint to
+  Megatron's format once (`megatron_convert.import_checkpoint`, cached);
+* in every torchrun worker, on the usual stage protocol: the Megatron stage runner
+  (`stages.megatron_lm`) writes the shared data step's token rows in Megatron's formats
+  (`components.megatron_data`), builds the `ConfigContainer` with `build_config` (handed to it by
+  `trainer_kwargs`) from `megatron_config` (a pure translation of recipe + plan) and runs
+  Megatron-Bridge's `finetune` loop. Every rank takes the same path;
+* after the job, in the launching process: `finish_launch` exports the last checkpoint to final/
+  (`megatron_convert.export_final`) and merges a LoRA adapter when the recipe asks.
+
+What the backend does with each recipe field is in `megatron_fields`; `check` refuses the rest.
+Megatron-Bridge and Transformer Engine are imported inside functions only. Megatron-Core's forward
+needs CUDA, so this backend runs on GPUs only.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
 from recipeforge.backends.base import TrainerBackend
-from recipeforge.errors import RecipeError
+from recipeforge.errors import Problem, RecipeError
 
-SECTIONS = {  # ConfigContainer field -> Megatron-Bridge class (module, name)
+# ConfigContainer field -> Megatron-Bridge 0.6 class (module, name). Built with keyword arguments, so a
+# field the installed version does not have fails at construction instead of being dropped.
+SECTIONS = {
     "train": ("megatron.bridge.training.config", "TrainingConfig"),
     "validation": ("megatron.bridge.training.config", "ValidationConfig"),
     "optimizer": ("megatron.bridge.training.config", "OptimizerConfig"),
     "scheduler": ("megatron.bridge.training.config", "SchedulerConfig"),
-    "ddp": ("megatron.core.distributed", "DistributedDataParallelConfig"),
+    "ddp": ("megatron.bridge.training.config", "DistributedDataParallelConfig"),
     "checkpoint": ("megatron.bridge.training.config", "CheckpointConfig"),
     "logger": ("megatron.bridge.training.config", "LoggerConfig"),
     "tokenizer": ("megatron.bridge.training.config", "TokenizerConfig"),
     "rng": ("megatron.bridge.training.config", "RNGConfig"),
+    "dist": ("megatron.bridge.training.config", "DistributedInitConfig"),
     "peft": ("megatron.bridge.peft.lora", "LoRA"),
 }
-DATASETS = {"gpt": ("megatron.bridge.training.config", "GPTDatasetConfig"),
-            "sft": ("megatron.bridge.training.config", "FinetuningDatasetConfig")}
+DATASETS = {"sft": ("megatron.bridge.data.builders", "GPTSFTDatasetConfig")}
+PACKING = ("megatron.bridge.data.packing", "PackedSequenceSpecs")
+DTYPES = ("params_dtype", "pipeline_dtype")  # written as names in the pure translation
 
 
 def megatron_installed() -> bool:
@@ -42,22 +54,26 @@ def megatron_installed() -> bool:
 
 
 class MegatronBackend(TrainerBackend):
-    """Megatron-Core parallelism through Megatron-Bridge's training loop (it trains the stage itself)."""
+    """Megatron-Core parallelism through Megatron-Bridge's training loop (its own stage runner)."""
 
     name = "megatron"
     stages = ("pretrain", "sft")
-    trains_itself = True
+    exports_after_job = True  # final/ (and a LoRA merge) are written by `finish_launch`
 
     def check(self, plan, recipe) -> None:
+        from recipeforge.backends.megatron_convert import EXTRA_HINT
+        from recipeforge.backends.megatron_fields import megatron_problems
+
         if plan.backend != self.name:
             raise RecipeError(f"the plan uses backend {plan.backend}, not megatron", key="distributed.backend")
         # stages, CUDA only, adapters, offload: the capability record (recipeforge.capabilities)
         self.check_supported(plan, recipe)
+        problems = megatron_problems(recipe)
+        if problems:
+            raise RecipeError([Problem(message, key=key) for key, message in problems])
         if not megatron_installed():
             raise RecipeError("the megatron backend needs Megatron-Bridge and Transformer Engine, which are "
-                              "not installed", key="distributed.backend",
-                              hint="pip install 'recipeforge[megatron]' (Megatron-Bridge needs Python 3.12 "
-                                   "and CUDA), or use backend: auto")
+                              "not installed", key="distributed.backend", hint=EXTRA_HINT)
 
     def launcher(self, plan) -> str:
         return "torchrun"  # Megatron initialises its own process groups from torchrun's environment
@@ -71,188 +87,113 @@ class MegatronBackend(TrainerBackend):
 
         return {"megatron_parallel.json": json.dumps(megatron_parallel_settings(plan, recipe), indent=2) + "\n"}
 
-    # -- the worker ---------------------------------------------------------------------------------
-    def train_stage(self, ctx) -> dict:
-        """Prepare data and base checkpoint, run Megatron-Bridge's loop, export final/. Returns data stats."""
-        import torch.distributed as dist
+    # -- around the job (launching process, one process) ---------------------------------------
+    def prepare_launch(self, loaded, plan, run, *, log=print) -> Path:
+        """Convert the Hugging Face model before any worker starts; returns the converted entry."""
+        from recipeforge.backends.megatron_convert import import_checkpoint
 
-        from recipeforge.backends.megatron_config import megatron_config
+        return import_checkpoint(loaded.recipe, run_root=run.root, log=log)
 
-        recipe, run = ctx.recipe, ctx.run
-        stats, data, rows = _prepare_data(ctx)
-        if ctx.dist.is_main and not (run.root / "megatron_base").exists():
-            _import_base(recipe, run.root / "megatron_base")
-        if dist.is_initialized():
-            dist.barrier()
-        steps = recipe.train.max_steps or max(1, int(recipe.train.epochs * rows // ctx.plan.global_batch_size))
-        config = build_container(megatron_config(ctx.plan, recipe, run_dir=run.root, data=data, train_iters=steps),
-                                 recipe)
-        from megatron.bridge.training.finetune import finetune
-        from megatron.bridge.training.gpt_step import forward_step
+    def finish_launch(self, loaded, plan, run, *, log=print) -> Path:
+        """final/ from the job's last checkpoint, then the LoRA merge when `output.merge_adapter`."""
+        from recipeforge.backends.megatron_convert import export_final
 
-        # Every recipe starts from a Hugging Face model (its weights imported above), so pretraining is
-        # continued pretraining: Megatron-Bridge's `finetune` is `pretrain` from `pretrained_checkpoint`.
-        finetune(config=config, forward_step_func=forward_step)
-        if dist.is_initialized():
-            dist.barrier()
-        if ctx.dist.is_main:
-            export_final(recipe, run.root / "checkpoints", run.final, lora=recipe.adapter.type == "lora",
-                         base=run.root / "megatron_base")
-        return stats
+        final = export_final(loaded.recipe, run, log=log)
+        recipe = loaded.recipe
+        if recipe.output.merge_adapter and recipe.adapter.type != "none":
+            from recipeforge.outputs.export import merge_adapter
+
+            merge_adapter(run.root)
+        return final
+
+    # -- inside each worker ---------------------------------------------------------------------
+    def trainer_kwargs(self, ctx) -> dict:
+        """The Megatron stage's configuration builder (the stage never imports a backend)."""
+        from functools import partial
+
+        return {"build_config": partial(build_config, ctx)}
+
+    def save_final(self, ctx, trainer, model, tokenizer) -> Path | None:
+        return None  # final/ is exported after the job (`finish_launch`)
+
+    def runtime_report(self, trainer) -> dict:
+        return {}
 
 
-def build_container(settings: dict, recipe):
-    """The Megatron-Bridge `ConfigContainer` from `megatron_config`'s sections; a field the installed
-    Megatron-Bridge lacks is an error naming it (never silently dropped)."""
-    import importlib
-
-    from megatron.bridge import AutoBridge
-    from megatron.bridge.training.config import ConfigContainer, DistributedInitConfig
+def converted_base(recipe, run_root: Path) -> Path:
+    """The converted checkpoint `prepare_launch` left (same cache key); an error when it is missing."""
+    from recipeforge.backends.megatron_convert import _cache_root, base_checkpoint, cache_key
+    from recipeforge.components.tiny_spec import tiny_arch
 
     m = recipe.model
-    provider = AutoBridge.from_hf_pretrained(m.name_or_path, trust_remote_code=m.trust_remote_code) \
-        .to_megatron_provider(load_weights=False)
-    _apply(provider, settings["model"], "model")
-    settings = dict(settings)
-    sections = {}
-    for name, (module, cls) in SECTIONS.items():
-        if settings.get(name) is None:
-            continue
-        klass = getattr(importlib.import_module(module), cls, None)
-        if klass is None and name == "validation":
-            # Older Megatron-Bridge keeps the evaluation settings on TrainingConfig.
-            settings["train"] = {**settings["train"], **settings["validation"]}
-            continue
-        sections[name] = _apply(klass(), settings[name], name)
-    if "validation" not in sections and "train" in sections:
-        _apply(sections["train"], {k: v for k, v in settings["train"].items()}, "train")
-    dataset = dict(settings["dataset"])
-    module, cls = DATASETS[dataset.pop("kind")]
-    sections["dataset"] = getattr(importlib.import_module(module), cls)(**dataset)
-    return ConfigContainer(model=provider, dist=DistributedInitConfig(),
-                           mixed_precision=settings.get("mixed_precision"), **sections)
+    entry = run_root / "megatron_base" if tiny_arch(m.name_or_path) else \
+        _cache_root() / cache_key(m.name_or_path, m.revision, m.trust_remote_code)
+    if not (entry / "done.json").is_file():
+        raise RecipeError(f"no converted Megatron checkpoint of {m.name_or_path} at {entry}",
+                          key="model.name_or_path",
+                          hint="start the run with `recipeforge train` (it converts before launching) or run "
+                               "`recipeforge convert-checkpoint RECIPE` first; on several nodes, "
+                               "$RECIPEFORGE_CACHE must be on a shared filesystem")
+    return base_checkpoint(entry)
 
 
-def _apply(obj, values: dict, section: str):
-    import torch
-
-    for key, value in values.items():
-        if not hasattr(obj, key):
-            raise RecipeError(f"the installed Megatron-Bridge has no {section}.{key}", key="distributed.backend",
-                              hint="install the Megatron-Bridge version the `megatron` extra pins")
-        if key in ("params_dtype", "pipeline_dtype") and isinstance(value, str):
-            value = getattr(torch, value)
-        setattr(obj, key, value)
-    return obj
-
-
-def _prepare_data(ctx) -> tuple[dict, dict, int]:
-    """Write the recipe's data where Megatron-Bridge reads it (main process), using recipeforge's own
-    tokenization and formats so masking and chat templates match the other backends."""
-    import torch.distributed as dist
-
-    from recipeforge.stages import runner_class
+def build_config(ctx, *, data: dict, train_iters: int):
+    """The Megatron-Bridge `ConfigContainer` for this worker (called by the Megatron stage runner)."""
+    from recipeforge.backends.megatron_config import megatron_config
 
     recipe = ctx.recipe
-    if recipe.stage == "sft" and recipe.data.packing:
-        # Megatron-Bridge packs SFT rows itself; it needs one prompt/answer pair per row.
-        from dataclasses import replace
-
-        recipe = recipe.model_copy(update={"data": recipe.data.model_copy(update={"packing": False})})
-        ctx = replace(ctx, loaded=replace(ctx.loaded, recipe=recipe))
-    runner = runner_class(recipe.stage)(ctx)
-    runner.tokenizer = runner.load_tokenizer()
-    out = ctx.run.root / "megatron_data"
-    if ctx.recipe.stage == "pretrain":
-        data = {"kind": "pretrain", "prefix": out / "train_text_document"}
-    else:
-        data = {"kind": "sft", "root": out, "has_eval": bool(ctx.recipe.data.val_size or ctx.recipe.data.eval_datasets)}
-    rows = 0
-    if ctx.dist.is_main:
-        runner.prepare_data()
-        rows = _write_dataset(runner.data, runner.tokenizer, data, out)
-    if dist.is_initialized():
-        box = [rows]
-        dist.broadcast_object_list(box, src=0)
-        rows = box[0]
-    return dict(getattr(runner, "data_stats", {})), data, rows
+    settings = megatron_config(ctx.plan, recipe, run_dir=ctx.run.root, data=data, train_iters=train_iters,
+                               base_checkpoint=converted_base(recipe, ctx.run.root))
+    return build_container(settings, recipe, hf_path=_hf_path(recipe, ctx.run.root))
 
 
-def _write_dataset(lm_data, tokenizer, data: dict, out: Path) -> int:
-    out.mkdir(parents=True, exist_ok=True)
-    if data["kind"] == "pretrain":
-        import numpy as np
-        import torch
-        from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+def _hf_path(recipe, run_root: Path) -> str:
+    from recipeforge.components.tiny_spec import tiny_arch
 
-        builder = IndexedDatasetBuilder(f"{data['prefix']}.bin", dtype=np.int32)
-        for row in lm_data.train:
-            ids = torch.tensor(row["input_ids"], dtype=torch.int32)
-            builder.add_document(ids, [len(ids)])
-        builder.finalize(f"{data['prefix']}.idx")
-        return len(lm_data.train)
-    # SFT: prompt (untrained tokens) and answer (trained tokens) as text, one JSON row each.
-    for split, rows in (("training", lm_data.train), ("validation", lm_data.eval)):
-        if rows is None:
-            continue
-        with open(out / f"{split}.jsonl", "w", encoding="utf-8") as fh:
-            for row in rows:
-                ids, labels = row["input_ids"], row["labels"]
-                prompt = [t for t, lab in zip(ids, labels) if lab == -100]
-                answer = [t for t, lab in zip(ids, labels) if lab != -100]
-                fh.write(json.dumps({"input": tokenizer.decode(prompt), "output": tokenizer.decode(answer)}) + "\n")
-    return len(lm_data.train)
+    return str(run_root / "base_model") if tiny_arch(recipe.model.name_or_path) else recipe.model.name_or_path
 
 
-def _import_base(recipe, path: Path) -> None:
-    from megatron.bridge import AutoBridge
+def construct(section: str, klass, values: dict):
+    """`klass(**values)`: a field the installed Megatron-Bridge lacks is an error naming it."""
+    import torch
 
-    AutoBridge.import_ckpt(recipe.model.name_or_path, str(path), trust_remote_code=recipe.model.trust_remote_code)
+    values = {k: getattr(torch, v) if k in DTYPES and isinstance(v, str) else v for k, v in values.items()}
+    try:
+        return klass(**values)
+    except TypeError as exc:
+        raise RecipeError(f"the installed Megatron-Bridge does not take {section} settings {sorted(values)}: {exc}",
+                          key="distributed.backend",
+                          hint="install the version the `megatron` extra pins: pip install 'recipeforge[megatron]'") \
+            from None
 
 
-def export_final(recipe, checkpoints: Path, final: Path, *, lora: bool, base: Path) -> None:
-    """Megatron checkpoint -> Hugging Face safetensors in final/ (LoRA adapters merged into the base)."""
-    from megatron.bridge import AutoBridge
+def _class(spec: tuple[str, str]):
+    module, name = spec
+    return getattr(importlib.import_module(module), name)
+
+
+def build_container(settings: dict, recipe, *, hf_path: str):
+    """The `ConfigContainer` from `megatron_config`'s sections, every dataclass built with keywords."""
+    from recipeforge.backends.megatron_convert import auto_bridge
+
+    from megatron.bridge.training.config import ConfigContainer
 
     m = recipe.model
-    bridge = AutoBridge.from_hf_pretrained(m.name_or_path, trust_remote_code=m.trust_remote_code)
-    source = latest_checkpoint(checkpoints)
-    if lora:
-        merged = checkpoints.parent / "megatron_merged"
-        _merge_lora(bridge, base, source, merged, recipe)
-        source = merged
-    bridge.export_ckpt(megatron_path=str(source), hf_path=str(final))
+    provider = auto_bridge().from_hf_pretrained(hf_path, trust_remote_code=m.trust_remote_code) \
+        .to_megatron_provider(load_weights=False)
+    for key, value in settings["model"].items():  # the provider exists already: set, but only known fields
+        if not hasattr(provider, key):
+            raise RecipeError(f"the installed Megatron-Bridge's model provider has no field {key}",
+                              key="distributed.backend", hint="pip install 'recipeforge[megatron]'")
+        import torch
 
-
-def latest_checkpoint(checkpoints: Path) -> Path:
-    """The newest ``iter_*`` directory Megatron saved (it records the number in a tracker file)."""
-    tracker = checkpoints / "latest_checkpointed_iteration.txt"
-    if tracker.is_file():
-        return checkpoints / f"iter_{int(tracker.read_text().strip()):07d}"
-    found = sorted(checkpoints.glob("iter_*"))
-    if not found:
-        raise RecipeError(f"Megatron wrote no checkpoint under {checkpoints}", key="output.save_steps")
-    return found[-1]
-
-
-def _merge_lora(bridge, base: Path, lora_dir: Path, out: Path, recipe) -> None:
-    """Megatron-Bridge's LoRA merge: base weights + adapter tensors -> one dense Megatron checkpoint."""
-    from megatron.bridge.training.checkpointing import (_generate_model_state_dict,
-                                                        apply_peft_adapter_filter_to_state_dict)
-    from megatron.bridge.training.model_load_save import save_megatron_model
-    from megatron.bridge.peft.lora import LoRA, LoRAMerge
-    from megatron.core import dist_checkpointing
-
-    from recipeforge.backends.megatron_config import _lora
-
-    provider = bridge.to_megatron_provider(load_weights=False)
-    provider.tensor_model_parallel_size = provider.pipeline_model_parallel_size = 1
-    provider.initialize_model_parallel(seed=recipe.train.seed)
-    model = bridge.load_megatron_model(str(base), wrap_with_ddp=False)
-    settings = {k: v for k, v in _lora(recipe).items() if k in ("target_modules", "dim", "alpha", "dropout")}
-    peft = LoRA(**settings)
-    model = peft(model, training=False)
-    sharded = apply_peft_adapter_filter_to_state_dict(_generate_model_state_dict(model, {}), peft)
-    loaded = dist_checkpointing.load(sharded, str(lora_dir))
-    model[0].load_state_dict(loaded["model"], strict=False)
-    save_megatron_model([LoRAMerge()(model[0], training=False)], out)
+        setattr(provider, key, getattr(torch, value) if key in DTYPES and isinstance(value, str) else value)
+    sections = {name: construct(name, _class(spec), settings[name])
+                for name, spec in SECTIONS.items() if settings.get(name) is not None}
+    dataset = dict(settings["dataset"])
+    kind = dataset.pop("kind")
+    specs = dataset.pop("offline_packing_specs", None)
+    if specs is not None:
+        dataset["offline_packing_specs"] = construct("offline_packing_specs", _class(PACKING), specs)
+    sections["dataset"] = construct("dataset", _class(DATASETS[kind]), dataset)
+    return ConfigContainer(model=provider, mixed_precision=settings.get("mixed_precision"), **sections)

@@ -22,12 +22,16 @@ _DECAY = {"linear": "linear", "cosine": "cosine", "cosine_with_min_lr": "cosine"
           "constant_with_warmup": "constant", "wsd": "WSD"}
 
 
-def megatron_config(plan, recipe, *, run_dir: Path, data: dict, train_iters: int) -> dict:
+def megatron_config(plan, recipe, *, run_dir: Path, data: dict, train_iters: int,
+                    base_checkpoint: Path | None = None) -> dict:
     """Megatron-Bridge settings for `recipe` under `plan`.
 
-    `data` describes the prepared dataset: ``{"kind": "pretrain", "prefix": PATH}`` for an indexed
-    token dataset, or ``{"kind": "sft", "root": DIR}`` for JSONL input/output rows. `train_iters` is the
-    number of optimizer steps (the recipe's max_steps, or epochs over the data, computed by the caller).
+    `data` describes the prepared dataset, as `components.megatron_data.write_megatron_data` returns
+    it: ``root``, ``training`` / ``validation`` (``parquet`` path, ``rows``) and ``metadata``. Both
+    stages train on those packed rows through Megatron-Bridge's `GPTSFTDatasetConfig` with offline
+    packing. `train_iters` is the number of optimizer steps (the recipe's max_steps, or epochs over
+    the data, computed by the caller). `base_checkpoint` is the converted Hugging Face model
+    (`backends.megatron_convert.import_checkpoint`) training starts from.
     """
     from recipeforge.plan.artifacts import megatron_parallel_settings
 
@@ -35,6 +39,9 @@ def megatron_config(plan, recipe, *, run_dir: Path, data: dict, train_iters: int
         raise RecipeError(f"the plan uses backend {plan.backend}, not megatron", key="distributed.backend")
     r, t, o = recipe, recipe.train, recipe.output
     par = megatron_parallel_settings(plan, recipe)
+    if t.optimizer == "sgd" and plan.offload != "none":
+        raise RecipeError("Megatron-Core offloads Adam's states only; SGD cannot run with the optimizer on the CPU",
+                          key="train.optimizer", hint="use adamw, or distributed.offload: none")
     dtype = plan.extra.get("dtype", "bf16")
     seq = r.data.sequence_len
     warmup = t.warmup_steps if t.warmup_steps is not None else int(round(t.warmup_ratio * train_iters))
@@ -46,31 +53,34 @@ def megatron_config(plan, recipe, *, run_dir: Path, data: dict, train_iters: int
     ckpt = run_dir / "checkpoints"
     config: dict = {
         "model": model,
+        # Packed rows go one per micro batch (Megatron-Bridge requires it with offline packing; the
+        # planner plans micro batch 1 for megatron), so a step sees the global batch of rows as elsewhere.
         "train": {"train_iters": train_iters, "global_batch_size": plan.global_batch_size,
-                  "micro_batch_size": plan.micro_batch_size},
+                  "micro_batch_size": 1},
         "validation": {"eval_interval": t.eval_steps or o.save_steps or train_iters,
-                       "eval_iters": 0 if not r.data.eval_datasets and not r.data.val_size else 8},
-        "optimizer": {"optimizer": "adam", "lr": t.learning_rate,
+                       "eval_iters": _eval_iters(data, plan.global_batch_size)},
+        "optimizer": {**_optimizer(t), "lr": t.learning_rate,
                       "min_lr": 0.1 * t.learning_rate if t.scheduler == "cosine_with_min_lr" else 0.0,
-                      "weight_decay": t.weight_decay, "adam_beta1": t.adam_beta1, "adam_beta2": t.adam_beta2,
-                      "adam_eps": 1e-8, "bf16": dtype == "bf16", "fp16": dtype == "fp16",
+                      "weight_decay": t.weight_decay, "bf16": dtype == "bf16", "fp16": dtype == "fp16",
                       **{k: v for k, v in par["optimizer"].items()}},
         "scheduler": {"lr_decay_style": _DECAY[t.scheduler], "lr_warmup_iters": warmup, "lr_warmup_init": 0.0,
                       "lr_decay_iters": train_iters, "override_opt_param_scheduler": True,
                       "start_weight_decay": t.weight_decay, "end_weight_decay": t.weight_decay,
                       "weight_decay_incr_style": "constant"},
-        "ddp": {**par["ddp"], "check_for_nan_in_grad": True, "overlap_grad_reduce": plan.data_parallel > 1,
+        "ddp": {**par["ddp"], "check_for_nan_in_grad": t.divergence.stop_on_nan, "overlap_grad_reduce": plan.data_parallel > 1,
                 "overlap_param_gather": plan.data_parallel > 1, "average_in_collective": True},
-        "checkpoint": {"save": str(ckpt), "load": str(ckpt), "save_interval": o.save_steps or train_iters,
+        # output.resume: never starts from the converted base even when checkpoints exist.
+        "checkpoint": {"save": str(ckpt), "load": str(ckpt) if o.resume == "auto" else None,
+                       "save_interval": o.save_steps or train_iters, "most_recent_k": o.save_total_limit or -1,
                        "ckpt_format": "torch_dist", "fully_parallel_save": True,
-                       "pretrained_checkpoint": str(run_dir / "megatron_base")},
-        "logger": {"log_interval": t.logging_steps,
-                   "tensorboard_dir": str(run_dir / "tensorboard") if r.logging.tensorboard else None},
+                       "pretrained_checkpoint": str(base_checkpoint) if base_checkpoint else None},
+        "logger": _logger(r, run_dir),
+        "dist": {"distributed_timeout_minutes": max(1, int(round(r.distributed.timeout_minutes)))},
         "tokenizer": {"tokenizer_type": "HuggingFaceTokenizer",
                       "tokenizer_model": r.model.tokenizer or r.model.name_or_path},
         "rng": {"seed": t.seed},
         "mixed_precision": {"bf16": "bf16_mixed", "fp16": "fp16_mixed"}.get(dtype),
-        "dataset": _dataset(data, seq, t.seed, r.data.packing),
+        "dataset": _dataset(data, seq, t.seed, max_samples=train_iters * plan.global_batch_size),
         "peft": _lora(recipe),
     }
     if t.scheduler == "wsd":
@@ -87,19 +97,54 @@ def megatron_config(plan, recipe, *, run_dir: Path, data: dict, train_iters: int
     return config
 
 
-def _dataset(data: dict, seq: int, seed: int, packing: bool) -> dict:
-    kind = data.get("kind")
-    if kind == "pretrain":
-        # GPTDatasetConfig over one indexed dataset (.bin/.idx) with no held-out split of its own.
-        return {"kind": "gpt", "blend": [[str(data["prefix"])], None], "seq_length": seq, "random_seed": seed,
-                "split": "1,0,0" if not data.get("has_eval") else "99,1,0", "reset_position_ids": packing,
-                "reset_attention_mask": packing, "eod_mask_loss": False, "dataloader_type": "single",
-                "num_dataset_builder_threads": 1}
-    if kind == "sft":
-        # Finetuning dataset: dataset_root holds training.jsonl (and validation.jsonl) of input/output rows.
-        return {"kind": "sft", "dataset_root": str(data["root"]), "seq_length": seq, "seed": seed,
-                "dataloader_type": "batch", "do_validation": bool(data.get("has_eval")), "do_test": False}
-    raise ValueError(f"unknown dataset kind {kind!r}")
+def _dataset(data: dict, seq: int, seed: int, *, max_samples: int) -> dict:
+    """GPTSFTDatasetConfig over the packed rows recipeforge wrote (`components.megatron_data`): offline
+    packing with explicit paths, so Megatron-Bridge neither tokenizes nor packs anything itself."""
+    val = data.get("validation")
+    return {"kind": "sft", "seq_length": seq, "dataset_root": str(data["root"]), "seed": seed,
+            # a sample count makes the dataset reshuffle its rows every epoch (with `seed`), as the
+            # HF trainers' random sampler does
+            "max_train_samples": max_samples,
+            "enable_offline_packing": True,
+            "offline_packing_specs": {"packed_sequence_size": seq,
+                                      "packed_train_data_path": str(data["training"]["parquet"]),
+                                      "packed_val_data_path": str(val["parquet"]) if val else None,
+                                      "packed_metadata_path": str(data["metadata"])},
+            # the stored loss mask is the HF path's label mask (answer-only loss reads it as is)
+            "dataset_kwargs": {"answer_only_loss": True},
+            "do_validation": val is not None, "do_test": False, "dataloader_type": "batch"}
+
+
+def _eval_iters(data: dict, global_batch: int) -> int:
+    """Evaluation covers the whole validation split, as the HF trainers' evaluation does."""
+    val = data.get("validation")
+    return -(-val["rows"] // global_batch) if val else 0
+
+
+def _optimizer(t) -> dict:
+    """Megatron-Core's optimizer for `train.optimizer`: Adam with decoupled weight decay (AdamW) or
+    SGD. Values the HF path takes from TrainingArguments' defaults are written out: Adam's epsilon
+    1e-8, and no SGD momentum (transformers' `sgd` is torch.optim.SGD with its defaults)."""
+    if t.optimizer in ("adamw", "adamw_fused"):
+        return {"optimizer": "adam", "decoupled_weight_decay": True, "adam_beta1": t.adam_beta1,
+                "adam_beta2": t.adam_beta2, "adam_eps": 1e-8}
+    if t.optimizer == "sgd":
+        return {"optimizer": "sgd", "sgd_momentum": 0.0}
+    raise RecipeError(f"optimizer {t.optimizer} is not supported on the megatron backend", key="train.optimizer",
+                      hint="use adamw, adamw_fused or sgd")
+
+
+def _logger(r, run_dir: Path) -> dict:
+    """Logging interval and the experiment trackers of the recipe."""
+    lg = r.logging
+    out: dict = {"log_interval": r.train.logging_steps,
+                 "tensorboard_dir": str(run_dir / "tensorboard") if lg.tensorboard else None}
+    if lg.wandb is not None and lg.wandb.mode != "disabled":
+        out.update(wandb_project=lg.wandb.project, wandb_entity=lg.wandb.entity,
+                   wandb_exp_name=lg.wandb.name or run_dir.name, wandb_save_dir=str(run_dir / "wandb"))
+    if lg.mlflow is not None:
+        out.update(mlflow_experiment=lg.mlflow.experiment, mlflow_tracking_uri=lg.mlflow.tracking_uri)
+    return out
 
 
 def _lora(recipe) -> dict | None:

@@ -6,6 +6,7 @@ Every problem a user can cause (a missing file, a missing column, an empty datas
 
 from __future__ import annotations
 
+import collections
 import math
 import os
 from dataclasses import dataclass
@@ -212,21 +213,30 @@ def remap_and_check(ds, ref: DatasetRef, fmt: Format, *, locate: Locate = _no_lo
     return ds
 
 
-def mix(parts: list, weights: list[float], seed: int) -> list:
-    """The pieces that mix datasets by weight: weight w takes a dataset w times (a fraction of it: a
-    seeded sample). Concatenate the result."""
-    out = []
-    for i, (ds, w) in enumerate(zip(parts, weights)):
-        if w == 1.0:
-            out.append(ds)
-            continue
-        whole, frac = int(w), w - int(w)
-        pieces = [ds] * whole
-        n = int(round(frac * len(ds)))
-        if n:
-            pieces.append(ds.shuffle(seed=seed + i).select(range(n)))
-        out.extend(pieces)
-    return out
+MIX_SOURCE = "_mix_source"
+
+
+def mix(parts: list, weights: list[float], seed: int, stopping: str = "all_exhausted") -> tuple[Any, list[int]]:
+    """Mix datasets by sampling: each row is drawn from dataset i with probability weights[i] / sum.
+
+    `stopping` says when the mix (one epoch) ends: `all_exhausted` once every row of every dataset
+    was drawn (datasets that run out start over), `first_exhausted` once one dataset runs out. The
+    draw is seeded, so a recipe mixes the same rows in the same order every time. Returns the mixed
+    dataset and the number of its rows from each dataset.
+    """
+    import datasets
+
+    total = float(sum(weights))
+    probabilities = [w / total for w in weights]
+    tagged = [p.add_column(MIX_SOURCE, [i] * len(p)) for i, p in enumerate(parts)]
+    try:
+        mixed = datasets.interleave_datasets(tagged, probabilities=probabilities, seed=seed,
+                                             stopping_strategy=stopping)
+    except ValueError:  # different column types: align on the shared columns
+        mixed = datasets.interleave_datasets(_shared_columns(tagged), probabilities=probabilities, seed=seed,
+                                             stopping_strategy=stopping)
+    counts = collections.Counter(mixed[MIX_SOURCE])
+    return mixed.remove_columns(MIX_SOURCE), [counts.get(i, 0) for i in range(len(parts))]
 
 
 def load_split(data, stage_kinds: tuple[str, ...], *, seed: int, base_dir: Path | None,
@@ -277,8 +287,11 @@ def load_split(data, stage_kinds: tuple[str, ...], *, seed: int, base_dir: Path 
     elif data.val_size:
         train_parts, eval_parts = _hold_out(train_parts, data.val_size, seed, locate)
         evaluation = _concat(eval_parts)
-    weights = [s.weight for s in data.datasets]
-    train = _concat(mix(train_parts, weights, seed) if len(train_parts) > 1 else train_parts)
+    if len(train_parts) > 1 and any(s.weight is not None for s in data.datasets):
+        weights = [1.0 if s.weight is None else s.weight for s in data.datasets]
+        train, stats["train_rows_by_dataset"] = mix(train_parts, weights, seed, data.mix_stopping)
+    else:  # no weights (or one dataset): every row once per epoch
+        train = _concat(train_parts)
     stats["train_rows"] = len(train)
     stats["eval_rows"] = len(evaluation) if evaluation is not None else 0
     assert isinstance(train, datasets.Dataset)
@@ -318,8 +331,13 @@ def _concat(parts: list):
     try:
         return datasets.concatenate_datasets(parts)
     except ValueError:  # different column types: align on the shared columns
-        common = set.intersection(*(set(p.column_names) for p in parts))
-        return datasets.concatenate_datasets([p.select_columns(sorted(common)) for p in parts])
+        return datasets.concatenate_datasets(_shared_columns(parts))
+
+
+def _shared_columns(parts: list) -> list:
+    """Each dataset reduced to the columns all of them have."""
+    common = set.intersection(*(set(p.column_names) for p in parts))
+    return [p.select_columns(sorted(common)) for p in parts]
 
 
 def format_rows(ds, opts: RenderOptions):

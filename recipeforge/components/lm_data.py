@@ -133,7 +133,7 @@ def prepare_lm_data(recipe, tokenizer, *, base_dir: Path | None, locate: Locate 
     hit = _cache_hit(path)
     if hit is not None:
         return hit
-    from recipeforge.outputs.run_lock import exclusive
+    from recipeforge.components.file_lock import exclusive
 
     with exclusive(path.parent / f".{fp}.lock"):
         hit = _cache_hit(path)  # built by another process while this one waited

@@ -102,7 +102,5 @@ def has_redactions(loaded) -> bool:
     stand in for the real one (workers must resolve the recipe themselves)."""
     if secret_paths(getattr(loaded, "env_refs", None) or {}):
         return True
-    from recipeforge.config.dump import recipe_to_data
-
-    data = recipe_to_data(loaded.recipe)
+    data = loaded.recipe.model_dump(mode="json")
     return redact_literals(data) != data

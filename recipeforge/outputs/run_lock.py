@@ -29,11 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from recipeforge.components.file_lock import UNSUPPORTED, exclusive  # noqa: F401 - re-exported
 from recipeforge.errors import RecipeError
 
 LOCK_NAME = ".recipeforge.lock"
 # flock not offered by this filesystem: fall back to the holder record.
-_UNSUPPORTED = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
+_UNSUPPORTED = UNSUPPORTED
 
 
 @dataclass
@@ -146,23 +147,6 @@ def release_all() -> None:
     """Release every run lock this process holds (end of `train`)."""
     for root in list(_held):
         _held.pop(root).release()
-
-
-@contextlib.contextmanager
-def exclusive(path: Path) -> Iterator[None]:
-    """Hold a blocking exclusive lock on the file `path` (created if missing) for the `with` block.
-    Where the filesystem has no flock, the block runs unlocked (its writes are atomic renames anyway)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError as exc:
-            if exc.errno not in _UNSUPPORTED:
-                raise
-        yield
-    finally:
-        os.close(fd)
 
 
 def _read(fd: int) -> dict | None:

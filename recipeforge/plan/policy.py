@@ -129,7 +129,13 @@ def candidate_list(w: Workload, hw: Hardware, dist) -> list[Candidate]:
     if hw.device == "cpu":
         # One process is planned; `plan.world` spreads it over the processes a launch starts. In auto
         # mode the first backend that runs the pinned settings wins (DeepSpeed for a pinned offload).
-        for backend in ((dist.backend,) if dist.backend != "auto" else ("single", "ddp", "deepspeed")):
+        if dist.backend != "auto":
+            backends: tuple[str, ...] = (dist.backend,)
+        elif dist.preset:
+            backends = (get_preset(dist.preset).backend,)
+        else:
+            backends = ("single", "ddp", "deepspeed")
+        for backend in backends:
             candidate = _cpu_candidate(backend, dist)
             pinned_offload = dist.offload in ("auto", candidate.layout.offload)
             if pinned_offload and not layout_refusals(w, candidate.layout, "cpu"):
@@ -245,7 +251,11 @@ def evaluate(c: Candidate, w: Workload, hw: Hardware, train, headroom: float) ->
     global_batch = train.global_batch_size
 
     per_rank = global_batch // dp if global_batch % dp == 0 else 0
-    if isinstance(train.micro_batch_size, int):
+    if layout.backend == "megatron":
+        # Megatron-Bridge trains packed rows one per micro batch (`components.megatron_data`); a pinned
+        # micro batch other than 1 is refused with the recipe (`backends.megatron_fields`).
+        micros = [1]
+    elif isinstance(train.micro_batch_size, int):
         micros = [train.micro_batch_size]
     else:
         cap = min(MICRO_BATCH_CAP, per_rank) if per_rank else 1

@@ -11,9 +11,15 @@ RUNNERS = {
     "dpo": "recipeforge.stages.dpo:DPOStage",
     "grpo": "recipeforge.stages.grpo:GRPOStage",
 }
+# Backends that run their own training loop have runners of their own: (backend, stage) -> "module:class".
+BACKEND_RUNNERS = {
+    ("megatron", "pretrain"): "recipeforge.stages.megatron_lm:MegatronLMStage",
+    ("megatron", "sft"): "recipeforge.stages.megatron_lm:MegatronLMStage",
+}
 
 
-def runner_class(stage: str):
-    """The runner class of `stage`."""
-    module, _, name = RUNNERS[stage].partition(":")
+def runner_class(stage: str, backend: str | None = None):
+    """The runner class of `stage` (on `backend`, when that backend has a runner of its own)."""
+    spec = BACKEND_RUNNERS.get((backend, stage)) or RUNNERS[stage]
+    module, _, name = spec.partition(":")
     return getattr(importlib.import_module(module), name)

@@ -110,6 +110,7 @@ class TrainerStage:
     """Shared machinery of the runners built on a transformers/TRL trainer."""
 
     stage: str = ""
+    trainer_class: str = ""  # the library class `build_trainer` constructs, e.g. "trl.DPOTrainer"
 
     def __init__(self, ctx: StageContext):
         self.ctx = ctx
@@ -137,7 +138,16 @@ class TrainerStage:
         check_runner_numbers(self)  # batch, steps and warmup against the data, before the model loads
         self.model = self.load_model()
         self.ctx.barrier()  # rank 0 may have written base_model/, which trainers load by path
-        self.trainer = self.build_trainer()
+        self.trainer = self.build_trainer_explained()
+
+    def build_trainer_explained(self):
+        """`build_trainer`, with a configuration or constructor error of the training library turned
+        into a user error naming the stage, the trainer and the library's message (the original stays
+        attached as the cause: ``--debug`` shows its traceback)."""
+        try:
+            return self.build_trainer()
+        except (TypeError, ValueError, ImportError) as exc:
+            raise trainer_error(self.stage or self.recipe.stage, self.trainer_class, exc) from exc
         optimizer = sr_optimizer(self.ctx.plan, self.recipe.train)
         if optimizer is not None:  # pure bf16 with stochastic rounding: torchao's AdamW
             self.trainer.optimizer_cls_and_kwargs = optimizer
@@ -427,6 +437,25 @@ class TrainerStage:
     def _evaluated_at(self, step: int) -> bool:
         return any(h.get("step") == step and any(k.startswith("eval_") for k in h)
                    for h in self.trainer.state.log_history)
+
+
+def trainer_error(stage: str, trainer_class: str, exc: BaseException) -> RecipeError:
+    """The user error for `exc`, raised by the training library while the stage's trainer (or its
+    arguments) was built: one line with the library's own message, and which version said it."""
+    from importlib import metadata
+
+    library = (trainer_class or "transformers").split(".")[0]
+    try:
+        version = f"{library} {metadata.version(library)}"
+    except metadata.PackageNotFoundError:
+        version = library
+    said = " ".join(str(exc).split())
+    said = said if len(said) <= 400 else said[:397] + "..."
+    return RecipeError(f"building the {stage} trainer ({trainer_class or 'trainer'}) failed: "
+                       f"{type(exc).__name__}: {said}", key="stage",
+                       hint=f"the installed {version} refused the settings this recipe leads to; change the "
+                            f"setting it names, or install the version recipeforge supports "
+                            f"(--debug shows the traceback)")
 
 
 def _tensorboard_callback(log_dir: Path):

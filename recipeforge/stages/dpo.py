@@ -14,6 +14,7 @@ class DPOStage(TrainerStage):
     """DPO on prompt/chosen/rejected rows."""
 
     stage = "dpo"
+    trainer_class = "trl.DPOTrainer"
 
     def prepare_data(self) -> None:
         self.prepare_rows("preference", max_prompt_length=self.recipe.dpo.max_prompt_length)

@@ -14,6 +14,7 @@ class GRPOStage(TrainerStage):
     """GRPO on prompt rows with weighted reward functions."""
 
     stage = "grpo"
+    trainer_class = "trl.GRPOTrainer"
 
     def prepare_data(self) -> None:
         from recipeforge.components.rewards import RewardContext, build_rewards

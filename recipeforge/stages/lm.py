@@ -13,6 +13,8 @@ from recipeforge.stages.base import TrainerStage
 class LMStage(TrainerStage):
     """Pretraining or SFT on tokenized (optionally packed) data."""
 
+    trainer_class = "transformers.Trainer"
+
     def prepare_data(self) -> None:
         from recipeforge.components.formats import get_format
         from recipeforge.components.lm_data import prepare_lm_data

@@ -65,6 +65,7 @@ CLI_CASES = [
     pytest.param(["plan", "r.yaml", URI], "Plan:", id="plan-text"),
     pytest.param(["plan", "r.yaml", URI, "--json"], '"backend"', id="plan-json"),
     pytest.param(["validate", "r.yaml", f"model.name_or_path=https://u:{PW}@hub/tiny"], None, id="validate-model-url"),
+    pytest.param(["train", "r.yaml", URI, "--dry-run", "--nproc-per-node", "2"], "# command", id="train-dry-run"),
 ]
 
 

@@ -141,4 +141,44 @@ def _rewards(r: Recipe) -> Iterator[RuleProblem]:
         yield from options_problems(getattr(factory, "args_model", None), spec.args, ("grpo", "rewards", i, "args"))
 
 
-COMPONENT_RULES = (_formats, _kernels, _rollout, _rewards)
+def _unknown(path: tuple, what: str, name: str, known: list[str]) -> RuleProblem:
+    from recipeforge.errors import did_you_mean
+
+    close = did_you_mean(name, known)
+    return RuleProblem(path, f"unknown {what} '{name}'", f"{close + ' ' if close else ''}available: {', '.join(known)}")
+
+
+def _names(r: Recipe) -> Iterator[RuleProblem]:
+    """Names the run looks up in tables of its own (not registries): the chat template, the tiny
+    architecture of a ``tiny:<arch>`` model, the backend preset."""
+    from recipeforge.components.tiny_spec import TINY_CONFIGS, tiny_arch
+    from recipeforge.components.tokenizer import CHAT_TEMPLATES
+
+    template = r.data.chat_template
+    if template != "tokenizer" and template not in CHAT_TEMPLATES:
+        yield _unknown(("data", "chat_template"), "chat template", template, ["tokenizer", *CHAT_TEMPLATES])
+    arch = tiny_arch(r.model.name_or_path)
+    if arch is not None and arch not in TINY_CONFIGS:
+        yield _unknown(("model", "name_or_path"), "tiny model", r.model.name_or_path,
+                       [f"tiny:{a}" for a in TINY_CONFIGS])
+    preset = r.distributed.preset
+    if preset:
+        yield from _preset(preset, r.distributed.backend)
+
+
+def _preset(preset: str, backend: str) -> Iterator[RuleProblem]:
+    from recipeforge.capabilities import BUILTIN, preset_facts
+
+    facts = preset_facts(preset)
+    owners = [facts[0]] if facts else []
+    scope = [BUILTIN[backend]] if backend in BUILTIN else list(BUILTIN.values())
+    known = [p for caps in scope for p in caps.presets]
+    if not owners:
+        yield _unknown(("distributed", "preset"), "preset", preset, known)
+    elif backend != "auto" and backend not in owners:
+        yield RuleProblem(("distributed", "preset"), f"preset '{preset}' belongs to backend {owners[0]}, "
+                                                     f"not {backend}",
+                          f"use one of {', '.join(known) or 'none'}, or set distributed.backend: {owners[0]}")
+
+
+COMPONENT_RULES = (_formats, _kernels, _rollout, _rewards, _names)

@@ -24,7 +24,13 @@ class DatasetSpec(Section):
         default_factory=dict,
         description="Rename source columns to the format's names, e.g. {prompt: question, completion: answer}.")
     max_samples: Optional[int] = Field(None, gt=0, description="Use at most this many rows (after shuffling).")
-    weight: float = Field(1.0, gt=0, description="Relative sampling weight when mixing several datasets.")
+    weight: Optional[float] = Field(
+        None, gt=0,
+        description="Relative sampling weight when mixing several datasets: each training row is drawn from "
+                    "dataset i with probability weight_i / (sum of the weights); a dataset without a weight "
+                    "counts 1. Without any weight, every row of every dataset is used once per epoch (shares "
+                    "follow the datasets' sizes). Weights share out rows (samples), not tokens. With a single "
+                    "dataset the weight has no effect. How long an epoch is: see `data.mix_stopping`.")
 
     @field_validator("format")
     @classmethod
@@ -45,6 +51,13 @@ class DataConfig(Section):
 
     datasets: tuple[DatasetSpec, ...] = Field(min_length=1, description="Training datasets (at least one).")
     eval_datasets: tuple[DatasetSpec, ...] = Field((), description="Separate evaluation datasets.")
+    mix_stopping: Literal["all_exhausted", "first_exhausted"] = Field(
+        "all_exhausted",
+        description="When datasets are mixed by weight, what one epoch is. `all_exhausted`: rows are drawn "
+                    "until every row of every dataset was drawn at least once (a dataset that runs out starts "
+                    "over, so small datasets with a high weight repeat). `first_exhausted`: rows are drawn "
+                    "until one dataset runs out (the other datasets are used in part, and the same rows are "
+                    "used every epoch). The mix is drawn once, with `train.seed`; evaluation data is not mixed.")
     val_size: Union[float, int] = Field(
         0.0, ge=0, description="Hold out this share (0 < x < 1) or this many rows of the training data for eval.")
     sequence_len: int = Field(2048, gt=0, le=1_048_576, description="Maximum tokens per training sequence.")

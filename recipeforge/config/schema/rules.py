@@ -66,14 +66,18 @@ def _target_device(r: Recipe) -> str | None:
 def _distributed(r: Recipe) -> Iterator[RuleProblem]:
     """The pinned backend against its capability record (`recipeforge.capabilities`), the record the
     planner and the backend's `check()` read too; `auto` needs at least one backend that runs it."""
-    from recipeforge.capabilities import BUILTIN, Refusal, capabilities_of, parallel_key, refusals
+    from recipeforge.capabilities import BUILTIN, Refusal, capabilities_of, parallel_key, preset_facts, refusals
 
     d, a = r.distributed, r.adapter
+    backend, zero, offload = d.backend, d.zero_stage, d.offload
+    pinned = preset_facts(d.preset) if d.preset else None
+    if pinned is not None and backend in ("auto", pinned[0]):  # a preset stands for its backend's settings
+        backend, zero, offload = pinned[0], pinned[1] if pinned[1] is not None else zero, pinned[2]
     facts = dict(stage=r.stage, device=_target_device(r), adapter=a.type, quant_bits=a.quant.bits,
-                 offload=d.offload, zero_stage=d.zero_stage, optimizer=r.train.optimizer,
+                 offload=offload, zero_stage=zero, optimizer=r.train.optimizer,
                  model_parallel=parallel_key(d.tensor_parallel, d.pipeline_parallel))
-    if d.backend != "auto":
-        found = refusals(capabilities_of(d.backend), **facts)
+    if backend != "auto":
+        found = refusals(capabilities_of(backend), **facts)
     else:
         every = {name: refusals(caps, **facts) for name, caps in BUILTIN.items()}
         if all(every.values()):

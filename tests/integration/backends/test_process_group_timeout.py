@@ -48,7 +48,7 @@ def test_a_data_error_on_rank_0_reaches_the_waiting_rank(tmp_path):
     proc = _torchrun(tmp_path, f"data.datasets=[{{path: {bad}, format: alpaca}}]", delay=10)
     assert proc.returncode != 0
     # Both ranks report the data problem (rank 1 from rank 0's failure marker), neither a timeout.
-    assert proc.stderr.count("output") >= 2, proc.stderr[-6000:]
+    assert proc.stderr.count("format 'alpaca' needs column 'output'") == 2, proc.stderr[-6000:]
     assert "timed out" not in proc.stderr.lower(), proc.stderr[-6000:]
 
 

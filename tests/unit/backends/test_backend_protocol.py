@@ -58,12 +58,16 @@ def test_each_backend_checks_the_plan(load):
 
 
 def test_deepspeed_offload_needs_adam(load):
-    recipe = load("tiny/sft-full", "train.micro_batch_size=auto", "distributed.backend=deepspeed",
-                  "distributed.preset=zero2_offload", "train.optimizer=sgd").recipe
-    with pytest.raises(RecipeError, match="cannot be offloaded") as err:
+    pins = ("tiny/sft-full", "train.micro_batch_size=auto", "distributed.backend=deepspeed",
+            "distributed.preset=zero2_offload")
+    with pytest.raises(RecipeError, match="cannot be offloaded") as err:  # validate knows the preset's offload
+        load(*pins, "train.optimizer=sgd")
+    assert err.value.problems[0].key == "train.optimizer"
+    adam = load(*pins).recipe
+    recipe = adam.model_copy(update={"train": adam.train.model_copy(update={"optimizer": "sgd"})})
+    with pytest.raises(RecipeError, match="cannot be offloaded") as err:  # and so does the planner
         plan_for_world(recipe, nproc_per_node=2)
     assert err.value.problems[0].key == "train.optimizer"
-    adam = recipe.model_copy(update={"train": recipe.train.model_copy(update={"optimizer": "adamw"})})
     planned = plan_for_world(adam, nproc_per_node=2)
     with pytest.raises(RecipeError, match="cannot be offloaded") as err:
         get_backend("deepspeed").check(planned, recipe)

@@ -132,6 +132,16 @@ def test_backend_classes_and_presets_match_their_records():
                 assert PRESETS[preset].offload in caps.offload, preset
 
 
+def test_preset_facts_match_the_presets_meaning():
+    from recipeforge.capabilities import preset_facts
+    from recipeforge.plan.presets import PRESETS, get_preset
+
+    for name in [*PRESETS, "tp2_pp4", "tp8_pp1_offload"]:
+        p = get_preset(name)
+        assert preset_facts(name) == (p.backend, p.zero_stage, p.offload), name
+    assert preset_facts("zero33") is None
+
+
 def test_docs_support_table_is_generated_from_the_records():
     doc = (ROOT / "docs" / "backends.md").read_text()
     assert doc == with_support_table(doc), (

@@ -94,13 +94,16 @@ def test_val_share_and_count(tmp_path):
         _split(tmp_path, datasets=[{"path": "d.jsonl", "format": "alpaca"}], val_size=10)
 
 
-def test_weights_repeat_or_sample_datasets(tmp_path):
+def test_weights_sample_datasets(tmp_path):
+    # Sampling weights, not repeat counts (tests/unit/components/test_data_mixing.py has the details).
     _write(tmp_path / "a.jsonl", ROWS)
     _write(tmp_path / "b.jsonl", [{"instruction": f"b{i}", "output": "x"} for i in range(4)])
-    train, _, _ = _split(tmp_path, datasets=[{"path": "a.jsonl", "format": "alpaca", "weight": 0.5},
-                                             {"path": "b.jsonl", "format": "alpaca", "weight": 2}])
+    train, _, stats = _split(tmp_path, datasets=[{"path": "a.jsonl", "format": "alpaca", "weight": 0.5},
+                                                 {"path": "b.jsonl", "format": "alpaca", "weight": 2}])
     names = train["instruction"]
-    assert len(names) == 5 + 8 and sum(n.startswith("b") for n in names) == 8
+    assert set(names) == {r["instruction"] for r in ROWS} | {f"b{i}" for i in range(4)}  # every row drawn
+    assert stats["train_rows_by_dataset"] == [sum(not n.startswith("b") for n in names),
+                                              sum(n.startswith("b") for n in names)]
 
 
 def test_eval_datasets_and_max_samples(tmp_path):

@@ -1,0 +1,175 @@
+"""Checkpoint conversion for the megatron backend, outside the training job.
+
+Megatron-Bridge's conversions are collective ("must be called by all ranks") and build a temporary
+process group of their own when none exists. Run on rank 0 of a job while the other ranks wait in
+a barrier, they hang. So they run in one plain process, before and after the job:
+
+* `import_checkpoint` (launching process, before the launcher starts; also ``recipeforge
+  convert-checkpoint``): Hugging Face -> Megatron distributed checkpoint with
+  ``AutoBridge.import_ckpt``, cached under ``$RECIPEFORGE_CACHE/megatron`` by model id, revision and
+  ``trust_remote_code``. Parallel sizes are not part of the key: the checkpoint is written in
+  ``torch_dist`` format at TP=PP=1 and Megatron-Core's distributed checkpointing reshards it to the
+  job's layout when it loads.
+* `export_final` (launching process, after the job): the last Megatron checkpoint -> final/ in
+  Hugging Face format: full weights with ``AutoBridge.export_ckpt``, or for LoRA the adapter in PEFT
+  format with ``AutoBridge.export_adapter_ckpt`` (the same final/ as the other backends; the LoRA
+  merge of ``output.merge_adapter`` is then recipeforge's usual one).
+
+APIs as of Megatron-Bridge 0.6 (`megatron/bridge/models/conversion/auto_bridge.py`). Megatron is
+imported inside the functions only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from recipeforge.errors import RecipeError
+
+EXTRA_HINT = ("pip install 'recipeforge[megatron]' (Megatron-Bridge 0.6 needs Python 3.12, CUDA and "
+              "Transformer Engine), or use another backend")
+TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's record of its newest iter_* folder
+
+
+def auto_bridge():
+    """Megatron-Bridge's `AutoBridge`, or an error naming the extra that installs it."""
+    try:
+        from megatron.bridge import AutoBridge
+    except ImportError as exc:
+        raise RecipeError(f"the megatron backend needs Megatron-Bridge, which cannot be imported ({exc})",
+                          key="distributed.backend", hint=EXTRA_HINT) from None
+    return AutoBridge
+
+
+def _cache_root() -> Path:
+    from recipeforge.components.lm_data import default_cache_root
+
+    return default_cache_root() / "megatron"
+
+
+def cache_key(model: str, revision: str | None, trust_remote_code: bool) -> str:
+    """The converted checkpoint's folder name: readable model name + hash of what changes the weights."""
+    ident = json.dumps({"model": model, "revision": revision, "trust_remote_code": trust_remote_code}, sort_keys=True)
+    name = "".join(c if c.isalnum() or c in "-._" else "-" for c in Path(model).name or model)[:60]
+    return f"{name}-{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
+
+
+def hf_source(recipe, run_root: Path | None) -> str:
+    """Where the Hugging Face weights come from: the recipe's model, or for a built-in ``tiny:``
+    model its random-init weights written to RUN/base_model (they exist nowhere else)."""
+    from recipeforge.components.tiny_spec import tiny_arch
+
+    name = recipe.model.name_or_path
+    if tiny_arch(name) is None:
+        return name
+    if run_root is None:
+        raise RecipeError(f"{name} is built at run time; convert it inside a run (recipeforge train)",
+                          key="model.name_or_path")
+    from recipeforge.components.models import load_model
+    from recipeforge.components.tiny_spec import TINY_CONFIGS
+    from recipeforge.components.tokenizer import load_tokenizer
+    from recipeforge.outputs.export import save_base_model
+
+    base = run_root / "base_model"
+    if not (base / "config.json").is_file():
+        tok = load_tokenizer(name, vocab_size=TINY_CONFIGS.get(tiny_arch(name), {}).get("vocab_size"))
+        # the same weights as the HF stages build for this seed (`TrainerStage.load_model`)
+        model = load_model(name, tok, device="cpu", dtype="fp32", seed=recipe.train.seed)
+        save_base_model(model, tok, base)
+    return str(base)
+
+
+def import_checkpoint(recipe, *, run_root: Path | None = None, cache_root: Path | None = None,
+                      log: Callable[[str], None] = print) -> Path:
+    """The recipe's model as a Megatron checkpoint, converted once and cached (one process)."""
+    from recipeforge.outputs.run_lock import exclusive
+
+    m = recipe.model
+    source = hf_source(recipe, run_root)
+    if source != m.name_or_path:  # a tiny model: its weights live with the run
+        out, lock = run_root / "megatron_base", run_root / ".megatron_base.lock"
+    else:
+        root = cache_root or _cache_root()
+        out = root / cache_key(m.name_or_path, m.revision, m.trust_remote_code)
+        lock = root / f".{out.name}.lock"
+    with exclusive(lock):
+        if (out / "done.json").is_file():
+            log(f"megatron: converted checkpoint {out} (cached)")
+            return out
+        bridge = auto_bridge()
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+        try:
+            log(f"megatron: converting {m.name_or_path} to a Megatron checkpoint in {out}")
+            kwargs = {"trust_remote_code": m.trust_remote_code}
+            if m.revision:
+                kwargs["revision"] = m.revision
+            bridge.import_ckpt(source, str(tmp / "ckpt"), **kwargs)
+            (tmp / "done.json").write_text(json.dumps({"model": m.name_or_path, "revision": m.revision}) + "\n")
+            shutil.rmtree(out, ignore_errors=True)
+            os.replace(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return out
+
+
+def base_checkpoint(converted: Path) -> Path:
+    """The Megatron checkpoint folder inside a converted entry (``pretrained_checkpoint``)."""
+    return converted / "ckpt"
+
+
+def latest_checkpoint(checkpoints: Path) -> Path:
+    """The newest ``iter_*`` folder Megatron saved (it records the number in a tracker file)."""
+    tracker = checkpoints / TRACKER
+    if tracker.is_file():
+        return checkpoints / f"iter_{int(tracker.read_text().strip()):07d}"
+    found = sorted(checkpoints.glob("iter_*"))
+    if not found:
+        raise RecipeError(f"Megatron wrote no checkpoint under {checkpoints}", key="output.save_steps")
+    return found[-1]
+
+
+def export_final(recipe, run, *, log: Callable[[str], None] = print) -> Path:
+    """final/ from the job's last Megatron checkpoint, in one process after the job ended: Hugging
+    Face safetensors (full fine-tuning, pretraining) or a PEFT adapter (LoRA), plus the tokenizer."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        # The bridge would run its collectives in the job's group with only this rank taking part.
+        raise RuntimeError("export_final runs in a process of its own, after the training job ended")
+    m = recipe.model
+    source = latest_checkpoint(run.checkpoints)
+    bridge = auto_bridge().from_hf_pretrained(hf_source(recipe, run.root), trust_remote_code=m.trust_remote_code,
+                                              **({"revision": m.revision} if m.revision else {}))
+    final = run.final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    try:
+        if recipe.adapter.type == "lora":
+            log(f"megatron: exporting the LoRA adapter of {source} to {final}")
+            bridge.export_adapter_ckpt(peft_checkpoint=str(source), output_path=str(tmp), show_progress=False)
+        else:
+            log(f"megatron: exporting {source} to {final}")
+            bridge.export_ckpt(megatron_path=str(source), hf_path=str(tmp), show_progress=False)
+        _save_tokenizer(recipe, run, tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def _save_tokenizer(recipe, run, out: Path) -> None:
+    """The tokenizer the data was tokenized with (chat template included), next to the weights as in
+    every backend's final/; the Megatron stage keeps it in RUN/megatron_data/tokenizer."""
+    kept = run.root / "megatron_data" / "tokenizer"
+    if not kept.is_dir():
+        raise RecipeError(f"the training job left no tokenizer in {kept}", key="distributed.backend")
+    for item in kept.iterdir():
+        shutil.copy2(item, out / item.name)

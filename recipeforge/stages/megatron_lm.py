@@ -1,0 +1,92 @@
+"""Pretraining and SFT on Megatron-Bridge's training loop, on the same stage protocol as the others.
+
+The data comes from the shared data step (`LMStage.prepare_data`: the cached, tokenized, masked and
+packed rows every backend trains on) and is written once, by the main process, in the formats
+Megatron reads (`components.megatron_data`). Every rank then builds the same configuration and calls
+Megatron-Bridge's `finetune` (every recipe starts from a Hugging Face model, so pretraining is
+continued pretraining: `finetune` is `pretrain` from `pretrained_checkpoint`). No rank runs a
+collective alone: the Hugging Face -> Megatron conversion happened before the job and the export to
+final/ happens after it, in the launching process (`backends.megatron_convert`).
+
+What is Megatron-specific and lives with the backend arrives as a plain callable in
+``ctx.backend_kwargs["build_config"]`` (data description, iterations -> ``ConfigContainer``); this
+module never imports a backend.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from recipeforge.stages.lm import LMStage
+
+DATA_DIR = "megatron_data"
+
+
+class MegatronLMStage(LMStage):
+    """Causal-LM pretraining or SFT through Megatron-Bridge (`stage` comes from the recipe)."""
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.stage = ctx.recipe.stage
+        self.config = None
+        self.megatron_data: dict = {}
+        self.train_iters = 0
+
+    @property
+    def data_dir(self) -> Path:
+        return self.ctx.run.root / DATA_DIR
+
+    def setup(self) -> None:
+        """Tokenizer and data (the shared step), Megatron's data files (main process), then the
+        configuration on every rank."""
+        from recipeforge.components.data_checks import check_runner_numbers
+
+        self.tokenizer = self.load_tokenizer()
+        self.prepare_data()
+        check_runner_numbers(self)
+        if self.ctx.dist.is_main:
+            self.write_data()
+        self.ctx.barrier()  # every rank calls it: the files exist before anyone reads them
+        self.megatron_data = json.loads((self.data_dir / "megatron_data.json").read_text())
+        self.train_iters = self.iterations(self.megatron_data["training"]["rows"])
+        build = self.ctx.backend_kwargs.get("build_config")
+        if build is None:
+            raise RuntimeError("the megatron stage runs with the megatron backend (it supplies build_config)")
+        self.config = build(data=self.megatron_data, train_iters=self.train_iters)
+
+    def write_data(self) -> dict:
+        """Write the training rows for Megatron and keep the tokenizer with them (export puts it in final/)."""
+        from recipeforge.components.megatron_data import write_megatron_data
+
+        tok = self.tokenizer
+        info = write_megatron_data(self.data, self.data_dir, vocab_size=len(tok), eos_id=tok.eos_token_id)
+        tok.save_pretrained(str(self.data_dir / "tokenizer"))
+        dropped = info["training"].get("targets_dropped_after_eos", 0)
+        self.data_stats["megatron_targets_dropped_after_eos"] = dropped
+        if dropped:
+            # Megatron-Bridge's packed collate function masks every position whose input is EOS.
+            self.ctx.log(f"megatron: {dropped} trained tokens follow an EOS token ({tok.eos_token!r}); "
+                         "Megatron-Bridge does not train them (the other backends do)")
+        return info
+
+    def iterations(self, rows: int) -> int:
+        """Optimizer steps: train.max_steps, or the epochs over the rows at the global batch."""
+        t = self.recipe.train
+        if t.max_steps:
+            return t.max_steps
+        return max(1, math.ceil((t.epochs or 1.0) * rows / self.ctx.plan.global_batch_size))
+
+    def train(self) -> dict:
+        """Megatron-Bridge's loop, on every rank."""
+        from megatron.bridge.training.finetune import finetune
+        from megatron.bridge.training.gpt_step import forward_step
+
+        finetune(config=self.config, forward_step_func=forward_step)
+        return {"train_iters": self.train_iters}
+
+    def save(self) -> Path:
+        """The job's output is Megatron's checkpoint folder; final/ is exported from it after the job,
+        in one process (`backends.megatron_convert.export_final`). Nothing collective here."""
+        return self.ctx.run.checkpoints
