@@ -81,6 +81,7 @@ FIELDS: dict[str, Field] = {
     "adapter.quant": ignored("used by adapter.type: qlora only, which the megatron backend refuses"),
     # data: tokenized, masked and packed once, for every backend
     "data.datasets": mapped(DATA_STEP),
+    "data.eval_datasets": mapped(DATA_STEP + "; validation.eval_iters"),
     "data.mix_stopping": mapped(DATA_STEP + " (the weighted mix is drawn once, for every backend)"),
     "data.val_size": mapped(DATA_STEP + "; validation.eval_iters"),
     "data.sequence_len": mapped("model.seq_length, dataset.seq_length, offline_packing_specs.packed_sequence_size"),

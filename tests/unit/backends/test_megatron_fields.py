@@ -80,5 +80,11 @@ def test_refusals_name_the_key_and_the_reason(load, override, key, words):
 
 
 def test_lora_extras_are_refused(load):
-    recipe = load("tiny/sft-lora").recipe  # modules_to_save: [lm_head]
+    recipe = load("tiny/sft-lora", "train.micro_batch_size=auto").recipe  # modules_to_save: [lm_head]
     assert [k for k, _ in megatron_problems(recipe)] == ["adapter.modules_to_save"]
+    # a combination the validation rules already stop for deepspeed, built directly for megatron
+    base = load("tiny/sft-lora", "adapter.use_rslora=true").recipe
+    both = base.model_copy(update={"train": base.train.model_copy(update={"optimizer": "sgd"}),
+                                   "distributed": base.distributed.model_copy(update={"offload": "optimizer"})})
+    assert {k for k, _ in megatron_problems(both)} >= {"adapter.use_rslora", "distributed.offload",
+                                                        "train.micro_batch_size"}
