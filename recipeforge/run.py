@@ -127,6 +127,9 @@ def _train_launching(loaded, plan, opts: LaunchOptions, overwrite: bool, force: 
     # Tokenize here, before any worker exists: a worker waiting for another's tokenization inside a
     # collective would run into the process-group timeout. The workers then read the cache.
     build_before_launch(loaded, log=_log)
+    prepare = getattr(backend, "prepare_launch", None)  # Megatron: HF -> Megatron conversion, one process
+    if prepare is not None and cluster.is_main_node:
+        prepare(loaded, plan, run, log=_log)
     marker = run.root / USER_ERROR
     marker.unlink(missing_ok=True)
     from recipeforge.outputs import run_lock
@@ -145,6 +148,9 @@ def _train_launching(loaded, plan, opts: LaunchOptions, overwrite: bool, force: 
             # A mistake in the recipe or data that only a worker could see: still a user error (exit 2).
             raise RecipeError(marker.read_text().strip() or "a worker reported a problem in the recipe")
         raise LaunchFailed(code)
+    finish = getattr(backend, "finish_launch", None)  # Megatron: export to final/ (+ merge), one process
+    if finish is not None and cluster.is_main_node:
+        finish(loaded, plan, run, log=_log)
     return run.root
 
 
@@ -297,14 +303,13 @@ def _run(loaded, plan, run, backend, dist, resume_from) -> None:
         from recipeforge.backends import worker as w
 
         ctx.barrier = w.barrier
-    if getattr(backend, "trains_itself", False):  # Megatron runs its own loop and export
-        backend.train_stage(ctx)
-        return
     backend.setup_worker(ctx)
     ctx.backend_kwargs = backend.trainer_kwargs(ctx)
     runner = _run_stage(ctx, backend)
     if dist.is_main:
-        if ctx.recipe.output.merge_adapter and ctx.recipe.adapter.type != "none":
+        # A backend exporting final/ after the job (Megatron) merges there (`finish_launch`).
+        if ctx.recipe.output.merge_adapter and ctx.recipe.adapter.type != "none" \
+                and not getattr(backend, "exports_after_job", False):
             from recipeforge.outputs.export import merge_adapter
 
             merge_adapter(run.root)
@@ -315,14 +320,14 @@ def _run_stage(ctx, backend):
     from recipeforge.outputs.metrics import MetricsWriter
     from recipeforge.stages import runner_class
 
-    runner = runner_class(ctx.recipe.stage)(ctx)
+    runner = runner_class(ctx.recipe.stage, ctx.plan.backend)(ctx)
     if ctx.dist.world_size > 1:
         # One process per machine tokenizes and caches the data first (a cache hit when `recipeforge
         # train` built it before launching); the others poll for it outside any collective, then read it.
         from recipeforge.backends import worker as w
         from recipeforge.backends.data_ready import prepare_on_first_rank
 
-        prepare_on_first_rank(lambda: runner_class(ctx.recipe.stage)(ctx), ctx.dist, broadcast=w.broadcast,
+        prepare_on_first_rank(lambda: runner_class(ctx.recipe.stage, ctx.plan.backend)(ctx), ctx.dist, broadcast=w.broadcast,
                               barrier=w.barrier, log=ctx.log)
     try:
         runner.setup()
