@@ -299,7 +299,7 @@ def load_split(data, stage_kinds: tuple[str, ...], *, seed: int, base_dir: Path 
 
 
 def _hold_out(parts: list, val_size, seed: int, locate: Locate) -> tuple[list, list]:
-    """Split every dataset in proportion to its size, before weights repeat any row (no eval row is
+    """Split every dataset in proportion to its size, before the weighted mix draws any row (no eval row is
     ever also a training row)."""
     total = sum(len(p) for p in parts)
     n_eval = int(val_size) if isinstance(val_size, int) else max(1, math.ceil(float(val_size) * total))

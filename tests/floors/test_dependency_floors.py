@@ -8,7 +8,7 @@ the floor release (see the comment in pyproject.toml). Then every tiny recipe in
 trains there and must exit 0 and learn, QLoRA trains on the CPU, and the prompt-length tests run
 against the lowest TRL.
 
-The environment is kept under ~/.cache/recipeforge-floors/<hash of pyproject.toml + torch> (override:
+The environment is kept under ~/.cache/recipeforge-floors/<hash of the pins, Python and entry points> (override:
 RECIPEFORGE_FLOORS_CACHE), so only the first run installs anything (about a minute with a warm pip
 cache); the training runs take two to three minutes on two cores. Skipped only when the package
 registry cannot be reached and no environment is cached.
@@ -78,8 +78,15 @@ def floor_python(tmp_path_factory) -> Path:
     """The python of a virtual environment with exactly the floor versions (built once, then cached)."""
     import torch
 
+    import tomllib
+
     pins = floor_pins(torch_version=torch.__version__)
-    key = hashlib.sha256("\n".join([*pins, (REPO / "pyproject.toml").read_text(), sys.version]).encode())
+    # What the environment holds: the pins, the Python, and what an editable install writes from the
+    # project table (entry points); other edits of pyproject.toml reuse the environment.
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    installed = {"pins": pins, "python": sys.version, "scripts": project.get("scripts"),
+                 "entry-points": project.get("entry-points")}
+    key = hashlib.sha256(json.dumps(installed, sort_keys=True).encode())
     root = Path(os.environ.get("RECIPEFORGE_FLOORS_CACHE", Path.home() / ".cache" / "recipeforge-floors"))
     venv = root / key.hexdigest()[:16]
     python = venv / "bin" / "python"

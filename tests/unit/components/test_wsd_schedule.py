@@ -54,8 +54,10 @@ def test_megatron_gets_the_same_phases(load_example, tmp_path):
 
     loaded = load_example("pretrain-llama3-405b", "train.scheduler=wsd", "train.warmup_steps=50",
                           "train.decay_ratio=0.2")
-    cfg = megatron_config(make_plan(loaded.recipe), loaded.recipe, run_dir=tmp_path,
-                          data={"kind": "pretrain", "prefix": tmp_path / "d"}, train_iters=1000)
+    # What `components.megatron_data.write_megatron_data` returns (the paths are not read).
+    data = {"root": str(tmp_path / "d"), "metadata": str(tmp_path / "d" / "pack_metadata.json"),
+            "training": {"parquet": str(tmp_path / "d" / "training.idx.parquet"), "rows": 100}}
+    cfg = megatron_config(make_plan(loaded.recipe), loaded.recipe, run_dir=tmp_path, data=data, train_iters=1000)
     s = cfg["scheduler"]
     phases = wsd_phases(1000, 50, 0.2)
     assert s["lr_decay_style"] == "WSD" and s["lr_decay_iters"] == 1000
