@@ -125,7 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _load(args):
     from recipeforge.config import load_recipe
 
-    loaded = load_recipe(args.recipe, args.overrides)
+    overrides = list(args.overrides)
+    if getattr(args, "hardware", None):
+        # `--hardware` replaces the recipe's `hardware:` section as the target, for the checks made while
+        # loading (which backend runs on which device) as for the planner.
+        overrides.append("~hardware")
+    loaded = load_recipe(args.recipe, overrides)
     args.loaded = loaded  # lets errors raised later (planner, data) point into the recipe
     from recipeforge.config.load import check_finite_numbers
 

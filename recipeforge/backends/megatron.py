@@ -12,7 +12,7 @@ The pieces, and where each runs:
 * after the job, in the launching process: `finish_launch` exports the last checkpoint to final/
   (`megatron_convert.export_final`) and merges a LoRA adapter when the recipe asks.
 
-What the backend does with each recipe field is in `megatron_fields`; `check` refuses the rest.
+What the backend does with each recipe field is in `config.schema.megatron_fields` (validation refuses the rest there, and `check` again).
 Megatron-Bridge and Transformer Engine are imported inside functions only. Megatron-Core's forward
 needs CUDA, so this backend runs on GPUs only.
 """
@@ -62,7 +62,7 @@ class MegatronBackend(TrainerBackend):
 
     def check(self, plan, recipe) -> None:
         from recipeforge.backends.megatron_convert import EXTRA_HINT
-        from recipeforge.backends.megatron_fields import megatron_problems
+        from recipeforge.config.schema.megatron_fields import megatron_problems
 
         if plan.backend != self.name:
             raise RecipeError(f"the plan uses backend {plan.backend}, not megatron", key="distributed.backend")

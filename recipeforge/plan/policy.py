@@ -93,10 +93,12 @@ def install_hint(backend: str) -> str:
 
 def layout_refusals(w: Workload, layout: Layout, device: str) -> list[Refusal]:
     """What the backend of `layout` refuses for this workload (its capability record decides)."""
-    return refusals(capabilities_of(layout.backend), stage=w.stage, device=device, adapter=w.adapter,
-                    quant_bits=w.quant_bits, offload=layout.offload, zero_stage=layout.zero_stage,
-                    optimizer=w.optimizer,
-                    model_parallel=parallel_key(layout.tensor_parallel, layout.pipeline_parallel))
+    found = refusals(capabilities_of(layout.backend), stage=w.stage, device=device, adapter=w.adapter,
+                     quant_bits=w.quant_bits, offload=layout.offload, zero_stage=layout.zero_stage,
+                     optimizer=w.optimizer,
+                     model_parallel=parallel_key(layout.tensor_parallel, layout.pipeline_parallel))
+    return found + [Refusal(key, message) for backend, key, message in w.setting_refusals
+                    if backend == layout.backend]
 
 
 def deepspeed_cpu_settings(dist) -> tuple[int, str, str]:
@@ -253,7 +255,7 @@ def evaluate(c: Candidate, w: Workload, hw: Hardware, train, headroom: float) ->
     per_rank = global_batch // dp if global_batch % dp == 0 else 0
     if layout.backend == "megatron":
         # Megatron-Bridge trains packed rows one per micro batch (`components.megatron_data`); a pinned
-        # micro batch other than 1 is refused with the recipe (`backends.megatron_fields`).
+        # micro batch other than 1 is refused with the recipe (`config.schema.megatron_fields`).
         micros = [1]
     elif isinstance(train.micro_batch_size, int):
         micros = [train.micro_batch_size]

@@ -61,6 +61,8 @@ class Workload:
     fused_loss: bool = False          # liger: fused linear + cross-entropy, no full logits
     fused_kernels: bool = False       # liger: fused RMSNorm / SwiGLU
     fp32_master: bool = False         # full fine-tune on single/ddp: fp32 weights under 16-bit autocast
+    # Backends that recipe settings outside the capability record rule out: (backend, key, message).
+    setting_refusals: tuple[tuple[str, str, str], ...] = ()
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -156,7 +158,16 @@ def build_workload(recipe, model: ModelSpec, hardware: Hardware) -> Workload:
         lora_rank=adapter.r if adapter.type != "none" else 0, lora_linears=lora_linears,
         lora_dropout=adapter.dropout, lora_dora=adapter.use_dora, modules_to_save_params=save_params,
         quant_bits=adapter.quant.bits, double_quant=adapter.quant.double_quant, reference_model=reference,
-        rollout=rollout, fused_loss=fused_loss, fused_kernels=fused_kernels, notes=tuple(notes))
+        rollout=rollout, fused_loss=fused_loss, fused_kernels=fused_kernels, notes=tuple(notes),
+        setting_refusals=_setting_refusals(recipe))
+
+
+def _setting_refusals(recipe) -> tuple[tuple[str, str, str], ...]:
+    """Megatron maps recipe fields one by one (`config.schema.megatron_fields`); a setting it cannot
+    honour rules it out, so `auto` never plans a layout that validation or `check()` would refuse."""
+    from recipeforge.config.schema.megatron_fields import megatron_problems
+
+    return tuple(("megatron", key, message) for key, message in megatron_problems(recipe))
 
 
 def _engine_reserves(engine: str) -> bool:

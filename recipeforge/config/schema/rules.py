@@ -93,6 +93,16 @@ def _distributed(r: Recipe) -> Iterator[RuleProblem]:
         if refusal.key not in seen:  # one problem per key: the first reason is the one to fix
             seen.add(refusal.key)
             yield RuleProblem(tuple(refusal.key.split(".")), refusal.message, refusal.hint)
+    if backend == "megatron":
+        # Recipe settings Megatron cannot honour, from the one field table its backend maps from.
+        from recipeforge.config.schema.megatron_fields import megatron_problems
+
+        for key, message in megatron_problems(r):
+            if key not in seen:
+                seen.add(key)
+                prefix = f"{key}: "
+                yield RuleProblem(tuple(key.split(".")), message[len(prefix):] if message.startswith(prefix) else message,
+                                  "use another backend (distributed.backend: auto), or drop this setting")
 
 
 def _stage_specific(r: Recipe) -> Iterator[RuleProblem]:

@@ -7,7 +7,7 @@ import typing
 import pytest
 from pydantic import BaseModel
 
-from recipeforge.backends.megatron_fields import FIELDS, entry, megatron_problems
+from recipeforge.config.schema.megatron_fields import FIELDS, entry, megatron_problems
 
 
 def _models(annotation) -> list[type]:
@@ -41,7 +41,7 @@ def test_every_schema_field_is_mapped_refused_or_ignored():
     paths = schema_paths()
     assert {"train.optimizer", "adapter.quant.bits", "logging.wandb.tags", "dpo.beta"} <= paths  # the walk is deep
     missing = sorted(p for p in paths if entry(p) is None)
-    assert not missing, f"recipe fields with no megatron entry in backends/megatron_fields.py: {missing}"
+    assert not missing, f"recipe fields with no megatron entry in config/schema/megatron_fields.py: {missing}"
     stale = sorted(k for k in FIELDS if not any(p == k or p.startswith(k + ".") for p in paths))
     assert not stale, f"entries for fields the schema no longer has: {stale}"
     for key, field in FIELDS.items():
