@@ -64,9 +64,10 @@ def test_the_refusing_stages_are_the_ones_trl_refuses():
             assert refusing[stage] == runner_class(stage).trainer_class
 
 
+# liger-kernel is a GPU package (Triton kernels); where it is installed, the real trainers are asked.
 @pytest.mark.skipif(importlib.util.find_spec("liger_kernel") is None, reason="needs liger-kernel")
 @pytest.mark.parametrize("stage", sorted(REFUSED_BY_TRAINER["fused_linear_cross_entropy"]))
-def test_the_real_trainer_refuses_it(tmp_path, stage):
+def test_the_real_trainer_refuses_it_gpu(tmp_path, stage):
     from datasets import Dataset
     from trl import DPOConfig, GRPOConfig
 
