@@ -52,7 +52,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("resolve", help="print the fully resolved recipe (extends, overrides, ${...}, defaults)")
     _recipe_args(p)
     p.add_argument("-o", "--output", help="write to this file instead of stdout")
+    p.add_argument("--lock", action="store_true",
+                   help="add a `lock:` section: package versions, the model's revision, dataset fingerprints "
+                        "and the planned hardware (`train` warns when they differ; `train --strict` refuses)")
     p.set_defaults(func=cmd_resolve)
+
+    p = sub.add_parser("diff", help="the difference of two resolved recipes (recipe, run dir or lock file); "
+                                    "exit 0 equal, 1 different, 2 bad input")
+    p.add_argument("a", help="recipe file, lock file or run directory")
+    p.add_argument("b", help="recipe file, lock file or run directory")
+    p.set_defaults(func=cmd_diff)
+
+    p = sub.add_parser("convert", help="convert another tool's config to a recipe (axolotl)")
+    p.add_argument("tool", choices=("axolotl",), help="the tool the config is written for")
+    p.add_argument("config", help="the tool's YAML config")
+    p.add_argument("-o", "--output", help="write the recipe to this file instead of stdout")
+    p.add_argument("--world-size", type=int, default=1,
+                   help="GPUs the config was run on, for the global batch (micro x accumulation x world size; "
+                        "default 1)")
+    p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("schema", help="print the recipe's JSON Schema (or the Markdown reference)")
     p.add_argument("--format", choices=("json", "markdown"), default="json")
@@ -86,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     _launch_args(p)
     p.add_argument("--dry-run", action="store_true",
                    help="print the launch command, its environment and the generated files; start nothing")
+    p.add_argument("--strict", action="store_true",
+                   help="a locked recipe: refuse (exit 2) when package versions, the model revision, data or "
+                        "hardware differ from its `lock:` (without it: a warning per difference)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("launch", help="write a cluster job script for a recipe (sbatch for Slurm)")
@@ -155,8 +176,41 @@ def cmd_validate(args) -> int:
 def cmd_resolve(args) -> int:
     from recipeforge.config.dump import dump_recipe
 
-    text = dump_recipe(_load(args))
-    _write(text, args.output)
+    loaded = _load(args)
+    if not args.lock:
+        _write(dump_recipe(loaded), args.output)
+        return 0
+    import yaml
+
+    from recipeforge.config.dump import resolved_data
+    from recipeforge.config.lock import build_lock, plan_hardware
+    from recipeforge.plan import hardware_for
+    from recipeforge.plan.world import plan_for_world
+
+    plan = plan_for_world(loaded.recipe, hardware=hardware_for(loaded.recipe, None))
+    data = {**resolved_data(loaded), "lock": build_lock(loaded, plan_hardware(plan))}
+    _write(f"# Resolved and locked by recipeforge {__version__} from {loaded.path}; `recipeforge train` warns "
+           f"when this environment differs from `lock:` (--strict: refuses).\n"
+           + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100), args.output)
+    return 0
+
+
+def cmd_diff(args) -> int:
+    from recipeforge.outputs.recipe_diff import diff_sides, render_diff
+
+    recipe_lines, lock_lines = diff_sides(args.a, args.b)
+    sys.stdout.write(render_diff(args.a, args.b, recipe_lines, lock_lines))
+    return 1 if recipe_lines or lock_lines else 0
+
+
+def cmd_convert(args) -> int:
+    from recipeforge.config.axolotl import convert_file
+
+    if args.world_size < 1:
+        raise RecipeError("--world-size must be 1 or more", key="--world-size")
+    result = convert_file(args.config, world_size=args.world_size)
+    sys.stderr.write(result.report_text())
+    _write(result.recipe_text(), args.output)
     return 0
 
 
@@ -217,6 +271,7 @@ def cmd_train(args) -> int:
     opts = LaunchOptions(recipe_path=args.recipe, overrides=tuple(args.overrides),
                          nproc_per_node=args.nproc_per_node, nnodes=args.nnodes, node_rank=args.node_rank,
                          master_addr=args.master_addr, master_port=args.master_port, dry_run=args.dry_run,
+                         strict=args.strict,
                          debug=args.debug or os.environ.get("RECIPEFORGE_DEBUG", "") not in ("", "0"))
     from recipeforge.stages.preemption import EXIT_PREEMPTED, Preempted
 

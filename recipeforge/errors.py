@@ -149,15 +149,24 @@ def bounded_text(text: Any, limit: int = MAX_LINE) -> str:
 def _cut_quoted(quoted: str) -> str:
     if len(quoted) <= MAX_EXCERPT + 2:
         return quoted
-    return f"{quoted[:MAX_EXCERPT + 1]}...{quoted[-1]} ({len(quoted) - 2} characters)"
+    inner, quote = quoted[1:-1], quoted[-1]
+    return f"{quote}{_head_tail(inner, MAX_EXCERPT)}{quote} ({len(inner)} characters)"
+
+
+def _head_tail(text: str, limit: int) -> str:
+    """`text` cut to about `limit` characters, keeping its start and its end: the end of a path or an
+    id is usually the part that names it."""
+    head = limit // 2
+    return f"{text[:head]}...{text[-(limit - head):]}"
 
 
 def excerpt(value: Any, limit: int = MAX_EXCERPT) -> str:
     """A short, escaped, repr-like quote of a user value for a message: ``'abc...' (1200 characters)``."""
     text = redact_url_credentials(value if isinstance(value, str) else repr(value))
     if isinstance(value, str):
-        shown = repr(text[:limit])
-        return shown if len(text) <= limit else f"{shown[:-1]}...{shown[-1]} ({len(text)} characters)"
+        if len(text) <= limit:
+            return repr(text)
+        return f"{repr(_head_tail(text, limit))} ({len(text)} characters)"
     return _escape(text if len(text) <= limit else text[:limit] + "...")
 
 

@@ -33,6 +33,7 @@ class LaunchOptions:
     master_port: int | None = None
     dry_run: bool = False
     debug: bool = False
+    strict: bool = False                      # a locked recipe: refuse (not warn) when the environment differs
 
 
 class LaunchFailed(Exception):
@@ -90,6 +91,10 @@ def _train_launching(loaded, plan, opts: LaunchOptions, overwrite: bool, force: 
     from recipeforge.components.data_checks import check_plan_numbers
 
     check_plan_numbers(plan)
+    if recipe.lock is not None:  # the launching command checks; its workers run what it accepted
+        from recipeforge.config.lock import check_lock, plan_hardware
+
+        check_lock(loaded, plan_hardware(plan), strict=opts.strict, warn=_log)
     if plan.nodes != cluster.nnodes:
         raise RecipeError(f"the plan spans {plan.nodes} nodes, and this command was started for {cluster.nnodes}",
                           key="hardware.nodes",
@@ -283,6 +288,9 @@ def _prepare_run(loaded, plan, run, *, overwrite: bool, force: bool = False) -> 
     run.write_recipe(resolved, Path(loaded.path))
     run.write_plan(plan)
     run.write_environment()
+    from recipeforge.config.lock import build_lock, plan_hardware
+
+    run.write_lock({**resolved, "lock": build_lock(loaded, plan_hardware(plan))}, Path(loaded.path))
     writer = MetricsWriter(run.metrics)
     if resume_from is not None:
         writer.truncate_after(checkpoint.step_of(resume_from) or 0)

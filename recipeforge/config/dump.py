@@ -8,8 +8,11 @@ from recipeforge import __version__
 
 
 def recipe_to_data(recipe) -> dict:
-    """Plain JSON-compatible data of a validated recipe (all defaults present)."""
-    return recipe.model_dump(mode="json")
+    """Plain JSON-compatible data of a validated recipe (all defaults present; no `lock:` unless it has one)."""
+    data = recipe.model_dump(mode="json")
+    if data.get("lock", True) is None:  # an unlocked recipe reads as it did before `lock:` existed
+        del data["lock"]
+    return data
 
 
 def resolved_data(loaded) -> dict:

@@ -2,6 +2,7 @@
 
     resolved_recipe.yaml   the recipe after extends/overrides/interpolation
     plan.json              the planner's decisions and reasons
+    recipe.lock.yaml       the resolved recipe with a `lock:` section (versions, revisions, data hashes)
     environment.json       package versions, platform, git commit
     metrics.jsonl          every logged metric, one JSON object per line
     checkpoints/           complete checkpoints (resume picks the newest)
@@ -67,6 +68,10 @@ class RunDir:
         return self.root / "plan.json"
 
     @property
+    def lock(self) -> Path:
+        return self.root / "recipe.lock.yaml"
+
+    @property
     def environment(self) -> Path:
         return self.root / "environment.json"
 
@@ -94,6 +99,12 @@ class RunDir:
         header = (f"# Resolved from {source}\n" if source else "") + f"{HASH_HEADER}{recipe_hash(tree_data)}\n"
         text = yaml.safe_dump(tree_data, sort_keys=False, allow_unicode=True)
         _atomic_write(self.resolved_recipe, header + text)
+
+    def write_lock(self, locked_data: dict, source: Path | None = None) -> None:
+        """recipe.lock.yaml: the recipe as run plus the `lock:` of this environment (`recipeforge diff`
+        and `train --strict` read it)."""
+        header = f"# Locked from {source} by recipeforge train\n" if source else ""
+        _atomic_write(self.lock, header + yaml.safe_dump(locked_data, sort_keys=False, allow_unicode=True))
 
     def write_plan(self, plan) -> None:
         _atomic_write(self.plan, json.dumps(plan.to_dict(), indent=2, default=str) + "\n")

@@ -37,6 +37,7 @@ NEUTRAL: tuple[tuple[str, ...], ...] = (
     ("train", "divergence"),     # how a diverging run is noticed, not what it trains
     ("data", "num_proc"),
     ("data", "cache_dir"),
+    ("lock",),                   # what the recipe was resolved against (checked by `train` on its own)
 )
 # Keys whose change makes it another run altogether: its checkpoints cannot be continued.
 IDENTITY: tuple[tuple[str, ...], ...] = (("stage",), ("model", "name_or_path"), ("adapter", "type"))
@@ -68,12 +69,17 @@ def recipe_hash(data: dict) -> str:
 
 def recipe_diff(old: dict, new: dict) -> list[str]:
     """Lines ``key: old -> new`` for every comparable leaf that differs (added/removed keys included)."""
-    a, b = _leaves(comparable(old)), _leaves(comparable(new))
-    lines = []
-    for key in sorted(set(a) | set(b), key=lambda k: [str(p) for p in k]):
-        if a.get(key, _MISSING) != b.get(key, _MISSING):
-            lines.append(f"{format_key(key)}: {_show(a.get(key, _MISSING))} -> {_show(b.get(key, _MISSING))}")
-    return lines
+    return [f"{format_key(key)}: {show_value(a)} -> {show_value(b)}"
+            for key, a, b in leaf_changes(comparable(old), comparable(new))]
+
+
+def leaf_changes(old: Any, new: Any) -> list[tuple[tuple, Any, Any]]:
+    """``(key path, old, new)`` for every leaf of two nested data trees that differs, in key order;
+    a key on one side only has `MISSING` on the other."""
+    a, b = _leaves(old), _leaves(new)
+    return [(key, a.get(key, _MISSING), b.get(key, _MISSING))
+            for key in sorted(set(a) | set(b), key=lambda k: [str(p) for p in k])
+            if a.get(key, _MISSING) != b.get(key, _MISSING)]
 
 
 def check_existing_run(run, new_data: dict, *, force: bool) -> None:
@@ -128,6 +134,7 @@ class _Missing:
 
 
 _MISSING = _Missing()
+MISSING = _MISSING  # the side of a `leaf_changes` entry that lacks the key
 
 
 def _leaves(data: Any, prefix: tuple = ()) -> dict[tuple, Any]:
@@ -142,6 +149,11 @@ def _leaves(data: Any, prefix: tuple = ()) -> dict[tuple, Any]:
             out.update(_leaves(v, prefix + (i,)))
         return out
     return {prefix: data}
+
+
+def show_value(value: Any) -> str:
+    """A leaf value in one short line (`(unset)` for `MISSING`)."""
+    return _show(value)
 
 
 def _show(value: Any) -> str:

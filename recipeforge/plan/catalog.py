@@ -35,6 +35,10 @@ KNOWN_CONFIGS: dict[str, dict] = {
     "meta-llama/Llama-3.2-1B": _llama(128256, 2048, 8192, 16, 32, 8, tie=True, head_dim=64),
     "meta-llama/Llama-3.2-3B": _llama(128256, 3072, 8192, 28, 24, 8, tie=True, head_dim=128),
     "meta-llama/Llama-3.3-70B-Instruct": _llama(128256, 8192, 28672, 80, 64, 8),
+    # Meta Llama 2 (multi-head attention at 7B/13B, grouped-query at 70B; 32000-token vocabulary)
+    "meta-llama/Llama-2-7b-hf": _llama(32000, 4096, 11008, 32, 32, 32),
+    "meta-llama/Llama-2-13b-hf": _llama(32000, 5120, 13824, 40, 40, 40),
+    "meta-llama/Llama-2-70b-hf": _llama(32000, 8192, 28672, 80, 64, 8),
     # Mistral
     "mistralai/Mistral-7B-v0.1": _llama(32000, 4096, 14336, 32, 32, 8, model_type="mistral"),
     "mistralai/Mistral-7B-v0.3": _llama(32768, 4096, 14336, 32, 32, 8, model_type="mistral"),

@@ -268,6 +268,22 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
     return MemoryEstimate(components=part, total=persistent + max(phases), cpu_per_node=cpu, notes=tuple(notes))
 
 
+def measured_view(memory_gb: dict, measure: str) -> float:
+    """The part of an estimate (GiB by component, as `MemoryEstimate.gb()`) that a measurement of kind
+    `measure` counts: ``device`` (nvidia-smi) everything; ``reserved`` (torch.cuda.max_memory_reserved)
+    without the CUDA context and NCCL buffers, which live outside torch's allocator; ``allocated``
+    (max_memory_allocated) also without the allocator's cached, fragmented slack."""
+    total = memory_gb.get("total", 0.0)
+    if measure == "device":
+        return total
+    total -= memory_gb.get("runtime", 0.0)
+    if measure == "reserved":
+        return total
+    if measure == "allocated":
+        return total - memory_gb.get("allocator_reserve", 0.0)
+    raise ValueError(f"unknown measure {measure!r} (device | reserved | allocated)")
+
+
 def autocast_weight_bytes(w: Workload, checkpointing: bool) -> float:
     """16-bit copies of fp32 weights under autocast: each linear's weight is cast for its matmul and
     the copy is saved for backward, so a step holds one per linear weight (with recomputation only

@@ -107,15 +107,24 @@ def test_unknown_model_path(tmp_path):
     assert "no-such-model" in str(err) and err.problems[0].key == "model.name_or_path"
 
 
+def _load_error(recipe: Path, *overrides: str):
+    """The error loading (validating) `recipe` raises: names a run would look up are checked there."""
+    from recipeforge.config import load_recipe
+
+    with pytest.raises(RecipeError) as info:
+        load_recipe(recipe, overrides=list(overrides))
+    return info.value
+
+
 def test_unknown_tiny_architecture(tmp_path):
     _rows(tmp_path, GOOD)
-    err = _train(_recipe(tmp_path, model="tiny:gpt9"), tmp_path)
-    assert "tiny:gpt9" in str(err) and "tiny:llama" in str(err)
+    err = _load_error(_recipe(tmp_path, model="tiny:gpt9"))
+    assert "tiny:gpt9" in str(err) and "tiny:llama" in err.problems[0].hint
 
 
 def test_unknown_chat_template(tmp_path):
     _rows(tmp_path, GOOD)
-    err = _train(_recipe(tmp_path), tmp_path, "data.chat_template=chatmll")
+    err = _load_error(_recipe(tmp_path), "data.chat_template=chatmll")
     assert "unknown chat template 'chatmll'" in str(err) and "chatml" in err.problems[0].hint
 
 

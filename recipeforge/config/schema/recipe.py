@@ -15,6 +15,7 @@ from recipeforge.config.schema.adapter import AdapterConfig
 from recipeforge.config.schema.base import Section
 from recipeforge.config.schema.data import DataConfig
 from recipeforge.config.schema.distributed import DistributedConfig, HardwareConfig
+from recipeforge.config.schema.lock import LockConfig
 from recipeforge.config.schema.logging import LoggingConfig
 from recipeforge.config.schema.model import ModelConfig
 from recipeforge.config.schema.output import OutputConfig
@@ -46,6 +47,9 @@ class Recipe(Section):
     allow_code: bool = Field(
         False, description="Allow the recipe to import Python code by dotted path (e.g. a reward `my_pkg.rewards:f`); "
                            "--trust-code (RECIPEFORGE_TRUST_CODE=1) does the same for one run. Reported in the plan.")
+    lock: Optional[LockConfig] = Field(
+        None, description="Written by `recipeforge resolve --lock`: versions, revisions and fingerprints the recipe "
+                          "was resolved against; `train` warns when they differ (`--strict`: refuses).")
 
     @field_validator("kernels", mode="before")
     @classmethod

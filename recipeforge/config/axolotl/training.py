@@ -1,0 +1,352 @@
+"""Axolotl's model, adapter, optimisation, precision, backend, logging and output keys as recipe keys."""
+
+from __future__ import annotations
+
+import math
+
+RL_STAGES = {"dpo": "dpo", "ipo": "dpo", "grpo": "grpo"}
+OPTIMIZERS = {"adamw_torch": "adamw", "adamw_hf": "adamw", "adamw": "adamw", "adamw_torch_fused": "adamw_fused",
+              "adamw_bnb_8bit": "adamw_8bit", "adamw_8bit": "adamw_8bit", "paged_adamw_8bit": "paged_adamw_8bit",
+              "paged_adamw_32bit": "paged_adamw_32bit", "adafactor": "adafactor", "sgd": "sgd",
+              "lion_8bit": "lion_8bit", "paged_lion_8bit": "lion_8bit"}
+SCHEDULERS = {"cosine": "cosine", "linear": "linear", "constant": "constant",
+              "constant_with_warmup": "constant_with_warmup", "cosine_with_min_lr": "cosine_with_min_lr",
+              "warmup_stable_decay": "wsd"}
+ATTENTION_FLAGS = {"flash_attention": "flash_attention_2", "sdp_attention": "sdpa", "eager_attention": "eager",
+                   "flex_attention": "flex_attention"}
+ATTENTION = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+DPO_LOSSES = ("sigmoid", "hinge", "ipo", "robust", "bco_pair", "sppo_hard", "nca_pair", "apo_zero", "apo_down")
+GRPO_LOSSES = ("grpo", "dr_grpo", "dapo", "bnpo")
+
+
+def stage(conv) -> None:
+    """`rl:` (dpo, ipo, grpo; orpo/simpo/kto/... reported) or pretrain/sft from the data."""
+    rl = conv.get("rl")
+    if rl is not None:
+        rl = str(rl).lower()
+        if rl in RL_STAGES:
+            conv.put("stage", RL_STAGES[rl], "rl")
+            if rl == "ipo":
+                conv.put("dpo.loss_type", "ipo", "rl")
+            return
+        conv.put("stage", "dpo")
+        conv.note("rl", f"'{rl}' has no counterpart (recipeforge trains pretrain, sft, dpo and grpo); converted "
+                        f"to stage dpo with the sigmoid loss on the same data"
+                  + ("; KTO rows (prompt, completion, label) must become chosen/rejected pairs" if rl == "kto" else ""))
+        return
+    from recipeforge.config.axolotl.datasets import raw_text_only
+
+    if conv.get("pretraining_dataset") or raw_text_only(conv):
+        conv.recipe["stage"] = "pretrain"
+    else:
+        conv.recipe["stage"] = "sft"
+
+
+def model(conv) -> None:
+    conv.put("model.name_or_path", conv.get("base_model"), "base_model")
+    for src, dst in (("revision_of_model", "model.revision"), ("tokenizer_config", "model.tokenizer"),
+                     ("trust_remote_code", "model.trust_remote_code")):
+        if conv.get(src) is not None:
+            conv.put(dst, conv.get(src), src)
+    for src in ("model_type", "tokenizer_type", "base_model_config", "tokenizer_use_fast", "tokenizer_legacy"):
+        if conv.get(src) is not None:
+            conv.note(src, "not needed: recipeforge loads the model with AutoModelForCausalLM and the tokenizer "
+                           "with AutoTokenizer from model.name_or_path (or model.tokenizer)")
+    bf16 = conv.get("bf16", conv.get("bfloat16"))
+    fp16 = conv.get("fp16", conv.get("float16"))
+    dtype = ("bf16" if bf16 is True else "auto" if bf16 == "auto" else "fp16" if fp16 is True
+             else "fp32" if False in (bf16, fp16) else None)
+    if dtype is not None:
+        conv.put("model.dtype", dtype)
+    for src in ("bf16", "fp16", "bfloat16", "float16"):
+        if conv.get(src) is not None:
+            conv.map(src, "model.dtype")
+    if conv.get("tf32") is not None:
+        conv.put("train.tf32", conv.get("tf32") if isinstance(conv.get("tf32"), bool) else "auto", "tf32")
+    attn = conv.get("attn_implementation")
+    if attn is not None:
+        if attn in ATTENTION:
+            conv.put("model.attn_implementation", attn, "attn_implementation")
+        else:
+            conv.note("attn_implementation", f"'{attn}' has no counterpart; model.attn_implementation is auto "
+                                             f"(flash_attention_2 when installed on a GPU, else sdpa)")
+    for flag, impl in ATTENTION_FLAGS.items():
+        if conv.get(flag) is True and "model" in conv.recipe and "attn_implementation" not in conv.recipe["model"]:
+            conv.put("model.attn_implementation", impl, flag)
+        elif conv.get(flag) is not None and flag not in conv.mapped:
+            conv.map(flag, "model.attn_implementation")
+    for flag in ("xformers_attention", "sage_attention", "s2_attention"):
+        if conv.get(flag):
+            conv.note(flag, "no counterpart; model.attn_implementation is auto (flash_attention_2 or sdpa)")
+    if conv.get("sequence_len") is not None:
+        conv.put("data.sequence_len", int(conv.get("sequence_len")), "sequence_len")
+
+
+def adapter(conv) -> None:
+    kind = conv.get("adapter")
+    four, eight = bool(conv.get("load_in_4bit")), bool(conv.get("load_in_8bit"))
+    for src in ("load_in_4bit", "load_in_8bit"):
+        if conv.get(src) is not None:
+            conv.map(src, "adapter.quant.bits")
+    if kind is None:
+        if four or eight:
+            conv.note("load_in_4bit" if four else "load_in_8bit",
+                      "quantized loading without an adapter has no counterpart (a quantized base cannot be "
+                      "trained in full); the recipe fine-tunes in full precision")
+        return
+    if kind not in ("lora", "qlora"):
+        conv.note("adapter", f"'{kind}' has no counterpart; the recipe uses LoRA (adapter.type: lora)")
+    elif "adapter" not in conv.notes:
+        conv.map("adapter", "adapter.type")
+    quantized = kind == "qlora" or four or eight
+    conv.put("adapter.type", "qlora" if quantized else "lora")
+    if quantized:
+        conv.put("adapter.quant.bits", 8 if eight and not four else 4)
+    for src, dst in (("lora_r", "r"), ("lora_alpha", "alpha"), ("lora_dropout", "dropout"),
+                     ("lora_modules_to_save", "modules_to_save"), ("peft_use_dora", "use_dora"),
+                     ("peft_use_rslora", "use_rslora")):
+        if conv.get(src) is not None:
+            conv.put(f"adapter.{dst}", conv.get(src), src)
+    modules = conv.get("lora_target_modules")
+    if isinstance(modules, str):
+        modules = [modules]
+    if conv.get("lora_target_linear"):
+        conv.put("adapter.target_modules", "all-linear", "lora_target_linear")
+        if modules:
+            conv.map("lora_target_modules", "adapter.target_modules")
+            conv.note("lora_target_modules", "listed next to lora_target_linear: all-linear already covers "
+                                             "linear modules; add others under adapter.modules_to_save if they "
+                                             "must train")
+    elif modules:
+        conv.put("adapter.target_modules", list(modules), "lora_target_modules")
+    elif conv.get("lora_target_linear") is False:
+        conv.put("adapter.target_modules", "all-linear", "lora_target_linear")
+        conv.note("lora_target_linear", "false without lora_target_modules: the recipe targets all-linear")
+    bnb = conv.get("bnb_config_kwargs") or {}
+    if isinstance(bnb, dict):
+        for src, dst in (("bnb_4bit_quant_type", "quant_type"), ("bnb_4bit_use_double_quant", "double_quant")):
+            if src in bnb:
+                conv.put(f"adapter.quant.{dst}", bnb[src], f"bnb_config_kwargs.{src}")
+        for k in bnb:
+            if k not in ("bnb_4bit_quant_type", "bnb_4bit_use_double_quant"):
+                conv.note(f"bnb_config_kwargs.{k}", "no counterpart (compute dtype follows model.dtype)")
+        if bnb:
+            conv.map("bnb_config_kwargs", "adapter.quant")
+    for src in ("lora_model_dir", "lora_fan_in_fan_out", "lora_on_cpu", "peft_layers_to_transform"):
+        if conv.get(src) is not None:
+            conv.note(src, "no counterpart; the recipe starts new adapters on every targeted module")
+
+
+def optimisation(conv) -> None:
+    micro = conv.get("micro_batch_size")
+    accum = conv.get("gradient_accumulation_steps", 1)
+    if micro is not None:
+        conv.put("train.micro_batch_size", int(micro), "micro_batch_size")
+        conv.put("train.global_batch_size", int(micro) * int(accum) * conv.world_size, "micro_batch_size")
+        if conv.get("gradient_accumulation_steps") is not None:
+            conv.map("gradient_accumulation_steps", "train.global_batch_size")
+        conv.note("gradient_accumulation_steps" if conv.get("gradient_accumulation_steps") else "micro_batch_size",
+                  f"global batch = {micro} x {accum} x world size {conv.world_size} = "
+                  f"{int(micro) * int(accum) * conv.world_size} (train.global_batch_size); the planner picks the "
+                  f"accumulation for the hardware it plans for")
+    elif conv.get("batch_size") is not None:
+        conv.put("train.global_batch_size", int(conv.get("batch_size")), "batch_size")
+    if conv.get("batch_size") is not None and micro is not None:
+        conv.note("batch_size", "ignored next to micro_batch_size (as Axolotl does)")
+    if conv.get("num_epochs") is not None:
+        conv.put("train.epochs", float(conv.get("num_epochs")), "num_epochs")
+    if conv.get("max_steps") is not None:
+        conv.put("train.max_steps", int(conv.get("max_steps")), "max_steps")
+    for src, dst, cast in (("learning_rate", "learning_rate", float), ("weight_decay", "weight_decay", float),
+                           ("warmup_steps", "warmup_steps", int), ("warmup_ratio", "warmup_ratio", float),
+                           ("adam_beta1", "adam_beta1", float), ("adam_beta2", "adam_beta2", float),
+                           ("max_grad_norm", "max_grad_norm", float), ("seed", "seed", int),
+                           ("logging_steps", "logging_steps", int), ("eval_steps", "eval_steps", int),
+                           ("load_best_model_at_end", "load_best_model_at_end", bool),
+                           ("metric_for_best_model", "metric_for_best_model", str)):
+        value = conv.get(src)
+        if value is not None:
+            if src == "eval_steps" and isinstance(value, float) and value < 1:
+                conv.note(src, f"{value} is a share of the run; recipeforge takes a step count (train.eval_steps "
+                               f"left unset: evaluation at the end of each epoch)")
+                continue
+            conv.put(f"train.{dst}", cast(value), src)
+    if conv.get("max_grad_norm") == 0:
+        conv.put("train.max_grad_norm", None, "max_grad_norm")
+    opt = conv.get("optimizer")
+    if opt is not None:
+        if opt in OPTIMIZERS:
+            conv.put("train.optimizer", OPTIMIZERS[opt], "optimizer")
+        else:
+            conv.note("optimizer", f"'{opt}' has no counterpart; the recipe uses adamw")
+    sched = conv.get("lr_scheduler")
+    if sched is not None:
+        if sched in SCHEDULERS:
+            conv.put("train.scheduler", SCHEDULERS[sched], "lr_scheduler")
+        else:
+            conv.note("lr_scheduler", f"'{sched}' has no counterpart; the recipe uses cosine")
+    for src in ("cosine_min_lr_ratio", "cosine_constant_lr_ratio", "lr_scheduler_kwargs", "lr_quadratic_warmup"):
+        if conv.get(src) is not None:
+            conv.note(src, "no counterpart; train.scheduler decays as its name says (cosine_with_min_lr keeps "
+                           "transformers' default floor)")
+    gc = conv.get("gradient_checkpointing")
+    if gc is not None:
+        conv.put("train.gradient_checkpointing", bool(gc), "gradient_checkpointing")
+        if isinstance(gc, str):
+            conv.note("gradient_checkpointing", f"'{gc}' (activation offload) has no counterpart; plain "
+                                                f"gradient checkpointing is on")
+    if conv.get("gradient_checkpointing_kwargs") is not None:
+        conv.note("gradient_checkpointing_kwargs", "no counterpart; recipeforge checkpoints without reentrant")
+    for src in ("evals_per_epoch", "saves_per_epoch"):
+        if conv.get(src) is not None:
+            conv.note(src, "no counterpart; without eval_steps/save_steps recipeforge evaluates and saves at the "
+                           "end of each epoch")
+    for src in ("eval_strategy", "save_strategy", "evaluation_strategy"):
+        if conv.get(src) is not None:
+            conv.note(src, "no counterpart; steps when train.eval_steps / output.save_steps are set, else epochs")
+
+
+def stage_settings(conv) -> None:
+    """DPO and GRPO settings (`rl_beta`, `dpo_*`, `trl:`)."""
+    st = conv.recipe["stage"]
+    trl = conv.get("trl") or {}
+    if not isinstance(trl, dict):
+        conv.note("trl", "not a mapping; not converted")
+        trl = {}
+    if trl:
+        conv.map("trl", f"{st}.*" if st in ("dpo", "grpo") else "(see the trl.* lines)")
+    beta = conv.get("rl_beta", trl.get("beta"))
+    if st == "dpo":
+        if conv.get("rl_beta") is not None:
+            conv.put("dpo.beta", float(beta), "rl_beta")
+        elif "beta" in trl:
+            conv.put("dpo.beta", float(beta), "trl.beta")
+        if conv.get("dpo_label_smoothing") is not None:
+            conv.put("dpo.label_smoothing", float(conv.get("dpo_label_smoothing")), "dpo_label_smoothing")
+        if conv.get("rpo_alpha") is not None:
+            conv.put("dpo.rpo_alpha", float(conv.get("rpo_alpha")), "rpo_alpha")
+        if conv.get("max_prompt_len") is not None:
+            conv.put("dpo.max_prompt_length", int(conv.get("max_prompt_len")), "max_prompt_len")
+        losses = conv.get("dpo_loss_type")
+        if losses is not None:
+            losses = [losses] if isinstance(losses, str) else list(losses)
+            if len(losses) == 1 and losses[0] in DPO_LOSSES:
+                conv.put("dpo.loss_type", losses[0], "dpo_loss_type")
+            else:
+                conv.note("dpo_loss_type", f"{losses}: recipeforge takes one of {', '.join(DPO_LOSSES)}; the "
+                                           f"recipe keeps {conv.recipe.get('dpo', {}).get('loss_type', 'sigmoid')}")
+    elif st == "grpo":
+        _grpo(conv, trl)
+    for key in trl:
+        full = f"trl.{key}"
+        if full not in conv.mapped and full not in conv.notes:
+            conv.note(full, f"no counterpart for stage {st}; not converted")
+    for src in ("orpo_alpha", "simpo_gamma", "cpo_alpha", "kto_desirable_weight", "kto_undesirable_weight",
+                "dpo_use_weighting", "dpo_padding_free", "dpo_use_liger_kernel", "dpo_loss_weights", "dpo_norm_loss"):
+        if conv.get(src) is not None and src not in conv.mapped:
+            conv.note(src, "no counterpart in recipeforge's DPO; not converted")
+    if st != "dpo":
+        for src in ("rl_beta", "dpo_label_smoothing", "dpo_loss_type", "rpo_alpha"):
+            if conv.get(src) is not None and src not in conv.mapped:
+                conv.note(src, f"a DPO setting in a stage {st} config; not converted")
+
+
+def _grpo(conv, trl: dict) -> None:
+    g = "grpo"
+    for src, dst, cast in (("beta", "beta", float), ("num_generations", "num_generations", int),
+                           ("max_completion_length", "max_completion_length", int),
+                           ("temperature", "temperature", float), ("top_p", "top_p", float),
+                           ("epsilon", "epsilon", float)):
+        if trl.get(src) is not None:
+            conv.put(f"{g}.{dst}", cast(trl[src]), f"trl.{src}")
+    if conv.get("max_prompt_len") is not None:
+        conv.put(f"{g}.max_prompt_length", int(conv.get("max_prompt_len")), "max_prompt_len")
+    if trl.get("loss_type") is not None:
+        if trl["loss_type"] in GRPO_LOSSES:
+            conv.put(f"{g}.loss_type", trl["loss_type"], "trl.loss_type")
+        else:
+            conv.note("trl.loss_type", f"'{trl['loss_type']}' has no counterpart; the recipe uses dapo")
+    if trl.get("scale_rewards") is not None:
+        conv.put(f"{g}.scale_rewards", "group" if trl["scale_rewards"] else "none", "trl.scale_rewards")
+    if trl.get("use_vllm"):
+        conv.note("trl.use_vllm", "generation uses the hf engine; install recipeforge-vllm and set "
+                                  "grpo.rollout.engine: vllm for vLLM")
+    funcs = trl.get("reward_funcs") or []
+    weights = trl.get("reward_weights") or []
+    rewards = []
+    for i, ref in enumerate(funcs):
+        module, _, func = str(ref).rpartition(".")
+        entry = {"name": f"{module}:{func}" if module else str(ref)}
+        if i < len(weights):
+            entry["weight"] = float(weights[i])
+        rewards.append(entry)
+    if rewards:
+        conv.put(f"{g}.rewards", rewards, "trl.reward_funcs")
+        conv.put("allow_code", True)
+        conv.note("trl.reward_funcs", "written as module:function code references; allow_code: true is set "
+                                      "because Axolotl imports them too (review that code); recipeforge calls "
+                                      "them with prompts, completions and the row's other columns as keywords")
+        if weights:
+            conv.map("trl.reward_weights", f"{g}.rewards[*].weight")
+    else:
+        conv.put(f"{g}.rewards", [{"name": "length"}])
+        conv.note("trl.reward_funcs", "none given; the recipe uses the built-in `length` reward as a placeholder "
+                                      "(replace it with accuracy, exact_match, regex or your own)")
+    n = conv.recipe[g].get("num_generations", 8)
+    gbs = conv.recipe.get("train", {}).get("global_batch_size", 32)
+    if gbs % n:
+        fixed = n * max(1, math.ceil(gbs / n))
+        conv.put("train.global_batch_size", fixed)
+        conv.note("num_generations" if "trl.num_generations" not in conv.mapped else "trl.num_generations",
+                  f"GRPO needs a global batch divisible by {n}: train.global_batch_size raised from {gbs} to {fixed}")
+
+
+def logging_output(conv) -> None:
+    if conv.get("output_dir") is not None:
+        conv.put("output.dir", str(conv.get("output_dir")), "output_dir")
+    for src, dst in (("save_steps", "save_steps"), ("save_total_limit", "save_total_limit")):
+        value = conv.get(src)
+        if value is not None:
+            if isinstance(value, float) and value < 1:
+                conv.note(src, f"{value} is a share of the run; recipeforge takes a step count (saves each epoch)")
+                continue
+            conv.put(f"output.{dst}", int(value), src)
+    if conv.get("resume_from_checkpoint") is not None:
+        conv.put("output.resume", str(conv.get("resume_from_checkpoint")), "resume_from_checkpoint")
+    if conv.get("auto_resume_from_checkpoints") is not None:
+        conv.map("auto_resume_from_checkpoints", "output.resume")
+        if "resume_from_checkpoint" not in conv.mapped:
+            conv.put("output.resume", "auto" if conv.get("auto_resume_from_checkpoints") else "never")
+    if conv.get("hub_model_id") is not None:
+        conv.put("output.push_to_hub", {"repo_id": str(conv.get("hub_model_id")),
+                                        "private": bool(conv.get("hub_private_repo", True))}, "hub_model_id")
+        if conv.get("hub_private_repo") is not None:
+            conv.map("hub_private_repo", "output.push_to_hub.private")
+    if conv.get("hub_strategy") is not None:
+        conv.note("hub_strategy", "no counterpart; final/ is uploaded once after training")
+    project = conv.get("wandb_project")
+    if project:
+        wandb = {"project": str(project)}
+        for src, dst in (("wandb_entity", "entity"), ("wandb_name", "name"), ("wandb_mode", "mode")):
+            if conv.get(src) is not None:
+                wandb[dst] = str(conv.get(src))
+                conv.map(src, f"logging.wandb.{dst}")
+        if wandb.get("mode") not in (None, "online", "offline", "disabled"):
+            conv.note("wandb_mode", f"'{wandb.pop('mode')}' has no counterpart; online")
+        conv.put("logging.wandb", wandb, "wandb_project")
+    for src in ("wandb_watch", "wandb_log_model", "wandb_run_id"):
+        if conv.get(src) is not None:
+            conv.note(src, "no counterpart; recipeforge logs metrics only")
+    if conv.get("use_tensorboard") is not None:
+        conv.put("logging.tensorboard", bool(conv.get("use_tensorboard")), "use_tensorboard")
+    if conv.get("use_mlflow") or conv.get("mlflow_tracking_uri"):
+        mlflow = {}
+        if conv.get("mlflow_tracking_uri"):
+            mlflow["tracking_uri"] = str(conv.get("mlflow_tracking_uri"))
+            conv.map("mlflow_tracking_uri", "logging.mlflow.tracking_uri")
+        if conv.get("mlflow_experiment_name"):
+            mlflow["experiment"] = str(conv.get("mlflow_experiment_name"))
+            conv.map("mlflow_experiment_name", "logging.mlflow.experiment")
+        conv.put("logging.mlflow", mlflow, "use_mlflow" if conv.get("use_mlflow") is not None else None)
+    if conv.get("strict") is not None:
+        conv.note("strict", "not needed: recipeforge always refuses unknown keys")
