@@ -96,7 +96,8 @@ ALIASES = {"gpt2": "openai-community/gpt2", "gpt2-medium": "openai-community/gpt
            "meta-llama/Meta-Llama-3-70B": "meta-llama/Llama-3.1-70B",
            "mistralai/Mistral-7B-Instruct-v0.1": "mistralai/Mistral-7B-v0.1",
            "mistralai/Mistral-7B-Instruct-v0.2": "mistralai/Mistral-7B-v0.1",
-           "microsoft/Phi-3-mini-128k-instruct": "microsoft/Phi-3-mini-4k-instruct"}
+           "microsoft/Phi-3-mini-128k-instruct": "microsoft/Phi-3-mini-4k-instruct",
+           "huggyllama/llama-7b": "meta-llama/Llama-2-7b-hf"}  # LLaMA 1 7B: Llama 2 7B's shape
 # Fine-tuned variants share the base model's shape.
 _VARIANT_SUFFIXES = ("-instruct", "-chat", "-it", "-hf", "-base")
 

@@ -165,12 +165,14 @@ def test_cli_resolve_lock_round_trip_and_diff(recipe, tmp_path):
     done = run_cli("diff", str(locked), str(tampered))
     assert done.returncode == 1 and f"packages.trl: {metadata.version('trl')} -> 0.1.0" in done.stdout
     assert "recipe: no differences" in done.stdout
-    for bad in (str(tmp_path / "missing.yaml"), str(tmp_path)):
+    (tmp_path / "empty").mkdir()
+    for bad in (str(tmp_path / "missing.yaml"), str(tmp_path / "empty")):
         done = run_cli("diff", str(recipe), bad)
         assert done.returncode == 2 and "Traceback" not in done.stderr
     broken = tmp_path / "broken.yaml"
     broken.write_text("stage: sft\n")
     assert run_cli("diff", str(recipe), str(broken)).returncode == 2
+    assert run_cli("diff", str(tmp_path), str(locked)).returncode == 0  # a directory with a lock file: a run dir
 
 
 def test_cli_train_checks_the_lock(recipe, tmp_path):
