@@ -54,7 +54,10 @@ def hub_commit(repo_id: str, revision: str | None, repo_type: str = "model") -> 
         from huggingface_hub.file_download import repo_folder_name
     except ImportError:
         return None
-    folder = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type=repo_type)
+    try:
+        folder = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type=repo_type)
+    except ValueError:  # not a hub id (a URL, a path that does not exist): nothing cached under it
+        return None
     ref = folder / "refs" / (revision or "main")
     try:
         commit = ref.read_text().strip()
@@ -107,9 +110,25 @@ def dataset_locks(loaded) -> list[dict[str, Any]]:
 
 
 def build_lock(loaded, hardware: dict[str, Any]) -> dict[str, Any]:
-    """The `lock:` section for `loaded` (a `LoadedRecipe`) planned on `hardware` (see `plan_hardware`)."""
-    return {"recipeforge": __version__, "packages": package_versions(), "model": model_lock(loaded),
-            "datasets": dataset_locks(loaded), "hardware": {k: hardware.get(k) for k in HARDWARE_KEYS}}
+    """The `lock:` section for `loaded` (a `LoadedRecipe`) planned on `hardware` (see `plan_hardware`).
+
+    Names and paths are written as the resolved recipe shows them: a value read from a secret
+    environment variable, or a URL with a password, is redacted here too."""
+    from recipeforge.config.dump import resolved_data
+    from recipeforge.config.secrets import redact_literals
+
+    shown = resolved_data(loaded)
+    model = model_lock(loaded)
+    model["name_or_path"] = shown["model"]["name_or_path"]
+    datasets = dataset_locks(loaded)
+    for entry in datasets:
+        section, _, index = entry["key"][len("data."):].partition("[")
+        raw, entry["path"] = entry["path"], shown["data"][section][int(index.rstrip("]"))]["path"]
+        if entry["source"] != "local":
+            entry["fingerprint"] = entry["path"] + entry["fingerprint"][len(raw):]
+    lock = {"recipeforge": __version__, "packages": package_versions(), "model": model,
+            "datasets": datasets, "hardware": {k: hardware.get(k) for k in HARDWARE_KEYS}}
+    return redact_literals(lock)
 
 
 def lock_differences(locked: dict[str, Any], here: dict[str, Any]) -> list[str]:

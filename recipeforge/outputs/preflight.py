@@ -122,8 +122,9 @@ def _refuse_shared_places(target: Path, shown: str, recipe_path: Path | None) ->
         what = "the home directory"
     elif cwd == target or cwd.is_relative_to(target):
         what = "the working directory" if cwd == target else f"a parent of the working directory ({cwd})"
-    elif recipe_path is not None and Path(os.path.realpath(recipe_path)) != target / "resolved_recipe.yaml":
-        # (A run's own resolved_recipe.yaml continues that run: its folder is the run directory.)
+    elif recipe_path is not None and Path(os.path.realpath(recipe_path)) not in (
+            target / "resolved_recipe.yaml", target / "recipe.lock.yaml"):
+        # (A run's own resolved_recipe.yaml or recipe.lock.yaml continues that run: its folder is the run directory.)
         folder = Path(os.path.realpath(Path(recipe_path).absolute().parent))
         if folder == target or folder.is_relative_to(target):
             what = "the recipe's folder" if folder == target else f"a parent of the recipe's folder ({folder})"

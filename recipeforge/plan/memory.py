@@ -6,8 +6,14 @@ Every formula is documented with its source in docs/planner.md. Amounts are byte
     + max(forward/backward: activations + logits + gathered parameters,
           optimizer step: temporaries,
           generation: KV cache + gathered parameters)
+    + allocator reserve
 
 because activations are freed before the optimizer step and GRPO generates outside the training step.
+Where torch owns the gradients (one GPU, DDP, FSDP2) they are allocated during backward and freed by
+`zero_grad(set_to_none=True)`: with one micro batch per step they never coexist with a full set of
+activations, so they count in the optimizer step (and in forward/backward only from the second
+micro batch of an accumulation cycle). Paged optimizer states live in unified memory and are paged in
+for the step only.
 """
 
 from __future__ import annotations
@@ -22,13 +28,18 @@ from recipeforge.plan.workload import Workload
 CUDA_RUNTIME = 0.75 * GIB      # CUDA context, cuBLAS/cuDNN workspaces (not in torch's allocator stats)
 NCCL_BUFFERS = 0.5 * GIB       # communicator buffers once more than one process trains
 BUFFER_FACTOR = 1.5            # DeepSpeed's additional_buffer_factor on its host-memory estimates
+# The caching allocator keeps freed blocks reserved; blocks freed by one step's transient tensors
+# (activations, logits, gathered weights) are split and reused by differently sized requests, so
+# part of them cannot be handed out again: reserved exceeds allocated by about this share of them.
+ALLOCATOR_SLACK = 0.08
 
 PERSISTENT = ("weights", "gradients", "optimizer", "adapter", "reference_model", "comm_buffers",
               "rollout_engine", "runtime")
-TRAIN_PHASE = ("activations", "logits", "gathered_params", "autocast_weights")
-OPTIMIZER_PHASE = ("optimizer_step",)
+TRAIN_PHASE = ("activations", "logits", "gathered_params", "autocast_weights", "output_gradient")
+OPTIMIZER_PHASE = ("optimizer_step", "paged_optimizer")
 GENERATION_PHASE = ("kv_cache", "generation_params")
-COMPONENTS = PERSISTENT + TRAIN_PHASE + OPTIMIZER_PHASE + GENERATION_PHASE
+COMPONENTS = PERSISTENT + TRAIN_PHASE + OPTIMIZER_PHASE + GENERATION_PHASE + ("allocator_reserve",)
+PAGED_OPTIMIZERS = ("paged_adamw_8bit", "paged_adamw_32bit")
 
 
 @dataclass(frozen=True)
@@ -165,11 +176,13 @@ def activation_bytes(w: Workload, tokens: int, *, layers: int, checkpointing: bo
 
 
 def logits_bytes(w: Workload, tokens: int, tensor_parallel: int = 1) -> float:
-    """Logits of `tokens` tokens: 16-bit logits, the fp32 upcast and the fp32 log-softmax kept for
-    backward, (c + 8) bytes per vocabulary entry. Liger's fused linear cross-entropy only ever holds
-    one chunk of rows."""
+    """Logits of `tokens` tokens at their peak. transformers' causal-LM loss upcasts the 16-bit logits
+    to fp32 and keeps the fp32 log-softmax for backward: c + 8 bytes per vocabulary entry in forward.
+    Backward then holds the saved log-softmax, the gradient nll_loss hands it and the gradient it
+    returns, all fp32: 12 bytes, the larger of the two for 16-bit compute. Liger's fused linear
+    cross-entropy only ever holds one chunk of rows."""
     m, c = w.model, w.compute_bytes
-    per_token = (c + 8) * m.vocab_size / tensor_parallel
+    per_token = max(c + 8, 12) * m.vocab_size / tensor_parallel
     if w.fused_loss:
         chunk = 2 ** math.ceil(math.log2(max(1, math.ceil(tokens / math.ceil(m.vocab_size / m.hidden_size)))))
         return min(tokens, chunk) * per_token
@@ -227,6 +240,10 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
         _assign_trainable(w, part, ww, gg, oo, frozen_bytes)
         if _foreach_temp(w.optimizer):
             part["optimizer_step"] = oo / 2
+        if w.full_finetune:
+            # the output layer's gradient is the first one backward allocates, while every
+            # activation is still alive
+            part["output_gradient"] = m.head_params() * wb
         if backend == "ddp":
             part["comm_buffers"] = gg  # DDP's gradient buckets are a second copy of the gradients
         if mixed:
@@ -263,9 +280,30 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
 
     part["runtime"] = (CUDA_RUNTIME + (NCCL_BUFFERS if layout.world_size > 1 else 0.0)) if gpu_memory else 0.0
 
-    persistent = sum(part[k] for k in PERSISTENT)
-    phases = [sum(part[k] for k in phase) for phase in (TRAIN_PHASE, OPTIMIZER_PHASE, GENERATION_PHASE)]
-    return MemoryEstimate(components=part, total=persistent + max(phases), cpu_per_node=cpu, notes=tuple(notes))
+    if w.optimizer in PAGED_OPTIMIZERS and part["optimizer"] and layout.offload == "none":
+        # bitsandbytes allocates paged states in CUDA unified memory: they are paged in for step()
+        # and out again under pressure, so only the optimizer step needs them on the GPU
+        part["paged_optimizer"], part["optimizer"] = part["optimizer"], 0.0
+        notes.append(f"paged optimizer states ({part['paged_optimizer'] / GIB:.1f} GB) are resident for the "
+                     "optimizer step only")
+
+    # torch-owned gradients are allocated in backward and freed by zero_grad(set_to_none=True)
+    deferred = backend in ("single", "ddp", "fsdp") and w.full_finetune and layout.offload == "none"
+    grads = part["gradients"]
+    if not deferred:
+        part["output_gradient"] = 0.0
+    elif accumulation > 1:
+        part["output_gradient"] = 0.0  # the second micro batch runs with every gradient allocated
+    persistent = sum(part[k] for k in PERSISTENT) - (grads if deferred else 0.0)
+    train = sum(part[k] for k in TRAIN_PHASE) + (grads if deferred and accumulation > 1 else 0.0)
+    step = sum(part[k] for k in OPTIMIZER_PHASE) + (grads if deferred else 0.0)
+    generation = sum(part[k] for k in GENERATION_PHASE)
+    peak_phase = max(train, step, generation)
+    transient = max(sum(part[k] for k in TRAIN_PHASE), sum(part[k] for k in GENERATION_PHASE),
+                    part["optimizer_step"])
+    part["allocator_reserve"] = ALLOCATOR_SLACK * transient
+    total = persistent + peak_phase + part["allocator_reserve"]
+    return MemoryEstimate(components=part, total=total, cpu_per_node=cpu, notes=tuple(notes))
 
 
 def measured_view(memory_gb: dict, measure: str) -> float:

@@ -4,7 +4,8 @@ Every top-level Axolotl key (and every key of a dataset entry, `trl:`, `fsdp_con
 JSON file) is either mapped to a recipe key or listed in the report with the reason it has no
 counterpart and what the recipe does instead; nothing is dropped silently. The YAML is read with
 `yaml.safe_load` (no tags, no code); reward functions named by dotted path are written as
-``module:function`` code references, which recipeforge imports only with `allow_code`.
+``module:function`` code references, which recipeforge imports only after an explicit opt-in
+(`--trust-code` or `allow_code: true`, which the converter never writes).
 
 Modules: `convert` (this file: the pass over the config), `datasets` (dataset entries and their
 types), `training` (model, adapter, optimisation, precision, logging, output), `backend`

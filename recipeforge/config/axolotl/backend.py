@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from recipeforge.config.axolotl.values import num
+
 
 def distributed(conv) -> None:
     ds = conv.get("deepspeed")
@@ -21,7 +23,7 @@ def distributed(conv) -> None:
         if conv.get("fsdp_version") != 2:
             conv.note("fsdp_version", "recipeforge runs FSDP2 (fully_shard) only")
     if conv.get("ddp_timeout") is not None:
-        conv.put("distributed.timeout_minutes", round(float(conv.get("ddp_timeout")) / 60, 3), "ddp_timeout")
+        conv.put("distributed.timeout_minutes", round(num(conv.get("ddp_timeout"), float, "ddp_timeout") / 60, 3), "ddp_timeout")
 
 
 def _deepspeed(conv, ds: Any) -> None:

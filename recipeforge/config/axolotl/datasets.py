@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from recipeforge.config.axolotl.values import num
+
 # Axolotl chat template names with a recipeforge counterpart (data.chat_template).
 CHAT_TEMPLATES = {"chatml": "chatml", "llama3": "llama3", "tokenizer_default": "tokenizer"}
 # Instruction (alpaca-like) types -> column renames to recipeforge's instruction/input/output.
@@ -78,14 +80,15 @@ def data(conv) -> None:
         if evals and val:
             conv.note("val_set_size", "test_datasets are set too; recipeforge takes one of them (eval_datasets)")
         else:
-            conv.put("data.val_size", int(val) if float(val) >= 1 else float(val), "val_set_size")
+            val = num(val, float, "val_set_size")
+            conv.put("data.val_size", int(val) if val >= 1 else val, "val_set_size")
     for src, dst in (("sample_packing", "packing"), ("train_on_inputs", "train_on_inputs"),
                      ("shuffle_merged_datasets", "shuffle"), ("dataset_prepared_path", "cache_dir")):
         if conv.get(src) is not None:
             conv.put(f"data.{dst}", conv.get(src), src)
     num_proc = conv.get("dataset_num_proc", conv.get("dataset_processes"))
     if num_proc is not None:
-        conv.put("data.num_proc", int(num_proc), "dataset_num_proc" if conv.get("dataset_num_proc") else
+        conv.put("data.num_proc", num(num_proc, int, "dataset_num_proc"), "dataset_num_proc" if conv.get("dataset_num_proc") else
                  "dataset_processes")
     if conv.get("dataset_prepared_path") is not None:
         conv.note("dataset_prepared_path", "used as data.cache_dir; recipeforge's cache is its own (Axolotl's "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from recipeforge.config.axolotl.values import num
+
 RL_STAGES = {"dpo": "dpo", "ipo": "dpo", "grpo": "grpo"}
 OPTIMIZERS = {"adamw_torch": "adamw", "adamw_hf": "adamw", "adamw": "adamw", "adamw_torch_fused": "adamw_fused",
               "adamw_bnb_8bit": "adamw_8bit", "adamw_8bit": "adamw_8bit", "paged_adamw_8bit": "paged_adamw_8bit",
@@ -79,7 +81,7 @@ def model(conv) -> None:
         if conv.get(flag):
             conv.note(flag, "no counterpart; model.attn_implementation is auto (flash_attention_2 or sdpa)")
     if conv.get("sequence_len") is not None:
-        conv.put("data.sequence_len", int(conv.get("sequence_len")), "sequence_len")
+        conv.put("data.sequence_len", num(conv.get("sequence_len"), int, "sequence_len"), "sequence_len")
 
 
 def adapter(conv) -> None:
@@ -109,6 +111,9 @@ def adapter(conv) -> None:
             conv.put(f"adapter.{dst}", conv.get(src), src)
     modules = conv.get("lora_target_modules")
     if isinstance(modules, str):
+        if any(c in modules for c in ".*[]()|\\"):
+            conv.note("lora_target_modules", f"'{modules}' is a regular expression to PEFT; recipeforge takes module "
+                                             f"names, so the recipe lists it as one name: replace it with the names")
         modules = [modules]
     if conv.get("lora_target_linear"):
         conv.put("adapter.target_modules", "all-linear", "lora_target_linear")
@@ -139,24 +144,25 @@ def adapter(conv) -> None:
 
 def optimisation(conv) -> None:
     micro = conv.get("micro_batch_size")
-    accum = conv.get("gradient_accumulation_steps", 1)
+    accum = num(conv.get("gradient_accumulation_steps", 1), int, "gradient_accumulation_steps")
     if micro is not None:
-        conv.put("train.micro_batch_size", int(micro), "micro_batch_size")
-        conv.put("train.global_batch_size", int(micro) * int(accum) * conv.world_size, "micro_batch_size")
+        micro = num(micro, int, "micro_batch_size")
+        conv.put("train.micro_batch_size", micro, "micro_batch_size")
+        conv.put("train.global_batch_size", micro * accum * conv.world_size, "micro_batch_size")
         if conv.get("gradient_accumulation_steps") is not None:
             conv.map("gradient_accumulation_steps", "train.global_batch_size")
         conv.note("gradient_accumulation_steps" if conv.get("gradient_accumulation_steps") else "micro_batch_size",
                   f"global batch = {micro} x {accum} x world size {conv.world_size} = "
-                  f"{int(micro) * int(accum) * conv.world_size} (train.global_batch_size); the planner picks the "
+                  f"{micro * accum * conv.world_size} (train.global_batch_size); the planner picks the "
                   f"accumulation for the hardware it plans for")
     elif conv.get("batch_size") is not None:
-        conv.put("train.global_batch_size", int(conv.get("batch_size")), "batch_size")
+        conv.put("train.global_batch_size", num(conv.get("batch_size"), int, "batch_size"), "batch_size")
     if conv.get("batch_size") is not None and micro is not None:
         conv.note("batch_size", "ignored next to micro_batch_size (as Axolotl does)")
     if conv.get("num_epochs") is not None:
-        conv.put("train.epochs", float(conv.get("num_epochs")), "num_epochs")
+        conv.put("train.epochs", num(conv.get("num_epochs"), float, "num_epochs"), "num_epochs")
     if conv.get("max_steps") is not None:
-        conv.put("train.max_steps", int(conv.get("max_steps")), "max_steps")
+        conv.put("train.max_steps", num(conv.get("max_steps"), int, "max_steps"), "max_steps")
     for src, dst, cast in (("learning_rate", "learning_rate", float), ("weight_decay", "weight_decay", float),
                            ("warmup_steps", "warmup_steps", int), ("warmup_ratio", "warmup_ratio", float),
                            ("adam_beta1", "adam_beta1", float), ("adam_beta2", "adam_beta2", float),
@@ -170,7 +176,7 @@ def optimisation(conv) -> None:
                 conv.note(src, f"{value} is a share of the run; recipeforge takes a step count (train.eval_steps "
                                f"left unset: evaluation at the end of each epoch)")
                 continue
-            conv.put(f"train.{dst}", cast(value), src)
+            conv.put(f"train.{dst}", num(value, cast, src) if cast in (int, float) else cast(value), src)
     if conv.get("max_grad_norm") == 0:
         conv.put("train.max_grad_norm", None, "max_grad_norm")
     opt = conv.get("optimizer")
@@ -218,15 +224,15 @@ def stage_settings(conv) -> None:
     beta = conv.get("rl_beta", trl.get("beta"))
     if st == "dpo":
         if conv.get("rl_beta") is not None:
-            conv.put("dpo.beta", float(beta), "rl_beta")
+            conv.put("dpo.beta", num(beta, float, "rl_beta"), "rl_beta")
         elif "beta" in trl:
-            conv.put("dpo.beta", float(beta), "trl.beta")
+            conv.put("dpo.beta", num(beta, float, "trl.beta"), "trl.beta")
         if conv.get("dpo_label_smoothing") is not None:
-            conv.put("dpo.label_smoothing", float(conv.get("dpo_label_smoothing")), "dpo_label_smoothing")
+            conv.put("dpo.label_smoothing", num(conv.get("dpo_label_smoothing"), float, "dpo_label_smoothing"), "dpo_label_smoothing")
         if conv.get("rpo_alpha") is not None:
-            conv.put("dpo.rpo_alpha", float(conv.get("rpo_alpha")), "rpo_alpha")
+            conv.put("dpo.rpo_alpha", num(conv.get("rpo_alpha"), float, "rpo_alpha"), "rpo_alpha")
         if conv.get("max_prompt_len") is not None:
-            conv.put("dpo.max_prompt_length", int(conv.get("max_prompt_len")), "max_prompt_len")
+            conv.put("dpo.max_prompt_length", num(conv.get("max_prompt_len"), int, "max_prompt_len"), "max_prompt_len")
         losses = conv.get("dpo_loss_type")
         if losses is not None:
             losses = [losses] if isinstance(losses, str) else list(losses)
@@ -258,9 +264,9 @@ def _grpo(conv, trl: dict) -> None:
                            ("temperature", "temperature", float), ("top_p", "top_p", float),
                            ("epsilon", "epsilon", float)):
         if trl.get(src) is not None:
-            conv.put(f"{g}.{dst}", cast(trl[src]), f"trl.{src}")
+            conv.put(f"{g}.{dst}", num(trl[src], cast, f"trl.{src}"), f"trl.{src}")
     if conv.get("max_prompt_len") is not None:
-        conv.put(f"{g}.max_prompt_length", int(conv.get("max_prompt_len")), "max_prompt_len")
+        conv.put(f"{g}.max_prompt_length", num(conv.get("max_prompt_len"), int, "max_prompt_len"), "max_prompt_len")
     if trl.get("loss_type") is not None:
         if trl["loss_type"] in GRPO_LOSSES:
             conv.put(f"{g}.loss_type", trl["loss_type"], "trl.loss_type")
@@ -278,14 +284,15 @@ def _grpo(conv, trl: dict) -> None:
         module, _, func = str(ref).rpartition(".")
         entry = {"name": f"{module}:{func}" if module else str(ref)}
         if i < len(weights):
-            entry["weight"] = float(weights[i])
+            entry["weight"] = num(weights[i], float, f"trl.reward_weights[{i}]")
         rewards.append(entry)
     if rewards:
         conv.put(f"{g}.rewards", rewards, "trl.reward_funcs")
-        conv.put("allow_code", True)
-        conv.note("trl.reward_funcs", "written as module:function code references; allow_code: true is set "
-                                      "because Axolotl imports them too (review that code); recipeforge calls "
-                                      "them with prompts, completions and the row's other columns as keywords")
+        # No allow_code here: importing code named in a recipe stays the user's explicit decision.
+        conv.note("trl.reward_funcs", "written as module:function code references, which recipeforge imports "
+                                      "only after an explicit opt-in: review that code, then pass --trust-code "
+                                      "or set allow_code: true; recipeforge calls them with prompts, completions "
+                                      "and the row's other columns as keywords")
         if weights:
             conv.map("trl.reward_weights", f"{g}.rewards[*].weight")
     else:
@@ -310,7 +317,7 @@ def logging_output(conv) -> None:
             if isinstance(value, float) and value < 1:
                 conv.note(src, f"{value} is a share of the run; recipeforge takes a step count (saves each epoch)")
                 continue
-            conv.put(f"output.{dst}", int(value), src)
+            conv.put(f"output.{dst}", num(value, int, src), src)
     if conv.get("resume_from_checkpoint") is not None:
         conv.put("output.resume", str(conv.get("resume_from_checkpoint")), "resume_from_checkpoint")
     if conv.get("auto_resume_from_checkpoints") is not None:
@@ -318,10 +325,9 @@ def logging_output(conv) -> None:
         if "resume_from_checkpoint" not in conv.mapped:
             conv.put("output.resume", "auto" if conv.get("auto_resume_from_checkpoints") else "never")
     if conv.get("hub_model_id") is not None:
-        conv.put("output.push_to_hub", {"repo_id": str(conv.get("hub_model_id")),
-                                        "private": bool(conv.get("hub_private_repo", True))}, "hub_model_id")
-        if conv.get("hub_private_repo") is not None:
-            conv.map("hub_private_repo", "output.push_to_hub.private")
+        conv.put("output.push_to_hub", {"repo_id": str(conv.get("hub_model_id")), "private": True}, "hub_model_id")
+        conv.note("hub_model_id", "the repository is created private (output.push_to_hub.private: true); set it "
+                                  "false to publish")
     if conv.get("hub_strategy") is not None:
         conv.note("hub_strategy", "no counterpart; final/ is uploaded once after training")
     project = conv.get("wandb_project")

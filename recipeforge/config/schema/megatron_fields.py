@@ -53,6 +53,7 @@ FIELDS: dict[str, Field] = {
     "name": ignored("names the run directory, not a training setting"),
     "description": ignored("documentation for the model card"),
     "allow_code": ignored("read while the recipe is loaded (code in dataset formats and rewards)"),
+    "lock": ignored("the environment the recipe was resolved in, compared by `train` before any backend runs"),
     # model
     "model.name_or_path": mapped("AutoBridge.from_hf_pretrained / import_ckpt (before launch); tokenizer.tokenizer_model"),
     "model.revision": mapped("import_ckpt(revision=...); the converted checkpoint's cache key"),

@@ -52,7 +52,8 @@ def test_there_are_enough_configs_of_every_kind():
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
-def test_each_config_converts_validates_plans_and_loses_nothing(path, tmp_path):
+def test_each_config_converts_validates_plans_and_loses_nothing(path, tmp_path, monkeypatch):
+    monkeypatch.setenv("RECIPEFORGE_TRUST_CODE", "1")  # as a user who reviewed converted reward code would
     conv, loaded = convert_and_load(path, tmp_path)
     plan = plan_for_world(loaded.recipe, hardware=parse_hardware("8xH100-80GB"))
     assert plan.world_size == 8 and plan.global_batch_size == loaded.recipe.train.global_batch_size
@@ -140,13 +141,17 @@ def test_preference_stages(tmp_path):
         assert any(k in conv.notes for k in ("orpo_alpha", "kto_desirable_weight", "simpo_gamma"))
 
 
-def test_grpo_rewards_and_settings(tmp_path):
+def test_grpo_rewards_and_settings(tmp_path, monkeypatch):
+    # Reward functions are code: the converted recipe names them, and importing them stays an opt-in.
+    conv = convert_file(ROOT / "tests/data/axolotl/grpo-gsm8k.yaml", world_size=1)
+    assert "allow_code" not in conv.recipe and "--trust-code" in conv.notes["trl.reward_funcs"]
+    monkeypatch.setenv("RECIPEFORGE_TRUST_CODE", "1")
     conv, loaded = convert_and_load(ROOT / "tests/data/axolotl/grpo-gsm8k.yaml", tmp_path, world_size=1)
     g = loaded.recipe.grpo
     assert [(x.name, x.weight) for x in g.rewards] == [("rewards:rand_reward_func", 1.0), ("rewards:format_reward", 0.5)]
     assert (g.num_generations, g.max_completion_length, g.beta, g.loss_type, g.scale_rewards, g.temperature) == (
         4, 256, 0.001, "dr_grpo", "none", 0.9)
-    assert loaded.recipe.allow_code is True and "allow_code" in conv.notes["trl.reward_funcs"]
+    assert loaded.recipe.allow_code is False
     assert loaded.recipe.train.global_batch_size == 8  # 2 x 3 x 1 = 6, raised to a multiple of 4
     assert loaded.recipe.data.datasets[0].format == "prompt" and "trl.use_vllm" in conv.notes
     conv, loaded = convert_and_load(ROOT / "tests/data/axolotl/grpo-full-zero3.yaml", tmp_path)
@@ -183,7 +188,7 @@ def test_pretraining_and_other_dataset_types(tmp_path):
 def test_logging_output_resume_and_unknown_keys(tmp_path):
     conv, loaded = convert_and_load(ROOT / "tests/data/axolotl/sft-logging-resume.yaml", tmp_path)
     r = loaded.recipe
-    assert r.output.resume == "./outputs/sft/checkpoint-300" and r.output.push_to_hub.private is False
+    assert r.output.resume == "./outputs/sft/checkpoint-300" and r.output.push_to_hub.private is True
     assert (r.logging.wandb.mode, r.logging.mlflow.experiment, r.logging.mlflow.tracking_uri) == (
         "disabled", "sft-runs", "http://mlflow.local")
     assert (r.data.val_size, r.train.load_best_model_at_end, r.train.seed) == (200, True, 7)
@@ -231,3 +236,15 @@ def test_cli_convert_exit_codes(tmp_path):
     assert done.returncode == 2 and "no base_model" in done.stderr and "Traceback" not in done.stderr
     done = run_cli("convert", "axolotl", str(tmp_path / "missing.yaml"))
     assert done.returncode == 2 and "cannot read" in done.stderr
+
+
+@pytest.mark.parametrize("key, value", [("micro_batch_size", "two"), ("learning_rate", "fast"), ("lora_r", None),
+                                        ("num_epochs", [1]), ("sequence_len", 2048.5)])
+def test_a_value_of_the_wrong_type_names_its_key(key, value):
+    config = {"base_model": "Qwen/Qwen2.5-0.5B", "datasets": [{"path": "d.jsonl", "type": "alpaca"}],
+              "adapter": "lora", key: value}
+    if value is None:  # null is Axolotl's "unset": nothing to convert, and no error
+        assert "r" not in convert_config(config).recipe["adapter"]
+        return
+    with pytest.raises(RecipeError, match=f"{key}: expected a"):
+        convert_config(config)

@@ -188,3 +188,33 @@ def test_cli_train_checks_the_lock(recipe, tmp_path):
     assert "warning: differs from the lock: package peft" in done.stderr
     done = run_cli("train", str(locked), "--dry-run", "--strict")
     assert done.returncode == 0 and "differs from the lock" not in done.stderr
+
+
+def test_the_lock_holds_no_credentials(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(RECIPE.replace("sft-alpaca.jsonl", "https://user:hunter2@data.example/d.jsonl"))
+    lock = build_lock(load_recipe(recipe), cpu_hardware())
+    assert "hunter2" not in yaml.safe_dump(lock)
+    assert lock["datasets"][0]["fingerprint"].endswith("@main") and lock["datasets"][0]["source"] == "requested"
+
+
+def test_a_runs_lock_file_trains_into_that_run(recipe):
+    from recipeforge.outputs import run_lock
+    from recipeforge.outputs.run_dir import RunDir
+    from recipeforge.plan.world import plan_for_world
+    from recipeforge.run import _prepare_run
+
+    loaded = load_recipe(recipe)
+    run = RunDir(recipe.parent / "run")
+    try:
+        _prepare_run(loaded, plan_for_world(loaded.recipe), run, overwrite=False)
+    finally:
+        run_lock.release_all()
+    from recipeforge.outputs.preflight import check_output_location
+
+    check_output_location(run.root, recipe_path=run.lock)  # its folder is the run directory: not refused
+    with pytest.raises(RecipeError, match="the recipe's folder"):
+        check_output_location(run.root, recipe_path=run.root / "other.yaml")
+    done = run_cli("train", str(run.lock), "--dry-run", "--strict")
+    assert done.returncode == 0, done.stderr  # nothing differs from the lock
+    assert run_cli("diff", str(run.root), str(run.lock)).returncode == 0
