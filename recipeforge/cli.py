@@ -349,10 +349,23 @@ def _write(text: str, path: str | None) -> None:
 
 # -- entry point ------------------------------------------------------------------------------------
 
+def _looks_like_override(arg: str) -> bool:
+    """`key=value` or `~key`: an override, wherever it stands on the command line."""
+    return not arg.startswith("-") and ("=" in arg or arg.startswith("~"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # Overrides may come after flags too (`train x.yaml --dry-run train.learning_rate=1e-4`); anything
+    # else unknown is still an error.
+    overrides = [a for a in extra if _looks_like_override(a)]
+    if hasattr(args, "overrides") and overrides:
+        args.overrides = [*args.overrides, *overrides]
+        extra = [a for a in extra if a not in overrides]
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     debug = args.debug or os.environ.get("RECIPEFORGE_DEBUG", "") not in ("", "0")
     if args.trust_code:  # read by the recipe loader and by whatever imports user code later
         from recipeforge.registry import TRUST_ENV

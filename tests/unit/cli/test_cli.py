@@ -204,3 +204,14 @@ def test_trust_code_flag_is_the_opt_in(tmp_path, capsys, monkeypatch):
     assert main(["validate", str(recipe)]) == 2
     assert "--trust-code" in capsys.readouterr().err
     assert main(["--trust-code", "validate", str(recipe)]) == 0
+
+
+def test_overrides_may_follow_flags(capsys):
+    recipe = str(EXAMPLES / "yaml" / "tiny" / "sft-lora.yaml")
+    assert main(["plan", recipe, "--json", "train.global_batch_size=32"]) == 0
+    assert json.loads(capsys.readouterr().out)["global_batch_size"] == 32
+    assert main(["plan", recipe, "train.global_batch_size=16", "--json", "train.global_batch_size=32"]) == 0
+    assert json.loads(capsys.readouterr().out)["global_batch_size"] == 32  # the later override wins
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", recipe, "--no-such-flag"])
+    assert exit_info.value.code == 2
