@@ -94,7 +94,7 @@ def main(argv=None) -> int:
             name += f" dp{plan.data_parallel}"
         print(f"{label:<18} {hw:<15} {seq:>5} {name:<30} {plan.micro_batch_size:>5} {plan.gradient_accumulation:>5} "
               f"{'on' if plan.gradient_checkpointing else 'off':>4} {states:>7.1f} {act:>8.1f} {mem['total']:>8.1f} "
-              f"{plan.extra['memory_limit_gb']:>6.1f}  {ms:.1f}")
+              f"{plan.extra.memory_limit_gb:>6.1f}  {ms:.1f}")
     return 0
 
 

@@ -44,7 +44,7 @@ def unused_parameter_kwargs(plan) -> dict:
     trained parameter is used in every forward pass, so the search is off. Models with a tower a text
     batch never runs need it; non-reentrant checkpointing is then used, since reentrant checkpointing
     and the search together make DDP mark parameters ready twice."""
-    model_type = (plan.extra.get("model") or {}).get("model_type")
+    model_type = (plan.extra.model or {}).get("model_type")
     if model_type not in TOWER_MODEL_TYPES:
         return {"ddp_find_unused_parameters": False}
     kwargs: dict = {"ddp_find_unused_parameters": True}

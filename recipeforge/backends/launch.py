@@ -116,7 +116,7 @@ def accelerate_config_text(plan, backend_section: dict) -> str:
               "gpu_ids": "all", "use_cpu": False, "downcast_bf16": "no", "enable_cpu_affinity": False}
     if backend_section.get("distributed_type") != "DEEPSPEED":
         # DeepSpeed takes precision from its own file; accelerate refuses it in both places.
-        precision = plan.extra.get("dtype", "fp32") if plan.device == "cuda" else "fp32"
+        precision = (plan.extra.dtype or "fp32") if plan.device == "cuda" else "fp32"
         config["mixed_precision"] = {"bf16": "bf16", "fp16": "fp16"}.get(precision, "no")
     header = ("# Written by recipeforge from plan.json; `accelerate launch --config_file` reads it.\n"
               "# CPU run: accelerate starts one process per rank (torch's elastic launcher); they talk over gloo.\n"

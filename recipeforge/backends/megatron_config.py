@@ -42,7 +42,7 @@ def megatron_config(plan, recipe, *, run_dir: Path, data: dict, train_iters: int
     if t.optimizer == "sgd" and plan.offload != "none":
         raise RecipeError("Megatron-Core offloads Adam's states only; SGD cannot run with the optimizer on the CPU",
                           key="train.optimizer", hint="use adamw, or distributed.offload: none")
-    dtype = plan.extra.get("dtype", "bf16")
+    dtype = (plan.extra.dtype or "bf16")
     seq = r.data.sequence_len
     warmup = t.warmup_steps if t.warmup_steps is not None else int(round(t.warmup_ratio * train_iters))
     model = {**{k: v for k, v in par["model"].items() if v is not None}, "seq_length": seq,

@@ -215,12 +215,13 @@ class Planned:
 
 def planned_output(plan, recipe) -> Planned | None:
     """The sizes a run's checkpoints and final model will have (None without parameter counts)."""
-    model = (getattr(plan, "extra", None) or {}).get("model") or {}
+    extra = getattr(plan, "extra", None)
+    model = (extra.model if extra is not None else None) or {}
     params = model.get("params")
     if not params:
         return None
     trainable = model.get("trainable_params") or params
-    weight = DTYPE_BYTES.get((plan.extra or {}).get("dtype"), 2)
+    weight = DTYPE_BYTES.get(extra.dtype, 2)
     adapter = recipe.adapter.type != "none"
     weights = trainable * 4 if adapter else params * weight
     optimizer = trainable * OPTIMIZER_BYTES.get(recipe.train.optimizer, 8)

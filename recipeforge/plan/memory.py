@@ -4,9 +4,9 @@ Every formula is documented with its source in docs/planner.md. Amounts are byte
 
     persistent (weights, gradients, optimizer, adapter, reference model, comm buffers, rollout engine, runtime)
     + max(forward/backward: activations + logits + gathered parameters,
-          optimizer step: temporaries,
+          optimizer step: temporaries (+ paged optimizer states),
           generation: KV cache + gathered parameters)
-    + allocator reserve
+    + allocator reserve (a share of the transient memory the caching allocator keeps)
 
 because activations are freed before the optimizer step and GRPO generates outside the training step.
 Where torch owns the gradients (one GPU, DDP, FSDP2) they are allocated during backward and freed by
@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from recipeforge.plan.activations import (activation_bytes, kv_cache_bytes,  # noqa: F401 (re-exported)
+                                          layer_activation_bytes_per_token, logits_bytes)
 from recipeforge.plan.estimators import deepspeed_zero3_mem_needs, zero_model_states
 from recipeforge.plan.hardware import GIB
 from recipeforge.plan.workload import Workload
@@ -117,82 +119,6 @@ def quantized_bytes_per_param(bits: int, double_quant: bool, hidden: int) -> flo
         return 1.0 + 4 / hidden
     constants = (1 / 64 + 4 / (64 * 256)) if double_quant else 4 / 64
     return 0.5 + constants
-
-
-# ----------------------------------------------------------------------------- activations
-
-def layer_activation_bytes_per_token(w: Workload) -> float:
-    """Bytes one decoder layer keeps for backward per token (no recomputation), following the
-    tensors autograd saves in transformers' implementations (Korthikanti et al. 2022 count the same
-    way for GPT: 34*h bytes per token with fused attention)."""
-    m, c = w.model, w.compute_bytes
-    h, q, kv = m.hidden_size, m.q_dim, m.kv_dim
-    full = w.full_finetune
-    # RMSNorm upcasts its input to fp32 and keeps it; with a trainable weight it also keeps the
-    # normalised 16-bit tensor. Its output is the next linears' input.
-    if w.fused_kernels:
-        norm = c * h + (c * h if full else 0)
-    else:
-        norm = 4 * h + (2 * c * h if full else 0)
-    # Attention: q, k, v after RoPE, the output and its contiguous copy for o_proj; the fused kernels
-    # keep an fp32 log-sum-exp per head. Eager attention keeps the fp32 softmax and its 16-bit copy.
-    attn = c * (q + 2 * kv) + 2 * c * q + 4 * m.num_heads
-    if w.attention == "eager":
-        attn += (4 + c) * m.num_heads * w.seq_len + c * 2 * (q - kv)  # scores, and k/v repeated to all heads
-    if not full:
-        attn -= c * q  # a frozen o_proj does not keep its input
-    # MLP: gated (SwiGLU) keeps gate, act(gate), up and their product; classic keeps fc1 out and act out.
-    width = m.mlp_width
-    if m.gated_mlp:
-        mlp = c * width * (3 if w.fused_kernels else 4) - (0 if full else c * width)
-    else:
-        mlp = 2 * c * width
-    if m.is_moe:
-        # routed tokens are copied once per chosen expert, router logits kept in fp32
-        mlp += c * h * m.experts_per_token + 4 * m.num_experts
-    lora = 0.0
-    if not full:
-        # peft casts the input to the fp32 adapter, dropout keeps a mask, autocast keeps a 16-bit copy
-        # for lora_A, and lora_B keeps the r-wide intermediate.
-        for lin in w.lora_linears:
-            per_in = c + (1 if w.lora_dropout > 0 else 0)
-            lora += lin.count * (per_in * lin.in_features + c * w.lora_rank)
-    return 2 * norm + attn + mlp + lora
-
-
-def activation_bytes(w: Workload, tokens: int, *, layers: int, checkpointing: bool, tensor_parallel: int = 1) -> float:
-    """Activations kept for backward for `tokens` tokens over `layers` layers on one GPU. With
-    recomputation (per decoder layer, as transformers and Megatron's full recompute do) each layer
-    keeps only its input, and one layer at a time is recomputed in full."""
-    m, c = w.model, w.compute_bytes
-    per_layer = layer_activation_bytes_per_token(w)
-    outside = 4 * m.hidden_size + 2 * c * m.hidden_size  # final norm and the lm_head input
-    if checkpointing:
-        stored = tokens * (layers * c * m.hidden_size + per_layer)
-    else:
-        stored = tokens * layers * per_layer
-    # Megatron's tensor parallelism with sequence parallelism splits every one of these tensors.
-    return (stored + tokens * outside) / tensor_parallel
-
-
-def logits_bytes(w: Workload, tokens: int, tensor_parallel: int = 1) -> float:
-    """Logits of `tokens` tokens at their peak. transformers' causal-LM loss upcasts the 16-bit logits
-    to fp32 and keeps the fp32 log-softmax for backward: c + 8 bytes per vocabulary entry in forward.
-    Backward then holds the saved log-softmax, the gradient nll_loss hands it and the gradient it
-    returns, all fp32: 12 bytes, the larger of the two for 16-bit compute. Liger's fused linear
-    cross-entropy only ever holds one chunk of rows."""
-    m, c = w.model, w.compute_bytes
-    per_token = max(c + 8, 12) * m.vocab_size / tensor_parallel
-    if w.fused_loss:
-        chunk = 2 ** math.ceil(math.log2(max(1, math.ceil(tokens / math.ceil(m.vocab_size / m.hidden_size)))))
-        return min(tokens, chunk) * per_token
-    return tokens * per_token
-
-
-def kv_cache_bytes(w: Workload, sequences: int) -> float:
-    """K and V of every layer for `sequences` prompt+completion sequences (transformers' generate)."""
-    r, m = w.rollout, w.model
-    return sequences * (r.prompt_len + r.completion_len) * m.num_layers * 2 * m.kv_dim * w.compute_bytes
 
 
 # ----------------------------------------------------------------------------- the estimate
@@ -384,12 +310,22 @@ def _fsdp_states(w: Workload, layout: Layout, part: dict, trainable: int, frozen
                                    optimizer_bytes=optimizer_state_bytes(w.optimizer, 4, m.hidden_size))
     frozen = frozen_bytes / n
     base_per_param = (frozen_bytes / m.total_params()) if not w.full_finetune else c
-    root = (m.embedding_params() + m.head_params() + m.final_norm_params()) * c
-    layer = m.layer_params() * base_per_param
+    # Gathered copies keep each part's own dtype: QLoRA's embeddings, output layer and norms are not
+    # quantized (peft's k-bit preparation upcasts them to fp32), its decoder linears are.
+    outside_bytes = 4 if w.adapter == "qlora" else c
+    root = (m.embedding_params() + m.head_params() + m.final_norm_params()) * outside_bytes
+    layer_linear = m.linear_params() / m.num_layers
+    if w.adapter == "qlora":
+        layer = (layer_linear * quantized_bytes_per_param(w.quant_bits, w.double_quant, m.hidden_size)
+                 + (m.layer_params() - layer_linear) * outside_bytes)
+    else:
+        layer = m.layer_params() * c
     if layout.fsdp_sharding == "shard_grad_op":
         gathered = m.total_params() * base_per_param  # reshard_after_forward=False keeps every layer unsharded
     else:
-        gathered = root + 2 * layer  # root stays unsharded; the current layer and the prefetched next one
+        # FSDP2 does not reshard the root (embeddings, output layer, final norm) after forward, as
+        # backward needs it at once; decoder layers: the current one and the prefetched next one
+        gathered = root + 2 * layer
     trainable_layer = m.layer_params() if w.full_finetune else trainable / max(1, m.num_layers)
     part["gathered_params"] += gathered + 4 * trainable_layer  # + one layer's unsharded fp32 gradients
     if _foreach_temp(w.optimizer) and layout.offload == "none":

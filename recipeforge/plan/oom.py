@@ -126,15 +126,15 @@ def _gb(value: float) -> str:
 
 
 def _planned_capacity(plan: Plan) -> float:
-    hw = plan.extra.get("hardware") or {}
+    hw = plan.extra.hardware or {}
     if plan.device == "cuda":
         return float((hw.get("accelerator") or {}).get("memory_gb") or 0.0)
-    return float(hw.get("cpu_ram_gb") or plan.extra.get("memory_limit_gb") or 0.0)
+    return float(hw.get("cpu_ram_gb") or plan.extra.memory_limit_gb or 0.0)
 
 
 def _hardware(plan: Plan, capacity_gb: float) -> Hardware:
     """The plan's hardware, with the memory of the device that actually ran."""
-    raw = plan.extra.get("hardware") or {}
+    raw = plan.extra.hardware or {}
     acc = raw.get("accelerator")
     accelerator = None
     if acc:

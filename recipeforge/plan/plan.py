@@ -7,6 +7,7 @@ from dataclasses import replace
 from recipeforge.capabilities import capabilities_of, parallel_key
 from recipeforge.capabilities import refusals as capability_refusals
 from recipeforge.errors import RecipeError, did_you_mean
+from recipeforge.plan.accuracy import accuracy_band, sensitivity
 from recipeforge.plan.catalog import resolve_model
 from recipeforge.plan.hardware import GIB, Hardware, hardware_for
 from recipeforge.plan import policy
@@ -226,6 +227,14 @@ def _build_plan(recipe, w: Workload, hw: Hardware, ev: Evaluation, decision: Dec
     reasons["memory"] = Choice(round(ev.memory.total / GIB, 2),
                                f"peak per {'GPU' if device == 'cuda' else 'process'}, limit {limit_gb:.1f} GB "
                                f"({dist.memory_headroom:.0%} of {capacity:.1f} GB)")
+    if device == "cuda":
+        band = accuracy_band(w, layout)
+        levers = sensitivity(w, layout, ev.micro_batch, ev.checkpointing, ev.accumulation,
+                             hw.gpu_memory_gb * GIB, ev.memory)
+        reasons["memory_accuracy"] = Choice(
+            f"±{band:.0%}", "expected accuracy of the peak (calibrated against published measurements; it "
+                            "counts the CUDA context and the allocator's reserve, as nvidia-smi does)"
+                            + ("; most sensitive to: " + "; ".join(levers) if levers else ""))
 
     warnings = list(decision.warnings)
     if layout.offload != "none":

@@ -14,6 +14,8 @@ _LABELS = {
     "runtime": "CUDA/NCCL runtime", "activations": "activations", "logits": "logits + loss",
     "gathered_params": "gathered/dequantized weights", "optimizer_step": "optimizer step temporaries",
     "kv_cache": "generation KV cache", "generation_params": "weights gathered to generate",
+    "output_gradient": "output-layer gradient", "paged_optimizer": "paged optimizer states (step only)",
+    "allocator_reserve": "allocator reserve",
 }
 
 
@@ -52,12 +54,17 @@ def render_plan(plan: Plan) -> str:
     rows = [(_LABELS.get(k, k), f"{plan.memory_gb[k]:8.2f}") for k in COMPONENTS if plan.memory_gb.get(k)]
     rows.append(("peak", f"{plan.memory_gb.get('total', 0):8.2f}"))
     lines.append(_table(rows, indent="  "))
-    lines.append("  peak = weights/states/buffers + max(forward-backward, optimizer step, generation)")
+    lines.append("  peak = weights/states/buffers + max(forward-backward, optimizer step, generation) + allocator reserve")
+    accuracy = plan.reasons.get("memory_accuracy")
+    if accuracy is not None:
+        lines.append(f"  expected accuracy {accuracy.value}" + _sensitive(accuracy.reason))
     if x.cpu_memory_gb:
         lines.append(f"  host RAM per node for offloaded states: {x.cpu_memory_gb:.0f} GB")
     lines.append("")
     lines.append("Decisions:")
     for name, choice in plan.reasons.items():
+        if name == "memory_accuracy":
+            continue  # printed under the memory table
         lines.append(f"  {name:<22} {_value(choice.value):<16} {choice.reason}")
     plugins = x.plugins
     if plugins:
@@ -79,6 +86,12 @@ def render_plan(plan: Plan) -> str:
         lines.extend(f"  - {w}" for w in warnings)
     # Names and reasons may quote recipe values (a model id, a server URL): never with a password.
     return redact_url_credentials("\n".join(lines))
+
+
+def _sensitive(reason: str) -> str:
+    """The levers part of the accuracy reason, as a follow-on clause."""
+    marker = "most sensitive to: "
+    return f"; {reason[reason.index(marker):]}" if marker in reason else ""
 
 
 def _value(value) -> str:

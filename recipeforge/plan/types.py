@@ -42,14 +42,6 @@ class PlanExtras:
     processes_per_node: int | None = None  # CPU runs: gloo processes per node (GPU runs: one per GPU)
     plugins: list[dict[str, Any]] = field(default_factory=list)  # plugin components the recipe uses
 
-    def get(self, name: str, default: Any = None) -> Any:
-        """The field `name` (`default` when unset), for readers that treat extras as a mapping;
-        a name that is not a field raises instead of quietly returning `default`."""
-        if name not in _EXTRA_FIELDS:
-            raise KeyError(f"PlanExtras has no field {name!r} (fields: {', '.join(sorted(_EXTRA_FIELDS))})")
-        value = getattr(self, name)
-        return default if value is None else value
-
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> "PlanExtras":
         """The extras of a plan.json; an unknown key is an error (a plan from another recipeforge)."""

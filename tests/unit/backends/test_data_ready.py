@@ -14,6 +14,7 @@ from recipeforge.backends import data_ready
 from recipeforge.backends.ddp import unused_parameter_kwargs
 from recipeforge.backends.worker import process_group_timeout
 from recipeforge.errors import Location, Problem, RecipeError
+from recipeforge.plan.types import PlanExtras
 
 
 def _info(rank, local_rank):
@@ -98,7 +99,7 @@ def test_process_group_timeout_is_the_recipe_value():
 
 def test_ddp_searches_for_unused_parameters_only_for_models_with_towers():
     def plan(model_type, ckpt=False):
-        return SimpleNamespace(extra={"model": {"model_type": model_type}}, gradient_checkpointing=ckpt)
+        return SimpleNamespace(extra=PlanExtras(model={"model_type": model_type}), gradient_checkpointing=ckpt)
 
     assert unused_parameter_kwargs(plan("llama")) == {"ddp_find_unused_parameters": False}
     towers = unused_parameter_kwargs(plan("gemma3", ckpt=True))

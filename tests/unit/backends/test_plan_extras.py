@@ -88,9 +88,10 @@ def test_extras_are_fields_not_a_bag():
         extras.dtype = "fp16"  # type: ignore[misc]
     with pytest.raises(TypeError):
         PlanExtras(mixed_precision_policy="bf16")  # type: ignore[call-arg]
-    with pytest.raises(KeyError, match="no field 'fsdp_shard'"):
-        extras.get("fsdp_shard")
-    assert extras.get("dtype") == "bf16" and extras.get("fsdp_sharding", "none") == "none"
+    assert not hasattr(extras, "get") and not hasattr(extras, "__getitem__")  # no string-keyed access
+    with pytest.raises(AttributeError):
+        extras.fsdp_shard  # type: ignore[attr-defined]  # a misspelt field fails where it is read
+    assert extras.dtype == "bf16" and extras.fsdp_sharding is None
     with pytest.raises(RecipeError, match="unknown keys: bogus"):
         PlanExtras.from_dict({"dtype": "bf16", "bogus": 1})
     assert replace(extras, processes_per_node=2).processes_per_node == 2

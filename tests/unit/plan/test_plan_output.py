@@ -26,8 +26,26 @@ def test_render_shows_choice_memory_reasons_and_runners_up(recipe):
         assert label in text
     assert f"micro {p.micro_batch_size} x accumulation {p.gradient_accumulation}" in text
     for decision in p.reasons:
-        assert decision in text
+        assert decision in text or decision == "memory_accuracy"  # printed under the memory table
+    assert f"expected accuracy {p.reasons['memory_accuracy'].value}" in text
     assert "Runners-up:" in text and "ddp" in text.split("Runners-up:")[1]
+
+
+def test_plan_states_its_accuracy_and_what_moves_the_peak_most(recipe):
+    import json
+
+    p = make_plan(recipe("meta-llama/Llama-3.1-8B", adapter={"type": "lora"}, data={"sequence_len": 8192},
+                         train={"gradient_checkpointing": True}), parse_hardware("1xH100-80GB"))
+    accuracy = p.reasons["memory_accuracy"]
+    assert accuracy.value == "±10%"
+    # full-vocabulary logits are the largest lever here; the saving is the model's own difference
+    assert "most sensitive to: logits" in accuracy.reason and "fused_linear_cross_entropy" in accuracy.reason
+    saved = float(accuracy.reason.split("saves ")[1].split(" GB")[0])
+    assert 0.5 * p.memory_gb["logits"] < saved <= p.memory_gb["total"]
+    assert json.loads(json.dumps(p.to_dict()))["reasons"]["memory_accuracy"]["value"] == "±10%"
+    sharded = make_plan(recipe("meta-llama/Llama-3.1-8B", distributed={"backend": "fsdp", "preset": "fsdp_full_shard"}),
+                        parse_hardware("8xH100-80GB"))
+    assert sharded.reasons["memory_accuracy"].value == "±15%"
 
 
 def test_render_cpu_plan(recipe):

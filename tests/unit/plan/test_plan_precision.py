@@ -23,7 +23,7 @@ def _plan(hw: str | None, *overrides: str):
 
 
 def _params(plan) -> int:
-    return plan.extra.get("model")["params"]
+    return plan.extra.model["params"]
 
 
 def test_auto_keeps_fp32_master_weights_when_they_fit():
