@@ -8,7 +8,8 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-RUN_FILES = {"README.md", "resolved_recipe.yaml", "plan.json", "environment.json", "metrics.jsonl"}
+RUN_FILES = {"README.md", "resolved_recipe.yaml", "recipe.lock.yaml", "plan.json", "environment.json",
+             "metrics.jsonl"}
 FINAL_FULL = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
               "tokenizer_config.json", "chat_template.jinja"}
 CHECKPOINT_CORE = {"trainer_state.json", "model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth",

@@ -251,7 +251,9 @@ def test_inside_a_dataset_and_free_space(tmp_path):
 
     class Plan:
         backend = "single"
-        extra = {"model": {"params": 10**15, "trainable_params": 10**15}, "dtype": "bf16"}
+        from recipeforge.plan.types import PlanExtras
+
+        extra = PlanExtras(model={"params": 10**15, "trainable_params": 10**15}, dtype="bf16")
 
     from recipeforge.config import load_recipe
 
