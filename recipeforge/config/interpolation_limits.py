@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from recipeforge.config.load import MAX_STRING
-from recipeforge.config.tree import ConfigTree
+from recipeforge.config.tree import ConfigTree, leaves as tree_leaves
 from recipeforge.errors import Problem, format_key
 
 MAX_CHAIN = 16
@@ -66,7 +66,7 @@ def check_interpolations(tree: ConfigTree, leaves: list[tuple[tuple, str]], defa
         value = _lookup(tree.data, target, _lookup(defaults, target, None))
         if isinstance(value, (dict, list)):
             total = 0
-            for sub, leaf in _leaves(value, target):
+            for sub, leaf in tree_leaves(value, target):
                 total += leaf_size(sub) if sub in raw_by_path else len(str(leaf))
             return total
         return len(str(value))
@@ -124,14 +124,3 @@ def _lookup(data: Any, path: tuple, default: Any) -> Any:
         else:
             return default
     return node
-
-
-def _leaves(node: Any, prefix: tuple):
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield from _leaves(v, prefix + (k,))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            yield from _leaves(v, prefix + (i,))
-    else:
-        yield prefix, node

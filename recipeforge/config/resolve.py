@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from recipeforge.config.tree import ConfigTree
+from recipeforge.config.tree import ConfigTree, leaves as tree_leaves
 from recipeforge.errors import Problem, RecipeError, format_key
 
 MISSING = "???"
@@ -56,7 +56,7 @@ def resolve_interpolations(tree: ConfigTree, defaults: dict | None = None) -> tu
 
     Raises `UnresolvedValues` (a `RecipeError`) naming every key that could not be resolved.
     """
-    leaves = [(p, v) for p, v in _leaves(tree.data, ()) if _needs_resolving(v)]
+    leaves = [(p, v) for p, v in tree_leaves(tree.data) if _needs_resolving(v)]
     if not leaves:
         return tree, {}
     from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -142,14 +142,3 @@ def _overlay(base: Any, over: Any) -> Any:
 def _short(exc: Exception) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return text.replace("Interpolation key ", "key ").rstrip(".")
-
-
-def _leaves(node: Any, prefix: tuple):
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield from _leaves(v, prefix + (k,))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            yield from _leaves(v, prefix + (i,))
-    else:
-        yield prefix, node

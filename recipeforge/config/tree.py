@@ -95,6 +95,18 @@ def _has(node: Any, part: Any) -> bool:
     return False
 
 
+def leaves(node: Any, prefix: KeyPath = ()):
+    """(key path, value) of every non-container value below `node`, depth first."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from leaves(v, prefix + (k,))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from leaves(v, prefix + (i,))
+    else:
+        yield prefix, node
+
+
 def _walk_paths(value: Any, prefix: KeyPath):
     if isinstance(value, dict):
         for k, v in value.items():

@@ -8,18 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from hostile_testing import OK, ROWS
 from recipeforge.cli import main
 
-OK = """\
-stage: sft
-model:
-  name_or_path: tiny:llama
-hardware: {gpus_per_node: 0}
-data:
-  datasets:
-    - {path: rows.jsonl, format: alpaca}
-"""
-ROWS = '{"instruction": "What does the cow say?", "input": "", "output": "moo"}\n' * 4
 GRPO = OK.replace("sft", "grpo").replace("alpaca", "prompt")
 LIMITED = OK.split("data:")[0] + "data:\n  sequence_len: 16\n"   # shorter than any rendered row
 DATASETS = "  datasets:\n    - {path: rows.jsonl, format: alpaca}\n"
