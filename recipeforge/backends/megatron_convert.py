@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Callable
 
 from recipeforge.errors import RecipeError
+from recipeforge.outputs.export import staged_folder
 
 EXTRA_HINT = ("pip install 'recipeforge[megatron]' (Megatron-Bridge 0.6 needs Python 3.12, CUDA and "
               "Transformer Engine), or use another backend")
@@ -102,19 +101,13 @@ def import_checkpoint(recipe, *, run_root: Path | None = None, cache_root: Path 
             log(f"megatron: converted checkpoint {out} (cached)")
             return out
         bridge = auto_bridge()
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-        try:
+        with staged_folder(out) as tmp:
             log(f"megatron: converting {m.name_or_path} to a Megatron checkpoint in {out}")
             kwargs = {"trust_remote_code": m.trust_remote_code}
             if m.revision:
                 kwargs["revision"] = m.revision
             bridge.import_ckpt(source, str(tmp / "ckpt"), **kwargs)
             (tmp / "done.json").write_text(json.dumps({"model": m.name_or_path, "revision": m.revision}) + "\n")
-            shutil.rmtree(out, ignore_errors=True)
-            os.replace(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
     return out
 
 
@@ -147,9 +140,7 @@ def export_final(recipe, run, *, log: Callable[[str], None] = print) -> Path:
     bridge = auto_bridge().from_hf_pretrained(hf_source(recipe, run.root), trust_remote_code=m.trust_remote_code,
                                               **({"revision": m.revision} if m.revision else {}))
     final = run.final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
-    try:
+    with staged_folder(final) as tmp:
         if recipe.adapter.type == "lora":
             log(f"megatron: exporting the LoRA adapter of {source} to {final}")
             bridge.export_adapter_ckpt(peft_checkpoint=str(source), output_path=str(tmp), show_progress=False)
@@ -157,11 +148,6 @@ def export_final(recipe, run, *, log: Callable[[str], None] = print) -> Path:
             log(f"megatron: exporting {source} to {final}")
             bridge.export_ckpt(megatron_path=str(source), hf_path=str(tmp), show_progress=False)
         _save_tokenizer(recipe, run, tmp)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return final
 
 

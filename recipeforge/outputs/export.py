@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import yaml
 
@@ -17,12 +19,26 @@ def is_peft(model) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "merge_and_unload")
 
 
-def save_pretrained_atomic(model, tokenizer, out: Path, state_dict: dict | None = None) -> Path:
-    """`save_pretrained` (safetensors) + tokenizer into `out`, replacing it only once fully written.
-    `state_dict`: weights gathered from a sharded model (ZeRO-3, FSDP) to write instead of the model's."""
+@contextlib.contextmanager
+def staged_folder(out: Path) -> Iterator[Path]:
+    """A temporary sibling of `out` to write a folder into. When the block ends normally it replaces
+    `out` with one rename; on any error it is removed and `out` stays as it was."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
+        yield tmp
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def save_pretrained_atomic(model, tokenizer, out: Path, state_dict: dict | None = None) -> Path:
+    """`save_pretrained` (safetensors) + tokenizer into `out`, replacing it only once fully written.
+    `state_dict`: weights gathered from a sharded model (ZeRO-3, FSDP) to write instead of the model's."""
+    with staged_folder(out) as tmp:
         config = getattr(model, "config", None)
         cache_flag = getattr(config, "use_cache", None)
         if config is not None:
@@ -34,12 +50,6 @@ def save_pretrained_atomic(model, tokenizer, out: Path, state_dict: dict | None 
                 config.use_cache = cache_flag
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 
