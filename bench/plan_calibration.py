@@ -92,8 +92,9 @@ def evaluate(paths=None) -> list[Row]:
 
 def _memory_model_only(path: Path, measure: str) -> float | None:
     """The memory model's estimate for a recipe that planning refuses (a capability the backend
-    record does not grant): the recipe is validated without the cross-field rules and sized on the
-    layout its preset names, with its own micro batch and checkpointing."""
+    record does not grant, or a run that does not fit): the recipe is validated without the
+    cross-field rules and sized on the layout its preset names, with its own micro batch and
+    checkpointing."""
     from recipeforge.config.pipeline import resolve_tree
     from recipeforge.config.schema import recipe_adapter
     from recipeforge.plan.catalog import resolve_model

@@ -23,7 +23,7 @@ from typing import Iterable, Mapping
 
 from recipeforge.errors import RecipeError
 
-STAGES = ("pretrain", "sft", "dpo", "grpo")
+STAGES = ("pretrain", "sft", "dpo", "grpo", "orpo", "kto", "cpo", "reward")
 DEVICES = ("cuda", "cpu")
 ADAPTERS = ("none", "lora", "qlora")
 OFFLOAD_MODES = ("none", "optimizer", "optimizer+params")
@@ -42,10 +42,11 @@ class BackendCapabilities:
     quantization_bits: tuple[int, ...] = (4, 8)       # QLoRA base precisions (empty without qlora)
     offload: tuple[str, ...] = ("none",)
     max_cpu_processes: int | None = None              # None: any number of gloo processes
-    model_parallel: bool = False                      # tensor/pipeline parallel sizes above 1
+    parallel_sizes: tuple[str, ...] = ()              # distributed.* parallel sizes it runs above 1
     zero_stages: tuple[int, ...] = ()                 # DeepSpeed ZeRO stages (empty: not ZeRO)
     offload_zero_stages: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # offload -> ZeRO stages
-    qlora_zero_stages: tuple[int, ...] = ()           # ZeRO stages that keep 4-bit weights whole
+    qlora_zero_stages: tuple[int, ...] = ()           # ZeRO stages that keep quantized weights whole
+    sharded_quant_bits: tuple[int, ...] = (4,)        # QLoRA precisions whose weights shard (ZeRO-3, FSDP)
     offload_optimizers: tuple[str, ...] | None = None  # optimizers an offloaded step takes (None: any)
     presets: tuple[str, ...] = ()
     package: str | None = None                        # module it needs (looked up, never imported)
@@ -82,21 +83,25 @@ BUILTIN: dict[str, BackendCapabilities] = {c.name: c for c in (
         qlora_zero_stages=(0, 1, 2), offload_optimizers=("adamw", "adamw_fused"),
         presets=("zero0", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload", "zero3_offload_params"),
         package="deepspeed", extra="deepspeed",
-        why={"qlora_zero": "ZeRO-3 cannot partition QLoRA's 4-bit weights",
+        why={"qlora_zero": "ZeRO-3 partitions 4-bit QLoRA weights (stored as bf16/fp16 words, "
+                           "bnb_4bit_quant_storage) but not 8-bit ones, which are int8 with per-row scales",
              "offload_zero": "ZeRO offloads optimizer states from stage 2 and parameters from stage 3",
              "offload_optimizer": "DeepSpeed steps offloaded optimizer states with its own CPU Adam"}),
     BackendCapabilities(
-        "fsdp", "FSDP2 (fully_shard) through Accelerate", devices=("cuda",), adapters=("none", "lora"),
-        quantization_bits=(), offload=("none", "optimizer+params"), max_cpu_processes=0,
+        "fsdp", "FSDP2 (fully_shard) through Accelerate", devices=("cuda",),
+        quantization_bits=(4,), offload=("none", "optimizer+params"), max_cpu_processes=0,
+        parallel_sizes=("tensor_parallel", "context_parallel", "data_parallel_replicate", "data_parallel_shard"),
         presets=("fsdp_shard_grad_op", "fsdp_full_shard", "fsdp_hybrid_shard", "fsdp_full_shard_offload"),
         why={"devices": "Accelerate enables FSDP only on GPUs; on the CPU it would silently train unsharded "
                         "DDP replicas",
-             "adapters": "FSDP does not shard QLoRA's 4-bit weights",
+             "quant_bits": "FSDP shards 4-bit weights stored as bf16/fp16 words (bnb_4bit_quant_storage); "
+                           "8-bit weights are int8 with per-row scales and do not shard",
              "offload": "FSDP2's CPU offload moves parameters, gradients and optimizer states together"}),
     BackendCapabilities(
         "megatron", "Megatron-Core tensor / pipeline / data parallelism through Megatron-Bridge",
         stages=("pretrain", "sft"), devices=("cuda",), adapters=("none", "lora"), quantization_bits=(),
-        offload=("none", "optimizer"), max_cpu_processes=0, model_parallel=True,
+        offload=("none", "optimizer"), max_cpu_processes=0,
+        parallel_sizes=("tensor_parallel", "pipeline_parallel"),
         offload_optimizers=("adamw", "adamw_fused"), presets=("tp{T}_pp{P}", "tp{T}_pp{P}_offload"),
         package="megatron.bridge", extra="megatron",
         why={"stages": "Megatron-Bridge's training loop has no preference or RL losses",
@@ -156,7 +161,8 @@ def refusals(caps: BackendCapabilities, *, stage: str | None = None, device: str
              zero_stage: int | str | None = None, optimizer: str | None = None,
              cpu_processes: int | None = None, model_parallel: str | None = None) -> list[Refusal]:
     """What `caps` refuses among the given facts (None, or ``auto``, means not known yet: not checked).
-    `model_parallel` names the parallel size above 1 (``tensor_parallel`` / ``pipeline_parallel``), if any.
+    `model_parallel` names a parallel size above 1 (``tensor_parallel``, ``pipeline_parallel``,
+    ``context_parallel``, ...), if any.
 
     `zero_stage`/`offload` may be ``auto``; a pinned offload mode then still needs a ZeRO stage that
     can do it, and QLoRA one that keeps 4-bit weights whole, so such pairs are refused as early as
@@ -194,11 +200,13 @@ def refusals(caps: BackendCapabilities, *, stage: str | None = None, device: str
                            + others(lambda c: adapter in c.adapters)))
     elif adapter == "qlora" and quant_bits is not None and quant_bits not in caps.quantization_bits:
         out.append(Refusal("adapter.quant.bits", f"the {n} backend runs QLoRA on {_either([str(b) for b in caps.quantization_bits])}-bit "
-                           f"bases, not {quant_bits}-bit", f"set adapter.quant.bits: {caps.quantization_bits[0]}"))
-    if model_parallel and not caps.model_parallel:
-        names = _either(_supporting(BUILTIN, lambda c: c.model_parallel))
+                           f"bases, not {quant_bits}-bit" + (f": {why['quant_bits']}" if "quant_bits" in why else ""),
+                           f"set adapter.quant.bits: {caps.quantization_bits[0]}"))
+    if model_parallel and model_parallel not in caps.parallel_sizes:
+        names = _either(_supporting(BUILTIN, lambda c: model_parallel in c.parallel_sizes))
         out.append(Refusal(f"distributed.{model_parallel}", f"{model_parallel} > 1 needs the {names} backend "
-                           f"(backend is {n})", others(lambda c: c.model_parallel) + ", or set it back to 1"))
+                           f"(backend is {n})", others(lambda c: model_parallel in c.parallel_sizes)
+                           + ", or set it to 1 or auto"))
     if zero_stage not in (None, "auto") and zero_stage not in caps.zero_stages:
         out.append(Refusal("distributed.zero_stage", f"zero_stage applies to DeepSpeed, not to the {n} backend"
                            if not caps.zero_stages else f"the {n} backend has no ZeRO stage {zero_stage}",
@@ -218,25 +226,34 @@ def refusals(caps: BackendCapabilities, *, stage: str | None = None, device: str
                 out.append(Refusal("distributed.offload", f"offload {offload} needs ZeRO stage "
                                    f"{_either([str(s) for s in stages])} (got {zero_stage}): {why['offload_zero']}",
                                    f"set zero_stage: {stages[0]}, or another offload"))
-            elif adapter == "qlora" and caps.qlora_zero_stages and not set(stages) & set(caps.qlora_zero_stages):
+            elif adapter == "qlora" and caps.qlora_zero_stages and not set(stages) & set(caps.qlora_zero_stages) \
+                    and quant_bits is not None and quant_bits not in caps.sharded_quant_bits:
                 out.append(Refusal("distributed.offload", f"offload {offload} needs ZeRO stage "
                                    f"{_either([str(s) for s in stages])}, and {why['qlora_zero']}",
-                                   "use offload: optimizer with QLoRA, or adapter.type: lora"))
+                                   f"set adapter.quant.bits: {caps.sharded_quant_bits[0]}, or offload: optimizer"))
         if offload != "none" and offload in caps.offload and caps.offload_optimizers is not None \
                 and optimizer is not None and optimizer not in caps.offload_optimizers:
             out.append(Refusal("train.optimizer", f"train.optimizer {optimizer} cannot be offloaded by the {n} backend: "
                                f"{why['offload_optimizer']}",
                                f"use optimizer: {caps.offload_optimizers[0]} with offload, or offload: none"))
     if adapter == "qlora" and zero_stage not in (None, "auto") and caps.qlora_zero_stages \
-            and zero_stage not in caps.qlora_zero_stages:
-        out.append(Refusal("adapter.type", f"{why['qlora_zero']} (zero_stage {zero_stage})",
-                           f"use zero_stage: {caps.qlora_zero_stages[-1]}, or adapter.type: lora"))
+            and zero_stage not in caps.qlora_zero_stages and quant_bits is not None \
+            and quant_bits not in caps.sharded_quant_bits:
+        out.append(Refusal("adapter.quant.bits", f"{why['qlora_zero']} (zero_stage {zero_stage}, "
+                           f"{quant_bits}-bit base)",
+                           f"set adapter.quant.bits: {caps.sharded_quant_bits[0]}, or zero_stage: "
+                           f"{caps.qlora_zero_stages[-1]}"))
     return out
 
 
-def parallel_key(tensor_parallel: int, pipeline_parallel: int) -> str | None:
-    """The model-parallel size that is above 1, as its recipe key (None: neither)."""
-    return "tensor_parallel" if tensor_parallel > 1 else "pipeline_parallel" if pipeline_parallel > 1 else None
+def parallel_key(tensor_parallel, pipeline_parallel, context_parallel=1) -> str | None:
+    """The first parallel size above 1, as its recipe key (None: none is; ``auto`` counts as not above 1).
+    Pipeline and context parallel come first: fewer backends run them."""
+    for key, value in (("pipeline_parallel", pipeline_parallel), ("context_parallel", context_parallel),
+                       ("tensor_parallel", tensor_parallel)):
+        if isinstance(value, int) and value > 1:
+            return key
+    return None
 
 
 def layout_refusals(caps: BackendCapabilities, recipe, *, device: str, zero_stage, offload: str,
@@ -252,7 +269,8 @@ def check_plan(caps: BackendCapabilities, plan, recipe) -> None:
     """Raise the first refusal of `caps` for a finished plan (what a backend's `check()` asks)."""
     found = layout_refusals(caps, recipe, device=plan.device, zero_stage=plan.zero_stage, offload=plan.offload,
                             cpu_processes=plan.world_size if plan.device == "cpu" else None,
-                            model_parallel=parallel_key(plan.tensor_parallel, plan.pipeline_parallel))
+                            model_parallel=parallel_key(plan.tensor_parallel, plan.pipeline_parallel,
+                                                        plan.extra.context_parallel))
     if found:
         raise found[0].error()
 
@@ -284,7 +302,8 @@ def support_table_markdown(records: Mapping[str, BackendCapabilities] | None = N
             extra.append("offload " + "; ".join(f"{o} from ZeRO {_either([str(s) for s in st])}"
                                                 for o, st in c.offload_zero_stages.items()))
         if c.qlora_zero_stages:
-            extra.append(f"QLoRA on ZeRO {_either([str(s) for s in c.qlora_zero_stages])}")
+            extra.append(f"QLoRA on ZeRO {_either([str(s) for s in c.qlora_zero_stages])}, and on ZeRO-3 with "
+                         f"{_either([str(b) for b in c.sharded_quant_bits])}-bit bases")
         if c.offload_optimizers:
             extra.append(f"offload with optimizer {_either(list(c.offload_optimizers))}")
         limits = [v for k, v in c.why.items()]

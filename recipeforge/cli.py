@@ -17,6 +17,7 @@ from recipeforge.errors import RecipeError
 
 EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 1
+EXIT_PUSH_FAILED = 3  # `train`: the run finished and is saved; only output.push_to_hub failed
 
 
 def _recipe_args(p: argparse.ArgumentParser) -> None:
@@ -32,10 +33,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "backend and memory, and run pretrain / SFT / DPO / GRPO on the Hugging Face stack.",
         epilog="Exit codes: 0 ok, 2 problem in the input (recipe, data, arguments, a run directory in use), "
                "1 internal error, 75 training stopped by SIGTERM/SIGUSR1/Ctrl-C after saving a checkpoint (run "
-               "the same command again to resume), 130 aborted by a second Ctrl-C. "
+               "the same command again to resume), 130 aborted by a second Ctrl-C, 3 (train) the run finished and "
+               "is saved but output.push_to_hub failed (`recipeforge push RUN_DIR` retries). "
                "--debug (or RECIPEFORGE_DEBUG=1) shows tracebacks.")
     parser.add_argument("--version", action="version", version=f"recipeforge {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show the libraries' warnings on the console (by default a run writes them to "
+                             "RUN_DIR/logs/warnings.log); same as RECIPEFORGE_VERBOSE=1")
     parser.add_argument("--trust-code", action="store_true",
                         help="allow the recipe to import Python code by dotted path (e.g. a reward my_mod:f); "
                              "same as allow_code: true in the recipe")
@@ -62,6 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("a", help="recipe file, lock file or run directory")
     p.add_argument("b", help="recipe file, lock file or run directory")
     p.set_defaults(func=cmd_diff)
+
+    p = sub.add_parser("report", help="charts of one or several runs (loss, learning rate, rewards, ...) in one "
+                                      "self-contained HTML page",
+                       description="Read metrics.jsonl, resolved_recipe.yaml and plan.json of each run (finished or "
+                                   "still training) and write one HTML page with the charts embedded, plus the "
+                                   "PNGs next to it. Several runs are overlaid, with a table of their recipe "
+                                   "differences. Needs matplotlib: pip install 'recipeforge[report]'.")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directory written by `recipeforge train`")
+    p.add_argument("--out", metavar="FILE.html",
+                   help="page to write (default: RUN_DIR/report.html for one run, ./report.html for several)")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("convert", help="convert another tool's config to a recipe (axolotl)")
     p.add_argument("tool", choices=("axolotl",), help="the tool the config is written for")
@@ -138,6 +154,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", help="run directory written by `recipeforge train`")
     p.add_argument("-o", "--output", help="output directory (default: RUN_DIR/merged)")
     p.set_defaults(func=cmd_merge)
+
+    p = sub.add_parser("push", help="upload a finished run's model and model card to the Hugging Face Hub",
+                       description="Upload final/ (merged/ when the run merged its adapter) and the model card "
+                                   "README.md; never checkpoints, optimizer states, logs or the run lock. The "
+                                   "repository comes from the run's output.push_to_hub unless --repo-id is given.")
+    p.add_argument("run_dir", help="run directory written by `recipeforge train`")
+    p.add_argument("--repo-id", help="target repository, e.g. my-org/my-model (default: output.push_to_hub.repo_id)")
+    p.add_argument("--public", action="store_true", help="create the repository as public (default: private, "
+                                                         "or the run's output.push_to_hub.private)")
+    p.add_argument("--dry-run", action="store_true", help="list the files that would be uploaded; upload nothing")
+    p.set_defaults(func=cmd_push)
     return parser
 
 
@@ -201,6 +228,14 @@ def cmd_diff(args) -> int:
     recipe_lines, lock_lines = diff_sides(args.a, args.b)
     sys.stdout.write(render_diff(args.a, args.b, recipe_lines, lock_lines))
     return 1 if recipe_lines or lock_lines else 0
+
+
+def cmd_report(args) -> int:
+    from recipeforge.outputs.report import write_report
+
+    report = write_report(args.run_dirs, args.out)
+    print(f"report of {', '.join(report.runs)} written to {report.html} ({len(report.images)} charts)")
+    return 0
 
 
 def cmd_convert(args) -> int:
@@ -273,6 +308,7 @@ def cmd_train(args) -> int:
                          master_addr=args.master_addr, master_port=args.master_port, dry_run=args.dry_run,
                          strict=args.strict,
                          debug=args.debug or os.environ.get("RECIPEFORGE_DEBUG", "") not in ("", "0"))
+    from recipeforge.outputs.hub import PushFailed
     from recipeforge.stages.preemption import EXIT_PREEMPTED, Preempted
 
     try:
@@ -280,6 +316,11 @@ def cmd_train(args) -> int:
     except LaunchFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.code if exc.code > 0 else EXIT_INTERNAL_ERROR
+    except PushFailed as exc:  # trained and saved; only the upload failed (its hint says how to retry)
+        from recipeforge.config.secrets import scrub
+
+        print(f"error: {scrub(exc.render())}", file=sys.stderr)
+        return EXIT_PUSH_FAILED
     except Preempted as stop:
         if os.environ.get("RECIPEFORGE_PLAN"):
             return 0  # a launched worker: the launching command reports (and exits 75)
@@ -339,6 +380,27 @@ def cmd_merge(args) -> int:
     return 0
 
 
+def cmd_push(args) -> int:
+    from pathlib import Path
+
+    from recipeforge.outputs.hub import push, push_plan, repo_from_run
+
+    run_dir = Path(args.run_dir)
+    repo_id, private = repo_from_run(run_dir)
+    repo_id = args.repo_id or repo_id
+    if args.dry_run:
+        plan = push_plan(run_dir)
+        print("\n".join(f"{dest}\t{src}" for src, dest in plan.files))
+        return 0
+    if not repo_id:
+        raise RecipeError(f"no repository to push {run_dir} to", key="--repo-id",
+                          hint="pass --repo-id my-org/my-model (or set output.push_to_hub.repo_id in the recipe)")
+    url = push(run_dir, repo_id, private=private and not args.public,
+               log=lambda m: print(f"[recipeforge] {m}", file=sys.stderr))
+    print(f"pushed {run_dir} to {url}")
+    return 0
+
+
 def _write(text: str, path: str | None) -> None:
     if path:
         with open(path, "w", encoding="utf-8") as fh:
@@ -367,6 +429,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     debug = args.debug or os.environ.get("RECIPEFORGE_DEBUG", "") not in ("", "0")
+    if args.verbose:  # read where a run starts routing warnings (launched workers inherit it)
+        from recipeforge.outputs.console import VERBOSE_ENV
+
+        os.environ[VERBOSE_ENV] = "1"
     if args.trust_code:  # read by the recipe loader and by whatever imports user code later
         from recipeforge.registry import TRUST_ENV
 

@@ -60,12 +60,18 @@ def train(loaded, *, overwrite: bool = False, force: bool = False, plan=None,
 
     _network_guards()
     dist = DistInfo.from_env()
+    from recipeforge.outputs import console
+
+    console.route_library_warnings(dist.rank)  # library warnings: RUN/logs/warnings.log, not the console
     try:
         if dist.world_size > 1 or os.environ.get(PLAN_ENV):
             preemption.install()  # as early as possible: a stop request during setup is kept
             return _train_worker(loaded, dist, overwrite=overwrite, force=force)
         return _train_launching(loaded, plan, launch or LaunchOptions(), overwrite, force)
     finally:
+        from recipeforge.stages.base import _log
+
+        console.stop_routing(log=_log if dist.is_main else None)
         preemption.uninstall()
         run_lock.release_all()
 
@@ -156,6 +162,8 @@ def _train_launching(loaded, plan, opts: LaunchOptions, overwrite: bool, force: 
     finish = getattr(backend, "finish_launch", None)  # Megatron: export to final/ (+ merge), one process
     if finish is not None and cluster.is_main_node:
         finish(loaded, plan, run, log=_log)
+    if cluster.is_main_node:
+        _push_to_hub(loaded, run.root)
     return run.root
 
 
@@ -178,6 +186,7 @@ def _train_here(loaded, plan, run, backend, overwrite: bool, force: bool) -> Pat
     resume_from = _prepare_run(loaded, plan, run, overwrite=overwrite, force=force)
     _run(loaded, plan, run, backend, DistInfo(), resume_from)
     _log(f"done: {run.root}")
+    _push_to_hub(loaded, run.root)
     return run.root
 
 
@@ -253,7 +262,22 @@ def _run_worker(loaded, dist, *, overwrite: bool, force: bool) -> Path:
     w.finish()
     if dist.is_main:
         _log(f"done: {run.root}")
+        if not plan_file:  # launched directly (torchrun -m recipeforge): no launching command pushes
+            _push_to_hub(loaded, run.root)
     return run.root
+
+
+def _push_to_hub(loaded, run_root: Path) -> None:
+    """`output.push_to_hub`: upload the saved model once the run is complete (`outputs.hub`). A failed
+    upload raises `outputs.hub.PushFailed`; the run directory is already complete then."""
+    hub = loaded.recipe.output.push_to_hub
+    if hub is None:
+        return
+    from recipeforge.outputs.hub import push
+    from recipeforge.stages.base import _log
+
+    _log(f"pushing the model to the Hub: {hub.repo_id}")
+    _log(f"pushed: {push(run_root, hub.repo_id, private=hub.private, log=_log)}")
 
 
 @reports_write_errors
@@ -281,6 +305,9 @@ def _prepare_run(loaded, plan, run, *, overwrite: bool, force: bool = False) -> 
     if recipe.output.resume not in ("auto", "never"):  # verified (a damaged one is exit 2, naming the file)
         named = checkpoint.resume_checkpoint(recipe.output.resume, run.checkpoints, verify=True)
     prepare(run, overwrite=overwrite, resume=recipe.output.resume)
+    from recipeforge.outputs.console import warnings_to_run_dir
+
+    warnings_to_run_dir(run.root)
     run_lock.reassert(run.root, log=_log)  # --overwrite removed the lock file with the rest
     checkpoint.remove_incomplete(run.checkpoints)
     resume_from = named or checkpoint.resume_checkpoint(recipe.output.resume, run.checkpoints, verify=True,
@@ -307,6 +334,9 @@ def _run(loaded, plan, run, backend, dist, resume_from) -> None:
 
     ctx = StageContext(loaded=loaded, plan=plan, run=run, resume_from=resume_from, dist=dist,
                        save_final=backend.save_final)
+    from recipeforge.outputs.console import warnings_to_run_dir
+
+    warnings_to_run_dir(run.root)
     if dist.world_size > 1:
         from recipeforge.backends import worker as w
 
@@ -321,6 +351,9 @@ def _run(loaded, plan, run, backend, dist, resume_from) -> None:
             from recipeforge.outputs.export import merge_adapter
 
             merge_adapter(run.root)
+        from recipeforge.outputs.report import write_loss_plot
+
+        write_loss_plot(run.root, log=ctx.log)  # loss.png, which the model card shows
         _write_card(ctx, runner)
 
 
@@ -441,6 +474,13 @@ def _resolved_for_run(loaded, run) -> dict:
             found = local_path(spec.path, spec_base_dir(DatasetRef(spec, section, i), base, loaded.tree.locate))
             if found is not None:
                 data["data"][section][i]["path"] = str(found)
+    from recipeforge.components.chat_templates import is_template_path, template_file
+
+    template = loaded.recipe.data.chat_template
+    if is_template_path(template):  # a .jinja file next to the recipe: absolute, like the data paths
+        found = template_file(template, base_dir=base, location=loaded.tree.locate(("data", "chat_template")))
+        if found is not None:
+            data["data"]["chat_template"] = str(found)
     data["output"]["dir"] = str(run.root)
     return data
 

@@ -24,7 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 from recipeforge.capabilities import BackendCapabilities, capabilities_of, check_plan
 from recipeforge.errors import RecipeError
 
-TRAINER_STAGES = ("pretrain", "sft", "dpo", "grpo")
+TRAINER_STAGES = ("pretrain", "sft", "dpo", "grpo", "orpo", "kto", "cpo", "reward")
 
 
 @runtime_checkable

@@ -93,6 +93,14 @@ class DeepSpeedBackend(TrainerBackend):
         report["local_param_elements"] = sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel()
                                              for p in params)
         report["full_param_elements"] = sum(getattr(p, "ds_numel", p.numel()) for p in params)
+        # QLoRA's 4-bit base weights (bitsandbytes Params4bit, packed into 16-bit words): partitioned too?
+        quantized = [p for p in params if type(p).__name__ == "Params4bit"]
+        if quantized:
+            report["quantized_params"] = len(quantized)
+            report["partitioned_quantized_params"] = sum(1 for p in quantized if hasattr(p, "ds_tensor"))
+            report["quantized_local_elements"] = sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel()
+                                                     for p in quantized)
+            report["quantized_full_elements"] = sum(getattr(p, "ds_numel", p.numel()) for p in quantized)
         offload = getattr(engine, "zero_offload_optimizer", None)
         report["offload_optimizer"] = bool(offload()) if callable(offload) else False
         return report
@@ -101,4 +109,4 @@ class DeepSpeedBackend(TrainerBackend):
 def _random_init(recipe) -> bool:
     from recipeforge.components.tiny_spec import tiny_arch
 
-    return tiny_arch(recipe.model.name_or_path) is not None
+    return tiny_arch(recipe.model.name_or_path) is not None or recipe.model.init == "random"

@@ -1,5 +1,6 @@
 """FSDP2 through Accelerate's FSDP plugin: full / hybrid sharding, auto-wrap by decoder layer,
-activation checkpointing, CPU offload; sharded checkpoints, consolidated final/.
+activation checkpointing, CPU offload; sharded checkpoints, consolidated final/. With tensor or
+context parallel in the plan, the mesh is accelerate's ParallelismConfig (`backends.parallelism`).
 
 GPU only. Accelerate switches to FSDP only from a GPU-kind distributed state (MULTI_GPU, ...); on the
 CPU its state is MULTI_CPU and the trainer silently runs plain DDP with every parameter whole. Rather
@@ -31,6 +32,12 @@ class FSDPBackend(TrainerBackend):
         return fsdp_sharding(plan) == "hybrid_shard"
 
     def accelerate_config(self, plan, recipe, run_dir: Path) -> dict:
+        from recipeforge.backends import parallelism
+
+        if parallelism.tensor_parallel(plan):
+            # transformers shards the model at load (tensor plan + FSDP2); Accelerate's FSDP plugin
+            # would shard it again, so the job runs as MULTI_GPU with the matching ParallelismConfig.
+            return {"distributed_type": "MULTI_GPU", **parallelism.accelerate_parallelism_section(plan)}
         p = self.plugin(plan, recipe)
         fsdp = {"fsdp_version": 2,
                 "fsdp_auto_wrap_policy": p["auto_wrap_policy"],
@@ -42,14 +49,36 @@ class FSDPBackend(TrainerBackend):
         if p.get("transformer_cls_names_to_wrap"):
             fsdp["fsdp_transformer_layer_cls_to_wrap"] = ",".join(p["transformer_cls_names_to_wrap"])
         out = {"distributed_type": "FSDP", "fsdp_config": fsdp}
-        if self._hybrid(plan):
+        if self._hybrid(plan) and plan.extra.dp_replicate <= 1:  # a plan without the mesh sizes
             out["parallelism_config"] = {"parallelism_config_dp_replicate_size": plan.nodes,
                                          "parallelism_config_dp_shard_size": plan.gpus_per_node}
+        else:
+            out.update(parallelism.accelerate_parallelism_section(plan))
         return out
+
+    def setup_worker(self, ctx) -> None:
+        """With tensor parallelism the stage loads the model sharded (`parallelism.load_tensor_parallel`)."""
+        from recipeforge.backends import parallelism
+
+        if parallelism.tensor_parallel(ctx.plan):
+            plan = ctx.plan
+
+            def load_sharded(path, *, dtype, attn_implementation, revision=None, trust_remote_code=False):
+                return parallelism.load_tensor_parallel(path, plan, dtype=dtype,
+                                                        attn_implementation=attn_implementation,
+                                                        revision=revision, trust_remote_code=trust_remote_code)
+
+            ctx.load_sharded = load_sharded
 
     def trainer_kwargs(self, ctx) -> dict:
         from transformers import TrainingArguments
 
+        from recipeforge.backends import parallelism
+
+        if parallelism.tensor_parallel(ctx.plan):
+            # A model sharded at load: the Trainer prepares it without Accelerate's FSDP plugin, and
+            # checkpoints its weights only (transformers cannot resume such a model's optimizer).
+            return {"parallelism_config": parallelism.parallelism_config(ctx.plan), "save_only_model": True}
         p = self.plugin(ctx.plan, ctx.recipe)
         config = {"version": 2, "auto_wrap_policy": p["auto_wrap_policy"],
                   "reshard_after_forward": p["reshard_after_forward"], "cpu_offload": p["cpu_offload"],
@@ -62,14 +91,22 @@ class FSDPBackend(TrainerBackend):
         ckpt = ("activation_checkpointing" if "activation_checkpointing" in TrainingArguments.__dataclass_fields__
                 else "gradient_checkpointing")
         kwargs = {"fsdp": True, "fsdp_config": config, ckpt: False}
-        if self._hybrid(ctx.plan):
+        if self._hybrid(ctx.plan) and ctx.plan.extra.dp_replicate <= 1:  # a plan without the mesh sizes
             from accelerate import ParallelismConfig
 
             kwargs["parallelism_config"] = ParallelismConfig(dp_replicate_size=ctx.plan.nodes,
                                                              dp_shard_size=ctx.plan.gpus_per_node)
+        elif parallelism.parallelism_config_kwargs(ctx.plan) is not None:
+            # context parallel (cp_size) and/or replicas: Accelerate builds the mesh, the Trainer splits sequences
+            kwargs["parallelism_config"] = parallelism.parallelism_config(ctx.plan)
         return kwargs
 
     def save_final(self, ctx, trainer, model, tokenizer) -> Path | None:
+        from recipeforge.backends import parallelism
+
+        if parallelism.tensor_parallel(ctx.plan):
+            # Collective: DTensor shards (tensor plan and FSDP2) gathered into full CPU tensors.
+            return full_state_dict_save(ctx, model, tokenizer, gathered_state_dict(trainer.model))
         # Collective: the shards are all-gathered into a full CPU state dict on the main process.
         state_dict = trainer.accelerator.get_state_dict(trainer.model)
         return full_state_dict_save(ctx, model, tokenizer, state_dict)
@@ -87,4 +124,22 @@ class FSDPBackend(TrainerBackend):
         report["local_param_elements"] = sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel()
                                              for p in params)
         report["full_param_elements"] = sum(p.numel() for p in params)
+        pc = getattr(trainer.accelerator, "parallelism_config", None)
+        if pc is not None:  # the mesh Accelerate ran (tensor / context parallel, replicas)
+            report["parallelism"] = {"dp_replicate": pc.dp_replicate_size, "dp_shard": pc.dp_shard_size,
+                                     "tp": pc.tp_size, "cp": pc.cp_size}
+        report["tp_size"] = getattr(model, "tp_size", None) or 1
+        # QLoRA: bitsandbytes' 4-bit linears, whose packed weights (16-bit words) FSDP2 shards too
+        quantized = [m for m in model.modules() if type(m).__name__ == "Linear4bit"]
+        if quantized:
+            report["quantized_modules"] = len(quantized)
+            report["quantized_dtensor_weights"] = sum(1 for m in quantized if isinstance(m.weight, DTensor))
         return report
+
+
+def gathered_state_dict(model) -> dict:
+    """The full state dict of a model whose weights are DTensors (tensor plan, FSDP2), on the CPU.
+    Collective: every rank calls it; torch's distributed-checkpoint helper gathers each shard."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

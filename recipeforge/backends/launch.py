@@ -121,6 +121,10 @@ def accelerate_config_text(plan, backend_section: dict) -> str:
     header = ("# Written by recipeforge from plan.json; `accelerate launch --config_file` reads it.\n"
               "# CPU run: accelerate starts one process per rank (torch's elastic launcher); they talk over gloo.\n"
               if plan.device != "cuda" else "# Written by recipeforge from plan.json.\n")
+    if "parallelism_config" in backend_section:
+        from recipeforge.backends.parallelism import describe
+
+        header += f"# Mesh: {describe(plan)}\n"
     return header + yaml.safe_dump(config, sort_keys=False)
 
 

@@ -40,8 +40,10 @@ class SlurmOptions:
 
 def sbatch_script(*, job_name: str, nodes: int, gpus_per_node: int, recipe: str, overrides: Sequence[str],
                   run_dir: Path, options: SlurmOptions = SlurmOptions(), port: int = DEFAULT_PORT,
-                  executable: str = "recipeforge", train_flags: Sequence[str] = ()) -> str:
-    """The text of an sbatch script for the planned allocation."""
+                  executable: str = "recipeforge", train_flags: Sequence[str] = (),
+                  layout: Sequence[str] = ()) -> str:
+    """The text of an sbatch script for the planned allocation. `layout`: comment lines describing the
+    plan's process layout (`layout_lines`)."""
     lines = ["#!/bin/bash",
              f"#SBATCH --job-name={job_name}",
              f"#SBATCH --nodes={nodes}",
@@ -61,6 +63,7 @@ def sbatch_script(*, job_name: str, nodes: int, gpus_per_node: int, recipe: str,
               f"#SBATCH --signal=B:USR1@{options.signal_lead}",
               "#SBATCH --requeue",
               "",
+              *[f"# {line}" for line in layout],
               "set -euo pipefail",
               "# The first node of the allocation hosts the rendezvous; every node starts one launcher.",
               'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
@@ -110,8 +113,27 @@ def write_sbatch(loaded, *, recipe: str, overrides: Sequence[str], options: Slur
     text = sbatch_script(job_name=public(loaded, ("name",), r.name) or Path(recipe).stem, nodes=plan.nodes,
                          gpus_per_node=plan.gpus_per_node if plan.device == "cuda" else 0,
                          recipe=str(Path(recipe).absolute()), overrides=[*overrides, f"output.dir={run_dir}"],
-                         run_dir=run_dir, options=options, port=port or DEFAULT_PORT, train_flags=flags)
+                         run_dir=run_dir, options=options, port=port or DEFAULT_PORT, train_flags=flags,
+                         layout=layout_lines(plan))
     path = Path(output) if output else run_dir / "slurm.sbatch"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
+
+
+def layout_lines(plan) -> list[str]:
+    """What each node's `recipeforge train` launches, for the script's header: the backend and, with
+    a parallelism mesh, its sizes and the accelerate settings the launch file carries."""
+    from recipeforge.backends import parallelism
+
+    lines = [f"Plan: {plan.backend}" + (f" ({plan.preset})" if plan.preset else "")
+             + f", {plan.nodes} node(s) x {plan.gpus_per_node or 'CPU'} = {plan.world_size} processes; "
+               "each node's recipeforge train writes the launch files and starts the launcher"]
+    section = parallelism.accelerate_parallelism_section(plan).get("parallelism_config")
+    if section:
+        lines.append(f"Mesh: {parallelism.describe(plan)}")
+        lines.append("accelerate parallelism_config: " + ", ".join(f"{k}={v}" for k, v in section.items()))
+    dc = parallelism.distributed_config_kwargs(plan)
+    if dc:
+        lines.append("transformers DistributedConfig: " + ", ".join(f"{k}={v}" for k, v in dc.items()))
+    return lines

@@ -11,14 +11,16 @@ from recipeforge.errors import Location, RecipeError
 _BNB_CPU_MIN = (0, 48)
 
 
-def lora_config(adapter, *, task_type: str = "CAUSAL_LM"):
-    """The peft `LoraConfig` of an `adapter:` section (type lora or qlora)."""
+def lora_config(adapter, *, task_type: str = "CAUSAL_LM", trainable_tokens: dict | None = None):
+    """The peft `LoraConfig` of an `adapter:` section (type lora or qlora); `trainable_tokens` (module
+    name -> token ids) trains those embedding rows too (tokens the recipe added)."""
     from peft import LoraConfig
 
     target = adapter.target_modules if isinstance(adapter.target_modules, str) else list(adapter.target_modules)
     return LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, lora_dropout=adapter.dropout, target_modules=target,
                       modules_to_save=list(adapter.modules_to_save) or None, use_rslora=adapter.use_rslora,
-                      use_dora=adapter.use_dora, bias="none", task_type=task_type)
+                      use_dora=adapter.use_dora, bias="none", task_type=task_type,
+                      trainable_token_indices=trainable_tokens or None)
 
 
 def check_bitsandbytes(device: str, *, what: str = "QLoRA", key: str = "adapter.type",
@@ -53,16 +55,28 @@ def quantization_config(adapter, compute_dtype, device: str, *, location: Locati
                               bnb_4bit_quant_storage=compute_dtype)
 
 
-def prepare_quantized(model, *, gradient_checkpointing: bool, device: str):
+def prepare_quantized(model, *, gradient_checkpointing: bool, device: str, sharded: bool = False):
     """peft's k-bit preparation, plus the CPU layout fix for 4-bit layers.
+
+    `sharded` (ZeRO-3, FSDP): the base is partitioned like any other weights, which needs one dtype
+    for all of them. The 4-bit weights are stored in the compute dtype (`quantization_config`), so
+    peft's upcast of every other frozen weight to fp32 is skipped: they stay in the compute dtype
+    (as in PEFT's and TRL's sharded QLoRA). The base is frozen and, for checkpointing, the
+    embeddings' output requires grad, as peft's preparation would do.
 
     On CPUs with avx512_bf16, bitsandbytes repacks 4-bit weights into an inference-only layout the
     first time the model runs in eval mode, after which training breaks; switching that repacking
     off keeps evaluation during training safe.
     """
-    from peft import prepare_model_for_kbit_training
+    if sharded:
+        for param in model.parameters():
+            param.requires_grad = False
+        if gradient_checkpointing:
+            model.enable_input_require_grads()
+    else:
+        from peft import prepare_model_for_kbit_training
 
-    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing)
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing)
     if device != "cuda":
         import bitsandbytes as bnb
 
@@ -72,8 +86,15 @@ def prepare_quantized(model, *, gradient_checkpointing: bool, device: str):
     return model
 
 
-def apply_lora(model, adapter, *, seed: int, gradient_checkpointing: bool = False) -> Any:
-    """Wrap `model` with trainable LoRA adapters (base weights frozen), initialized from `seed`."""
+def apply_lora(model, adapter, *, seed: int, gradient_checkpointing: bool = False,
+               trainable_dtype: Any = None, trainable_tokens: dict | None = None) -> Any:
+    """Wrap `model` with trainable LoRA adapters (base weights frozen), initialized from `seed`.
+
+    `trainable_dtype` (a quantized base under ZeRO-3 or FSDP): every trainable parameter is cast to
+    it. peft keeps LoRA weights in fp32 but copies `modules_to_save` in the base's 16-bit dtype, and
+    both sharding engines need one dtype among the trainable parameters (ZeRO-3 flattens them into
+    one buffer, deepspeed/runtime/zero/utils.py `defragment`; FSDP2 checks it per group,
+    torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py `_init_mp_dtypes`)."""
     import torch
     from peft import get_peft_model
 
@@ -83,4 +104,9 @@ def apply_lora(model, adapter, *, seed: int, gradient_checkpointing: bool = Fals
     # LoRA A matrices start random: seed them, or two runs of one recipe start from different points.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return get_peft_model(model, lora_config(adapter))
+        model = get_peft_model(model, lora_config(adapter, trainable_tokens=trainable_tokens))
+    if trainable_dtype is not None:
+        for param in model.parameters():
+            if param.requires_grad and param.dtype != trainable_dtype:
+                param.data = param.data.to(trainable_dtype)
+    return model

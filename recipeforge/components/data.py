@@ -250,7 +250,11 @@ def load_split(data, stage_kinds: tuple[str, ...], *, seed: int, base_dir: Path 
     """
     import datasets
 
+    seen: set[bytes] = set()  # row digests of the training rows so far (data.dedup: across datasets)
+    dropped_duplicates = 0
+
     def read(section: str, specs) -> list:
+        nonlocal dropped_duplicates
         parts = []
         for i, spec in enumerate(specs):
             ref = DatasetRef(spec, section, i)
@@ -258,11 +262,24 @@ def load_split(data, stage_kinds: tuple[str, ...], *, seed: int, base_dir: Path 
             if fmt.kind not in stage_kinds:
                 raise RecipeError(f"format '{fmt.name}' does not fit this stage", key=f"{ref.key}.format",
                                   location=locate(ref.path_key + ("format",)))
-            ds = remap_and_check(load_raw(ref, base_dir=base_dir, locate=locate), ref, fmt, locate=locate)
+            ds = load_raw(ref, base_dir=base_dir, locate=locate)
+            if getattr(spec, "messages", None) is not None:  # field mappings: to OpenAI messages first
+                from recipeforge.components.messages import apply_message_fields
+
+                ds = apply_message_fields(ds, spec.messages, key=f"{ref.key}.messages",
+                                          where=locate(ref.path_key + ("messages",)))
+            ds = remap_and_check(ds, ref, fmt, locate=locate)
             keep = None if fmt.kind == "prompt" else [c for c in ds.column_names if c in fmt.required + fmt.optional]
             if keep is not None:
                 ds = ds.select_columns(keep)
             ds = ds.add_column("_row", list(range(1, len(ds) + 1))).add_column("_format", [fmt.name] * len(ds))
+            dedup = spec.dedup if getattr(spec, "dedup", None) is not None else getattr(data, "dedup", False)
+            if section == "datasets" and dedup:
+                from recipeforge.components.dedup import drop_duplicates
+
+                # A dataset's own `dedup: true` compares its rows among themselves; `data.dedup` across datasets.
+                ds, n = drop_duplicates(ds, seen if getattr(data, "dedup", False) else set())
+                dropped_duplicates += n
             if spec.max_samples and spec.max_samples < len(ds):
                 ds = ds.shuffle(seed=seed).select(range(spec.max_samples))
             try:
@@ -293,6 +310,8 @@ def load_split(data, stage_kinds: tuple[str, ...], *, seed: int, base_dir: Path 
     else:  # no weights (or one dataset): every row once per epoch
         train = _concat(train_parts)
     stats["train_rows"] = len(train)
+    if data.dedup or any(getattr(s, "dedup", None) for s in data.datasets):
+        stats["duplicates_dropped"] = dropped_duplicates
     stats["eval_rows"] = len(evaluation) if evaluation is not None else 0
     assert isinstance(train, datasets.Dataset)
     return train, evaluation, stats

@@ -10,7 +10,7 @@ from recipeforge.components.data import DatasetRef, Locate, _no_location, local_
 from recipeforge.components.tokenizer import tokenizer_fingerprint
 
 # Bump when the tokenization/packing code changes what it produces for the same inputs.
-PIPELINE_VERSION = 2
+PIPELINE_VERSION = 3  # 3: chat replies are trained up to their turn-end token (generation blocks)
 
 
 def file_digest(path: Path, chunk: int = 1 << 20) -> str:
@@ -41,6 +41,7 @@ def data_fingerprint(recipe, tokenizer, *, base_dir: Path | None, locate: Locate
         "seed": recipe.train.seed,
         "data": data.model_dump(mode="json", exclude={"datasets", "eval_datasets", "cache_dir", "num_proc"}),
         "tokenizer": tokenizer_fingerprint(tokenizer),
+        "eot_tokens": list(getattr(recipe.model, "eot_tokens", ())),  # where a reply's trained part ends
         "sources": sources,
     }
     return hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:20]

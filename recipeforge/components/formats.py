@@ -8,6 +8,7 @@ columns, the stages it feeds, and renders one row:
   each marked trained or not. SFT masks the untrained ones (labels -100).
 * ``preference`` gives prompt/chosen/rejected for DPO; ``prompt`` gives the GRPO prompt plus any
   extra columns, which reach the reward functions.
+* ``unpaired`` gives prompt/completion/label (label true: desirable) for KTO.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Union
 
+from recipeforge.components.chat_templates import GENERATION_TAG
 from recipeforge.errors import RecipeError
 from recipeforge.registry import Registry
 
@@ -29,6 +31,7 @@ class RenderOptions:
     train_on_inputs: bool = False
     prefix_ids: tuple[int, ...] = ()   # tokens the tokenizer puts before plain text (BOS)
     eos_token: str | None = None
+    eot_tokens: tuple[str, ...] = ()   # tokens that end a turn besides EOS (`model.eot_tokens`)
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,7 @@ class Format:
     """A row layout: its columns, what it produces, and how one row is rendered."""
 
     name: str
-    kind: str                                  # "lm" | "preference" | "prompt"
+    kind: str                                  # "lm" | "preference" | "prompt" | "unpaired"
     required: tuple[str, ...]
     render: Callable[[dict, RenderOptions], Any]
     optional: tuple[str, ...] = ()
@@ -46,7 +49,8 @@ class Format:
 
 
 # The stages each kind of format feeds; a format narrows or widens this with `Format.stages`.
-KIND_STAGES: dict[str, tuple[str, ...]] = {"lm": ("sft",), "preference": ("dpo",), "prompt": ("grpo",)}
+KIND_STAGES: dict[str, tuple[str, ...]] = {"lm": ("sft",), "preference": ("dpo", "orpo", "cpo", "kto", "reward"),
+                                           "prompt": ("grpo",), "unpaired": ("kto",)}
 
 
 def format_stages(fmt: Format) -> tuple[str, ...]:
@@ -69,7 +73,10 @@ _ROLE_ALIASES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model
 
 
 def normalize_messages(messages: Any, *, row: int | None = None, column: str = "messages") -> list[dict]:
-    """OpenAI-style ``{role, content}`` messages from OpenAI or ShareGPT (``{from, value}``) rows."""
+    """OpenAI-style ``{role, content}`` messages from OpenAI or ShareGPT (``{from, value}``) rows.
+
+    A boolean ``train`` key (written by `data.datasets[].messages.train_field`) is kept: it says
+    whether an assistant reply is trained."""
     if not isinstance(messages, list) or not messages:
         raise _row_error(row, f"column '{column}' must be a non-empty list of messages (got {type(messages).__name__})")
     out = []
@@ -84,17 +91,35 @@ def normalize_messages(messages: Any, *, row: int | None = None, column: str = "
                                   f"(or ShareGPT human, gpt)")
         if not isinstance(content, str):
             raise _row_error(row, f"message content must be text (got {type(content).__name__})")
-        out.append({"role": role_norm, "content": content})
+        msg = {"role": role_norm, "content": content}
+        if isinstance(m.get("train"), bool):
+            msg["train"] = m["train"]
+        out.append(msg)
     return out
 
 
 def chat_segments(messages: list[dict], opts: RenderOptions) -> list[Segment]:
     """Segments of a conversation: assistant replies (with their end-of-turn) trained, the rest not.
 
-    Rendering the conversation up to each assistant turn and taking differences keeps the exact text
-    the template produces; it needs a prefix-consistent template, which is checked.
+    A template that marks replies with ``{% generation %}`` (every named template does) is rendered
+    once and tokenized whole, and the tokens inside the marked spans are trained (`chat_masks`).
+    Other templates are rendered up to each assistant turn and the differences taken; that needs a
+    prefix-consistent template, which is checked. A message with ``train: false`` is not trained.
     """
+    from recipeforge.components.chat_masks import generation_segments, template_of
+
+    template = template_of(opts.tokenizer)
+    if template is not None and GENERATION_TAG.search(template):
+        return generation_segments(messages, opts, template)
+    return _prefix_segments(messages, opts)
+
+
+def _prefix_segments(messages: list[dict], opts: RenderOptions) -> list[Segment]:
+    from recipeforge.components.chat_masks import check_train_flags
+
     tok = opts.tokenizer
+    check_train_flags(messages)
+    eots = tuple(t for t in (*opts.eot_tokens, opts.eos_token or getattr(tok, "eos_token", None)) if t)
     segments: list[Segment] = []
     done = ""
     for i, m in enumerate(messages):
@@ -107,13 +132,25 @@ def chat_segments(messages: list[dict], opts: RenderOptions) -> list[Segment]:
                 return [(tok.apply_chat_template(messages, tokenize=False), True)]
             raise RecipeError("the chat template renders a conversation differently from its beginning, so "
                               "assistant tokens cannot be told apart", key="data.chat_template",
-                              hint="use a named template (data.chat_template: chatml), or set "
-                                   "data.train_on_inputs: true")
+                              hint="use a named template (data.chat_template: chatml), mark the replies with "
+                                   "{% generation %}, or set data.train_on_inputs: true")
         if len(prompt) > len(done):
             segments.append((prompt[len(done):], opts.train_on_inputs))
-        segments.append((full[len(prompt):], True))
+        trained = opts.train_on_inputs or m.get("train") is not False
+        reply, after = split_after_turn_end(full[len(prompt):], eots)
+        segments.append((reply, trained))
+        if after:  # e.g. the newline after <|im_end|>: the model never writes it
+            segments.append((after, opts.train_on_inputs))
         done = full
     return segments
+
+
+def split_after_turn_end(reply: str, eots: tuple[str, ...]) -> tuple[str, str]:
+    """A rendered reply cut after its last turn-end token, when only whitespace follows it."""
+    cut = max((reply.rfind(t) + len(t) for t in eots if t in reply), default=-1)
+    if cut <= 0 or reply[cut:].strip():
+        return reply, ""
+    return reply[:cut], reply[cut:]
 
 
 def _text(row: dict, opts: RenderOptions) -> list[Segment]:
@@ -151,6 +188,39 @@ def _alpaca(row: dict, opts: RenderOptions) -> list[Segment]:
     return chat_segments(alpaca_messages(row), opts)
 
 
+def _tokenized(row: dict, opts: RenderOptions) -> list[Segment]:
+    """Token ids as they are: trained where `labels` equals the id (all, without labels), not where it is -100;
+    positions with attention_mask 0 (padding in pre-padded rows) are left out."""
+    ids = row["input_ids"]
+    labels, mask = row.get("labels"), row.get("attention_mask")
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise RecipeError("column 'input_ids' must be a list of whole numbers")
+    for name, col in (("labels", labels), ("attention_mask", mask)):
+        if col is not None and len(col) != len(ids):
+            raise RecipeError(f"column '{name}' has {len(col)} values but input_ids has {len(ids)}",
+                              hint="every position of input_ids needs one label / mask value")
+    vocab = len(opts.tokenizer)
+    for j, t in enumerate(ids):
+        if not 0 <= t < vocab:
+            raise RecipeError(f"input_ids[{j}] = {t} is outside the vocabulary (0 to {vocab - 1})",
+                              hint="the rows were tokenized with another tokenizer; set model.tokenizer to it")
+    segments: list[Segment] = []
+    for j, t in enumerate(ids):
+        if mask is not None and not mask[j]:
+            continue
+        lab = t if labels is None else labels[j]
+        if lab not in (t, -100):
+            raise RecipeError(f"labels[{j}] = {lab} is neither input_ids[{j}] ({t}) nor -100",
+                              hint="labels are not shifted: each is its position's token id, or -100 for "
+                                   "positions without loss")
+        trained = lab != -100  # labels given are kept as they are, whatever train_on_inputs says
+        if segments and segments[-1][1] == trained:
+            segments[-1][0].append(t)
+        else:
+            segments.append(([t], trained))
+    return segments
+
+
 def _messages(row: dict, opts: RenderOptions) -> list[Segment]:
     return chat_segments(normalize_messages(row["messages"]), opts)
 
@@ -174,6 +244,19 @@ def _preference(row: dict, opts: RenderOptions) -> dict:
     return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
 
 
+def _unpaired(row: dict, opts: RenderOptions) -> dict:
+    label = row["label"]
+    if not isinstance(label, bool):  # 0/1 or "yes" would silently become truthy
+        raise RecipeError(f"column 'label' must be true (desirable) or false (undesirable), got {label!r}")
+    prompt, completion = row["prompt"], row["completion"]
+    if _is_conv(prompt) or _is_conv(completion):
+        prompt = normalize_messages([{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt,
+                                    column="prompt")
+        completion = normalize_messages([{"role": "assistant", "content": completion}]
+                                        if isinstance(completion, str) else completion, column="completion")
+    return {"prompt": prompt, "completion": completion, "label": label}
+
+
 def _prompt(row: dict, opts: RenderOptions) -> dict:
     prompt = row["prompt"]
     return {**row, "prompt": normalize_messages(prompt, column="prompt") if _is_conv(prompt) else prompt}
@@ -192,8 +275,18 @@ def _register_builtins() -> None:
                description="chat messages (OpenAI roles or ShareGPT from/value); loss on assistant turns"),
         Format("completion", "lm", ("prompt", "completion"), _completion,
                description="prompt/completion pair; loss on the completion"),
-        Format("preference", "preference", ("chosen", "rejected"), _preference, optional=("prompt",),
-               conversational=conv_pref, description="prompt/chosen/rejected for DPO"),
+        Format("tokenized", "lm", ("input_ids",), _tokenized, optional=("labels", "attention_mask"),
+               stages=("pretrain", "sft"),
+               description="pre-tokenized rows: input_ids (+ labels with -100 for no loss, attention_mask), "
+                           "taken as they are"),
+        # `margin`: a number per pair, for the reward stage's margin term (-log sigmoid(r_c - r_r - margin)).
+        Format("preference", "preference", ("chosen", "rejected"), _preference, optional=("prompt", "margin"),
+               conversational=conv_pref,
+               description="prompt/chosen/rejected for DPO and the other preference stages; an optional "
+                           "numeric margin column for reward models"),
+        Format("unpaired", "unpaired", ("prompt", "completion", "label"), _unpaired,
+               conversational=lambda row: _is_conv(row.get("prompt")) or _is_conv(row.get("completion")),
+               description="prompt/completion/label (true: desirable) for KTO"),
         Format("prompt", "prompt", ("prompt",), _prompt, conversational=lambda row: _is_conv(row.get("prompt")),
                description="GRPO prompts; other columns are passed to the reward functions"),
     ):

@@ -45,7 +45,7 @@ def default_cache_root() -> Path:
 
 
 def tokenize_batch(batch: dict, *, tokenizer, train_on_inputs: bool, sequence_len: int, truncation: str,
-                   mask_inputs: bool, split_long: bool = False) -> dict:
+                   mask_inputs: bool, split_long: bool = False, eot_tokens: tuple[str, ...] = ()) -> dict:
     """Render and tokenize a batch of rows (a `datasets.map` function; picklable for num_proc > 1).
 
     Every piece of text of every row goes through the tokenizer in one call (fast tokenizers batch
@@ -55,7 +55,7 @@ def tokenize_batch(batch: dict, *, tokenizer, train_on_inputs: bool, sequence_le
     """
     prefix = tuple(special_prefix_ids(tokenizer))
     opts = RenderOptions(tokenizer, train_on_inputs=train_on_inputs or not mask_inputs, prefix_ids=prefix,
-                         eos_token=tokenizer.eos_token)
+                         eos_token=tokenizer.eos_token, eot_tokens=tuple(eot_tokens))
     keys = list(batch)
     n = len(batch[keys[0]])
     rendered = []
@@ -172,7 +172,7 @@ def _build(recipe, tokenizer, fp: str, path: Path, *, base_dir: Path | None, loc
     # Pretraining keeps all of a long document (as consecutive samples); SFT rows are cut or dropped.
     fn = partial(tokenize_batch, tokenizer=tokenizer, train_on_inputs=data.train_on_inputs,
                  sequence_len=data.sequence_len, truncation=data.truncation, mask_inputs=mask_inputs,
-                 split_long=recipe.stage == "pretrain")
+                 split_long=recipe.stage == "pretrain", eot_tokens=tuple(getattr(recipe.model, "eot_tokens", ())))
     counts = {"truncated": 0, "split_samples": 0, "dropped_too_long": 0, "dropped_no_target": 0}
 
     def transform(ds, fmt):

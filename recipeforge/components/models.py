@@ -106,34 +106,47 @@ def config_for(fields: dict, tokenizer, *, max_position_embeddings: int | None =
     model_type = kwargs.pop("model_type")
     if max_position_embeddings:
         kwargs["max_position_embeddings"] = max_position_embeddings
-    return AutoConfig.for_model(model_type, **kwargs, bos_token_id=tokenizer.bos_token_id,
-                                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    # A token added by the recipe (model.special_tokens) lies past the built vocabulary until the
+    # embeddings are resized (`vocab.fit_model`); the config cannot name it before.
+    ids = {k: getattr(tokenizer, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    ids = {k: (v if v is None or v < kwargs.get("vocab_size", v + 1) else None) for k, v in ids.items()}
+    return AutoConfig.for_model(model_type, **kwargs, **ids)
 
 
 def build_tiny_model(arch: str, tokenizer, *, seed: int, dtype, attn_implementation: str,
-                     max_position_embeddings: int | None = None, location: Location | None = None):
-    """A random-init tiny model; the same seed gives the same weights on every run (resume relies on it)."""
+                     max_position_embeddings: int | None = None, location: Location | None = None,
+                     num_labels: int | None = None):
+    """A random-init tiny model; the same seed gives the same weights on every run (resume relies on it).
+    `num_labels`: a sequence-classification head of that many outputs instead of the LM head."""
     config = tiny_config(arch, tokenizer, max_position_embeddings=max_position_embeddings, location=location)
     return _random_init(config, tokenizer, seed=seed, dtype=dtype, attn_implementation=attn_implementation,
-                        name=f"tiny:{arch}")
+                        name=f"tiny:{arch}", num_labels=num_labels)
 
 
 def build_random_model(config: dict, tokenizer, *, name: str, seed: int, dtype, attn_implementation: str,
-                       max_position_embeddings: int | None = None):
+                       max_position_embeddings: int | None = None, num_labels: int | None = None):
     """A random-init causal LM of the architecture `config` (config.json fields), with the
-    tokenizer's special tokens; deterministic in `seed`. For plugin loaders of small models."""
+    tokenizer's special tokens; deterministic in `seed`. For plugin loaders of small models.
+    `num_labels`: a sequence-classification head of that many outputs instead of the LM head."""
     cfg = config_for(config, tokenizer, max_position_embeddings=max_position_embeddings)
-    return _random_init(cfg, tokenizer, seed=seed, dtype=dtype, attn_implementation=attn_implementation, name=name)
+    return _random_init(cfg, tokenizer, seed=seed, dtype=dtype, attn_implementation=attn_implementation, name=name,
+                        num_labels=num_labels)
 
 
-def _random_init(config, tokenizer, *, seed: int, dtype, attn_implementation: str, name: str):
+def _random_init(config, tokenizer, *, seed: int, dtype, attn_implementation: str, name: str,
+                 num_labels: int | None = None):
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
+    auto = AutoModelForCausalLM
+    if num_labels is not None:
+        # The same decoder with a `score` head of num_labels outputs (reward models: one).
+        config.num_labels = num_labels
+        auto = AutoModelForSequenceClassification
     # Fork the RNG so building a model does not shift the random stream of whoever called us.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+        model = auto.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
     model.config._name_or_path = name
     _sync_generation_config(model, tokenizer)
     return model
@@ -162,32 +175,68 @@ def quantized_device_map(device: str, environ: Mapping[str, str] | None = None) 
     return {"": max(local_rank, 0)}
 
 
-def load_model(name_or_path: str, tokenizer, *, device: str, dtype: str = "auto", attn_implementation: str = "auto",
+def load_model(name_or_path: str, tokenizer, *, vocab=None, **kwargs):
+    """`_load_model` (see there for the arguments), then the embeddings fitted to the tokenizer:
+    a row for every token, the rows of the tokens the recipe added (`vocab`, a
+    `components.vocab.VocabChange`) started at the mean of the others, and generation stopping at
+    the turn-end tokens."""
+    from recipeforge.components.vocab import fit_model
+
+    model = _load_model(name_or_path, tokenizer, **kwargs)
+    fit_model(model, tokenizer, vocab)
+    return model
+
+
+def _load_model(name_or_path: str, tokenizer, *, device: str, dtype: str = "auto", attn_implementation: str = "auto",
                revision: str | None = None, trust_remote_code: bool = False, seed: int = 42,
                max_position_embeddings: int | None = None, quantization_config: Any = None,
-               location: Location | None = None):
+               random_config: dict | None = None, location: Location | None = None,
+               num_labels: int | None = None):
     """Load (or, for ``tiny:*``, build) the causal LM a recipe names, ready to train on `device`.
 
-    `quantization_config` (QLoRA) applies to real checkpoints; tiny models are quantized by saving
-    them first and loading that directory (see `stages.base`).
+    `num_labels` loads the same model with a sequence-classification head of that many outputs
+    (`AutoModelForSequenceClassification`; a reward model has one) in place of the LM head; its pad
+    token id is the tokenizer's, which the head needs to find the last token of each sequence.
+
+    `random_config` (config.json fields, for `model.init: random`) builds that architecture with
+    random weights instead of loading any. `quantization_config` (QLoRA) applies to real
+    checkpoints; random-init models are quantized by saving them first and loading that directory
+    (see `stages.base`).
     """
     torch_dtype = resolve_dtype(dtype, device)
     attn = resolve_attn_implementation(attn_implementation, device, location=location)
+    if random_config is not None:
+        vocab = random_config.get("vocab_size")
+        if isinstance(vocab, int) and len(tokenizer) > vocab:
+            raise RecipeError(f"the tokenizer has {len(tokenizer)} tokens, more than the {vocab} rows of the "
+                              f"embedding in the config of '{name_or_path}'", key="model.tokenizer", location=location,
+                              hint="use the model's own tokenizer, or a config with a larger vocab_size")
+        return build_random_model(random_config, tokenizer, name=name_or_path, seed=seed, dtype=torch_dtype,
+                                  attn_implementation=attn, max_position_embeddings=max_position_embeddings,
+                                  num_labels=num_labels)
     arch = tiny_arch(name_or_path)
     if arch is not None:
         return build_tiny_model(arch, tokenizer, seed=seed, dtype=torch_dtype, attn_implementation=attn,
-                                max_position_embeddings=max_position_embeddings, location=location)
+                                max_position_embeddings=max_position_embeddings, location=location,
+                                num_labels=num_labels)
     loader = plugin_loader(name_or_path)
+    if loader is not None and num_labels is not None:
+        raise RecipeError(f"model '{name_or_path}' comes from a plugin loader, which builds causal LMs; this stage "
+                          f"needs a sequence-classification head", key="model.name_or_path", location=location,
+                          hint="use a local directory or hub id (loaded with AutoModelForSequenceClassification)")
     if loader is not None:
         model = loader(name_or_path, tokenizer, device=device, dtype=torch_dtype, attn_implementation=attn,
                        seed=seed, revision=revision, trust_remote_code=trust_remote_code,
                        max_position_embeddings=max_position_embeddings, quantization_config=quantization_config)
         _sync_generation_config(model, tokenizer)
         return model
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
+    auto = AutoModelForCausalLM if num_labels is None else AutoModelForSequenceClassification
     kwargs: dict[str, Any] = {"dtype": torch_dtype, "attn_implementation": attn, "revision": revision,
                               "trust_remote_code": trust_remote_code}
+    if num_labels is not None:
+        kwargs["num_labels"] = num_labels
     if max_position_embeddings:
         kwargs["max_position_embeddings"] = max_position_embeddings
     if quantization_config is not None:
@@ -195,7 +244,7 @@ def load_model(name_or_path: str, tokenizer, *, device: str, dtype: str = "auto"
         # 4-bit weights cannot move between devices after loading; place them where they train.
         kwargs["device_map"] = quantized_device_map(device)
     try:
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+        model = auto.from_pretrained(name_or_path, **kwargs)
     except OSError as exc:
         where = "local directory" if Path(name_or_path).expanduser().exists() else "model"
         raise RecipeError(f"cannot load {where} '{name_or_path}': {_first_line(exc)}", key="model.name_or_path",

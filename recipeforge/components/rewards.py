@@ -162,15 +162,21 @@ def length(args: dict, ctx: RewardContext):
 
 
 def reward_model(args: dict, ctx: RewardContext):
-    """A sequence-classification reward model (one output logit) from a directory or hub id."""
+    """A sequence-classification reward model (one output logit) from a directory or hub id.
+
+    A recipeforge reward run (`stage: reward`) is accepted as its run directory (merged/ when written,
+    else final/), or as its final/ or merged/ directory; a final/ holding a LoRA adapter is merged
+    into its base (the run's base_model/ when there is one) once, at load time.
+    """
     _check_args(args, "reward_model", ("path", "trust_remote_code"))
     path = _require(args, "path", "reward_model", str)
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoTokenizer
 
     trust = bool(args.get("trust_remote_code", False))
+    path = _reward_model_dir(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
-        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, trust_remote_code=trust)
+        model = _load_scorer(path, trust)
     except (OSError, ValueError) as exc:
         raise RecipeError(f"reward 'reward_model': cannot load '{path}': {str(exc).splitlines()[0]}",
                           hint="give a directory with a sequence-classification model, or a reachable hub id") \
@@ -180,6 +186,48 @@ def reward_model(args: dict, ctx: RewardContext):
     model.config.pad_token_id = tokenizer.pad_token_id
     model.eval()
     return ModelReward(model, tokenizer)
+
+
+def _reward_model_dir(path: str) -> str:
+    """`path`, or for a run directory (it has final/ and no model of its own) its merged/ or final/."""
+    p = Path(path).expanduser()
+    if p.is_dir() and not (p / "config.json").is_file() and not (p / "adapter_config.json").is_file():
+        for sub in ("merged", "final"):
+            if (p / sub / "config.json").is_file() or (p / sub / "adapter_config.json").is_file():
+                return str(p / sub)
+    return path
+
+
+def _load_scorer(path: str, trust: bool):
+    """The one-output sequence-classification model at `path` (a LoRA adapter merged into its base).
+    A causal LM is refused: loading it as a classifier would score with a random, untrained head."""
+    import json
+
+    from transformers import AutoModelForSequenceClassification
+
+    p = Path(path).expanduser()
+    adapter = p / "adapter_config.json"
+    config = p / "config.json"
+    if adapter.is_file():
+        cfg = json.loads(adapter.read_text())
+        if cfg.get("task_type") not in (None, "SEQ_CLS"):
+            raise RecipeError(f"reward 'reward_model': '{path}' holds a {cfg.get('task_type')} adapter, not a "
+                              f"reward model", hint="give the final/ directory of a `stage: reward` run")
+        local = p.parent / "base_model"  # a random-init base kept next to the adapter (tiny models)
+        base = str(local) if (local / "config.json").is_file() else cfg.get("base_model_name_or_path")
+        if not base:
+            raise RecipeError(f"reward 'reward_model': the adapter in '{path}' does not name its base model")
+        from peft import PeftModel
+
+        model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1, trust_remote_code=trust)
+        return PeftModel.from_pretrained(model, str(p)).merge_and_unload()
+    if config.is_file():
+        architectures = json.loads(config.read_text()).get("architectures") or []
+        if architectures and all(a.endswith("ForCausalLM") for a in architectures):
+            raise RecipeError(f"reward 'reward_model': '{path}' holds a causal LM ({', '.join(architectures)}), "
+                              f"not a reward model; its score head would be random",
+                              hint="train one with `stage: reward` and give its final/ (or merged/) directory")
+    return AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, trust_remote_code=trust)
 
 
 def _compile(pattern: str, reward: str, flags: int = 0):

@@ -13,36 +13,16 @@ import random
 from functools import lru_cache
 from typing import Any
 
-from recipeforge.errors import Location, RecipeError, did_you_mean
+from recipeforge.components.chat_templates import TEMPLATES
+from recipeforge.errors import Location, RecipeError
 
 PAD, BOS, EOS, TURN_START = "<|pad|>", "<|bos|>", "<|im_end|>", "<|im_start|>"
 TINY_SPECIAL_TOKENS = (PAD, BOS, EOS, TURN_START)
 
-# Named chat templates for `data.chat_template`. Each renders `messages` and, with
-# `add_generation_prompt`, opens an assistant turn. They are prefix-consistent (rendering the first
-# k messages gives a prefix of rendering all of them), which the SFT label masking relies on.
-CHAT_TEMPLATES: dict[str, str] = {
-    "chatml": (
-        "{{ bos_token if bos_token else '' }}"
-        "{% for message in messages %}"
-        "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-        "{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-    ),
-    "llama3": (
-        "{{ bos_token if bos_token else '' }}"
-        "{% for message in messages %}"
-        "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] + '<|eot_id|>' }}"
-        "{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
-    ),
-    "zephyr": (
-        "{% for message in messages %}"
-        "{{ '<|' + message['role'] + '|>\n' + message['content'] + eos_token + '\n' }}"
-        "{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
-    ),
-}
+# Named chat templates for `data.chat_template` (name -> Jinja text): the library in
+# `components.chat_templates`. Each wraps assistant replies in {% generation %} blocks, which the
+# SFT label masks follow.
+CHAT_TEMPLATES: dict[str, str] = {name: info.text for name, info in TEMPLATES.items()}
 
 # Built-in corpus for the tiny tokenizer: common English words, numbers and punctuation, so that
 # every merge slot is used and ordinary text compresses reasonably. Changing it changes every tiny
@@ -147,22 +127,44 @@ def load_tokenizer(name_or_path: str, *, revision: str | None = None, trust_remo
     return tokenizer
 
 
-def set_chat_template(tokenizer, name: str, *, required: bool, location: Location | None = None) -> None:
-    """Apply `data.chat_template`: keep the tokenizer's own (``tokenizer``) or install a named one.
+def set_chat_template(tokenizer, name: str, *, required: bool, location: Location | None = None,
+                      base_dir=None) -> list[int]:
+    """Apply `data.chat_template`: keep the tokenizer's own (``tokenizer``), or install a named one or
+    a ``.jinja`` file (relative to the recipe file that sets it, then `base_dir`).
 
     `required` says whether the data needs a template at all (messages/alpaca/conversational rows).
+    The special tokens a named template writes are added to the tokenizer when missing; returns the
+    ids of the tokens added (their embedding rows are new).
     """
-    if name == "tokenizer":
+    from recipeforge.components.chat_templates import resolve
+
+    resolved = resolve(name, base_dir=base_dir, location=location)
+    if resolved is None:
         if required and not getattr(tokenizer, "chat_template", None):
             raise RecipeError("the tokenizer has no chat template, but the data is conversational",
                               key="data.chat_template", location=location,
                               hint=f"set data.chat_template to one of: {', '.join(CHAT_TEMPLATES)}")
-        return
-    if name not in CHAT_TEMPLATES:
-        raise RecipeError(f"unknown chat template '{name}'", key="data.chat_template", location=location,
-                          hint=did_you_mean(name, CHAT_TEMPLATES) or
-                          f"available: tokenizer, {', '.join(CHAT_TEMPLATES)}")
-    tokenizer.chat_template = CHAT_TEMPLATES[name]
+        return []
+    tokenizer.chat_template = resolved.text
+    return add_tokens(tokenizer, special=resolved.special, plain=resolved.plain)
+
+
+def add_tokens(tokenizer, *, special=(), plain=()) -> list[int]:
+    """Add the tokens the tokenizer lacks (special ones are never split or normalised; plain ones are
+    matched in text as written and decoded like words). Returns the ids of the added tokens."""
+    from tokenizers import AddedToken
+
+    vocab = tokenizer.get_vocab()
+    before = len(tokenizer)
+    missing_special = [t for t in dict.fromkeys(special) if t not in vocab]
+    missing_plain = [t for t in dict.fromkeys(plain) if t not in vocab and t not in missing_special]
+    if missing_special:
+        tokenizer.add_special_tokens(
+            {"extra_special_tokens": [AddedToken(t, normalized=False, special=True) for t in missing_special]},
+            replace_extra_special_tokens=False)
+    if missing_plain:
+        tokenizer.add_tokens([AddedToken(t, normalized=False, special=False) for t in missing_plain])
+    return list(range(before, len(tokenizer)))
 
 
 def special_prefix_ids(tokenizer) -> list[int]:

@@ -62,7 +62,8 @@ def merge_adapter(run_dir: Path, out_dir: Path | None = None) -> Path:
     """Merge the LoRA adapter in ``run_dir/final`` into its base; write safetensors + tokenizer.
 
     The base is ``run_dir/base_model`` for tiny models, else the model the adapter names. The result
-    loads with plain `transformers.AutoModelForCausalLM.from_pretrained`.
+    loads with plain `transformers.AutoModelForCausalLM.from_pretrained` (a reward model's, whose
+    adapter is for sequence classification, with `AutoModelForSequenceClassification`).
     """
     run_dir = Path(run_dir)
     final = run_dir / "final"
@@ -74,19 +75,27 @@ def merge_adapter(run_dir: Path, out_dir: Path | None = None) -> Path:
                           hint="load final/ directly with AutoModelForCausalLM.from_pretrained")
     recipe = _resolved_recipe(run_dir)
     model_cfg = recipe.get("model", {}) if isinstance(recipe, dict) else {}
-    base = _base_path(run_dir, json.loads(adapter_cfg.read_text()), model_cfg)
+    adapter = json.loads(adapter_cfg.read_text())
+    base = _base_path(run_dir, adapter, model_cfg)
     out = Path(out_dir) if out_dir is not None else run_dir / "merged"
 
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+    # The base gets the head the adapter was trained with: the LM head, or the one-score head of a
+    # reward model (recipeforge's only sequence-classification adapters; a hub base has no score head
+    # yet, and would get transformers' default of two labels).
+    auto, head = AutoModelForCausalLM, {}
+    if adapter.get("task_type") == "SEQ_CLS":
+        auto, head = AutoModelForSequenceClassification, {"num_labels": 1}
 
     dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(model_cfg.get("dtype", "auto"), "auto")
     try:
         # The adapter trained on whatever precision the base had; merging into an unquantized copy is
         # standard (QLoRA adapters included).
-        base_model = AutoModelForCausalLM.from_pretrained(
+        base_model = auto.from_pretrained(
             base, dtype=dtype, revision=model_cfg.get("revision") if base == model_cfg.get("name_or_path") else None,
-            trust_remote_code=bool(model_cfg.get("trust_remote_code", False)))
+            trust_remote_code=bool(model_cfg.get("trust_remote_code", False)), **head)
     except OSError as exc:
         raise RecipeError(f"cannot load the base model '{base}' to merge into: {str(exc).splitlines()[0]}",
                           hint="the base must be reachable (a local directory, or the hub when online)") from None

@@ -22,26 +22,29 @@ def render_model_card(*, recipe, recipe_data: dict, plan, data_stats: dict, run_
     base = redact_url_credentials(str((recipe_data.get("model") or {}).get("name_or_path")
                                       or recipe.model.name_or_path))
     tags = ["recipeforge", recipe.stage] + (["lora"] if adapter else [])
-    front = {"library_name": "peft" if adapter else "transformers", "tags": tags, "pipeline_tag": "text-generation"}
+    reward = recipe.stage == "reward"  # a sequence-classification model that scores, not a generator
+    front = {"library_name": "peft" if adapter else "transformers", "tags": tags,
+             "pipeline_tag": "text-classification" if reward else "text-generation"}
     if not base.startswith("tiny:"):
         front["base_model"] = base
     lines = ["---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "", f"# {name}", ""]
     if description:
         lines += [description, ""]
     what = {"pretrain": "pretrained", "sft": "fine-tuned (SFT)", "dpo": "trained with DPO",
-            "grpo": "trained with GRPO"}[recipe.stage]
+            "grpo": "trained with GRPO", "orpo": "trained with ORPO", "kto": "trained with KTO",
+            "cpo": "trained with SimPO (TRL's CPO trainer, simpo loss)"
+            if getattr(getattr(recipe, "cpo", None), "loss_type", None) == "simpo"
+            else "trained with CPO",
+            "reward": "trained as a Bradley-Terry reward model (a one-output sequence-classification head; "
+                      "a higher score means a preferred answer)"}[recipe.stage]
     how = "LoRA adapters" if recipe.adapter.type == "lora" else \
         "QLoRA adapters" if recipe.adapter.type == "qlora" else "all weights"
     lines += [f"`{base}` {what} on {how} with recipeforge {__version__}.", ""]
-    lines += ["## Usage", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", ""]
-    if adapter:
-        lines += ["# final/ holds the adapter; merged/ (if written) the merged model",
-                  "from peft import AutoPeftModelForCausalLM",
-                  "model = AutoPeftModelForCausalLM.from_pretrained(\"final\")"]
+    if reward:
+        lines += _reward_usage(adapter)
     else:
-        lines += ["model = AutoModelForCausalLM.from_pretrained(\"final\")"]
-    lines += ["tokenizer = AutoTokenizer.from_pretrained(\"final\")", "```", ""]
-    lines += _results(run_dir)
+        lines += _usage(adapter)
+    lines += _results(run_dir, reward)
     if data_stats:
         lines += ["## Data", "", "| | |", "|---|---|"]
         lines += [f"| {k} | {v} |" for k, v in data_stats.items()]
@@ -54,23 +57,50 @@ def render_model_card(*, recipe, recipe_data: dict, plan, data_stats: dict, run_
     return "\n".join(lines)
 
 
+def _usage(adapter: bool) -> list[str]:
+    lines = ["## Usage", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", ""]
+    if adapter:
+        lines += ["# final/ holds the adapter; merged/ (if written) the merged model",
+                  "from peft import AutoPeftModelForCausalLM",
+                  "model = AutoPeftModelForCausalLM.from_pretrained(\"final\")"]
+    else:
+        lines += ["model = AutoModelForCausalLM.from_pretrained(\"final\")"]
+    return lines + ["tokenizer = AutoTokenizer.from_pretrained(\"final\")", "```", ""]
+
+
+def _reward_usage(adapter: bool) -> list[str]:
+    where = ("# final/ holds the adapter and the score head (transformers loads the base it names); "
+             "merged/ (if written) the merged model\n" if adapter else "")
+    return ["## Usage", "", "```python", "from transformers import AutoModelForSequenceClassification, AutoTokenizer",
+            "", f"{where}model = AutoModelForSequenceClassification.from_pretrained(\"final\")",
+            "tokenizer = AutoTokenizer.from_pretrained(\"final\")",
+            "score = model(**tokenizer(prompt + answer + tokenizer.eos_token, return_tensors=\"pt\")).logits[0, 0]",
+            "```", "", "As a GRPO reward: `grpo.rewards: [{name: reward_model, args: {path: <this run>/final}}]`.", ""]
+
+
 def _text(value) -> str | None:
     """A card-worthy string, or None for a missing or redacted one."""
     return value if isinstance(value, str) and value and not value.startswith("<redacted") else None
 
 
-def _results(run_dir: Path) -> list[str]:
+def _results(run_dir: Path, reward: bool = False) -> list[str]:
     records = read_metrics(run_dir / "metrics.jsonl")
     rows = []
+    # A reward model's trainer logs how often chosen outscores rejected, and by how much, unprefixed.
+    pairs = (("accuracy", "pair accuracy", "train"), ("margin", "score margin", "train"),
+             ("eval_accuracy", "eval pair accuracy", "eval"), ("eval_margin", "eval score margin", "eval"))
     for key, label, split in (("loss", "train loss", "train"), ("eval_loss", "eval loss", "eval"),
                               ("rewards/accuracies", "reward accuracy", "train"),
-                              ("rewards/margins", "reward margin", "train"), ("reward", "mean reward", "train")):
+                              ("rewards/margins", "reward margin", "train"), ("reward", "mean reward", "train"),
+                              *(pairs if reward else ())):
         values = series(records, key, split)
         if values:
             rows.append(f"| {label} | {values[0]:.4g} | {values[-1]:.4g} |")
+    # The loss plot `train` writes next to this card (RUN_DIR/loss.png), linked relative to the card.
+    plot = ["![Training loss](loss.png)", ""] if (run_dir / "loss.png").is_file() else []
     if not rows:
-        return []
-    return ["## Results", "", "| metric | first | last |", "|---|---|---|", *rows, ""]
+        return ["## Results", "", *plot] if plot else []
+    return ["## Results", "", "| metric | first | last |", "|---|---|---|", *rows, "", *plot]
 
 
 def write_model_card(path: Path, **kwargs) -> None:

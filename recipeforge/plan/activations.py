@@ -15,6 +15,13 @@ def layer_activation_bytes_per_token(w: Workload) -> float:
     """Bytes one decoder layer keeps for backward per token (no recomputation), following the
     tensors autograd saves in transformers' implementations (Korthikanti et al. 2022 count the same
     way for GPT: 34*h bytes per token with fused attention)."""
+    return sum(layer_activation_parts(w).values())
+
+
+def layer_activation_parts(w: Workload) -> dict[str, float]:
+    """`layer_activation_bytes_per_token` by part: ``norms`` (hidden-sized, whole on every
+    tensor-parallel rank unless sequence parallelism splits them), ``attention`` and ``mlp`` (split
+    over the heads / MLP columns by tensor parallelism), ``lora`` (adapter inputs, hidden-sized)."""
     m, c = w.model, w.compute_bytes
     h, q, kv = m.hidden_size, m.q_dim, m.kv_dim
     full = w.full_finetune
@@ -47,22 +54,62 @@ def layer_activation_bytes_per_token(w: Workload) -> float:
         for lin in w.lora_linears:
             per_in = c + (1 if w.lora_dropout > 0 else 0)
             lora += lin.count * (per_in * lin.in_features + c * w.lora_rank)
-    return 2 * norm + attn + mlp + lora
+    return {"norms": 2 * norm, "attention": attn, "mlp": mlp, "lora": lora}
 
 
-def activation_bytes(w: Workload, tokens: int, *, layers: int, checkpointing: bool, tensor_parallel: int = 1) -> float:
-    """Activations kept for backward for `tokens` tokens over `layers` layers on one GPU. With
-    recomputation (per decoder layer, as transformers and Megatron's full recompute do) each layer
-    keeps only its input, and one layer at a time is recomputed in full."""
+def activation_bytes(w: Workload, tokens: int, *, layers: int, checkpointing: bool, tensor_parallel: int = 1,
+                     context_parallel: int = 1, sequence_parallel: bool = True) -> float:
+    """Activations kept for backward for `tokens` tokens (one micro batch) over `layers` layers on one
+    GPU. With recomputation (per decoder layer, as transformers and Megatron's full recompute do) each
+    layer keeps only its input, and one layer at a time is recomputed in full.
+
+    Context parallelism gives each GPU 1/`context_parallel` of every sequence (all of its tensors).
+    Tensor parallelism splits the attention heads and MLP columns; with `sequence_parallel`
+    (Megatron) it splits the hidden-sized tensors between them too, without it (transformers'
+    tensor-parallel plans) norms, layer inputs and the lm_head input stay whole on every rank."""
     m, c = w.model, w.compute_bytes
-    per_layer = layer_activation_bytes_per_token(w)
-    outside = 4 * m.hidden_size + 2 * c * m.hidden_size  # final norm and the lm_head input
+    t = tensor_parallel
+    parts = layer_activation_parts(w)
+    split = parts["attention"] + parts["mlp"]
+    whole = parts["norms"] + parts["lora"]
+    per_layer = (split + whole) / t if sequence_parallel else split / t + whole
+    layer_input = c * m.hidden_size / (t if sequence_parallel else 1)
+    outside = (4 * m.hidden_size + 2 * c * m.hidden_size) / (t if sequence_parallel else 1)  # final norm, lm_head input
+    local = tokens / context_parallel
     if checkpointing:
-        stored = tokens * (layers * c * m.hidden_size + per_layer)
+        stored = local * (layers * layer_input + per_layer)
     else:
-        stored = tokens * layers * per_layer
-    # Megatron's tensor parallelism with sequence parallelism splits every one of these tensors.
-    return (stored + tokens * outside) / tensor_parallel
+        stored = local * layers * per_layer
+    return stored + local * outside
+
+
+def activation_terms(w: Workload, tokens: int, *, layers: int, checkpointing: bool, tensor_parallel: int = 1,
+                     context_parallel: int = 1, sequence_parallel: bool = True) -> str:
+    """The terms `activation_bytes` adds up, for the plan's reasons: bytes per token and layer by part,
+    how attention scales with the sequence, and what tensor / context parallelism divide."""
+    m, c = w.model, w.compute_bytes
+    parts = layer_activation_parts(w)
+    seq = w.seq_len
+    if w.attention == "eager":
+        scaling = (f"eager attention keeps the {seq}x{seq} scores per head: "
+                   f"{(4 + c) * m.num_heads * seq / 1024:.0f} KiB per token and layer, O(s^2) per sequence")
+    else:
+        scaling = "fused attention (sdpa/flash) keeps no score matrix: O(s) per sequence"
+    local = tokens // max(1, context_parallel)
+    kib = {k: v / 1024 for k, v in parts.items()}
+    out = [f"per token and layer {sum(kib.values()):.1f} KiB (norms {kib['norms']:.1f}, attention "
+           f"{kib['attention']:.1f}, MLP {kib['mlp']:.1f}" + (f", LoRA {kib['lora']:.1f}" if parts["lora"] else "")
+           + f"); {scaling}",
+           f"{local} tokens per GPU (micro batch x {seq}" + (f" / context parallel {context_parallel}"
+                                                              if context_parallel > 1 else "") + ")"]
+    if tensor_parallel > 1:
+        out.append(f"tensor parallel {tensor_parallel} divides " + (
+            "every tensor (sequence parallel)" if sequence_parallel else
+            "attention and MLP; norms and layer inputs stay whole on each rank"))
+    if checkpointing:
+        out.append(f"recomputation keeps {c * m.hidden_size} B per token per layer input over {layers} layers "
+                   "plus one layer in full")
+    return "; ".join(out)
 
 
 def logits_bytes(w: Workload, tokens: int, tensor_parallel: int = 1) -> float:
@@ -72,6 +119,10 @@ def logits_bytes(w: Workload, tokens: int, tensor_parallel: int = 1) -> float:
     returns, all fp32: 12 bytes, the larger of the two for 16-bit compute. Liger's fused linear
     cross-entropy only ever holds one chunk of rows."""
     m, c = w.model, w.compute_bytes
+    if m.num_labels:
+        # A sequence-classification head scores every token (num_labels values in the compute dtype)
+        # and the loss reads one score per sequence: no vocabulary-wide logits.
+        return tokens * c * m.num_labels
     per_token = max(c + 8, 12) * m.vocab_size / tensor_parallel
     if w.fused_loss:
         chunk = 2 ** math.ceil(math.log2(max(1, math.ceil(tokens / math.ceil(m.vocab_size / m.hidden_size)))))

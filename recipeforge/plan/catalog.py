@@ -66,6 +66,18 @@ KNOWN_CONFIGS: dict[str, dict] = {
     "Qwen/Qwen1.5-MoE-A2.7B": _llama(151936, 2048, 5632, 24, 16, 16, model_type="qwen2_moe",
                                      num_experts=60, num_experts_per_tok=4, moe_intermediate_size=1408,
                                      shared_expert_intermediate_size=5632),
+    # DeepSeek-V3 (MLA attention, 3 dense layers, 256 routed + 1 shared expert; the MTP module is not
+    # built by transformers and not counted)
+    "deepseek-ai/DeepSeek-V3": _llama(129280, 7168, 18432, 61, 128, 128, model_type="deepseek_v3",
+                                      n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8,
+                                      moe_intermediate_size=2048, first_k_dense_replace=3, moe_layer_freq=1,
+                                      q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64,
+                                      qk_nope_head_dim=128, v_head_dim=128),
+    # OpenAI gpt-oss (biased attention and experts, attention sinks)
+    "openai/gpt-oss-20b": _llama(201088, 2880, 2880, 24, 64, 8, model_type="gpt_oss", head_dim=64,
+                                 num_local_experts=32, num_experts_per_tok=4),
+    "openai/gpt-oss-120b": _llama(201088, 2880, 2880, 36, 64, 8, model_type="gpt_oss", head_dim=64,
+                                  num_local_experts=128, num_experts_per_tok=4),
     # Google Gemma (tied embeddings)
     "google/gemma-2b": _llama(256000, 2048, 16384, 18, 8, 1, tie=True, model_type="gemma", head_dim=256),
     "google/gemma-7b": _llama(256000, 3072, 24576, 28, 16, 16, tie=True, model_type="gemma", head_dim=256),
@@ -97,7 +109,12 @@ ALIASES = {"gpt2": "openai-community/gpt2", "gpt2-medium": "openai-community/gpt
            "mistralai/Mistral-7B-Instruct-v0.1": "mistralai/Mistral-7B-v0.1",
            "mistralai/Mistral-7B-Instruct-v0.2": "mistralai/Mistral-7B-v0.1",
            "microsoft/Phi-3-mini-128k-instruct": "microsoft/Phi-3-mini-4k-instruct",
-           "huggyllama/llama-7b": "meta-llama/Llama-2-7b-hf"}  # LLaMA 1 7B: Llama 2 7B's shape
+           "huggyllama/llama-7b": "meta-llama/Llama-2-7b-hf",
+           "deepseek-ai/DeepSeek-V3-Base": "deepseek-ai/DeepSeek-V3",
+           "deepseek-ai/DeepSeek-V3-0324": "deepseek-ai/DeepSeek-V3",
+           "deepseek-ai/DeepSeek-R1": "deepseek-ai/DeepSeek-V3",
+           "Qwen/Qwen3-30B-A3B-Base": "Qwen/Qwen3-30B-A3B",
+           "mistralai/Mixtral-8x7B-Instruct-v0.1": "mistralai/Mixtral-8x7B-v0.1"}  # LLaMA 1 7B: Llama 2 7B's shape
 # Fine-tuned variants share the base model's shape.
 _VARIANT_SUFFIXES = ("-instruct", "-chat", "-it", "-hf", "-base")
 
@@ -220,3 +237,28 @@ def _read_json(path: Path) -> dict:
         return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise RecipeError(f"cannot read {path}: {exc}", key="model.name_or_path") from None
+
+
+def architecture_config(name_or_path: str, revision: str | None = None) -> dict:
+    """The config.json fields of `name_or_path` for building it with random weights (`model.init:
+    random`): a local directory's config.json, the built-in table or a plugin's config, else the
+    hub's. The same sources the planner sizes the model from, so the model trained is the one planned."""
+    arch = tiny_arch(name_or_path)
+    if arch is not None and arch in TINY_CONFIGS:
+        return dict(TINY_CONFIGS[arch])
+    path = Path(name_or_path).expanduser()
+    config_file = path / "config.json" if path.is_dir() else path if path.name == "config.json" else None
+    if config_file is not None and config_file.is_file():
+        return _read_json(config_file)
+    known = _known(name_or_path)
+    if known is not None:
+        return dict(KNOWN_CONFIGS[known])
+    if not path.exists() and models.has(name_or_path):
+        return dict(models.get(name_or_path, key="model.name_or_path").config)
+    config, why = _hub_config(name_or_path, revision) if "/" in name_or_path else (None, "not a hub id")
+    if config is None:
+        raise RecipeError(f"cannot build '{name_or_path}' with random weights: no config.json found ({why})",
+                          key="model.name_or_path",
+                          hint="point model.name_or_path at a directory with config.json, or use a known hub id "
+                               "(`recipeforge plan` lists how a model is sized)")
+    return config

@@ -40,8 +40,10 @@ PERSISTENT = ("weights", "gradients", "optimizer", "adapter", "reference_model",
 TRAIN_PHASE = ("activations", "logits", "gathered_params", "autocast_weights", "output_gradient")
 OPTIMIZER_PHASE = ("optimizer_step", "paged_optimizer")
 GENERATION_PHASE = ("kv_cache", "generation_params")
-COMPONENTS = PERSISTENT + TRAIN_PHASE + OPTIMIZER_PHASE + GENERATION_PHASE + ("allocator_reserve",)
+LOAD_PHASE = ("quantized_load",)
+COMPONENTS = PERSISTENT + TRAIN_PHASE + OPTIMIZER_PHASE + GENERATION_PHASE + LOAD_PHASE + ("allocator_reserve",)
 PAGED_OPTIMIZERS = ("paged_adamw_8bit", "paged_adamw_32bit")
+TORCHAO_STATE_BYTES = {"adamw_torchao_8bit": 1.0, "adamw_torchao_4bit": 0.5}  # bytes per value of each state
 
 
 @dataclass(frozen=True)
@@ -58,14 +60,20 @@ class Layout:
     fsdp_sharding: str = "full_shard"
     nodes: int = 1
     gpus_per_node: int = 1
+    context_parallel: int = 1       # sequence split (FSDP2 + PyTorch context parallel)
+    dp_replicate: int = 1           # FSDP2 replicas (hybrid sharding); data_parallel = replicate x shard
 
     @property
     def world_size(self) -> int:
-        return self.data_parallel * self.tensor_parallel * self.pipeline_parallel
+        return self.data_parallel * self.tensor_parallel * self.pipeline_parallel * self.context_parallel
 
     @property
     def label(self) -> str:
-        return f"{self.backend} {self.preset}" if self.preset else self.backend
+        base = f"{self.backend} {self.preset}" if self.preset else self.backend
+        if self.backend != "megatron":  # Megatron's preset names its sizes
+            base += (f" tp{self.tensor_parallel}" if self.tensor_parallel > 1 else "") + \
+                (f" cp{self.context_parallel}" if self.context_parallel > 1 else "")
+        return base
 
 
 @dataclass(frozen=True)
@@ -98,6 +106,10 @@ def optimizer_state_bytes(optimizer: str, state_bytes: float, hidden: int) -> fl
         return 2.0 + 2 * 4 / 2048               # two 8-bit states + an fp32 absmax per 2048-block each
     if optimizer == "lion_8bit":
         return 1.0 + 4 / 2048
+    if optimizer in TORCHAO_STATE_BYTES:
+        # torchao: two block-quantized states with an fp32 scale per 256-value block (the block size
+        # transformers passes); tensors under 4096 values keep full-size states, a negligible share
+        return 2 * (TORCHAO_STATE_BYTES[optimizer] + 4 / 256)
     if optimizer == "adafactor":
         return 2 * state_bytes / hidden         # factored second moment: one row + one column per matrix
     if optimizer == "sgd":
@@ -109,6 +121,14 @@ def _foreach_temp(optimizer: str) -> bool:
     # torch's default (foreach) AdamW materialises one state-sized intermediate list in step();
     # the fused kernel and bitsandbytes' kernels work in place.
     return optimizer == "adamw"
+
+
+def quantized_model_bytes(w: Workload, other_bytes: float) -> float:
+    """A QLoRA base: quantized decoder linears, every other weight at `other_bytes` per parameter."""
+    m = w.model
+    q = m.quantized_params()  # MoE routers and routed experts are not nn.Linear: bitsandbytes keeps them
+    return (q * quantized_bytes_per_param(w.quant_bits, w.double_quant, m.hidden_size)
+            + (m.total_params() - q) * other_bytes)
 
 
 def quantized_bytes_per_param(bits: int, double_quant: bool, hidden: int) -> float:
@@ -138,11 +158,12 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
 
     # ---- frozen base weights (adapters) or the trained weights (full fine-tune)
     if w.full_finetune:
-        frozen_bytes = 0.0
+        # train.unfrozen_parameters: the frozen rest keeps its 16-bit weights only (0 when all train)
+        frozen_bytes = (psi - trainable) * c
     elif w.adapter == "qlora":
-        # peft's prepare_model_for_kbit_training keeps the non-quantized weights in fp32
-        frozen_bytes = (m.linear_params() * quantized_bytes_per_param(w.quant_bits, w.double_quant, m.hidden_size)
-                        + (psi - m.linear_params()) * 4)
+        # peft's prepare_model_for_kbit_training keeps the non-quantized weights in fp32; a sharded base
+        # (ZeRO-3, FSDP) keeps them in the compute dtype, the 4-bit weights' storage dtype
+        frozen_bytes = quantized_model_bytes(w, 4 if not _shards_weights(layout) else c)
     else:
         frozen_bytes = psi * c
 
@@ -163,6 +184,8 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
         wb = 4 if (w.dtype == "fp32" or not w.full_finetune or mixed) else c
         ww, gg, oo = zero_model_states(trainable, 1, 0, weight_bytes=wb, grad_bytes=wb,
                                        optimizer_bytes=optimizer_state_bytes(w.optimizer, wb, m.hidden_size))
+        if w.full_finetune:
+            frozen_bytes = (psi - trainable) * wb  # frozen weights load in the trained weights' dtype
         _assign_trainable(w, part, ww, gg, oo, frozen_bytes)
         if _foreach_temp(w.optimizer):
             part["optimizer_step"] = oo / 2
@@ -183,9 +206,21 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
     # ---- activations and logits of one micro batch
     tokens = micro_batch * w.sequences_per_sample * w.seq_len
     layers = m.num_layers  # Megatron 1F1B: the first stage keeps p micro batches of L/p layers
+    megatron = backend == "megatron"  # sequence parallel and a vocab-parallel loss; transformers' plans keep both whole
+    cp = layout.context_parallel
     part["activations"] = activation_bytes(w, tokens, layers=layers, checkpointing=checkpointing,
-                                           tensor_parallel=layout.tensor_parallel)
-    part["logits"] = logits_bytes(w, micro_batch * w.sequences_per_sample * w.logit_tokens, layout.tensor_parallel)
+                                           tensor_parallel=layout.tensor_parallel, context_parallel=cp,
+                                           sequence_parallel=megatron)
+    if w.activation_offloading:  # TRL's offloading: most of them wait in pinned host memory
+        from recipeforge.plan.offload_activations import offload_note, offloaded_activations
+
+        part["activations"], host = offloaded_activations(
+            w, tokens, layers=layers, checkpointing=checkpointing, tensor_parallel=layout.tensor_parallel,
+            context_parallel=cp, sequence_parallel=megatron)
+        cpu += host * layout.gpus_per_node
+        notes.append(offload_note(part["activations"], host, GIB))
+    part["logits"] = logits_bytes(w, micro_batch * w.sequences_per_sample * w.logit_tokens // cp,
+                                  layout.tensor_parallel if megatron else 1)
     if w.adapter == "qlora":
         part["gathered_params"] += 2 * m.largest_linear_params() * c  # one dequantized weight, forward and backward
     if w.lora_dora:
@@ -225,10 +260,19 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
     step = sum(part[k] for k in OPTIMIZER_PHASE) + (grads if deferred else 0.0)
     generation = sum(part[k] for k in GENERATION_PHASE)
     peak_phase = max(train, step, generation)
+    if w.adapter == "qlora" and _shards_weights(layout):
+        # transformers loads a quantized checkpoint whole onto every GPU (no zero.Init, no rank-0
+        # loading for quantized models); ZeRO-3 / FSDP2 partition it only when the engine starts
+        part["quantized_load"] = quantized_model_bytes(w, c)
     transient = max(sum(part[k] for k in TRAIN_PHASE), sum(part[k] for k in GENERATION_PHASE),
                     part["optimizer_step"])
     part["allocator_reserve"] = ALLOCATOR_SLACK * transient
     total = persistent + peak_phase + part["allocator_reserve"]
+    if part["runtime"] + part["quantized_load"] > total:  # loading is the peak: nothing else exists yet
+        notes.append(f"loading the quantized model whole ({part['quantized_load'] / GIB:.1f} GB per GPU) is "
+                     "the peak, before it is sharded")
+        part["allocator_reserve"] = 0.0
+        total = part["runtime"] + part["quantized_load"]
     return MemoryEstimate(components=part, total=total, cpu_per_node=cpu, notes=tuple(notes))
 
 
@@ -254,7 +298,7 @@ def autocast_weight_bytes(w: Workload, checkpointing: bool) -> float:
     the current layer's), plus the output projection's."""
     m, c = w.model, w.compute_bytes
     layers = 1 if checkpointing else m.num_layers
-    return c * (layers * m.linear_params() / m.num_layers + m.vocab_size * m.hidden_size)
+    return c * (layers * m.linear_params() / m.num_layers + m.output_width * m.hidden_size)
 
 
 def _shards_weights(layout: Layout) -> bool:
@@ -305,16 +349,22 @@ def _fsdp_states(w: Workload, layout: Layout, part: dict, trainable: int, frozen
     """FSDP2 through Accelerate: trainable parameters are upcast to fp32 and sharded with their
     gradients and optimizer states; compute runs on 16-bit unsharded copies gathered per layer."""
     m, c = w.model, w.compute_bytes
-    n = layout.gpus_per_node if layout.fsdp_sharding == "hybrid_shard" else layout.data_parallel
-    ww, gg, oo = zero_model_states(trainable, n, 3, weight_bytes=4, grad_bytes=4,
+    # FSDP2 shards over the dp_shard x cp mesh (accelerate's `dp_shard_cp`); tensor parallelism splits
+    # every sharded weight first (its DTensor shards), so states and gathered layers divide by t too.
+    tp, cp = layout.tensor_parallel, layout.context_parallel
+    shard = layout.data_parallel // max(1, layout.dp_replicate)
+    if layout.fsdp_sharding == "hybrid_shard" and layout.dp_replicate == 1:
+        shard = layout.gpus_per_node // (tp * cp)
+    n = shard * cp
+    ww, gg, oo = zero_model_states(trainable / tp, n, 3, weight_bytes=4, grad_bytes=4,
                                    optimizer_bytes=optimizer_state_bytes(w.optimizer, 4, m.hidden_size))
-    frozen = frozen_bytes / n
+    frozen = frozen_bytes / (n * tp)
     base_per_param = (frozen_bytes / m.total_params()) if not w.full_finetune else c
     # Gathered copies keep each part's own dtype: QLoRA's embeddings, output layer and norms are not
-    # quantized (peft's k-bit preparation upcasts them to fp32), its decoder linears are.
-    outside_bytes = 4 if w.adapter == "qlora" else c
+    # quantized (and stay in the compute dtype, the 4-bit weights' storage dtype), its decoder linears are.
+    outside_bytes = c
     root = (m.embedding_params() + m.head_params() + m.final_norm_params()) * outside_bytes
-    layer_linear = m.linear_params() / m.num_layers
+    layer_linear = m.quantized_params() / m.num_layers
     if w.adapter == "qlora":
         layer = (layer_linear * quantized_bytes_per_param(w.quant_bits, w.double_quant, m.hidden_size)
                  + (m.layer_params() - layer_linear) * outside_bytes)
@@ -327,13 +377,13 @@ def _fsdp_states(w: Workload, layout: Layout, part: dict, trainable: int, frozen
         # backward needs it at once; decoder layers: the current one and the prefetched next one
         gathered = root + 2 * layer
     trainable_layer = m.layer_params() if w.full_finetune else trainable / max(1, m.num_layers)
-    part["gathered_params"] += gathered + 4 * trainable_layer  # + one layer's unsharded fp32 gradients
+    part["gathered_params"] += (gathered + 4 * trainable_layer) / tp  # + one layer's unsharded fp32 gradients
     if _foreach_temp(w.optimizer) and layout.offload == "none":
         part["optimizer_step"] = oo / 2
     if layout.offload != "none":
         # CPUOffloadPolicy: sharded parameters, gradients and optimizer states live in host memory,
         # plus the 16-bit checkpoint the main process loads before sharding (cpu_ram_efficient_loading)
-        cpu = (ww + gg + oo + frozen) * layout.gpus_per_node + m.total_params() * base_per_param
+        cpu = (ww + gg + oo + frozen) * layout.gpus_per_node + m.total_params() * base_per_param / tp
         _assign_trainable(w, part, 0.0, 0.0, 0.0, 0.0)
         return cpu
     _assign_trainable(w, part, ww, gg, oo, frozen)
@@ -368,8 +418,8 @@ def _megatron_states(w: Workload, layout: Layout, part: dict, trainable: int, fr
 
 
 def _assign_trainable(w: Workload, part: dict, ww: float, gg: float, oo: float, frozen: float) -> None:
-    if w.full_finetune:
-        part["weights"], part["gradients"], part["optimizer"] = ww, gg, oo
+    if w.full_finetune:  # `frozen`: parameters train.unfrozen_parameters leaves out
+        part["weights"], part["gradients"], part["optimizer"] = ww + frozen, gg, oo
     else:
         part["weights"] = frozen
         part["adapter"] = ww + gg + oo

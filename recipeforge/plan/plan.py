@@ -11,11 +11,15 @@ from recipeforge.plan.accuracy import accuracy_band, sensitivity
 from recipeforge.plan.catalog import resolve_model
 from recipeforge.plan.hardware import GIB, Hardware, hardware_for
 from recipeforge.plan import policy
+from recipeforge.plan.activations import activation_terms
 from recipeforge.plan.models import human_count
+from recipeforge.plan.parallel_layouts import check_pinned_sizes, parallel_reasons
+from recipeforge.config.schema.distributed import PARALLEL_SIZE_KEYS
 from recipeforge.plan.presets import get_preset
 from recipeforge.plan.policy import Decision, Evaluation, decide, install_hint, known_presets
 from recipeforge.plan.precision import choose_precision, tf32_choice
 from recipeforge.plan.types import Choice, Plan, PlanExtras
+from recipeforge.plan.vocab import vocab_choice
 from recipeforge.plan.workload import Workload, build_workload, lora_targets
 
 
@@ -30,6 +34,7 @@ def make_plan(recipe, hardware: Hardware | None = None) -> Plan:
     w = build_workload(recipe, spec, hw)
     dist = recipe.distributed
     _check_pins(recipe, w, hw)
+    check_pinned_sizes(w, hw, dist)
 
     # train.precision: fp32 master weights or pure bf16 (auto: by what fits), then the layout for it
     w, decision, precision = choose_precision(recipe, w, hw.device, lambda wl: decide(wl, hw, dist, recipe.train))
@@ -38,7 +43,7 @@ def make_plan(recipe, hardware: Hardware | None = None) -> Plan:
     ev = decision.chosen
     plan = _build_plan(recipe, w, hw, ev, decision, model_source)
     # Workers read the precision from its reason's value (`stages.precision`); tf32 is settled on the GPU.
-    added = {"precision": precision, "tf32": tf32_choice(recipe, hw)}
+    added = {"precision": precision, "tf32": tf32_choice(recipe, hw), "added_tokens": vocab_choice(recipe)}
     return replace(plan, reasons={**plan.reasons, **{k: v for k, v in added.items() if v is not None}})
 
 
@@ -56,7 +61,8 @@ def _check_pins(recipe, w: Workload, hw: Hardware) -> None:
         found = capability_refusals(capabilities_of(dist.backend), stage=recipe.stage, device=hw.device,
                                     adapter=w.adapter, quant_bits=w.quant_bits, offload=offload,
                                     zero_stage=zero, optimizer=w.optimizer,
-                                    model_parallel=parallel_key(dist.tensor_parallel, dist.pipeline_parallel))
+                                    model_parallel=parallel_key(dist.tensor_parallel, dist.pipeline_parallel,
+                                                                dist.context_parallel))
         if found:
             raise found[0].error()
     if dist.preset and hw.device == "cuda":
@@ -78,8 +84,11 @@ def _pinned(recipe) -> list[str]:
         out.append(f"zero_stage: {d.zero_stage}")
     if d.offload != "auto":
         out.append(f"offload: {d.offload}")
-    if d.tensor_parallel > 1 or d.pipeline_parallel > 1:
-        out.append(f"tensor_parallel: {d.tensor_parallel}, pipeline_parallel: {d.pipeline_parallel}")
+    if d.pipeline_parallel > 1:
+        out.append(f"pipeline_parallel: {d.pipeline_parallel}")
+    for key in PARALLEL_SIZE_KEYS:
+        if d.pinned_size(key) is not None:
+            out.append(f"{key}: {d.pinned_size(key)}")
     return out
 
 
@@ -122,7 +131,8 @@ def _alternatives(recipe, w: Workload, hw: Hardware) -> list[str]:
     """Computed suggestions: an adapter, more GPUs of the same kind, offload (with its host RAM)."""
     out: list[str] = []
     auto = recipe.distributed.model_copy(update={"backend": "auto", "preset": None, "zero_stage": "auto",
-                                                 "offload": "auto", "tensor_parallel": 1, "pipeline_parallel": 1})
+                                                 "offload": "auto", "pipeline_parallel": 1,
+                                                 **dict.fromkeys(PARALLEL_SIZE_KEYS, "auto")})
     if _pinned(recipe):
         d = decide(w, hw, auto, recipe.train)
         if d.chosen is not None:
@@ -197,7 +207,10 @@ def _build_plan(recipe, w: Workload, hw: Hardware, ev: Evaluation, decision: Dec
              "probe": "probed on this machine"}
     reasons["hardware"] = Choice(hw.describe(), where[hw.source])
     active = f"; {human_count(w.model.active_params())} active per token" if w.model.is_moe else ""
-    reasons["model"] = Choice(f"{human_count(w.model.total_params())} params", f"counted from {model_source}{active}")
+    head = (f"; a {w.model.num_labels}-output sequence-classification head in place of the LM head"
+            if w.model.num_labels else "")
+    reasons["model"] = Choice(f"{human_count(w.model.total_params())} params",
+                              f"counted from {model_source}{active}{head}")
     reasons["dtype"] = Choice(w.dtype, "recipe sets it" if recipe.model.dtype != "auto" else
                               ("auto: fp32 on the CPU" if device == "cpu" else
                                f"auto: {hw.accelerator.name} {'supports' if hw.accelerator.bf16 else 'lacks'} bf16"))
@@ -205,14 +218,19 @@ def _build_plan(recipe, w: Workload, hw: Hardware, ev: Evaluation, decision: Dec
     reasons["backend"] = Choice(layout.backend, backend_reason)
     reasons["preset"] = Choice(layout.preset, ev.candidate.why)
     if layout.backend == "megatron":
-        pinned_sizes = dist.tensor_parallel > 1 or dist.pipeline_parallel > 1
+        pinned_sizes = dist.pinned_size("tensor_parallel") is not None or dist.pipeline_parallel > 1
         reasons["tensor_parallel"] = Choice(layout.tensor_parallel, "recipe pins it" if pinned_sizes else
                                             "largest split inside a node (dividing the heads) before adding "
                                             "pipeline stages")
         reasons["pipeline_parallel"] = Choice(layout.pipeline_parallel, f"{w.model.num_layers} layers over "
                                               f"{layout.pipeline_parallel} stage(s)")
     reasons["data_parallel"] = Choice(layout.data_parallel, f"{gpus_used or 1} process(es) / model-parallel size "
-                                      f"{layout.tensor_parallel * layout.pipeline_parallel}")
+                                      f"{layout.world_size // max(1, layout.data_parallel)}")
+    tokens = ev.micro_batch * w.sequences_per_sample * w.seq_len
+    terms = activation_terms(w, tokens, layers=w.model.num_layers, checkpointing=ev.checkpointing,
+                             tensor_parallel=layout.tensor_parallel, context_parallel=layout.context_parallel,
+                             sequence_parallel=layout.backend == "megatron")
+    reasons.update(parallel_reasons(layout, dist, w, ev.memory.components.get("activations", 0.0) / GIB, terms))
     reasons["micro_batch_size"] = Choice(ev.micro_batch, _micro_reason(train, ev))
     reasons["gradient_accumulation"] = Choice(
         ev.accumulation, f"global batch {train.global_batch_size} / (micro batch {ev.micro_batch} x "
@@ -259,6 +277,10 @@ def _build_plan(recipe, w: Workload, hw: Hardware, ev: Evaluation, decision: Dec
         warnings=warnings,
         # the sharding the chosen layout was sized with is the one the fsdp backend runs
         fsdp_sharding=layout.fsdp_sharding if layout.backend == "fsdp" else None,
+        context_parallel=layout.context_parallel,
+        dp_replicate=layout.dp_replicate if layout.backend == "fsdp" else 1,
+        dp_shard=layout.data_parallel // max(1, layout.dp_replicate) if layout.backend == "fsdp" else 1,
+        activations=terms,
     )
     return Plan(
         backend=layout.backend, preset=layout.preset, device=device,
@@ -337,5 +359,5 @@ def _runners_up(ev: Evaluation, decision: Decision) -> list[dict]:
         else:
             why = f"fits, but comes later in preference order than {ev.layout.label}"
         out.append({"backend": e.layout.backend, "preset": e.layout.preset, "fits": e.fits,
-                    "memory_gb": round(e.memory.total / GIB, 2), "why": why})
+                    "memory_gb": round(e.memory.total / GIB, 2), "why": why, "label": e.layout.label})
     return out

@@ -5,8 +5,9 @@ Order (all GPUs of the target are used; see docs/planner.md for the reasoning):
 1. one GPU: ``single``; several: ``ddp`` (a full replica per GPU, one gradient all-reduce)
 2. sharded data parallel that keeps weights whole during the step: FSDP2 ``shard_grad_op``, ZeRO-2
 3. fully sharded: FSDP2 ``full_shard``, ZeRO-3
-4. pretraining of dense models: Megatron tensor/pipeline parallel, then the same with its optimizer
-   on the CPU (tensor-parallel traffic stays inside a node; no weight all-gathers over the network)
+4. pretraining of dense models: Megatron tensor/pipeline parallel; then FSDP2 with tensor and/or
+   context parallel (`plan.parallel_layouts`: the model's tensor-parallel plan, ring attention),
+   smallest TP x CP first; then Megatron with its optimizer on the CPU
 5. offload: ZeRO-2 + optimizer offload, ZeRO-3 + optimizer offload, FSDP2 CPU offload,
    ZeRO-3 + optimizer and parameter offload
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from recipeforge.capabilities import Refusal, capabilities_of, parallel_key, refusals
 from recipeforge.plan.hardware import GIB, Hardware
 from recipeforge.plan.memory import Layout, MemoryEstimate, estimate
+from recipeforge.plan.parallel_layouts import splits
 from recipeforge.plan.presets import deepspeed_preset, get_preset
 from recipeforge.plan.workload import Workload
 
@@ -96,7 +98,8 @@ def layout_refusals(w: Workload, layout: Layout, device: str) -> list[Refusal]:
     found = refusals(capabilities_of(layout.backend), stage=w.stage, device=device, adapter=w.adapter,
                      quant_bits=w.quant_bits, offload=layout.offload, zero_stage=layout.zero_stage,
                      optimizer=w.optimizer,
-                     model_parallel=parallel_key(layout.tensor_parallel, layout.pipeline_parallel))
+                     model_parallel=parallel_key(layout.tensor_parallel, layout.pipeline_parallel,
+                                                 layout.context_parallel))
     return found + [Refusal(key, message) for backend, key, message in w.setting_refusals
                     if backend == layout.backend]
 
@@ -143,7 +146,7 @@ def candidate_list(w: Workload, hw: Hardware, dist) -> list[Candidate]:
             if pinned_offload and not layout_refusals(w, candidate.layout, "cpu"):
                 return [candidate]
         return []
-    out = [c for c in _all_layouts(w, hw, pinned=dist.backend != "auto")
+    out = [c for c in _all_layouts(w, hw, pinned=dist.backend != "auto", dist=dist)
            if not layout_refusals(w, c.layout, hw.device)]
     if dist.backend != "auto":
         out = [c for c in out if c.layout.backend == dist.backend]
@@ -153,12 +156,36 @@ def candidate_list(w: Workload, hw: Hardware, dist) -> list[Candidate]:
         out = [c for c in out if c.layout.zero_stage == dist.zero_stage]
     if dist.offload != "auto":  # "none" forbids offload, the others pin it
         out = [c for c in out if c.layout.offload == dist.offload]
-    if dist.tensor_parallel > 1 or dist.pipeline_parallel > 1:
-        out = [c for c in out if c.layout.tensor_parallel == dist.tensor_parallel
-               and c.layout.pipeline_parallel == dist.pipeline_parallel]
+    out = [c for c in out if _matches_sizes(c.layout, dist)]
     if dist.backend == "fsdp" and not dist.preset:  # a preset names its own sharding
-        out = [c for c in out if c.layout.fsdp_sharding == dist.fsdp_sharding]
+        # pinned replicas shard inside each replica: hybrid sharding, whatever fsdp_sharding says
+        replicas = (dist.pinned_size("data_parallel_replicate") or 1) > 1
+        out = [c for c in out if c.layout.fsdp_sharding == dist.fsdp_sharding
+               or (replicas and c.layout.dp_replicate > 1)]
     return out
+
+
+def _matches_sizes(layout: Layout, dist) -> bool:
+    """Whether `layout` has the parallel sizes the recipe pins (``auto`` matches any)."""
+    tp, cp = dist.pinned_size("tensor_parallel"), dist.pinned_size("context_parallel")
+    replicate, shard = dist.pinned_size("data_parallel_replicate"), dist.pinned_size("data_parallel_shard")
+    if tp is not None and layout.tensor_parallel != tp:
+        return False
+    if cp is not None and layout.context_parallel != cp:
+        return False
+    if dist.pipeline_parallel > 1 and layout.pipeline_parallel != dist.pipeline_parallel:
+        return False
+    if tp is not None and tp > 1 and dist.pipeline_parallel == 1 and layout.pipeline_parallel != 1:
+        return False  # pinned TP alone: no pipeline stages added
+    if replicate is not None or shard is not None:
+        # replicate / shard sizes are FSDP2's mesh (Accelerate's dp_replicate_size / dp_shard_size)
+        if layout.backend != "fsdp":
+            return False
+        if replicate is not None and layout.dp_replicate != replicate:
+            return False
+        if shard is not None and layout.data_parallel // layout.dp_replicate != shard:
+            return False
+    return True
 
 
 def known_presets(w: Workload, hw: Hardware, backend: str | None = None) -> list[str]:
@@ -168,7 +195,7 @@ def known_presets(w: Workload, hw: Hardware, backend: str | None = None) -> list
     return list(dict.fromkeys(names))
 
 
-def _all_layouts(w: Workload, hw: Hardware, *, pinned: bool) -> list[Candidate]:
+def _all_layouts(w: Workload, hw: Hardware, *, pinned: bool, dist=None) -> list[Candidate]:
     g, nodes, per_node = hw.num_gpus, hw.nodes, hw.gpus_per_node
     common = dict(nodes=nodes, gpus_per_node=per_node)
     one = dict(nodes=1, gpus_per_node=1)
@@ -195,11 +222,14 @@ def _all_layouts(w: Workload, hw: Hardware, *, pinned: bool) -> list[Candidate]:
             backend="fsdp", preset="fsdp_full_shard", data_parallel=g, fsdp_sharding="full_shard")
         if nodes > 1 and pinned:
             add(3, "sharded within each node, replicated across nodes", backend="fsdp", preset="fsdp_hybrid_shard",
-                data_parallel=g, fsdp_sharding="hybrid_shard")
+                data_parallel=g, fsdp_sharding="hybrid_shard", dp_replicate=nodes)
         add(3, "ZeRO-3: weights, gradients and optimizer states sharded; 1.5x DDP traffic",
             backend="deepspeed", preset="zero3", data_parallel=g, zero_stage=3)
-    if g > 1 and (pinned or (w.stage == "pretrain" and not w.model.is_moe and w.full_finetune)):
-        for offload in ("none", "optimizer"):
+    megatron = g > 1 and (pinned or (w.stage == "pretrain" and not w.model.is_moe and w.full_finetune))
+    for offload in ("none", "optimizer"):
+        if offload == "optimizer" and g > 1 and dist is not None:
+            _add_parallel_fsdp(out, w, hw, dist)
+        if megatron:
             for tp, pp in _megatron_sizes(w, hw, every_split=pinned):
                 suffix = "_offload" if offload != "none" else ""
                 why = (f"tensor parallel {tp} inside a node, pipeline parallel {pp}"
@@ -216,6 +246,28 @@ def _all_layouts(w: Workload, hw: Hardware, *, pinned: bool) -> list[Candidate]:
     add(7, "ZeRO-3 with optimizer states and parameters in CPU memory (ZeRO-Infinity style)",
         backend="deepspeed", preset="zero3_offload_params", data_parallel=g, zero_stage=3, offload="optimizer+params")
     return out
+
+
+def _add_parallel_fsdp(out: list[Candidate], w: Workload, hw: Hardware, dist) -> None:
+    """FSDP2 with tensor and/or context parallel (`plan.parallel_layouts.splits`), after the layouts that
+    shard only data: they are planned when a model's layers or a sequence's activations need them."""
+    found, _ = splits(w.model, hw, dist, seq_len=w.seq_len, stage=w.stage, adapter=w.adapter,
+                      attention=w.attn_implementation, packing=w.packing)
+    for s in found:
+        parts = []
+        if s.tensor_parallel > 1:
+            parts.append(f"tensor parallel {s.tensor_parallel} (the model's tensor-parallel plan) splits the "
+                         "heads, MLP columns and their activations")
+        if s.context_parallel > 1:
+            parts.append(f"context parallel {s.context_parallel} (ring attention) splits each sequence and its "
+                         "activations")
+        why = "; ".join(parts) + f"; FSDP2 shards over {s.dp_shard}" + (
+            f" x {s.dp_replicate} replicas" if s.dp_replicate > 1 else "")
+        out.append(Candidate(Layout("fsdp", "fsdp_hybrid_shard" if s.dp_replicate > 1 else "fsdp_full_shard",
+                                    data_parallel=s.data_parallel, tensor_parallel=s.tensor_parallel,
+                                    context_parallel=s.context_parallel, dp_replicate=s.dp_replicate,
+                                    fsdp_sharding="hybrid_shard" if s.dp_replicate > 1 else "full_shard",
+                                    nodes=hw.nodes, gpus_per_node=hw.gpus_per_node), 4, why))
 
 
 def _megatron_sizes(w: Workload, hw: Hardware, every_split: bool = False) -> list[tuple[int, int]]:

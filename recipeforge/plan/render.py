@@ -28,19 +28,28 @@ def render_plan(plan: Plan) -> str:
     lines: list[str] = []
     where = x.hardware.get("spec", plan.device)
     preset = f" ({plan.preset})" if plan.preset else ""
+    if plan.backend == "fsdp" and (plan.tensor_parallel > 1 or x.context_parallel > 1):
+        preset += " with " + " x ".join(f"{name} parallel {n}" for name, n in
+                                        (("tensor", plan.tensor_parallel), ("context", x.context_parallel)) if n > 1)
     lines.append(f"Plan: {plan.backend}{preset} on {where}")
     if model:
         size = f"{human_count(model['params'])} params"
-        if "active_params" in model:
-            size += f", {human_count(model['active_params'])} active"
+        if "active_params" in model:  # MoE: memory follows the total, compute the active count
+            size = f"{human_count(model['params'])} total, {human_count(model['active_params'])} active"
+        if "head" in model:
+            size += f", {model['head']} head"
         lines.append(f"Model: {model.get('name')} ({model.get('model_type')}, {size}; "
                      f"trainable {human_count(model.get('trainable_params', 0))})")
     lines.append(f"Precision: {x.precision}")
+    compute = _compute_line(plan)
+    if compute:
+        lines.append(compute)
     lines.append("")
     lines.append(_table([
         ("processes", f"{plan.world_size} ({plan.nodes} node(s) x {plan.gpus_per_node} GPU(s))" if plan.device == "cuda"
          else "1 (CPU)"),
-        ("parallel", f"data {plan.data_parallel} x tensor {plan.tensor_parallel} x pipeline {plan.pipeline_parallel}"),
+        ("parallel", f"data {plan.data_parallel} x tensor {plan.tensor_parallel} x pipeline {plan.pipeline_parallel}"
+                     + (f" x context {x.context_parallel}" if x.context_parallel > 1 else "")),
         ("batch", f"micro {plan.micro_batch_size} x accumulation {plan.gradient_accumulation} x data "
                   f"{plan.data_parallel} = global {plan.global_batch_size}"),
         ("sequence length", str(x.sequence_len or "")),
@@ -77,7 +86,7 @@ def render_plan(plan: Plan) -> str:
         lines.append("")
         lines.append("Runners-up:")
         for r in runners:
-            label = r["backend"] + (f" {r['preset']}" if r.get("preset") else "")
+            label = r.get("label") or (r["backend"] + (f" {r['preset']}" if r.get("preset") else ""))
             lines.append(f"  {label:<32} {r['memory_gb']:8.2f} GB  {r['why']}")
     warnings = x.warnings
     if warnings:
@@ -86,6 +95,30 @@ def render_plan(plan: Plan) -> str:
         lines.extend(f"  - {w}" for w in warnings)
     # Names and reasons may quote recipe values (a model id, a server URL): never with a password.
     return redact_url_credentials("\n".join(lines))
+
+
+def _compute_line(plan: Plan) -> str:
+    """Training FLOPs per optimizer step from the active parameters, and the least time a step takes
+    at the GPUs' peak dense throughput (real runs reach a fraction of it: the MFU)."""
+    x = plan.extra
+    weights, per_position = x.model.get("train_flops_per_token"), x.model.get("attention_flops_per_position")
+    if not weights or not x.sequence_len:
+        return ""
+    tokens = plan.global_batch_size * x.sequence_len
+    # 6N: forward 2N, input gradients 2N, weight gradients 2N; frozen weights (adapters,
+    # train.unfrozen_parameters) skip their weight gradients
+    share = min(1.0, x.model.get("trainable_params", x.model["params"]) / x.model["params"])
+    per_token = weights * (4 + 2 * share) / 6 + (per_position or 0) * x.sequence_len
+    step = per_token * tokens
+    active = " (active parameters)" if "active_params" in x.model else ""
+    line = f"Compute: {per_token / 1e9:.1f} GFLOP per token{active}, {step / 1e15:.2f} PFLOP per step"
+    peak = (x.hardware.get("accelerator") or {}).get("peak_tflops") or 0
+    gpus = plan.nodes * plan.gpus_per_node
+    if plan.device == "cuda" and peak and gpus:
+        seconds = step / (gpus * peak * 1e12)
+        line += (f"; at least {seconds:.2f} s per step at {gpus} x {peak:.0f} TFLOP/s peak "
+                 f"(at most {tokens / seconds:,.0f} tokens/s; divide by the MFU you reach)")
+    return line
 
 
 def _sensitive(reason: str) -> str:

@@ -40,6 +40,10 @@ class PlanExtras:
     warnings: list[str] = field(default_factory=list)
     fsdp_sharding: str | None = None       # FSDP: full_shard | shard_grad_op | hybrid_shard (None: not FSDP)
     processes_per_node: int | None = None  # CPU runs: gloo processes per node (GPU runs: one per GPU)
+    context_parallel: int = 1              # GPUs each sequence is split over (ring attention; FSDP2)
+    dp_replicate: int = 1                  # FSDP2 replicas (hybrid sharding): ParallelismConfig.dp_replicate_size
+    dp_shard: int = 1                      # GPUs a replica shards over: ParallelismConfig.dp_shard_size
+    activations: str = ""                  # the activation-memory terms of the chosen layout, for the report
     plugins: list[dict[str, Any]] = field(default_factory=list)  # plugin components the recipe uses
 
     @classmethod

@@ -6,6 +6,7 @@ This is the only planner module that reads recipe fields for sizing; the memory 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from recipeforge.plan.hardware import Hardware
@@ -60,7 +61,11 @@ class Workload:
     rollout: Rollout | None = None
     fused_loss: bool = False          # liger: fused linear + cross-entropy, no full logits
     fused_kernels: bool = False       # liger: fused RMSNorm / SwiGLU
+    activation_offloading: bool = False  # train.activation_offloading on a GPU (plan.offload_activations)
     fp32_master: bool = False         # full fine-tune on single/ddp: fp32 weights under 16-bit autocast
+    unfrozen_params: int | None = None  # train.unfrozen_parameters: the selected parameters (None: all)
+    attn_implementation: str = "auto"  # the recipe's model.attn_implementation (context parallel needs sdpa)
+    packing: bool = False             # data.packing (context parallel cannot mask packed samples apart)
     # Backends that recipe settings outside the capability record rule out: (backend, key, message).
     setting_refusals: tuple[tuple[str, str, str], ...] = ()
     notes: tuple[str, ...] = field(default=())
@@ -81,7 +86,9 @@ class Workload:
         return self.model.num_layers * per_layer
 
     def trainable_params(self) -> int:
-        return self.model.total_params() if self.full_finetune else self.lora_params() + self.modules_to_save_params
+        if self.full_finetune:
+            return self.model.total_params() if self.unfrozen_params is None else self.unfrozen_params
+        return self.lora_params() + self.modules_to_save_params
 
 
 def resolve_dtype(dtype: str, hardware: Hardware) -> str:
@@ -97,8 +104,8 @@ def lora_targets(model: ModelSpec, target_modules) -> tuple[Linear, ...]:
     """The decoder linears a LoRA `target_modules` setting reaches. ``all-linear`` follows peft: every
     nn.Linear in the decoder layers (MoE experts are fused 3-D weights in transformers 5, so not)."""
     linears = model.layer_linears()
-    if target_modules == "all-linear":
-        return tuple(lin for lin in linears if not lin.name.startswith("experts."))
+    if target_modules == "all-linear":  # routers and routed experts are no nn.Linear in transformers 5
+        return tuple(model.nn_linears())
     wanted: set[str] = set()
     for name in target_modules:
         short = name.rsplit(".", 1)[-1]
@@ -125,6 +132,18 @@ def build_workload(recipe, model: ModelSpec, hardware: Hardware) -> Workload:
         reference = adapter.type == "none" or recipe.dpo.reference != "auto"
         if recipe.dpo.reference != "auto":
             notes.append("the DPO reference model is sized like the policy model")
+    elif recipe.stage in ("orpo", "cpo"):
+        per_sample = 2  # chosen + rejected, no reference model
+    elif recipe.stage == "reward":
+        # chosen + rejected through a one-output score head in place of the LM head: no vocabulary
+        # logits, no reference model
+        per_sample = 2
+        model = dataclasses.replace(model, num_labels=1)
+    elif recipe.stage == "kto":
+        # One completion per row through the policy (the KL completions run without gradients).
+        reference = adapter.type == "none" or recipe.kto.reference != "auto"
+        if recipe.kto.reference != "auto":
+            notes.append("the KTO reference model is sized like the policy model")
     elif recipe.stage == "grpo":
         g = recipe.grpo
         prompt = g.max_prompt_length or seq
@@ -145,12 +164,23 @@ def build_workload(recipe, model: ModelSpec, hardware: Hardware) -> Workload:
                          f"of {model.model_type}; the adapter is counted as empty")
         for name in adapter.modules_to_save:
             short = name.rsplit(".", 1)[-1]
-            if short in ("embed_tokens", "wte", "embed_in", "lm_head", "embed_out"):
+            head = short in ("lm_head", "embed_out")
+            if short in ("embed_tokens", "wte", "embed_in") or head and not model.num_labels:
                 save_params += model.vocab_size * model.hidden_size
+        if model.num_labels:
+            save_params += model.head_params()  # the new score head trains in full next to the adapters
+
+    unfrozen = None
+    if recipe.train.unfrozen_parameters:
+        from recipeforge.plan.unfrozen import check_adapter, unfrozen_count
+
+        check_adapter(recipe.train.unfrozen_parameters, adapter.type)
+        unfrozen, found = unfrozen_count(model, list(recipe.train.unfrozen_parameters))
+        notes.extend(found)
 
     liger = recipe.kernels.get("liger")
     fused_loss = liger is not None and liger.get("fused_linear_cross_entropy") is not False \
-        and not liger.get("cross_entropy")
+        and not liger.get("cross_entropy") and not model.num_labels  # a score head has no cross-entropy
     fused_kernels = liger is not None and not (liger.get("rms_norm") is False and liger.get("swiglu") is False)
     return Workload(
         model=model, stage=recipe.stage, dtype=dtype, adapter=adapter.type, optimizer=recipe.train.optimizer,
@@ -159,7 +189,9 @@ def build_workload(recipe, model: ModelSpec, hardware: Hardware) -> Workload:
         lora_dropout=adapter.dropout, lora_dora=adapter.use_dora, modules_to_save_params=save_params,
         quant_bits=adapter.quant.bits, double_quant=adapter.quant.double_quant, reference_model=reference,
         rollout=rollout, fused_loss=fused_loss, fused_kernels=fused_kernels, notes=tuple(notes),
-        setting_refusals=_setting_refusals(recipe))
+        attn_implementation=recipe.model.attn_implementation, packing=bool(recipe.data.packing),
+        setting_refusals=_setting_refusals(recipe), unfrozen_params=unfrozen,
+        activation_offloading=recipe.train.activation_offloading and hardware.device == "cuda")
 
 
 def _setting_refusals(recipe) -> tuple[tuple[str, str, str], ...]:

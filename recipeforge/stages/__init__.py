@@ -1,4 +1,4 @@
-"""Stage runners: pretrain, sft, dpo, grpo. Each implements `stages.base.StageRunner`."""
+"""Stage runners: pretrain, sft, dpo, grpo, orpo, kto, cpo. Each implements `stages.base.StageRunner`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,10 @@ RUNNERS = {
     "sft": "recipeforge.stages.sft:SFTStage",
     "dpo": "recipeforge.stages.dpo:DPOStage",
     "grpo": "recipeforge.stages.grpo:GRPOStage",
+    "orpo": "recipeforge.stages.orpo:ORPOStage",
+    "kto": "recipeforge.stages.kto:KTOStage",
+    "cpo": "recipeforge.stages.cpo:CPOStage",
+    "reward": "recipeforge.stages.reward:RewardStage",
 }
 # Backends that run their own training loop have runners of their own: (backend, stage) -> "module:class".
 BACKEND_RUNNERS = {

@@ -21,7 +21,9 @@ from recipeforge.outputs.run_dir import RunDir
 
 OPTIMIZERS = {"adamw": "adamw_torch", "adamw_fused": "adamw_torch_fused", "adamw_8bit": "adamw_bnb_8bit",
               "paged_adamw_8bit": "paged_adamw_8bit", "paged_adamw_32bit": "paged_adamw_32bit",
-              "adafactor": "adafactor", "sgd": "sgd", "lion_8bit": "lion_8bit"}
+              "adafactor": "adafactor", "sgd": "sgd", "lion_8bit": "lion_8bit",
+              # torchao's low-bit AdamW through the Trainer's own optimizer names
+              "adamw_torchao_8bit": "adamw_torch_8bit", "adamw_torchao_4bit": "adamw_torch_4bit"}
 BNB_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit", "lion_8bit")
 SCHEDULERS = {"linear": ("linear", {}), "cosine": ("cosine", {}),
               "cosine_with_min_lr": ("cosine_with_min_lr", {"min_lr_rate": 0.1}),
@@ -80,6 +82,9 @@ class StageContext:
     # save_final(ctx, trainer, model, tokenizer) writes final/, called on every rank since gathering
     # sharded weights is collective (the backend's `save_final`); None: the main process saves.
     save_final: Callable[..., Any] | None = None
+    # load_sharded(path, dtype=, attn_implementation=, revision=, trust_remote_code=) loads the model
+    # already sharded (the backend's tensor-parallel loader, set in its `setup_worker`); None: whole.
+    load_sharded: Callable[..., Any] | None = None
 
     @property
     def recipe(self):
@@ -111,6 +116,7 @@ class TrainerStage:
 
     stage: str = ""
     trainer_class: str = ""  # the library class `build_trainer` constructs, e.g. "trl.DPOTrainer"
+    num_labels: int | None = None  # outputs of a sequence-classification head (reward models); None: the LM head
 
     def __init__(self, ctx: StageContext):
         self.ctx = ctx
@@ -122,14 +128,23 @@ class TrainerStage:
         self.extra_log_sources: list[Callable[[], dict]] = []
         self.has_eval = False
         self._saved_env: dict[str, str | None] = {}
+        self.trackers: list = []  # W&B / MLflow callbacks (`outputs.trackers`), finished by `train`
 
     # --- the protocol -------------------------------------------------------------------------
     def setup(self) -> None:
         """Tokenizer, then data (fails fast on data errors), then model, then trainer."""
         from recipeforge.components.kernels import apply_kernels
-        from recipeforge.stages.precision import check_sr_optimizer, sr_optimizer
+        from recipeforge.stages.precision import check_sr_optimizer
 
         check_sr_optimizer(self.ctx.plan)  # before anything loads
+        if self.recipe.train.activation_offloading:
+            from recipeforge.stages.activation_offload import check_activation_offloading
+
+            check_activation_offloading(self.stage or self.recipe.stage, self.ctx.plan.device,
+                                        location=self.ctx.locate(("train", "activation_offloading")))
+        from recipeforge.stages.freezing import apply_unfrozen_parameters, check_low_bit_optimizer
+
+        check_low_bit_optimizer(self.recipe.train.optimizer, location=self.ctx.locate(("train", "optimizer")))
         self.kernels = apply_kernels(self.recipe.kernels, self.ctx.plan.device, log=self.ctx.log)
         self.tokenizer = self.load_tokenizer()
         self.prepare_data()
@@ -137,26 +152,43 @@ class TrainerStage:
 
         check_runner_numbers(self)  # batch, steps and warmup against the data, before the model loads
         self.model = self.load_model()
+        if self.recipe.train.unfrozen_parameters:  # a partial full fine-tune: freeze the rest
+            apply_unfrozen_parameters(self.model, list(self.recipe.train.unfrozen_parameters),
+                                      locate=self.ctx.locate, log=self.ctx.log)
         self.ctx.barrier()  # rank 0 may have written base_model/, which trainers load by path
         self.trainer = self.build_trainer_explained()
+        if self.recipe.train.activation_offloading:  # TRL's trainers with the field do it themselves
+            from recipeforge.stages.activation_offload import wrap_training_step
+
+            wrap_training_step(self.trainer)
+        from recipeforge.outputs.console import attach_progress
+
+        attach_progress(self.trainer, enabled=self.recipe.logging.progress_bar and self.ctx.dist.is_main,
+                        data_parallel=getattr(self.ctx.plan, "data_parallel", 1) or 1)
 
     def build_trainer_explained(self):
         """`build_trainer`, with a configuration or constructor error of the training library turned
         into a user error naming the stage, the trainer and the library's message (the original stays
         attached as the cause: ``--debug`` shows its traceback)."""
         try:
-            return self.build_trainer()
+            trainer = self.build_trainer()
         except (TypeError, ValueError, ImportError) as exc:
             raise trainer_error(self.stage or self.recipe.stage, self.trainer_class, exc) from exc
+        from recipeforge.stages.precision import sr_optimizer
+
         optimizer = sr_optimizer(self.ctx.plan, self.recipe.train)
         if optimizer is not None:  # pure bf16 with stochastic rounding: torchao's AdamW
-            self.trainer.optimizer_cls_and_kwargs = optimizer
+            # Read by Trainer.create_optimizer, which runs when training starts.
+            trainer.optimizer_cls_and_kwargs = optimizer
+        return trainer
 
     def train(self) -> dict:
         """Run the trainer (resuming when the context says so), then evaluate once at the end."""
         resume = str(self.ctx.resume_from) if self.ctx.resume_from else None
+        failed = True
         try:
             result = self.trainer.train(resume_from_checkpoint=resume)
+            failed = False
             from recipeforge.stages.preemption import raise_if_stopped
 
             raise_if_stopped(self.trainer)  # stopped on a signal: checkpoint saved, no final evaluation
@@ -164,6 +196,11 @@ class TrainerStage:
             if self.has_eval and not self._evaluated_at(self.trainer.state.global_step):
                 metrics.update(self.trainer.evaluate())
         finally:
+            from recipeforge.outputs.trackers import close_all
+
+            # Tracker runs end here, before the final save and the end of the process group (a W&B run
+            # left to the interpreter's exit would be torn down after the group is gone).
+            close_all(self.trackers, failed=failed)
             self._restore_env()
         return metrics
 
@@ -189,10 +226,19 @@ class TrainerStage:
         m = self.recipe.model
         arch = tiny_arch(m.name_or_path)
         vocab = TINY_CONFIGS.get(arch, {}).get("vocab_size") if arch else None
-        return load_tokenizer(m.tokenizer or m.name_or_path, revision=m.revision,
-                              trust_remote_code=m.trust_remote_code, vocab_size=vocab,
-                              location=self.ctx.locate(("model", "tokenizer" if m.tokenizer else "name_or_path")),
-                              key="model.tokenizer" if m.tokenizer else "model.name_or_path")
+        tokenizer = load_tokenizer(m.tokenizer or m.name_or_path, revision=m.revision,
+                                   trust_remote_code=m.trust_remote_code, vocab_size=vocab,
+                                   location=self.ctx.locate(("model", "tokenizer" if m.tokenizer else "name_or_path")),
+                                   key="model.tokenizer" if m.tokenizer else "model.name_or_path")
+        from recipeforge.components.vocab import prepare_tokenizer
+
+        # The chat template and the recipe's tokens go in before anything is tokenized (the data cache
+        # key includes them); `load_model` gives the new tokens their embedding rows.
+        self.vocab = prepare_tokenizer(tokenizer, self.recipe, base_dir=self.ctx.base_dir, locate=self.ctx.locate)
+        if self.vocab.new_ids:
+            self.ctx.log(f"vocab: {self.vocab.describe()}; their embedding rows start at the mean of the others "
+                         f"and are trained")
+        return tokenizer
 
     def prepare_data(self) -> None:
         raise NotImplementedError
@@ -246,9 +292,18 @@ class TrainerStage:
             dtype = "fp32"  # mixed precision: fp32 master weights under 16-bit autocast (`stages.precision`)
         common = dict(device=plan.device, dtype=dtype, attn_implementation=m.attn_implementation,
                       revision=m.revision, trust_remote_code=m.trust_remote_code, seed=r.train.seed,
-                      max_position_embeddings=m.max_position_embeddings, location=where)
-        is_tiny = tiny_arch(name) is not None
-        if is_tiny and (a.type != "none" or self.needs_base_on_disk()) and not for_reference:
+                      max_position_embeddings=m.max_position_embeddings, location=where,
+                      vocab=getattr(self, "vocab", None))
+        if self.num_labels is not None:  # a sequence-classification head instead of the LM head
+            common["num_labels"] = self.num_labels
+        random_init = tiny_arch(name) is not None or m.init == "random"
+        if self.ctx.load_sharded is not None and not for_reference:
+            return self._load_sharded(name, common, random_init)
+        if m.init == "random" and tiny_arch(name) is None:
+            from recipeforge.plan.catalog import architecture_config
+
+            common["random_config"] = architecture_config(name, m.revision)
+        if random_init and (a.type != "none" or self.needs_base_on_disk()) and not for_reference:
             # The random-init base exists nowhere else: keep it next to the adapter (merging needs
             # it; a trainer building its own reference model loads it), and load it from there when
             # it has to be quantized.
@@ -257,14 +312,53 @@ class TrainerStage:
                 save_base_model(base, self.tokenizer, self.ctx.run.base_model)
             if quant is not None:
                 base = load_model(str(self.ctx.run.base_model), self.tokenizer,
-                                  **{**common, "quantization_config": quant})
+                                  **{**common, "random_config": None, "quantization_config": quant})
             base.config._name_or_path = str(self.ctx.run.base_model.resolve())
+            # peft writes the adapter's base_model_name_or_path from this attribute (set only at
+            # construction): with it, final/ loads through transformers' Auto classes on its own.
+            base.name_or_path = base.config._name_or_path
             model = base
         else:
             model = load_model(name, self.tokenizer, **{**common, "quantization_config": quant})
         if quant is not None:
-            model = prepare_quantized(model, gradient_checkpointing=plan.gradient_checkpointing, device=plan.device)
+            model = prepare_quantized(model, gradient_checkpointing=plan.gradient_checkpointing, device=plan.device,
+                                      sharded=self.sharded_trainable_dtype() is not None)
         return model
+
+    def sharded_trainable_dtype(self):
+        """The one dtype of every trainable parameter when a QLoRA base is partitioned like any other
+        weights (ZeRO-3, FSDP: its 4-bit weights are stored in the compute dtype and nothing is upcast,
+        `components.adapters`), else None. fp32 under a GPU's mixed precision (FSDP computes in 16 bits
+        through its policy, DeepSpeed through its own cast); on a CPU, which has no mixed precision,
+        the compute dtype the 16-bit activations arrive in."""
+        from recipeforge.components.models import resolve_dtype
+
+        plan, dtype = self.ctx.plan, self.recipe.model.dtype
+        if self.recipe.adapter.type != "qlora" or not (
+                plan.backend == "fsdp" or (plan.backend == "deepspeed" and plan.zero_stage == 3)):
+            return None
+        if plan.device == "cuda":
+            return resolve_dtype("fp32", plan.device)
+        resolved = resolve_dtype(dtype, plan.device)
+        return resolve_dtype("bf16", plan.device) if str(resolved) == "torch.float32" else resolved
+
+    def _load_sharded(self, name: str, common: dict, random_init: bool):
+        """The model loaded sharded by the backend's loader. A random-init model is written to
+        base_model/ first (by the main process), since a sharded load reads a checkpoint."""
+        from recipeforge.components.models import load_model, resolve_attn_implementation, resolve_dtype
+        from recipeforge.outputs.export import save_base_model
+
+        path = name
+        if random_init:
+            if self.ctx.dist.is_main:
+                save_base_model(load_model(name, self.tokenizer, **common), self.tokenizer, self.ctx.run.base_model)
+            self.ctx.barrier()
+            path = str(self.ctx.run.base_model.resolve())
+        return self.ctx.load_sharded(path, dtype=resolve_dtype(common["dtype"], common["device"]),
+                                     attn_implementation=resolve_attn_implementation(
+                                         common["attn_implementation"], common["device"]),
+                                     revision=None if random_init else common["revision"],
+                                     trust_remote_code=common["trust_remote_code"])
 
     def needs_base_on_disk(self) -> bool:
         """Whether the trainer loads the starting model again by its name (a reference model)."""
@@ -274,7 +368,15 @@ class TrainerStage:
         """The LoRA config of the recipe, or None for full fine-tuning."""
         from recipeforge.components.adapters import lora_config
 
-        return lora_config(self.recipe.adapter) if self.recipe.adapter.type != "none" else None
+        if self.recipe.adapter.type == "none":
+            return None
+        return lora_config(self.recipe.adapter, trainable_tokens=self.trainable_tokens(self.model))
+
+    def trainable_tokens(self, model):
+        """peft `trainable_token_indices` for the embedding rows of the tokens the recipe added."""
+        from recipeforge.components.vocab import trainable_tokens
+
+        return trainable_tokens(model, getattr(self, "vocab", None), tuple(self.recipe.adapter.modules_to_save))
 
     def callbacks(self) -> list:
         """Metrics, tensorboard, the divergence watch (`stages.divergence`), plus any from the context.
@@ -283,7 +385,10 @@ class TrainerStage:
         from recipeforge.outputs import metrics
 
         writer = metrics.MetricsWriter(self.ctx.run.metrics, enabled=self.ctx.dist.is_main)
-        cbs = [metrics.make_callback(writer, self.extra_log_sources)]
+        from recipeforge.stages.device_memory import peak_memory_source
+
+        memory = peak_memory_source(self.ctx.plan.device)
+        cbs = [metrics.make_callback(writer, [*self.extra_log_sources, *([memory] if memory else [])])]
         if self.recipe.train.scheduler == "wsd":
             from recipeforge.components.schedules import wsd_callback
 
@@ -297,12 +402,23 @@ class TrainerStage:
         from recipeforge.stages.preemption import make_callback as stop_on_signal
 
         cbs.append(stop_on_signal(self.ctx.run.checkpoints, self.ctx.resume_from))  # SIGTERM: save, stop
-        return cbs + list(self.ctx.callbacks)
+        from recipeforge.outputs.trackers import tracker_callbacks
+
+        wandb = self.recipe.logging.wandb
+        self.trackers = tracker_callbacks(
+            self.recipe, self.ctx.run, run_name=self._run_name(), is_main=self.ctx.dist.is_main,
+            wandb_name=(public(self.ctx.loaded, ("logging", "wandb", "name"), wandb.name) if wandb else None)
+            or self.ctx.run.root.name, locate=self.ctx.locate)
+        return cbs + self.trackers + list(self.ctx.callbacks)
 
     def training_arguments(self, cls, **stage_kwargs):
         """Build `cls` (TrainingArguments or a TRL config): common settings, then the stage's, then
         the backend's — the single place where backend trainer arguments are merged."""
         kwargs = {**self.common_arguments(), **stage_kwargs, **self.ctx.backend_kwargs}
+        if self.recipe.train.activation_offloading:
+            from recipeforge.stages.activation_offload import trainer_field
+
+            kwargs.update(trainer_field(cls))  # TRL's configs; the plain Trainer's step is wrapped instead
         if "pad_to_multiple_of" in getattr(cls, "__dataclass_fields__", {}) and "pad_to_multiple_of" not in kwargs:
             from recipeforge.components.collate import pad_multiple
 
@@ -328,7 +444,6 @@ class TrainerStage:
 
         dtype = resolve_dtype(r.model.dtype, plan.device)
         eval_strategy = ("steps" if t.eval_steps else "epoch") if self.has_eval else "no"
-        report_to = self._trackers()
         kwargs: dict[str, Any] = dict(
             output_dir=str(run.checkpoints),
             per_device_train_batch_size=plan.micro_batch_size,
@@ -357,11 +472,11 @@ class TrainerStage:
             save_total_limit=o.save_total_limit,
             load_best_model_at_end=t.load_best_model_at_end,
             metric_for_best_model=t.metric_for_best_model if t.load_best_model_at_end else None,
-            report_to=report_to,
-            # Run names reach trackers and training_args.bin: never one read from a secret variable.
-            run_name=public(self.ctx.loaded, ("name",), r.name)
-            or (self.ctx.loaded.path.stem if getattr(self.ctx.loaded, "path", None) else None),
-            disable_tqdm=not (r.logging.progress_bar and self.ctx.dist.is_main),
+            # Trackers are recipeforge's callbacks (`outputs.trackers`): the trainer never starts one
+            # by itself, whatever is installed.
+            report_to="none",
+            run_name=self._run_name(),
+            disable_tqdm=True,  # the progress line of `outputs.console` replaces the trainer's bar
             use_cpu=on_cpu,
             # Mixed precision only on GPUs; TRL configs default bf16=True, which CPUs refuse.
             bf16=not on_cpu and str(dtype) == "torch.bfloat16",
@@ -384,41 +499,11 @@ class TrainerStage:
         kwargs.update(self.kernels.trainer_kwargs)
         return kwargs
 
-    def _trackers(self) -> list[str] | str:
-        """Experiment trackers the recipe asks for, configured to keep their files in the run dir."""
-        lg, run = self.recipe.logging, self.ctx.run
-        out: list[str] = []
-        if lg.wandb is not None and lg.wandb.mode != "disabled":
-            import importlib.util
-
-            if importlib.util.find_spec("wandb") is None:
-                raise RecipeError("logging.wandb needs the wandb package, which is not installed",
-                                  key="logging.wandb", location=self.ctx.locate(("logging", "wandb")),
-                                  hint="pip install 'recipeforge[wandb]', or remove logging.wandb")
-            wandb_dir = run.root / "wandb"
-            wandb_dir.mkdir(parents=True, exist_ok=True)
-            env = {"WANDB_PROJECT": lg.wandb.project, "WANDB_MODE": lg.wandb.mode, "WANDB_DIR": str(wandb_dir),
-                   "WANDB_CACHE_DIR": str(wandb_dir / "cache"), "WANDB_CONFIG_DIR": str(wandb_dir / "config"),
-                   "WANDB_DATA_DIR": str(wandb_dir / "data"), "WANDB_NAME": public(self.ctx.loaded, ("logging", "wandb", "name"), lg.wandb.name) or run.root.name}
-            if lg.wandb.entity:
-                env["WANDB_ENTITY"] = lg.wandb.entity
-            if lg.wandb.tags:
-                env["WANDB_TAGS"] = ",".join(lg.wandb.tags)
-            self._set_env(env)
-            out.append("wandb")
-        if lg.mlflow is not None:
-            import importlib.util
-
-            if importlib.util.find_spec("mlflow") is None:
-                raise RecipeError("logging.mlflow needs the mlflow package, which is not installed",
-                                  key="logging.mlflow", location=self.ctx.locate(("logging", "mlflow")),
-                                  hint="pip install 'recipeforge[mlflow]', or remove logging.mlflow")
-            env = {"MLFLOW_EXPERIMENT_NAME": lg.mlflow.experiment}
-            if lg.mlflow.tracking_uri:
-                env["MLFLOW_TRACKING_URI"] = lg.mlflow.tracking_uri
-            self._set_env(env)
-            out.append("mlflow")
-        return out or "none"
+    def _run_name(self) -> str | None:
+        """The run's name for trackers and training_args.bin: never one read from a secret variable."""
+        r = self.recipe
+        return public(self.ctx.loaded, ("name",), r.name) \
+            or (self.ctx.loaded.path.stem if getattr(self.ctx.loaded, "path", None) else None)
 
     def _set_env(self, env: dict[str, str]) -> None:
         """Tracker settings travel by environment variables; they are put back after training."""

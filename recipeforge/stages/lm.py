@@ -36,7 +36,9 @@ class LMStage(TrainerStage):
         model = super().load_model()
         if self.recipe.adapter.type != "none":
             model = apply_lora(model, self.recipe.adapter, seed=self.recipe.train.seed,
-                               gradient_checkpointing=self.ctx.plan.gradient_checkpointing)
+                               gradient_checkpointing=self.ctx.plan.gradient_checkpointing,
+                               trainable_dtype=self.sharded_trainable_dtype(),
+                               trainable_tokens=self.trainable_tokens(model))
         # With a KV cache the models skip building the packed (block-diagonal) mask; training needs none.
         model.config.use_cache = False
         return model

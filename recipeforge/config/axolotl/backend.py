@@ -101,14 +101,15 @@ def compatibility(conv) -> None:
     r = conv.recipe
     d, a, t = r.get("distributed", {}), r.get("adapter", {}), r.get("train", {})
     qlora = a.get("type") == "qlora"
-    if d.get("backend") == "fsdp" and qlora:
+    # 4-bit QLoRA bases shard (stored in 16-bit words); 8-bit ones stay whole, so only ZeRO-0/1/2 take them
+    qlora8 = qlora and a.get("quant", {}).get("bits") == 8
+    if d.get("backend") == "fsdp" and qlora8:
         d.update(backend="deepspeed", zero_stage=2, offload="none")
         d.pop("fsdp_sharding", None)
-        conv.note("fsdp", "FSDP does not shard QLoRA's 4-bit weights in recipeforge; the recipe uses DeepSpeed "
-                          "ZeRO-2 instead")
-    if d.get("backend") == "deepspeed" and qlora and d.get("zero_stage") == 3:
+        conv.note("fsdp", "FSDP does not shard 8-bit QLoRA weights; the recipe uses DeepSpeed ZeRO-2 instead")
+    if d.get("backend") == "deepspeed" and qlora8 and d.get("zero_stage") == 3:
         d.update(zero_stage=2, offload="optimizer" if d.get("offload") != "none" else "none")
-        conv.note("deepspeed", "ZeRO-3 cannot partition QLoRA's 4-bit weights; the recipe uses ZeRO-2")
+        conv.note("deepspeed", "ZeRO-3 cannot partition 8-bit QLoRA weights; the recipe uses ZeRO-2")
     if d.get("backend") == "deepspeed" and d.get("offload") not in (None, "none"):
         if d.get("offload") == "optimizer+params" and d.get("zero_stage") not in (3, None):
             d["offload"] = "optimizer"

@@ -11,7 +11,10 @@ from typing import Any
 from recipeforge.config.axolotl.values import num
 
 # Axolotl chat template names with a recipeforge counterpart (data.chat_template).
-CHAT_TEMPLATES = {"chatml": "chatml", "llama3": "llama3", "tokenizer_default": "tokenizer"}
+CHAT_TEMPLATES = {"chatml": "chatml", "llama3": "llama3", "llama4": "llama4", "qwen_25": "qwen2.5", "qwen3": "qwen3",
+                  "gemma3": "gemma3", "mistral_v2v3": "mistral_v3", "mistral_v3_tekken": "mistral_v3_tekken",
+                  "phi_3": "phi3", "deepseek_v3": "deepseek_v3", "tokenizer_default": "tokenizer"}
+SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
 # Instruction (alpaca-like) types -> column renames to recipeforge's instruction/input/output.
 INSTRUCTION_TYPES: dict[str, dict[str, str]] = {
     "alpaca": {}, "alpaca_chat": {}, "alpaca:chat": {}, "alpaca_w_system": {}, "alpaca_instruct": {},
@@ -33,6 +36,10 @@ PREFERENCE_TYPES: dict[str, dict[str, str]] = {
                                                  "rejected": "rejected_response"},
     "argilla_chat": {}, "icr": {"prompt": "input"}, "prompt_pairs": {}, "ultra": {}, "default": {},
 }
+# KTO types -> column renames to recipeforge's prompt/completion/label (the prefix names a chat template).
+UNPAIRED_TYPES: dict[str, dict[str, str]] = {
+    "argilla": {"prompt": "instruction"}, "intel": {"prompt": "question"}, "prompt_pairs": {}, "ultra": {},
+}
 ENTRY_KEYS = ("path", "split", "name", "type")
 PER_DATASET_IGNORED = {
     "ds_type": "recipeforge tells json/parquet/csv/text files apart by their extension",
@@ -45,9 +52,10 @@ PER_DATASET_IGNORED = {
     "drop_system_message": "no counterpart; system messages are kept",
     "train_on_eos": "no counterpart; the end-of-turn of each trained assistant reply is trained",
     "train_on_eot": "no counterpart; the end-of-turn of each trained assistant reply is trained",
-    "field_system": "no counterpart for a system column name here; rename the column to `system`",
-    "chat_template_jinja": "custom Jinja templates have no counterpart; data.chat_template names a built-in one "
-                           "or the tokenizer's own",
+    "chat_template_jinja": "an inline Jinja template has no counterpart: save it as a .jinja file and set "
+                           "data.chat_template to its path (relative to the recipe)",
+    "message_field_training_detail": "no counterpart: a message is trained whole or not at all "
+                                     "(messages.train_field)",
 }
 
 
@@ -104,16 +112,60 @@ def data(conv) -> None:
     template = conv.get("chat_template")
     if template is not None:
         _chat_template(conv, template, "chat_template")
-    for src in ("default_system_message", "special_tokens", "tokens", "added_tokens_overrides"):
-        if conv.get(src) is not None:
-            conv.note(src, "no counterpart: recipeforge uses the tokenizer's own tokens and system prompt; save a "
-                           "tokenizer with them and set model.tokenizer to it")
+    _tokens(conv)
+    if conv.get("dataset_exact_deduplication") is not None:
+        conv.put("data.dedup", bool(conv.get("dataset_exact_deduplication")), "dataset_exact_deduplication")
+    system = conv.get("default_system_message")
+    if system is not None:
+        chats = [d for d in out if d.get("format") == "messages"]
+        for d in chats:
+            d.setdefault("messages", {}).setdefault("system_prompt", str(system))
+        if chats:
+            conv.map("default_system_message", "data.datasets[].messages.system_prompt")
+        else:
+            conv.note("default_system_message", "no chat dataset to give it to (messages.system_prompt)")
     if conv.get("chat_template_jinja") is not None:
-        conv.note("chat_template_jinja", PER_DATASET_IGNORED["chat_template_jinja"])
+        _jinja(conv, conv.get("chat_template_jinja"), "chat_template_jinja")
+
+
+def _tokens(conv) -> None:
+    """special_tokens, tokens, eot_tokens, added_tokens_overrides: `model.special_tokens` and the lists."""
+    special = conv.get("special_tokens")
+    if isinstance(special, dict):
+        kept = {k: str(v) for k, v in special.items() if k in SPECIAL_TOKEN_KEYS and v is not None}
+        if kept:
+            conv.put("model.special_tokens", kept, "special_tokens")
+        for k in special:
+            if k not in SPECIAL_TOKEN_KEYS:
+                conv.note(f"special_tokens.{k}", f"model.special_tokens takes {', '.join(SPECIAL_TOKEN_KEYS)}; "
+                                                 f"add other tokens with model.tokens")
+    elif special is not None:
+        conv.note("special_tokens", "not a mapping; not converted")
+    for src in ("tokens", "eot_tokens"):
+        value = conv.get(src)
+        if value is not None:
+            conv.put(f"model.{src}", [str(t) for t in (value if isinstance(value, list) else [value])], src)
+    if conv.get("added_tokens_overrides") is not None:
+        conv.note("added_tokens_overrides", "renaming tokens the tokenizer already has has no counterpart; save a "
+                                            "tokenizer with the new names and set model.tokenizer to it, or add new "
+                                            "tokens with model.tokens")
+
+
+def _jinja(conv, value: Any, key: str) -> None:
+    """A Jinja template file becomes data.chat_template; an inline template cannot be carried."""
+    text = str(value)
+    if "\n" not in text and "{%" not in text and "{{" not in text and text.endswith((".jinja", ".jinja2", ".j2")):
+        conv.put("data.chat_template", text, key)
+        conv.note(key, "data.chat_template is read relative to the recipe file: keep the template next to it")
+    else:
+        conv.note(key, PER_DATASET_IGNORED["chat_template_jinja"])
 
 
 def _chat_template(conv, name: Any, key: str) -> None:
     name = str(name)
+    if name == "jinja":  # the template is chat_template_jinja's
+        conv.map(key, "data.chat_template")
+        return
     if name in CHAT_TEMPLATES:
         current = conv.recipe.get("data", {}).get("chat_template")
         if current is not None and current != CHAT_TEMPLATES[name]:
@@ -121,8 +173,9 @@ def _chat_template(conv, name: Any, key: str) -> None:
         else:
             conv.put("data.chat_template", CHAT_TEMPLATES[name], key)
     else:
-        conv.note(key, f"'{name}' has no built-in counterpart (chatml, llama3, zephyr or the tokenizer's own); "
-                       f"data.chat_template is `tokenizer`, the model tokenizer's template")
+        conv.note(key, f"'{name}' has no built-in counterpart ({', '.join(sorted(set(CHAT_TEMPLATES.values())))}); "
+                       f"data.chat_template is `tokenizer`, the model tokenizer's template (or set it to a .jinja "
+                       f"file)")
 
 
 def _pretraining(conv, entry: Any, where: str) -> dict:
@@ -157,8 +210,10 @@ def _entry(conv, entry: Any, where: str) -> dict:
     handled = set(ENTRY_KEYS)
     stage = conv.recipe["stage"]
     kind = entry.get("type")
-    if stage == "dpo":
+    if stage in ("dpo", "orpo", "cpo", "reward"):
         handled |= _preference(conv, entry, spec, where)
+    elif stage == "kto":
+        _unpaired(conv, entry, spec, where)
     elif stage == "grpo":
         spec["format"] = "prompt"
         if kind:
@@ -206,10 +261,10 @@ def _lm(conv, entry: dict, spec: dict, where: str, stage: str) -> set[str]:
                                    "recipe uses the `completion` format: rows need prompt/completion columns "
                                    "(the completion is trained)")
         return set()
-    if kind == "":
-        spec["format"] = "text"
-        conv.note(f"{where}.type", "empty: pre-tokenized rows (input_ids, labels) have no built-in format; the "
-                                   "recipe reads a `text` column (write the text rows, or add a format plugin)")
+    if kind == "":  # no type: rows already tokenized
+        spec["format"] = "tokenized"
+        if "type" in entry:
+            conv.map(f"{where}.type", "data.datasets (format: tokenized)")
         return set()
     base = kind.split(":")[0] if kind.startswith("alpaca:") else kind
     spec["format"] = "alpaca"
@@ -223,34 +278,44 @@ def _lm(conv, entry: dict, spec: dict, where: str, stage: str) -> set[str]:
 
 
 def _messages(conv, entry: dict, spec: dict, where: str, kind: str) -> set[str]:
+    """A chat dataset: format messages, with `messages:` field mappings when the rows need them."""
     spec["format"] = "messages"
-    field = entry.get("field_messages") or ("conversations" if kind.startswith("sharegpt") else "messages")
-    if field != "messages":
-        spec["columns"] = {"messages": str(field)}
+    field = str(entry.get("field_messages") or ("conversations" if kind.startswith("sharegpt") else "messages"))
     handled = {"field_messages", "message_property_mappings", "message_field_role", "message_field_content",
-               "roles", "roles_to_train", "conversation", "chat_template"}
+               "roles", "roles_to_train", "conversation", "chat_template", "field_system", "message_field_training"}
+    fields: dict[str, Any] = {}
     mapping = dict(entry.get("message_property_mappings") or {})
     if entry.get("message_field_role"):
         mapping["role"] = entry["message_field_role"]
     if entry.get("message_field_content"):
         mapping["content"] = entry["message_field_content"]
-    if kind.startswith("sharegpt") and not mapping:
-        mapping = {"role": "from", "content": "value"}
-    role, content = mapping.pop("role", "role"), mapping.pop("content", "content")
-    if (role, content) not in (("role", "content"), ("from", "value")):
-        conv.note(f"{where}.message_property_mappings",
-                  f"role={role}, content={content}: recipeforge reads role/content or ShareGPT from/value "
-                  f"message keys; rename the keys in the data")
+    role, content = str(mapping.pop("role", "role")), str(mapping.pop("content", "content"))
+    if (role, content) not in (("role", "content"), ("from", "value")):  # those two are read without a mapping
+        fields.update(role=role, content=content)
     if mapping:
-        conv.note(f"{where}.message_property_mappings", f"{', '.join(mapping)}: no counterpart; not converted")
+        conv.note(f"{where}.message_property_mappings", f"{', '.join(mapping)}: no counterpart; only role and "
+                                                        f"content are read")
     roles = entry.get("roles") or {}
-    aliases = {"user": {"user", "human"}, "assistant": {"assistant", "gpt", "bot", "model"}, "system": {"system"},
-               "tool": {"tool"}}
-    unknown = [f"{r}: {a}" for r, names in roles.items() for a in (names or [])
-               if str(a).lower() not in aliases.get(str(r), set())]
-    if unknown:
-        conv.note(f"{where}.roles", f"{'; '.join(unknown)}: recipeforge knows the roles user/human, "
-                                    f"assistant/gpt/bot/model, system and tool; rename the others in the data")
+    if isinstance(roles, dict):
+        from recipeforge.components.messages import STANDARD_ROLES
+
+        # Only the names beyond the standard ones (user/human, assistant/gpt, ...) need mapping.
+        kept = {r: [str(a) for a in (names or []) if str(a) not in STANDARD_ROLES[r]] for r, names in roles.items()
+                if r in STANDARD_ROLES}
+        if any(kept.values()):
+            fields["roles"] = {r: n for r, n in kept.items() if n}
+        other = [str(r) for r in roles if r not in kept]
+        if other:
+            conv.note(f"{where}.roles", f"{', '.join(other)}: recipeforge's roles are system, user, assistant and "
+                                        f"tool; map the source names to one of them")
+    if entry.get("field_system"):
+        fields["system_field"] = str(entry["field_system"])
+    if entry.get("message_field_training"):
+        fields["train_field"] = str(entry["message_field_training"])
+    if fields:
+        spec["messages"] = {"field": field, **fields}
+    elif field != "messages":
+        spec["columns"] = {"messages": field}
     train_roles = entry.get("roles_to_train")
     if train_roles is not None and list(train_roles) != ["assistant"]:
         conv.note(f"{where}.roles_to_train", f"{train_roles}: recipeforge trains assistant turns "
@@ -258,6 +323,8 @@ def _messages(conv, entry: dict, spec: dict, where: str, kind: str) -> set[str]:
     for key in ("chat_template", "conversation"):
         if entry.get(key) is not None:
             _chat_template(conv, entry[key], f"{where}.{key}")
+    if entry.get("chat_template_jinja") is not None:
+        _jinja(conv, entry["chat_template_jinja"], f"{where}.chat_template_jinja")
     return handled
 
 
@@ -295,3 +362,31 @@ def _preference(conv, entry: dict, spec: dict, where: str) -> set[str]:
                 conv.note(f"{where}.{key}", "recipeforge reads role/content (or from/value) messages with the "
                                             "standard roles; other keys must be renamed in the data")
     return {"field_chosen", "field_rejected", "field_messages"}
+
+
+def _unpaired(conv, entry: dict, spec: dict, where: str) -> None:
+    """A KTO dataset: the `unpaired` format (prompt, completion, label)."""
+    spec["format"] = "unpaired"
+    kind = entry.get("type")
+    if isinstance(kind, dict):  # user_defined: field_* name the columns
+        cols = {dst: kind[src] for src, dst in (("field_prompt", "prompt"), ("field_completion", "completion"),
+                                                ("field_label", "label")) if kind.get(src) and kind[src] != dst}
+        if cols:
+            spec["columns"] = cols
+        if [k for k in kind if not k.startswith("field_")]:
+            conv.note(f"{where}.type", "prompt format strings have no counterpart; the prompt goes through "
+                                       "data.chat_template when it is a chat, else is used as written")
+        return
+    kind = str(kind or "")
+    prefix, _, strategy = kind.rpartition(".")
+    if prefix in CHAT_TEMPLATES:
+        _chat_template(conv, prefix, f"{where}.type")
+    elif prefix:
+        conv.note(f"{where}.type", f"template '{prefix}' has no counterpart; data.chat_template decides")
+    cols = UNPAIRED_TYPES.get(strategy or kind)
+    if cols is None:
+        conv.note(f"{where}.type", f"'{kind}' has no counterpart; the rows are read as prompt/completion/label"
+                  + (" (these rows hold the whole conversation in `completion`: split off the prompt)"
+                     if (strategy or kind) == "argilla_chat" else ""))
+    elif cols:
+        spec["columns"] = dict(cols)

@@ -6,11 +6,15 @@ import math
 
 from recipeforge.config.axolotl.values import num
 
-RL_STAGES = {"dpo": "dpo", "ipo": "dpo", "grpo": "grpo"}
+RL_STAGES = {"dpo": "dpo", "ipo": "dpo", "grpo": "grpo", "orpo": "orpo", "kto": "kto", "simpo": "cpo", "cpo": "cpo"}
 OPTIMIZERS = {"adamw_torch": "adamw", "adamw_hf": "adamw", "adamw": "adamw", "adamw_torch_fused": "adamw_fused",
               "adamw_bnb_8bit": "adamw_8bit", "adamw_8bit": "adamw_8bit", "paged_adamw_8bit": "paged_adamw_8bit",
               "paged_adamw_32bit": "paged_adamw_32bit", "adafactor": "adafactor", "sgd": "sgd",
-              "lion_8bit": "lion_8bit", "paged_lion_8bit": "lion_8bit"}
+              "lion_8bit": "lion_8bit", "paged_lion_8bit": "lion_8bit",
+              # torchao's low-bit AdamW: transformers' names, and Axolotl's own
+              "adamw_torch_8bit": "adamw_torchao_8bit", "adamw_torchao_8bit": "adamw_torchao_8bit",
+              "ao_adamw_8bit": "adamw_torchao_8bit", "adamw_torch_4bit": "adamw_torchao_4bit",
+              "adamw_torchao_4bit": "adamw_torchao_4bit", "ao_adamw_4bit": "adamw_torchao_4bit"}
 SCHEDULERS = {"cosine": "cosine", "linear": "linear", "constant": "constant",
               "constant_with_warmup": "constant_with_warmup", "cosine_with_min_lr": "cosine_with_min_lr",
               "warmup_stable_decay": "wsd"}
@@ -22,7 +26,9 @@ GRPO_LOSSES = ("grpo", "dr_grpo", "dapo", "bnpo")
 
 
 def stage(conv) -> None:
-    """`rl:` (dpo, ipo, grpo; orpo/simpo/kto/... reported) or pretrain/sft from the data."""
+    """`rl:` (dpo, ipo, grpo, orpo, kto, simpo, cpo; others reported) or pretrain/sft from the data."""
+    if _reward_model(conv):
+        return
     rl = conv.get("rl")
     if rl is not None:
         rl = str(rl).lower()
@@ -30,11 +36,12 @@ def stage(conv) -> None:
             conv.put("stage", RL_STAGES[rl], "rl")
             if rl == "ipo":
                 conv.put("dpo.loss_type", "ipo", "rl")
+            elif rl == "simpo":  # Axolotl trains SimPO on TRL's CPOTrainer, as recipeforge does
+                conv.put("cpo.loss_type", "simpo", "rl")
             return
         conv.put("stage", "dpo")
-        conv.note("rl", f"'{rl}' has no counterpart (recipeforge trains pretrain, sft, dpo and grpo); converted "
-                        f"to stage dpo with the sigmoid loss on the same data"
-                  + ("; KTO rows (prompt, completion, label) must become chosen/rejected pairs" if rl == "kto" else ""))
+        conv.note("rl", f"'{rl}' has no counterpart (recipeforge's preference stages are dpo, orpo, kto and cpo); "
+                        f"converted to stage dpo with the sigmoid loss on the same data")
         return
     from recipeforge.config.axolotl.datasets import raw_text_only
 
@@ -44,6 +51,32 @@ def stage(conv) -> None:
         conv.recipe["stage"] = "sft"
 
 
+def _reward_model(conv) -> bool:
+    """`reward_model: true` (with `type_of_model` / `model_type: AutoModelForSequenceClassification` and
+    `num_labels: 1`): a Bradley-Terry reward model, `stage: reward`."""
+    flag = conv.get("reward_model")
+    if flag is None:
+        return False
+    if flag is not True:
+        conv.map("reward_model", "(false: not a reward model)")
+        return False
+    conv.put("stage", "reward", "reward_model")
+    for src in ("type_of_model", "model_type"):
+        if conv.get(src) is not None:
+            if str(conv.get(src)) == "AutoModelForSequenceClassification":
+                conv.map(src, "stage (reward loads AutoModelForSequenceClassification with one output)")
+            else:
+                conv.note(src, f"'{conv.get(src)}': the reward stage loads AutoModelForSequenceClassification")
+    labels = conv.get("num_labels")
+    if labels == 1:
+        conv.map("num_labels", "stage (one score per sequence)")
+    elif labels is not None:
+        conv.note("num_labels", f"{labels}: a Bradley-Terry reward model has one output; converted with one")
+    if conv.get("rl") is not None:
+        conv.note("rl", f"'{conv.get('rl')}' is not used: reward_model: true trains a reward model (stage reward)")
+    return True
+
+
 def model(conv) -> None:
     conv.put("model.name_or_path", conv.get("base_model"), "base_model")
     for src, dst in (("revision_of_model", "model.revision"), ("tokenizer_config", "model.tokenizer"),
@@ -51,9 +84,12 @@ def model(conv) -> None:
         if conv.get(src) is not None:
             conv.put(dst, conv.get(src), src)
     for src in ("model_type", "tokenizer_type", "base_model_config", "tokenizer_use_fast", "tokenizer_legacy"):
-        if conv.get(src) is not None:
+        if conv.get(src) is not None and src not in conv.mapped and src not in conv.notes:
             conv.note(src, "not needed: recipeforge loads the model with AutoModelForCausalLM and the tokenizer "
                            "with AutoTokenizer from model.name_or_path (or model.tokenizer)")
+    if conv.get("random_init_weights") is not None:
+        conv.put("model.init", "random" if conv.get("random_init_weights") is True else "pretrained",
+                 "random_init_weights")
     bf16 = conv.get("bf16", conv.get("bfloat16"))
     fp16 = conv.get("fp16", conv.get("float16"))
     dtype = ("bf16" if bf16 is True else "auto" if bf16 == "auto" else "fp16" if fp16 is True
@@ -185,6 +221,7 @@ def optimisation(conv) -> None:
             conv.put("train.optimizer", OPTIMIZERS[opt], "optimizer")
         else:
             conv.note("optimizer", f"'{opt}' has no counterpart; the recipe uses adamw")
+    unfrozen(conv)
     sched = conv.get("lr_scheduler")
     if sched is not None:
         if sched in SCHEDULERS:
@@ -198,9 +235,18 @@ def optimisation(conv) -> None:
     gc = conv.get("gradient_checkpointing")
     if gc is not None:
         conv.put("train.gradient_checkpointing", bool(gc), "gradient_checkpointing")
-        if isinstance(gc, str):
-            conv.note("gradient_checkpointing", f"'{gc}' (activation offload) has no counterpart; plain "
-                                                f"gradient checkpointing is on")
+        if gc == "offload":  # Axolotl's older spelling of activation_offloading
+            conv.put("train.activation_offloading", True, "gradient_checkpointing")
+        elif isinstance(gc, str):
+            conv.note("gradient_checkpointing", f"'{gc}' (offload to disk) has no counterpart; gradient "
+                                                f"checkpointing is on, without offloading")
+    offload = conv.get("activation_offloading")
+    if offload == "disk":
+        conv.note("activation_offloading", "offloading to disk has no counterpart; train.activation_offloading "
+                                           "keeps them in pinned host memory")
+        conv.put("train.activation_offloading", True, "activation_offloading")
+    elif offload is not None:  # true, or "legacy" (its older hooks): TRL's offloading either way
+        conv.put("train.activation_offloading", bool(offload), "activation_offloading")
     if conv.get("gradient_checkpointing_kwargs") is not None:
         conv.note("gradient_checkpointing_kwargs", "no counterpart; recipeforge checkpoints without reentrant")
     for src in ("evals_per_epoch", "saves_per_epoch"):
@@ -212,15 +258,32 @@ def optimisation(conv) -> None:
             conv.note(src, "no counterpart; steps when train.eval_steps / output.save_steps are set, else epochs")
 
 
+def unfrozen(conv) -> None:
+    """`unfrozen_parameters` (same pattern semantics) for a full fine-tune; next to an adapter it is
+    reported, since recipeforge refuses it there (peft would not save the base weights it trains)."""
+    patterns = conv.get("unfrozen_parameters")
+    if patterns is None:
+        return
+    patterns = [patterns] if isinstance(patterns, str) else patterns
+    if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+        conv.note("unfrozen_parameters", "not a list of name patterns; not converted (every parameter trains)")
+    elif conv.get("adapter") is not None:
+        conv.note("unfrozen_parameters", "not converted next to an adapter: the adapter freezes the base model "
+                                         "and saves only itself (list whole modules under adapter.modules_to_save "
+                                         "to train them too)")
+    else:
+        conv.put("train.unfrozen_parameters", list(patterns), "unfrozen_parameters")
+
+
 def stage_settings(conv) -> None:
-    """DPO and GRPO settings (`rl_beta`, `dpo_*`, `trl:`)."""
+    """DPO, GRPO, ORPO, KTO and CPO settings (`rl_beta`, `dpo_*`, `orpo_alpha`, `kto_*`, `simpo_gamma`, `trl:`)."""
     st = conv.recipe["stage"]
     trl = conv.get("trl") or {}
     if not isinstance(trl, dict):
         conv.note("trl", "not a mapping; not converted")
         trl = {}
     if trl:
-        conv.map("trl", f"{st}.*" if st in ("dpo", "grpo") else "(see the trl.* lines)")
+        conv.map("trl", f"{st}.*" if st in ("dpo", "grpo", "orpo", "kto", "cpo") else "(see the trl.* lines)")
     beta = conv.get("rl_beta", trl.get("beta"))
     if st == "dpo":
         if conv.get("rl_beta") is not None:
@@ -243,18 +306,47 @@ def stage_settings(conv) -> None:
                                            f"recipe keeps {conv.recipe.get('dpo', {}).get('loss_type', 'sigmoid')}")
     elif st == "grpo":
         _grpo(conv, trl)
+    elif st in ("orpo", "kto", "cpo"):
+        _preference(conv, st, trl)
     for key in trl:
         full = f"trl.{key}"
         if full not in conv.mapped and full not in conv.notes:
             conv.note(full, f"no counterpart for stage {st}; not converted")
     for src in ("orpo_alpha", "simpo_gamma", "cpo_alpha", "kto_desirable_weight", "kto_undesirable_weight",
                 "dpo_use_weighting", "dpo_padding_free", "dpo_use_liger_kernel", "dpo_loss_weights", "dpo_norm_loss"):
-        if conv.get(src) is not None and src not in conv.mapped:
-            conv.note(src, "no counterpart in recipeforge's DPO; not converted")
+        if conv.get(src) is not None and src not in conv.mapped and src not in conv.notes:
+            conv.note(src, f"not a setting of stage {st}; not converted")
     if st != "dpo":
         for src in ("rl_beta", "dpo_label_smoothing", "dpo_loss_type", "rpo_alpha"):
             if conv.get(src) is not None and src not in conv.mapped:
                 conv.note(src, f"a DPO setting in a stage {st} config; not converted")
+
+
+def _preference(conv, st: str, trl: dict) -> None:
+    """ORPO, KTO and CPO/SimPO settings. Axolotl takes beta from trl.beta, else rl_beta, else orpo_alpha."""
+    sources = [("trl.beta", trl.get("beta")), ("rl_beta", conv.get("rl_beta")), ("orpo_alpha", conv.get("orpo_alpha"))]
+    given = [(src, value) for src, value in sources if value is not None]
+    for i, (src, value) in enumerate(given):
+        if i == 0:
+            conv.put(f"{st}.beta", num(value, float, src), src)
+        else:
+            conv.note(src, f"Axolotl takes beta from {given[0][0]} first; not converted")
+    settings = {"kto": (("kto_desirable_weight", "desirable_weight"), ("kto_undesirable_weight", "undesirable_weight")),
+                "cpo": (("simpo_gamma", "simpo_gamma"), ("cpo_alpha", "cpo_alpha"))}.get(st, ())
+    for src, dst in settings:
+        if conv.get(src) is not None:
+            conv.put(f"{st}.{dst}", num(conv.get(src), float, src), src)
+    if st == "cpo" and conv.get("cpo_alpha") is None and str(conv.get("rl")).lower() == "simpo":
+        conv.put("cpo.cpo_alpha", 1.0)
+        conv.note("rl", "simpo: Axolotl keeps TRL's NLL term on chosen answers (cpo_alpha 1.0) unless cpo_alpha is "
+                        "set, so the recipe sets cpo.cpo_alpha: 1.0 (0, recipeforge's SimPO default, is the SimPO "
+                        "paper's loss)")
+    if conv.get("max_prompt_len") is not None:
+        if st == "cpo":
+            conv.note("max_prompt_len", "Axolotl does not cut SimPO/CPO prompts by it; not converted")
+        else:
+            conv.put(f"{st}.max_prompt_length", num(conv.get("max_prompt_len"), int, "max_prompt_len"),
+                     "max_prompt_len")
 
 
 def _grpo(conv, trl: dict) -> None:

@@ -152,11 +152,14 @@ def _names(r: Recipe) -> Iterator[RuleProblem]:
     """Names the run looks up in tables of its own (not registries): the chat template, the tiny
     architecture of a ``tiny:<arch>`` model, the backend preset."""
     from recipeforge.components.tiny_spec import TINY_CONFIGS, tiny_arch
-    from recipeforge.components.tokenizer import CHAT_TEMPLATES
+    from recipeforge.components.chat_templates import canonical, is_template_path, known_names
 
     template = r.data.chat_template
-    if template != "tokenizer" and template not in CHAT_TEMPLATES:
-        yield _unknown(("data", "chat_template"), "chat template", template, ["tokenizer", *CHAT_TEMPLATES])
+    # A .jinja path is checked where the recipe's folder is known (when the run loads it).
+    if template != "tokenizer" and canonical(template) is None and not is_template_path(template):
+        yield RuleProblem(("data", "chat_template"), f"unknown chat template '{template}'",
+                          _unknown(("data", "chat_template"), "chat template", template, known_names()).hint
+                          + ", or a path to a .jinja file")
     arch = tiny_arch(r.model.name_or_path)
     if arch is not None and arch not in TINY_CONFIGS:
         yield _unknown(("model", "name_or_path"), "tiny model", r.model.name_or_path,

@@ -4,10 +4,47 @@ from __future__ import annotations
 
 from typing import Literal, Optional, Union
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from recipeforge.config.schema.base import Section
+
+
+class MessageFields(Section):
+    """How the messages of a chat dataset are laid out when they are not OpenAI/ShareGPT style."""
+
+    field: str = Field("messages", min_length=1, description="Column holding the list of messages.")
+    role: Optional[str] = Field(
+        None, min_length=1, description="Key of a message that holds its role (default: `role`, or ShareGPT `from`).")
+    content: Optional[str] = Field(
+        None, min_length=1,
+        description="Key of a message that holds its text (default: `content`, or ShareGPT `value`).")
+    roles: dict[Literal["system", "user", "assistant", "tool"], tuple[str, ...]] = Field(
+        default_factory=dict,
+        description="Source role names for each role, e.g. {user: [human, customer], assistant: [gpt, agent]}; "
+                    "added to the standard names (user/human, assistant/gpt/bot/model, system, tool).")
+    system_field: Optional[str] = Field(
+        None, min_length=1,
+        description="Column with a system prompt for each row; put first in the conversation when it is not empty "
+                    "and the conversation has no system message.")
+    system_prompt: Optional[str] = Field(
+        None, min_length=1, description="System prompt for rows that have none (neither a system message nor a "
+                                        "value in `system_field`).")
+    train_field: Optional[str] = Field(
+        None, min_length=1,
+        description="Key of a message that says (true/false) whether an assistant reply is trained; replies "
+                    "without it are trained.")
+
+    @field_validator("roles")
+    @classmethod
+    def _distinct_sources(cls, value: dict) -> dict:
+        seen: dict[str, str] = {}
+        for role, names in value.items():
+            for n in names:
+                if seen.get(n, role) != role:
+                    raise ValueError(f"'{n}' is listed under both {seen[n]} and {role}")
+                seen[n] = role
+        return value
 
 
 class DatasetSpec(Section):
@@ -24,6 +61,10 @@ class DatasetSpec(Section):
         default_factory=dict,
         description="Rename source columns to the format's names, e.g. {prompt: question, completion: answer}.")
     max_samples: Optional[int] = Field(None, gt=0, description="Use at most this many rows (after shuffling).")
+    messages: Optional[MessageFields] = Field(
+        None, description="Format `messages`: where the messages, their roles and texts are (field mappings).")
+    dedup: Optional[bool] = Field(
+        None, description="Drop rows identical to an earlier row of this dataset (default: `data.dedup`).")
     weight: Optional[float] = Field(
         None, gt=0,
         description="Relative sampling weight when mixing several datasets: each training row is drawn from "
@@ -44,6 +85,13 @@ class DatasetSpec(Section):
             expected = ", ".join(repr(n) for n in names[:-1]) + f" or {names[-1]!r}" if len(names) > 1 else repr(names[0])
             raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
         return value
+
+    @model_validator(mode="after")
+    def _messages_need_the_messages_format(self):
+        if self.messages is not None and self.format != "messages":
+            raise PydanticCustomError("messages_format", "`messages` field mappings need format: messages (got "
+                                      "format: {format})", {"format": self.format})
+        return self
 
 
 class DataConfig(Section):
@@ -66,8 +114,13 @@ class DataConfig(Section):
                           "Default: true for pretrain, false otherwise.")
     chat_template: str = Field(
         "tokenizer", min_length=1,
-        description="Chat template for `messages`/`alpaca`: `tokenizer` (the tokenizer's own) or a named one "
-                    "(chatml, llama3, ...).")
+        description="Chat template for `messages`/`alpaca`: `tokenizer` (the tokenizer's own), a named one (chatml, "
+                    "llama3, llama4, qwen2.5, qwen3, gemma3, mistral_v3, mistral_v3_tekken, phi3, deepseek_v3, "
+                    "zephyr), or a path to a .jinja file (relative to the recipe file). Loss is on the assistant "
+                    "replies and their turn-end token.")
+    dedup: bool = Field(
+        False, description="Drop training rows identical to an earlier one (across all training datasets; a "
+                           "dataset's own `dedup` overrides this for it). The count is in the data log line.")
     train_on_inputs: bool = Field(
         False, description="SFT: also train on prompt/user tokens. Default: only assistant/completion tokens.")
     truncation: Literal["truncate", "drop"] = Field(

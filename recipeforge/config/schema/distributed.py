@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Union
 
 from pydantic import Field
 
 from recipeforge.config.schema.base import Section
 
 Backend = Literal["auto", "single", "ddp", "deepspeed", "fsdp", "megatron"]
+# A parallel size the planner may choose (`auto`) or the recipe pins.
+ParallelSize = Union[Literal["auto"], Annotated[int, Field(ge=1)]]
+PARALLEL_SIZE_KEYS = ("tensor_parallel", "context_parallel", "data_parallel_replicate", "data_parallel_shard")
 
 
 class DistributedConfig(Section):
@@ -22,8 +25,25 @@ class DistributedConfig(Section):
     offload: Literal["auto", "none", "optimizer", "optimizer+params"] = Field(
         "auto", description="Offload optimizer states (and parameters) to CPU memory; `auto`: only when nothing "
                             "fits on the GPUs alone; `none` forbids it.")
-    tensor_parallel: int = Field(1, ge=1, description="Tensor-parallel size (Megatron).")
+    tensor_parallel: ParallelSize = Field(
+        "auto", description="Tensor-parallel size: attention heads and MLP columns split over this many GPUs of a "
+                            "node. FSDP2: the model's tensor-parallel plan (transformers' `base_model_tp_plan`, "
+                            "loaded sharded) on an accelerate `ParallelismConfig` (`tp_size`); Megatron: "
+                            "`tensor_model_parallel_size`. `auto`: the planner adds it when the model does not fit "
+                            "per GPU otherwise.")
     pipeline_parallel: int = Field(1, ge=1, description="Pipeline-parallel size (Megatron).")
+    context_parallel: ParallelSize = Field(
+        "auto", description="Context-parallel size: each sequence split over this many GPUs (ring attention, "
+                            "PyTorch context parallel through accelerate's `ParallelismConfig.cp_size`, FSDP2, "
+                            "CUDA only). Needs `data.sequence_len` divisible by 2 x the size, sdpa attention and "
+                            "no packing. `auto`: the planner adds it when a sequence's activations do not fit.")
+    data_parallel_replicate: ParallelSize = Field(
+        "auto", description="FSDP2 replicas (`ParallelismConfig.dp_replicate_size`): the model is sharded inside "
+                            "a replica and replicated across them (hybrid sharding; usually the node count). "
+                            "`auto`: 1, or the node count for fsdp_sharding: hybrid_shard.")
+    data_parallel_shard: ParallelSize = Field(
+        "auto", description="GPUs each FSDP2 replica shards the model over (`ParallelismConfig.dp_shard_size`). "
+                            "`auto`: the GPUs left after replicas, tensor and context parallel.")
     fsdp_sharding: Literal["full_shard", "hybrid_shard", "shard_grad_op"] = Field(
         "full_shard", description="FSDP sharding strategy.")
     memory_headroom: float = Field(
@@ -35,6 +55,12 @@ class DistributedConfig(Section):
                     "and the trainer's `ddp_timeout` (Axolotl's `ddp_timeout`, here in minutes). 60 leaves room "
                     "for the main process saving or merging a large model while the others wait, and still "
                     "ends a hung job within the hour (NCCL's own default is 10).")
+
+
+    def pinned_size(self, key: str) -> int | None:
+        """The size the recipe pins for parallel dimension `key` (None: `auto`, the planner chooses)."""
+        value = getattr(self, key)
+        return None if value == "auto" else int(value)
 
 
 class HardwareConfig(Section):

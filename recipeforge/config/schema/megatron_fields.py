@@ -64,6 +64,18 @@ FIELDS: dict[str, Field] = {
         why=f"Megatron-Core chooses its attention kernels through Transformer Engine; model.attn_implementation "
             f"applies on {HF}"),
     "model.trust_remote_code": mapped("AutoBridge.from_hf_pretrained(trust_remote_code=...)"),
+    "model.special_tokens": refused(
+        "the megatron backend trains the vocabulary of the converted checkpoint; new tokens need new embedding rows "
+        f"there. Save a tokenizer and model with them first, or use one of {HF}"),
+    "model.tokens": refused(
+        "the megatron backend trains the vocabulary of the converted checkpoint; model.tokens needs new embedding "
+        f"rows (runs on {HF})"),
+    "model.eot_tokens": refused(
+        f"the megatron backend takes the turn-end and stop tokens from the checkpoint's tokenizer; model.eot_tokens "
+        f"runs on {HF}"),
+    "model.init": refused(
+        f"the megatron backend starts from the checkpoint converted from `name_or_path`; model.init: random "
+        f"applies on {HF}"),
     "model.max_position_embeddings": refused(
         f"Megatron-Bridge takes the context length from the checkpoint's config; model.max_position_embeddings "
         f"applies on {HF}"),
@@ -88,6 +100,7 @@ FIELDS: dict[str, Field] = {
     "data.sequence_len": mapped("model.seq_length, dataset.seq_length, offline_packing_specs.packed_sequence_size"),
     "data.packing": mapped(DATA_STEP + " (several samples per row, or one)"),
     "data.chat_template": mapped(DATA_STEP),
+    "data.dedup": mapped(DATA_STEP + " (duplicate rows are dropped before tokenization, for every backend)"),
     "data.train_on_inputs": mapped(DATA_STEP + " (the loss mask)"),
     "data.truncation": mapped(DATA_STEP),
     "data.shuffle": mapped("dataset.max_train_samples (Megatron-Bridge reshuffles the packed rows each epoch)",
@@ -108,8 +121,8 @@ FIELDS: dict[str, Field] = {
     "train.optimizer": mapped(
         "optimizer.optimizer (adam with decoupled weight decay = AdamW, or sgd)",
         allowed=("adamw", "adamw_fused", "sgd"),
-        why=f"Megatron-Core's optimizers are Adam/AdamW and SGD; bitsandbytes, Adafactor and Lion optimizers "
-            f"run on {HF}"),
+        why=f"Megatron-Core's optimizers are Adam/AdamW and SGD; bitsandbytes, torchao, Adafactor and Lion "
+            f"optimizers run on {HF}"),
     "train.scheduler": mapped("scheduler.lr_decay_style (+ lr_wsd_decay_iters for wsd)"),
     "train.warmup_ratio": mapped("scheduler.lr_warmup_iters"),
     "train.warmup_steps": mapped("scheduler.lr_warmup_iters"),
@@ -119,6 +132,8 @@ FIELDS: dict[str, Field] = {
     "train.adam_beta2": mapped("optimizer.adam_beta2"),
     "train.max_grad_norm": mapped("optimizer.clip_grad"),
     "train.gradient_checkpointing": mapped("model.recompute_granularity / recompute_method / recompute_num_layers"),
+    "train.activation_offloading": refused(
+        f"the megatron backend does not switch on Megatron-Core's activation CPU offloading; it applies on {HF}"),
     "train.precision": mapped(
         "mixed_precision (bf16_mixed / fp16_mixed: fp32 main weights)", allowed=("auto", "mixed"),
         why=f"Megatron-Bridge keeps fp32 main weights (mixed precision); pure bf16 training applies on {HF}"),
@@ -134,6 +149,7 @@ FIELDS: dict[str, Field] = {
     "train.divergence.spike_window": refused(f"the loss-spike watch is a trainer callback of {HF}"),
     "train.divergence.spike_patience": refused(f"the loss-spike watch is a trainer callback of {HF}"),
     "train.divergence.on_spike": refused(f"the loss-spike watch is a trainer callback of {HF}"),
+    "train.unfrozen_parameters": refused(f"training only the parameters selected by name runs on {HF}"),
     # distributed / hardware
     "distributed.backend": mapped(PLANNER),
     "distributed.preset": mapped(PLANNER + " (tp{T}_pp{P}[_offload])"),
@@ -145,6 +161,15 @@ FIELDS: dict[str, Field] = {
         why="Megatron-Core offloads optimizer states, not parameters; optimizer+params runs on deepspeed and fsdp"),
     "distributed.tensor_parallel": mapped("model.tensor_model_parallel_size (sequence_parallel when > 1)"),
     "distributed.pipeline_parallel": mapped("model.pipeline_model_parallel_size"),
+    "distributed.context_parallel": mapped(
+        "model.context_parallel_size (1)", allowed=("auto", 1),
+        why="context parallel runs on backend: fsdp (accelerate ParallelismConfig.cp_size)"),
+    "distributed.data_parallel_replicate": mapped(
+        PLANNER + " (Megatron's data-parallel size is what TP x PP leave)", allowed=("auto", 1),
+        why="replicate / shard sizes are FSDP2's mesh (backend: fsdp)"),
+    "distributed.data_parallel_shard": mapped(
+        PLANNER + " (Megatron's data-parallel size is what TP x PP leave)", allowed=("auto",),
+        why="replicate / shard sizes are FSDP2's mesh (backend: fsdp)"),
     "distributed.fsdp_sharding": refused("FSDP sharding applies on backend: fsdp"),
     "distributed.memory_headroom": mapped(PLANNER),
     "distributed.timeout_minutes": mapped("the process group's timeout (recipeforge's worker initialises it)"),
@@ -171,10 +196,15 @@ FIELDS: dict[str, Field] = {
             f"applies on {HF}"),
     "output.merge_adapter": mapped("recipeforge's LoRA merge of final/ (the adapter exported by "
                                    "AutoBridge.export_adapter_ckpt)"),
-    "output.push_to_hub": refused("pushing to the Hub is not carried out by the megatron backend"),
+    "output.push_to_hub": mapped("recipeforge's upload of the exported final/ (or merged/) after the job "
+                                 "(outputs.hub), as for every backend"),
     # other stages' sections
     "dpo": ignored("DPO runs on other backends (stage is refused)"),
     "grpo": ignored("GRPO runs on other backends (stage is refused)"),
+    "orpo": ignored("ORPO runs on other backends (stage is refused)"),
+    "kto": ignored("KTO runs on other backends (stage is refused)"),
+    "cpo": ignored("CPO runs on other backends (stage is refused)"),
+    "reward": ignored("reward-model training runs on other backends (stage is refused)"),
 }
 
 

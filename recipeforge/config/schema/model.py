@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from recipeforge.config.schema.base import Section
+from recipeforge.config.schema.tokens import SpecialTokens, check_tokens
 
 Dtype = Literal["auto", "bf16", "fp16", "fp32"]
 AttnImplementation = Literal["auto", "eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"]
@@ -27,7 +28,27 @@ class ModelConfig(Section):
                             "GPU, fp32 on CPU.")
     attn_implementation: AttnImplementation = Field(
         "auto", description="Attention kernel. `auto`: flash_attention_2 when installed on a GPU, else sdpa.")
+    init: Literal["pretrained", "random"] = Field(
+        "pretrained",
+        description="`pretrained`: load the weights at `name_or_path`. `random`: build the architecture from its "
+                    "config.json (a local directory, a known hub id, or the hub) with random weights, seeded by "
+                    "`train.seed`: pretraining from scratch, or benchmarking a model's shape without its weights.")
     trust_remote_code: bool = Field(
         False, description="Allow the model's own Python code from the hub to run. Off unless you trust it.")
     max_position_embeddings: Optional[int] = Field(
         None, gt=0, description="Override the context length the model is built with (RoPE scaling aside).")
+    # Vocabulary changes live here, not under data:, because they change the model: new embedding
+    # rows, trained and saved with it, the same for every dataset (see docs/recipes.md).
+    special_tokens: SpecialTokens = Field(
+        default_factory=SpecialTokens,
+        description="Set the tokenizer's bos/eos/pad/unk tokens, e.g. {pad_token: '<|pad|>'}; a token not in the "
+                    "vocabulary is added (new embedding row, trained).")
+    tokens: tuple[str, ...] = Field(
+        (), description="Tokens to add to the vocabulary as written (e.g. ['<tool>', '</tool>']); each gets a new "
+                        "embedding row, started at the mean of the others and trained (under LoRA too).")
+    eot_tokens: tuple[str, ...] = Field(
+        (), description="Tokens that end a turn when that is not the EOS token (e.g. ['<|eot_id|>']): added when "
+                        "missing, generation stops at them, and with chat templates without generation blocks a "
+                        "reply's trained part ends at the last one.")
+
+    _tokens_ok = field_validator("tokens", "eot_tokens")(classmethod(lambda cls, v: check_tokens(v)))

@@ -10,7 +10,10 @@ from recipeforge.config.schema.base import Section
 
 
 class HubPushConfig(Section):
-    """Upload final/ to the Hugging Face Hub after training."""
+    """Upload the model to the Hugging Face Hub once the run is complete and saved: final/ (merged/ with
+    merge_adapter) and the model card; never checkpoints, logs or optimizer states. Needs a token (HF_TOKEN or
+    `hf auth login`). A failed upload leaves the run complete, `train` exits with 3, and
+    `recipeforge push RUN_DIR` retries."""
 
     repo_id: str = Field(min_length=1, description="Target repository, e.g. my-org/my-model.")
     private: bool = Field(True, description="Create the repository as private.")

@@ -19,10 +19,12 @@ from recipeforge.config.schema.lock import LockConfig
 from recipeforge.config.schema.logging import LoggingConfig
 from recipeforge.config.schema.model import ModelConfig
 from recipeforge.config.schema.output import OutputConfig
+from recipeforge.config.schema.preference import CPOConfig, KTOConfig, ORPOConfig
+from recipeforge.config.schema.reward_stage import RewardModelConfig
 from recipeforge.config.schema.stages import DPOConfig, GRPOConfig
 from recipeforge.config.schema.train import TrainConfig
 
-STAGES = ("pretrain", "sft", "dpo", "grpo")
+STAGES = ("pretrain", "sft", "dpo", "grpo", "orpo", "kto", "cpo", "reward")
 
 
 class Recipe(Section):
@@ -96,11 +98,42 @@ class GRPORecipe(Recipe):
     grpo: GRPOConfig = Field(description="GRPO settings (rewards are required).")
 
 
-AnyRecipe = Annotated[Union[PretrainRecipe, SFTRecipe, DPORecipe, GRPORecipe], Field(discriminator="stage")]
+class ORPORecipe(Recipe):
+    """Odds Ratio Preference Optimization on chosen/rejected pairs (no reference model)."""
+
+    stage: Literal["orpo"] = Field(description=f"Training stage: {' | '.join(STAGES)}.")
+    orpo: ORPOConfig = Field(default_factory=ORPOConfig, description="ORPO settings.")
+
+
+class KTORecipe(Recipe):
+    """Kahneman-Tversky Optimization on completions labelled desirable or undesirable."""
+
+    stage: Literal["kto"] = Field(description=f"Training stage: {' | '.join(STAGES)}.")
+    kto: KTOConfig = Field(default_factory=KTOConfig, description="KTO settings.")
+
+
+class CPORecipe(Recipe):
+    """Contrastive Preference Optimization, or SimPO (`cpo.loss_type: simpo`), on chosen/rejected pairs."""
+
+    stage: Literal["cpo"] = Field(description=f"Training stage: {' | '.join(STAGES)}.")
+    cpo: CPOConfig = Field(default_factory=CPOConfig, description="CPO / SimPO settings.")
+
+
+class RewardRecipe(Recipe):
+    """A Bradley-Terry reward model (sequence classification, one score) trained on chosen/rejected pairs."""
+
+    stage: Literal["reward"] = Field(description=f"Training stage: {' | '.join(STAGES)}.")
+    reward: RewardModelConfig = Field(default_factory=RewardModelConfig, description="Reward-model settings.")
+
+
+AnyRecipe = Annotated[Union[PretrainRecipe, SFTRecipe, DPORecipe, GRPORecipe, ORPORecipe, KTORecipe, CPORecipe,
+                            RewardRecipe],
+                      Field(discriminator="stage")]
 STAGE_CLASSES: dict[str, type[Recipe]] = {
-    "pretrain": PretrainRecipe, "sft": SFTRecipe, "dpo": DPORecipe, "grpo": GRPORecipe}
+    "pretrain": PretrainRecipe, "sft": SFTRecipe, "dpo": DPORecipe, "grpo": GRPORecipe,
+    "orpo": ORPORecipe, "kto": KTORecipe, "cpo": CPORecipe, "reward": RewardRecipe}
 # Sections that exist only for one stage, for "this section belongs to stage X" hints.
-STAGE_ONLY_SECTIONS = {"dpo": "dpo", "grpo": "grpo"}
+STAGE_ONLY_SECTIONS = {"dpo": "dpo", "grpo": "grpo", "orpo": "orpo", "kto": "kto", "cpo": "cpo", "reward": "reward"}
 
 _ADAPTER: TypeAdapter | None = None
 

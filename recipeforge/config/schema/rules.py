@@ -63,6 +63,25 @@ def _target_device(r: Recipe) -> str | None:
     return "cpu" if r.hardware.gpus_per_node == 0 else "cuda"
 
 
+def _parallel_sizes(r: Recipe, backend: str) -> list:
+    """Pinned FSDP2 mesh sizes the recipe alone rules out (the planner checks them against the model
+    and the GPUs): replicate/shard sizes off FSDP, a sequence that does not split 2 x cp ways."""
+    from recipeforge.capabilities import Refusal
+    from recipeforge.config.schema.parallel_rules import context_parallel_refusal
+
+    d, out = r.distributed, []
+    for key in ("data_parallel_replicate", "data_parallel_shard"):
+        if (d.pinned_size(key) or 1) > 1 and backend not in ("auto", "fsdp"):
+            out.append(Refusal(f"distributed.{key}", f"{key} sizes FSDP2's mesh (accelerate's "
+                               f"ParallelismConfig), not the {backend} backend", "set distributed.backend: fsdp"))
+    cp = d.pinned_size("context_parallel") or 1
+    why = context_parallel_refusal(cp, seq_len=r.data.sequence_len, model_type="", attention=r.model.attn_implementation,
+                                   packing=bool(r.data.packing))
+    if why is not None:
+        out.append(Refusal(why.key, why.message, why.hint))
+    return out
+
+
 def _distributed(r: Recipe) -> Iterator[RuleProblem]:
     """The pinned backend against its capability record (`recipeforge.capabilities`), the record the
     planner and the backend's `check()` read too; `auto` needs at least one backend that runs it."""
@@ -75,7 +94,7 @@ def _distributed(r: Recipe) -> Iterator[RuleProblem]:
         backend, zero, offload = pinned[0], pinned[1] if pinned[1] is not None else zero, pinned[2]
     facts = dict(stage=r.stage, device=_target_device(r), adapter=a.type, quant_bits=a.quant.bits,
                  offload=offload, zero_stage=zero, optimizer=r.train.optimizer,
-                 model_parallel=parallel_key(d.tensor_parallel, d.pipeline_parallel))
+                 model_parallel=parallel_key(d.tensor_parallel, d.pipeline_parallel, d.context_parallel))
     if backend != "auto":
         found = refusals(capabilities_of(backend), **facts)
     else:
@@ -88,6 +107,7 @@ def _distributed(r: Recipe) -> Iterator[RuleProblem]:
             found = [Refusal(key, f"no backend runs this combination ({why})", "change this setting")]
         else:
             found = []
+    found += _parallel_sizes(r, backend)
     seen = set()
     for refusal in found:
         if refusal.key not in seen:  # one problem per key: the first reason is the one to fix

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import Field
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator
 
+from recipeforge.config.param_patterns import parse_pattern
 from recipeforge.config.schema.base import Section
 
 Optimizer = Literal["adamw", "adamw_fused", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit",
-                    "adafactor", "sgd", "lion_8bit"]
+                    "adafactor", "sgd", "lion_8bit", "adamw_torchao_8bit", "adamw_torchao_4bit"]
+
+
+def _valid_pattern(value: str) -> str:
+    parse_pattern(value)  # ValueError: reported at the entry's own index
+    return value
+
+
+UnfrozenPattern = Annotated[str, AfterValidator(_valid_pattern)]
 Scheduler = Literal["linear", "cosine", "cosine_with_min_lr", "constant", "constant_with_warmup", "wsd"]
 
 
@@ -38,7 +47,11 @@ class TrainConfig(Section):
     micro_batch_size: Union[Literal["auto"], Annotated[int, Field(gt=0)]] = Field(
         "auto", description="Sequences per GPU per forward pass; `auto` lets the planner choose what fits.")
     learning_rate: float = Field(2e-5, gt=0, lt=1, description="Peak learning rate.")
-    optimizer: Optimizer = Field("adamw", description="Optimizer (8-bit/paged variants need the `qlora` extra).")
+    optimizer: Optimizer = Field(
+        "adamw", description="Optimizer. bitsandbytes' 8-bit/paged variants (`adamw_8bit`, `paged_*`, `lion_8bit`) "
+                             "need the `qlora` extra; torchao's low-bit AdamW (`adamw_torchao_8bit`: two 8-bit "
+                             "states, `adamw_torchao_4bit`: two 4-bit states, each with an fp32 scale per "
+                             "256-value block) needs the `torchao` extra and also runs on the CPU.")
     scheduler: Scheduler = Field("cosine", description="Learning-rate schedule after warmup.")
     warmup_ratio: float = Field(0.03, ge=0, le=1, description="Share of steps with linear warmup.")
     warmup_steps: Optional[int] = Field(None, ge=0, description="Warmup steps; overrides `warmup_ratio`.")
@@ -52,6 +65,10 @@ class TrainConfig(Section):
     max_grad_norm: Optional[float] = Field(1.0, gt=0, description="Gradient clipping norm (null: no clipping).")
     gradient_checkpointing: Union[Literal["auto"], bool] = Field(
         "auto", description="Recompute activations in the backward pass; `auto`: on when the planner needs the memory.")
+    activation_offloading: bool = Field(
+        False, description="Move the activations saved for backward to pinned host memory during the forward "
+                           "pass and back for backward (TRL's activation offloading; GPU runs of pretrain, sft, "
+                           "dpo, kto and reward). Frees the GPU of them at the cost of host RAM and PCIe traffic.")
     precision: Literal["auto", "mixed", "pure_bf16", "pure_bf16_sr"] = Field(
         "auto", description="How full fine-tuning holds the trained weights on one GPU or DDP: `mixed` keeps "
                             "fp32 master weights and computes in `model.dtype` (autocast); `pure_bf16` keeps "
@@ -69,3 +86,24 @@ class TrainConfig(Section):
     metric_for_best_model: str = Field("eval_loss", description="Metric that decides the best checkpoint.")
     divergence: DivergenceConfig = Field(
         default_factory=DivergenceConfig, description="Stop on NaN/inf losses, warn on sustained loss spikes.")
+    unfrozen_parameters: Optional[list[UnfrozenPattern]] = Field(
+        None, description="Full fine-tuning of only the parameters whose names match one of these patterns "
+                          "(Axolotl's `unfrozen_parameters`, same semantics): a dot is a literal dot unless "
+                          "followed by `+`; a pattern matches from the start of the name (`re.match`; end it "
+                          "with `$` to match the whole name); a trailing `[start:end]` trains only those rows, "
+                          "e.g. `^model.embed_tokens.weight$[32000:]`. Every other parameter is frozen; the "
+                          "planner counts gradients and optimizer states for the selected ones only. A pattern "
+                          "that selects nothing is an error. Needs `adapter.type: none` (null: train all).")
+
+    @field_validator("unfrozen_parameters")
+    @classmethod
+    def _rows_need_no_decay(cls, value, info: ValidationInfo):
+        # Frozen rows get zero gradients, which leaves Adam's update at zero, but decoupled weight
+        # decay would still shrink them every step.
+        if value and (info.data.get("weight_decay") or 0) > 0:
+            ranged = [f"[{i}] {v!r}" for i, v in enumerate(value) if parse_pattern(v).rows is not None]
+            if ranged:
+                raise ValueError(f"row ranges ({', '.join(ranged)}) keep the other rows unchanged only without "
+                                 f"weight decay, and train.weight_decay is {info.data['weight_decay']}; set "
+                                 f"train.weight_decay: 0 or select whole parameters")
+        return value

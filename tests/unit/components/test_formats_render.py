@@ -52,7 +52,7 @@ def test_alpaca_through_the_chat_template(tok):
     ids, labels = out["input_ids"][0], out["labels"][0]
     full = tok.decode(ids)
     assert "<|im_start|>user\nWhat does the cow say?\n\nBe brief.<|im_end|>" in full
-    assert _trained_text(tok, ids, labels) == "moo<|im_end|>\n"
+    assert _trained_text(tok, ids, labels) == "moo<|im_end|>"  # the newline after the turn end is not trained
 
 
 def test_multi_turn_messages_train_every_assistant_turn(tok):
@@ -60,7 +60,7 @@ def test_multi_turn_messages_train_every_assistant_turn(tok):
             {"role": "assistant", "content": "moo"}, {"role": "user", "content": "dog?"},
             {"role": "assistant", "content": "woof"}]
     out = _tokenize(tok, [{"messages": msgs}], fmt="messages")
-    assert _trained_text(tok, out["input_ids"][0], out["labels"][0]) == "moo<|im_end|>\nwoof<|im_end|>\n"
+    assert _trained_text(tok, out["input_ids"][0], out["labels"][0]) == "moo<|im_end|>woof<|im_end|>"
     everything = _tokenize(tok, [{"messages": msgs}], fmt="messages", train_on_inputs=True)
     assert all(lab != IGNORE for lab in everything["labels"][0])
 

@@ -78,7 +78,7 @@ def test_lora_alpaca_mapping(tmp_path):
     assert r.model.attn_implementation == "flash_attention_2" and r.model.dtype == "auto"
     assert r.data.datasets[0].format == "alpaca"
     assert "world size 8" in conv.notes["gradient_accumulation_steps"]
-    assert "special_tokens" in conv.notes and "pad_to_sequence_len" in conv.notes
+    assert r.model.special_tokens.pad_token == "<|end_of_text|>" and "pad_to_sequence_len" in conv.notes
 
 
 def test_qlora_chat_template_dataset(tmp_path):
@@ -115,10 +115,18 @@ def test_fsdp_and_the_combinations_recipeforge_refuses(tmp_path):
     assert loaded.recipe.train.gradient_checkpointing is True and loaded.recipe.data.chat_template == "llama3"
     _, loaded = convert_and_load(ROOT / "tests/data/axolotl/sft-lora-fsdp-offload.yaml", tmp_path)
     assert loaded.recipe.distributed.offload == "optimizer+params"
+    # 4-bit QLoRA shards on FSDP and ZeRO-3 (weights stored in bf16 words); 8-bit falls back to ZeRO-2
     conv, loaded = convert_and_load(ROOT / "tests/data/axolotl/sft-qlora-fsdp.yaml", tmp_path)
-    assert loaded.recipe.distributed.backend == "deepspeed" and "ZeRO-2" in conv.notes["fsdp"]
+    d = loaded.recipe.distributed
+    assert (d.backend, d.offload, loaded.recipe.adapter.type) == ("fsdp", "optimizer+params", "qlora")
+    assert "fsdp" not in conv.notes
     conv, loaded = convert_and_load(ROOT / "tests/data/axolotl/sft-qlora-zero3.yaml", tmp_path)
-    assert loaded.recipe.distributed.zero_stage == 2 and "ZeRO-3 cannot" in conv.notes["deepspeed"]
+    assert loaded.recipe.distributed.zero_stage == 3 and "ZeRO-2" not in conv.notes["deepspeed"]
+    eight = tmp_path / "sft-qlora8-zero3.yaml"
+    eight.write_text((ROOT / "tests/data/axolotl/sft-qlora-zero3.yaml").read_text()
+                     .replace("load_in_4bit: true", "load_in_8bit: true"))
+    conv, loaded = convert_and_load(eight, tmp_path)
+    assert loaded.recipe.distributed.zero_stage == 2 and "8-bit" in conv.notes["deepspeed"]
     assert loaded.recipe.data.datasets[0].columns == {"messages": "conversations"}  # legacy sharegpt
 
 
@@ -135,10 +143,49 @@ def test_preference_stages(tmp_path):
     _, loaded = convert_and_load(ROOT / "tests/data/axolotl/dpo-qlora-llama3-ultra.yaml", tmp_path)
     assert (loaded.recipe.dpo.loss_type, loaded.recipe.dpo.beta, loaded.recipe.data.chat_template) == (
         "ipo", 0.2, "llama3")
-    for name, method in (("orpo-lora.yaml", "orpo"), ("kto-lora.yaml", "kto"), ("simpo-full.yaml", "simpo")):
-        conv, loaded = convert_and_load(ROOT / "tests/data/axolotl" / name, tmp_path)
-        assert loaded.recipe.stage == "dpo" and f"'{method}' has no counterpart" in conv.notes["rl"]
-        assert any(k in conv.notes for k in ("orpo_alpha", "kto_desirable_weight", "simpo_gamma"))
+
+
+def test_orpo_kto_simpo_map_to_their_stages(tmp_path):
+    conv, loaded = convert_and_load(ROOT / "tests/data/axolotl/orpo-lora.yaml", tmp_path)
+    r = loaded.recipe
+    assert (r.stage, r.orpo.beta, r.data.datasets[0].format) == ("orpo", 0.1, "preference")
+    assert conv.mapped["orpo_alpha"] == "orpo.beta" and "rl" not in conv.notes
+    conv, loaded = convert_and_load(ROOT / "tests/data/axolotl/kto-lora.yaml", tmp_path)
+    r = loaded.recipe
+    assert (r.stage, r.kto.beta, r.kto.desirable_weight, r.kto.undesirable_weight) == ("kto", 0.1, 1.0, 1.0)
+    ds = r.data.datasets[0]
+    assert (ds.format, dict(ds.columns), r.data.chat_template) == ("unpaired", {"prompt": "instruction"}, "chatml")
+    conv, loaded = convert_and_load(ROOT / "tests/data/axolotl/simpo-full.yaml", tmp_path)
+    c = loaded.recipe.cpo
+    assert (loaded.recipe.stage, c.loss_type, c.beta, c.simpo_gamma, c.cpo_alpha) == ("cpo", "simpo", 2.0, 0.5, 0.0)
+    assert not {"rl", "simpo_gamma", "cpo_alpha", "rl_beta"} & set(conv.notes)
+
+
+def test_preference_stage_settings_follow_axolotl(tmp_path):
+    base = {"base_model": "Qwen/Qwen2.5-0.5B", "sequence_len": 512, "micro_batch_size": 2,
+            "gradient_accumulation_steps": 1}
+    # SimPO without cpo_alpha: Axolotl keeps TRL's NLL weight 1.0, which the recipe spells out.
+    conv = convert_config({**base, "rl": "simpo", "max_prompt_len": 128,
+                           "datasets": [{"path": "d", "type": "chatml.prompt_pairs"}]})
+    assert conv.recipe["cpo"] == {"loss_type": "simpo", "cpo_alpha": 1.0}
+    assert "cpo_alpha 1.0" in conv.notes["rl"] and "max_prompt_len" in conv.notes
+    conv = convert_config({**base, "rl": "cpo", "datasets": [{"path": "d", "type": "chatml.intel"}]})
+    assert conv.recipe["stage"] == "cpo" and "cpo" not in conv.recipe
+    assert conv.recipe["data"]["datasets"][0]["columns"] == {"prompt": "question"}
+    # beta: trl.beta, then rl_beta, then orpo_alpha; the unused ones are reported.
+    conv = convert_config({**base, "rl": "orpo", "rl_beta": 0.2, "orpo_alpha": 0.5, "max_prompt_len": 64,
+                           "datasets": [{"path": "d", "type": "chatml.argilla"}]})
+    assert conv.recipe["orpo"] == {"beta": 0.2, "max_prompt_length": 64}
+    assert "rl_beta first" in conv.notes["orpo_alpha"]
+    conv = convert_config({**base, "rl": "kto", "kto_desirable_weight": 1.33, "simpo_gamma": 1.0,
+                           "datasets": [{"path": "d", "type": {"field_prompt": "q", "field_completion": "a",
+                                                               "field_label": "good"}},
+                                        {"path": "e", "type": "llama3.argilla_chat"}]})
+    assert conv.recipe["kto"] == {"desirable_weight": 1.33}
+    first, second = conv.recipe["data"]["datasets"]
+    assert first == {"path": "d", "format": "unpaired", "columns": {"prompt": "q", "completion": "a", "label": "good"}}
+    assert second["format"] == "unpaired" and "split off the prompt" in conv.notes["datasets[1].type"]
+    assert conv.notes["simpo_gamma"] == "not a setting of stage kto; not converted"
 
 
 def test_grpo_rewards_and_settings(tmp_path, monkeypatch):
@@ -174,7 +221,7 @@ def test_pretraining_and_other_dataset_types(tmp_path):
     assert loaded.recipe.data.datasets[0].format == "completion" and "datasets[0].type" in conv.notes
     assert len(loaded.recipe.data.eval_datasets) == 1
     conv, loaded = convert_and_load(ROOT / "tests/data/axolotl/sft-pretokenized.yaml", tmp_path)
-    assert "pre-tokenized" in conv.notes["datasets[0].type"] and "tokens" in conv.notes
+    assert loaded.recipe.data.datasets[0].format == "tokenized" and loaded.recipe.model.tokens == ("<|tool|>",)
     conv, loaded = convert_and_load(ROOT / "tests/data/axolotl/sft-dora-custom-prompt.yaml", tmp_path)
     r = loaded.recipe
     assert r.adapter.use_dora and r.adapter.modules_to_save == ("embed_tokens", "lm_head")
@@ -182,7 +229,9 @@ def test_pretraining_and_other_dataset_types(tmp_path):
     assert r.model.dtype == "fp16" and r.model.attn_implementation == "eager" and "lr_scheduler" in conv.notes
     conv, loaded = convert_and_load(ROOT / "tests/data/axolotl/sft-8bit-lora-sharegpt.yaml", tmp_path)
     assert loaded.recipe.adapter.type == "qlora" and loaded.recipe.adapter.quant.bits == 8
-    assert "prompter" in conv.notes["datasets[0].roles"] and "USER" not in conv.notes["datasets[0].roles"] and "chat_template" in conv.notes
+    ds = loaded.recipe.data.datasets[0]
+    assert ds.messages.roles == {"user": ("USER", "prompter")} and ds.messages.field == "conversations"
+    assert ds.messages.system_prompt == "You are a helpful assistant." and loaded.recipe.data.chat_template == "phi3"
 
 
 def test_logging_output_resume_and_unknown_keys(tmp_path):
@@ -216,6 +265,30 @@ def test_convert_config_takes_data():
     assert conv.recipe["train"]["global_batch_size"] == 24 and conv.recipe["stage"] == "sft"
 
 
+def test_random_init_weights_becomes_model_init():
+    base = {"base_model": "Qwen/Qwen2.5-0.5B", "datasets": [{"path": "d.jsonl", "type": "completion"}]}
+    conv = convert_config({**base, "random_init_weights": True}, "x.yaml")
+    assert conv.recipe["model"]["init"] == "random" and conv.mapped["random_init_weights"] == "model.init"
+    assert convert_config({**base, "random_init_weights": False}, "x.yaml").recipe["model"]["init"] == "pretrained"
+
+
+def test_activation_offloading_becomes_train_activation_offloading(tmp_path):
+    base = {"base_model": "Qwen/Qwen2.5-0.5B", "datasets": [{"path": "d.jsonl", "type": "alpaca"}],
+            "gradient_checkpointing": True}
+    for extra in ({"activation_offloading": True}, {"activation_offloading": "legacy"},
+                  {"gradient_checkpointing": "offload"}):
+        conv = convert_config({**base, **extra}, "x.yaml")
+        assert conv.recipe["train"]["activation_offloading"] is True, extra
+        assert conv.recipe["train"]["gradient_checkpointing"] is True
+        assert "train.activation_offloading" in conv.mapped[next(iter(extra))]
+        out = tmp_path / "r.yaml"
+        out.write_text(conv.recipe_text())
+        assert load_recipe(out).recipe.train.activation_offloading is True
+    conv = convert_config({**base, "activation_offloading": "disk"}, "x.yaml")
+    assert conv.recipe["train"]["activation_offloading"] is True and "disk" in conv.notes["activation_offloading"]
+    assert "activation_offloading" not in convert_config(base, "x.yaml").recipe["train"]
+
+
 def run_cli(*args, cwd=ROOT):
     return subprocess.run([sys.executable, "-m", "recipeforge", *args], capture_output=True, text=True, cwd=cwd,
                           timeout=120)
@@ -225,7 +298,7 @@ def test_cli_convert_exit_codes(tmp_path):
     out = tmp_path / "r.yaml"
     done = run_cli("convert", "axolotl", "tests/data/axolotl/sft-lora-alpaca.yaml", "-o", str(out), "--world-size", "8")
     assert done.returncode == 0, done.stderr
-    assert "world size of 8" in done.stderr and "special_tokens: no counterpart" in done.stderr
+    assert "world size of 8" in done.stderr and "pad_to_sequence_len: no counterpart" in done.stderr
     assert out.read_text().startswith("# Converted from the Axolotl config sft-lora-alpaca.yaml")
     assert run_cli("validate", str(out)).returncode == 0
     done = run_cli("convert", "axolotl", "tests/data/axolotl/grpo-gsm8k.yaml")
@@ -248,3 +321,91 @@ def test_a_value_of_the_wrong_type_names_its_key(key, value):
         return
     with pytest.raises(RecipeError, match=f"{key}: expected a"):
         convert_config(config)
+
+
+def test_unfrozen_parameters_and_torchao_optimizers(tmp_path):
+    base = {"base_model": "mistralai/Mixtral-8x7B-v0.1", "datasets": [{"path": "d.jsonl", "type": "alpaca"}]}
+    patterns = ["^lm_head.weight$", "^model.embed_tokens.weight$[:32000]", r"model.layers.2[0-9]+.mlp.gate.[a-z]+$"]
+    conv = convert_config({**base, "unfrozen_parameters": patterns, "optimizer": "adamw_torch_4bit"}, "x.yaml")
+    assert conv.recipe["train"]["unfrozen_parameters"] == patterns
+    assert conv.mapped["unfrozen_parameters"] == "train.unfrozen_parameters"
+    assert conv.recipe["train"]["optimizer"] == "adamw_torchao_4bit"
+    out = tmp_path / "r.yaml"
+    out.write_text(conv.recipe_text())
+    recipe = load_recipe(out).recipe
+    assert list(recipe.train.unfrozen_parameters) == patterns
+    plan = plan_for_world(recipe, hardware=parse_hardware("8xH100-80GB"))
+    # Mixtral's output layer, embeddings and the routers of layers 20-29 train
+    assert plan.extra.model["trainable_params"] == 2 * 32000 * 4096 + 10 * 8 * 4096
+    for name, ours in (("adamw_torch_8bit", "adamw_torchao_8bit"), ("ao_adamw_8bit", "adamw_torchao_8bit"),
+                       ("adamw_torchao_4bit", "adamw_torchao_4bit"), ("ao_adamw_4bit", "adamw_torchao_4bit")):
+        assert convert_config({**base, "optimizer": name}, "x.yaml").recipe["train"]["optimizer"] == ours
+    single = convert_config({**base, "unfrozen_parameters": "model.layers.0."}, "x.yaml")
+    assert single.recipe["train"]["unfrozen_parameters"] == ["model.layers.0."]
+    with_lora = convert_config({**base, "adapter": "lora", "unfrozen_parameters": patterns}, "x.yaml")
+    assert "unfrozen_parameters" not in with_lora.recipe.get("train", {})
+    assert "modules_to_save" in with_lora.notes["unfrozen_parameters"]
+
+
+def test_chat_data_keys_map_to_templates_field_mappings_and_tokens(tmp_path):
+    base = {"base_model": "Qwen/Qwen2.5-0.5B", "sequence_len": 512, "micro_batch_size": 1, "num_epochs": 1,
+            "learning_rate": 1e-5}
+    conv = convert_config({**base, "chat_template": "qwen_25", "special_tokens": {"pad_token": "<|pad|>",
+                           "sep_token": "<sep>"}, "tokens": ["<tool>"], "eot_tokens": ["<|im_end|>"],
+                           "added_tokens_overrides": {"151643": "<x>"}, "dataset_exact_deduplication": True,
+                           "default_system_message": "Be brief.",
+                           "datasets": [{"path": "d.jsonl", "type": "chat_template", "field_messages": "conv",
+                                         "message_property_mappings": {"role": "speaker", "content": "text"},
+                                         "roles": {"user": ["customer", "human"], "assistant": ["agent"],
+                                                   "narrator": ["n"]},
+                                         "field_system": "sys", "message_field_training": "learn"},
+                                        {"path": "t.jsonl", "type": None}]})
+    chat, tokenized = conv.recipe["data"]["datasets"]
+    assert chat["messages"] == {"field": "conv", "role": "speaker", "content": "text",
+                                "roles": {"user": ["customer"], "assistant": ["agent"]}, "system_field": "sys",
+                                "train_field": "learn", "system_prompt": "Be brief."}
+    assert tokenized == {"path": "t.jsonl", "format": "tokenized"}
+    assert conv.recipe["data"]["chat_template"] == "qwen2.5" and conv.recipe["data"]["dedup"] is True
+    assert conv.recipe["model"]["special_tokens"] == {"pad_token": "<|pad|>"}
+    assert (conv.recipe["model"]["tokens"], conv.recipe["model"]["eot_tokens"]) == (["<tool>"], ["<|im_end|>"])
+    assert "bos_token" in conv.notes["special_tokens.sep_token"] and "narrator" in conv.notes["datasets[0].roles"]
+    assert "model.tokens" in conv.notes["added_tokens_overrides"]
+    for key in ("datasets[0].field_system", "datasets[0].message_field_training", "default_system_message"):
+        assert key in conv.mapped, key
+    out = tmp_path / "recipe.yaml"
+    out.write_text(conv.recipe_text())
+    r = load_recipe(out).recipe  # the converted recipe is valid
+    assert r.data.datasets[0].messages.train_field == "learn" and r.model.tokens == ("<tool>",)
+
+
+@pytest.mark.parametrize("name, expected", [("llama4", "llama4"), ("gemma3", "gemma3"), ("qwen3", "qwen3"),
+                                            ("mistral_v3_tekken", "mistral_v3_tekken"), ("phi_3", "phi3"),
+                                            ("deepseek_v3", "deepseek_v3"), ("tokenizer_default", "tokenizer")])
+def test_axolotl_template_names(name, expected):
+    conv = convert_config({"base_model": "m", "chat_template": name, "datasets": [{"path": "d", "type": "chat_template"}]})
+    assert conv.recipe["data"]["chat_template"] == expected and "chat_template" not in conv.notes
+
+
+def test_a_jinja_template_file_becomes_the_chat_template():
+    base = {"base_model": "m", "chat_template": "jinja", "datasets": [{"path": "d", "type": "chat_template"}]}
+    conv = convert_config({**base, "chat_template_jinja": "templates/mine.jinja"})
+    assert conv.recipe["data"]["chat_template"] == "templates/mine.jinja" and "chat_template" in conv.mapped
+    conv = convert_config({**base, "chat_template_jinja": "{% for m in messages %}{{ m.content }}{% endfor %}"})
+    assert "save it as a .jinja file" in conv.notes["chat_template_jinja"]
+
+
+def test_reward_model_true_is_the_reward_stage():
+    base = {"base_model": "Qwen/Qwen2.5-0.5B", "sequence_len": 512, "micro_batch_size": 2,
+            "datasets": [{"path": "d", "type": "bradley_terry.chat_template"}]}
+    conv = convert_config({**base, "reward_model": True, "type_of_model": "AutoModelForSequenceClassification",
+                           "num_labels": 1})
+    assert conv.recipe["stage"] == "reward"
+    assert {"reward_model", "type_of_model", "num_labels"} <= set(conv.mapped)
+    assert not {"reward_model", "type_of_model", "num_labels"} & set(conv.notes)
+    # Axolotl's older spelling of the class key; more than one label is reported (a reward has one score)
+    conv = convert_config({**base, "reward_model": True, "rl": "dpo", "num_labels": 2,
+                           "model_type": "AutoModelForSequenceClassification"})
+    assert conv.recipe["stage"] == "reward" and "model_type" in conv.mapped and "model_type" not in conv.notes
+    assert "one output" in conv.notes["num_labels"] and "trains a reward model" in conv.notes["rl"]
+    conv = convert_config({**base, "reward_model": False})
+    assert conv.recipe["stage"] == "sft" and "reward_model" in conv.mapped

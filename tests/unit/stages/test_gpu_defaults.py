@@ -81,13 +81,25 @@ def test_trl_configs_pad_to_a_multiple_of_8_on_gpus(tmp_path, monkeypatch):
 
 
 def test_pure_bf16_with_stochastic_rounding_needs_torchao(tmp_path, monkeypatch):
-    import importlib.util
+    import sys
 
-    if importlib.util.find_spec("torchao") is not None:
-        pytest.skip("torchao is installed here")
+    monkeypatch.setitem(sys.modules, "torchao", None)  # as on a machine without torchao
     stage = _stage(tmp_path, "1xH100-80GB", QWEN_1_5B, "train.precision=pure_bf16_sr")
     assert precision.precision_of(stage.ctx.plan) == "pure_bf16_sr"
     with pytest.raises(RecipeError, match="needs the torchao package") as err:
         stage.setup()  # refused before the tokenizer, data or model load
     assert err.value.problems[0].key == "train.precision" and stage.tokenizer is None
     assert precision.sr_optimizer(_stage(tmp_path, "1xH100-80GB", QWEN_1_5B).ctx.plan, None) is None
+
+
+def test_pure_bf16_with_stochastic_rounding_trains_with_torchaos_adamw(tmp_path):
+    from types import SimpleNamespace
+
+    pytest.importorskip("torchao")
+    stage = _stage(tmp_path, "1xH100-80GB", QWEN_1_5B, "train.precision=pure_bf16_sr", "train.learning_rate=1e-4")
+    built = SimpleNamespace(optimizer_cls_and_kwargs=None)  # what build_trainer hands back, before training
+    stage.build_trainer = lambda: built
+    assert stage.build_trainer_explained() is built
+    cls, kwargs = built.optimizer_cls_and_kwargs
+    assert cls.__module__.startswith("torchao.") and "AdamW" in cls.__name__
+    assert kwargs["bf16_stochastic_round"] is True and kwargs["lr"] == 1e-4

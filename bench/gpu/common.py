@@ -1,0 +1,218 @@
+"""Shared pieces of the GPU benchmarks: recipes for model shapes shipped in bench/gpu/models, synthetic
+data, running `recipeforge plan`/`train` as a user would, and reading what a run measured.
+
+Models are built with random weights from the shipped config.json files (`model.init: random`), with
+the locally built tiny tokenizer (its ids are a subset of every model's vocabulary), so nothing is
+downloaded: memory and speed depend on the shapes, not on the weights.
+
+FLOP convention (for MFU): per trained token, 6 x N for the matrix multiplies of the forward and
+backward passes, N the parameters that take part in matrix multiplies (all but the input
+embedding), plus 12 x layers x hidden x sequence for attention scores and values (the full, not
+causal, attention matrix, as PaLM's appendix B counts it). LoRA and QLoRA runs are counted with the
+same 6 x N (the frozen weights still run forward and backward for the activations' gradients; the
+strict count without weight gradients would be 4 x N), so their MFU compares with full fine-tuning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+MODELS = REPO / "bench" / "gpu" / "models"
+WORDS = ("the a cow dog cat duck sheep says moo woof meow quack what does is of and to in on with one two three "
+         "four five six seven eight nine ten answer question count add plus equals color red blue green apple "
+         "banana cherry grape lemon fruit water sun moon tree house car road city world day night").split()
+# A small config for the CPU smoke check of the harness itself (same code path, seconds per case).
+SMOKE_CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 2048, "hidden_size": 64,
+                "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "max_position_embeddings": 4096, "tie_word_embeddings": False}
+
+
+def model_dir(name: str, smoke: bool, out: Path) -> Path:
+    """The directory holding the config.json of model `name` (the smoke config under --smoke)."""
+    if not smoke:
+        return MODELS / name
+    path = out / "smoke-model"
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(SMOKE_CONFIG))
+    return path
+
+
+def synthetic_rows(n: int, seed: int = 0) -> list[dict]:
+    """Alpaca rows with instruction/input/output lengths spread like real instruction data."""
+    rng = random.Random(seed)
+
+    def text(lo: int, hi: int) -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi))).capitalize() + "."
+
+    return [{"instruction": text(4, 40), "input": text(0, 60) if rng.random() < 0.4 else "",
+             "output": text(5, 300)} for _ in range(n)]
+
+
+def preference_rows(n: int, seed: int = 0) -> list[dict]:
+    """prompt/chosen/rejected rows: the chosen answer names the animal's sound, the rejected one does not."""
+    rng = random.Random(seed)
+    sounds = {"cow": "moo", "dog": "woof", "cat": "meow", "duck": "quack"}
+    rows = []
+    for _ in range(n):
+        animal = rng.choice(list(sounds))
+        filler = " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 200)))
+        rows.append({"prompt": f"What does the {animal} say? {filler}", "chosen": f"The {animal} says {sounds[animal]}.",
+                     "rejected": f"The {animal} says {rng.choice([s for a, s in sounds.items() if a != animal])}."})
+    return rows
+
+
+def prompt_rows(n: int, seed: int = 0) -> list[dict]:
+    """GRPO prompts with a numeric answer for the accuracy reward."""
+    rng = random.Random(seed)
+    return [{"prompt": f"What is {a} plus {b}?", "answer": str(a + b)}
+            for a, b in ((rng.randint(1, 9), rng.randint(1, 9)) for _ in range(n))]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def base_recipe(model: Path, data: Path, *, stage: str = "sft", seq: int, steps: int, global_batch: int,
+                micro_batch: int | str, checkpointing: bool | str, lr: float = 1e-4) -> dict[str, Any]:
+    """A recipe training `model` (random init) on `data` for `steps` steps, logging every step."""
+    fmt = {"sft": "alpaca", "dpo": "preference", "grpo": "prompt"}[stage]
+    return {
+        "stage": stage,
+        "model": {"name_or_path": str(model), "init": "random", "tokenizer": "tiny:llama", "dtype": "bf16",
+                  "attn_implementation": "sdpa"},
+        "data": {"datasets": [{"path": str(data), "format": fmt}], "sequence_len": seq, "packing": stage == "sft"},
+        "train": {"max_steps": steps, "global_batch_size": global_batch, "micro_batch_size": micro_batch,
+                  "learning_rate": lr, "warmup_ratio": 0.0, "scheduler": "constant", "logging_steps": 1,
+                  "gradient_checkpointing": checkpointing,
+                  "divergence": {"spike_factor": None}},
+        "output": {"save_steps": 100000, "save_total_limit": 1},
+        "logging": {"progress_bar": False},
+    }
+
+
+def merge(base: dict, extra: dict) -> dict:
+    """`base` with `extra` merged in, section by section."""
+    out = json.loads(json.dumps(base))
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def write_recipe(path: Path, recipe: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+def cli(*args: str, timeout: float = 1800, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`recipeforge ARGS` in a fresh process, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "recipeforge", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})}, cwd=REPO)
+
+
+def plan_json(recipe: Path, *extra: str) -> dict:
+    """`recipeforge plan RECIPE --json` (this machine's hardware unless `extra` names other)."""
+    proc = cli("plan", str(recipe), "--json", *extra, timeout=300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"plan failed for {recipe}:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout)
+
+
+def train(recipe: Path, run_dir: Path, *extra: str, timeout: float = 1800) -> tuple[subprocess.CompletedProcess, float]:
+    """`recipeforge train RECIPE output.dir=RUN_DIR --overwrite`, and its wall time."""
+    start = time.perf_counter()
+    proc = cli("train", str(recipe), f"output.dir={run_dir}", "--overwrite", *extra, timeout=timeout)
+    return proc, time.perf_counter() - start
+
+
+def records(run_dir: Path, split: str | None = None) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if split is None or r.get("split") == split]
+
+
+def measured(run_dir: Path, *, seq: int, global_batch: int, skip: int = 3) -> dict[str, Any]:
+    """What a finished run measured: first/last loss, peak memory, tokens/s and step time.
+
+    Throughput is taken over the logged steps after the first `skip` (start-up, allocator warm-up
+    and kernel autotuning are not steady state): trained tokens between two logs over the time
+    between them. Packed rows are `sequence_len` wide; the padding share the run logs is removed.
+    """
+    train_rows = [r for r in records(run_dir, "train") if r.get("step") is not None]
+    losses = [r["loss"] for r in train_rows if r.get("loss") is not None]
+    reserved = [r["memory/peak_reserved_gib"] for r in train_rows if "memory/peak_reserved_gib" in r]
+    allocated = [r["memory/peak_allocated_gib"] for r in train_rows if "memory/peak_allocated_gib" in r]
+    steady = train_rows[skip:] if len(train_rows) > skip + 1 else train_rows
+    tokens = seconds = 0.0
+    for prev, cur in zip(steady, steady[1:]):
+        steps = cur["step"] - prev["step"]
+        seconds += cur["time"] - prev["time"]
+        tokens += steps * global_batch * seq * (1.0 - cur.get("padding_share", 0.0))
+    return {"loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+            "loss_fell": bool(losses) and losses[-1] < losses[0],
+            "measured_reserved_gb": max(reserved) if reserved else None,
+            "measured_allocated_gb": max(allocated) if allocated else None,
+            "tokens_per_s": round(tokens / seconds, 1) if seconds else None,
+            "step_s": round(seconds / max(1, steady[-1]["step"] - steady[0]["step"]), 4) if len(steady) > 1 else None}
+
+
+def model_flops_per_token(config: dict, seq: int) -> float:
+    """Training FLOPs per token in the convention of this module's docstring."""
+    from recipeforge.plan.models import spec_from_config
+
+    spec = spec_from_config(config, "bench")
+    h, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
+    # Compute follows the parameters a token passes through (MoE: the routed experts only).
+    matmul_params = spec.active_params() - vocab * h  # the input embedding is a lookup, not a matmul
+    if config.get("tie_word_embeddings"):
+        matmul_params += vocab * h  # the tied head still multiplies
+    return 6.0 * matmul_params + 12.0 * layers * h * seq
+
+
+def gpu_info() -> dict[str, Any]:
+    """The GPU's name and memory, and the dense bf16 peak the planner's accelerator table gives it."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"gpu": "cpu (smoke check: no GPU)", "peak_tflops": None}
+    from recipeforge.plan.hardware import probe_local_hardware
+
+    acc = probe_local_hardware().accelerator
+    return {"gpu": torch.cuda.get_device_name(0),
+            "memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 1024 ** 3, 1),
+            "accelerator": acc.name if acc else None, "peak_tflops": acc.peak_tflops if acc and acc.peak_tflops else None}
+
+
+def versions() -> dict[str, str]:
+    """Versions of the packages a run depends on (absent ones left out)."""
+    import importlib.metadata as md
+
+    out = {"python": sys.version.split()[0]}
+    for name in ("torch", "transformers", "accelerate", "peft", "trl", "datasets", "deepspeed", "bitsandbytes",
+                 "liger-kernel", "recipeforge"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def tail(text: str, n: int = 1500) -> str:
+    return text[-n:] if text else ""

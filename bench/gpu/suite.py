@@ -1,0 +1,190 @@
+"""Every GPU path once: train a short run per case and set the planner's estimate against the measured peak.
+
+    python bench/gpu/suite.py --out DIR                      # every case on this machine's GPU
+    python bench/gpu/suite.py --out DIR --cases full-1b lora-8b-ckpt
+    python bench/gpu/suite.py --out DIR --smoke              # the harness itself on a CPU, tiny shapes
+
+Each case is a recipe (random init from bench/gpu/models/*/config.json, see common.py) trained through
+`recipeforge train` in its own process. Per case it records the plan (`recipeforge plan --json` on
+this machine), the measured peaks (`torch.cuda.max_memory_reserved` / `max_memory_allocated` of the
+training process, logged by the run), tokens/s, MFU and whether the loss fell, and writes
+DIR/gpu-<date>.json and DIR/gpu-<date>.md. `--pytest` adds `pytest -m gpu` as a case. Cases that
+need a package the machine lacks (liger-kernel, deepspeed, bitsandbytes) are recorded as skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark run: a model shape, a stage and the recipe settings that differ from the base."""
+
+    name: str
+    model: str
+    settings: dict = field(default_factory=dict)
+    stage: str = "sft"
+    seq: int = 4096
+    global_batch: int = 8
+    micro_batch: int | str = 1
+    checkpointing: bool | str = True
+    needs: tuple[str, ...] = ()       # importable packages the case needs
+    note: str = ""
+
+
+LORA = {"adapter": {"type": "lora", "r": 16, "alpha": 32, "target_modules": "all-linear"}}
+QLORA = {"adapter": {"type": "qlora", "r": 16, "alpha": 32, "target_modules": "all-linear",
+                     "quant": {"bits": 4, "quant_type": "nf4"}}}
+CASES = [
+    Case("full-1b", "llama-3.2-1b", seq=2048, micro_batch=4, checkpointing=False,
+         note="full bf16 SFT; the planner chooses the precision (mixed when it fits)"),
+    Case("lora-8b-ckpt", "llama-3.1-8b", LORA, micro_batch=2),
+    Case("lora-8b-nockpt", "llama-3.1-8b", LORA, micro_batch=1, checkpointing=False),
+    Case("qlora-8b-ckpt", "llama-3.1-8b", QLORA, micro_batch=2, needs=("bitsandbytes",)),
+    Case("qlora-8b-nockpt", "llama-3.1-8b", QLORA, micro_batch=1, checkpointing=False, needs=("bitsandbytes",)),
+    Case("lora-8b-ckpt-liger", "llama-3.1-8b", {**LORA, "kernels": {"liger": {}}}, micro_batch=2,
+         needs=("liger_kernel",)),
+    Case("lora-qwen7b-ckpt", "qwen2.5-7b", LORA, micro_batch=2),
+    Case("fsdp2-1b", "llama-3.2-1b", {"distributed": {"backend": "fsdp"}}, seq=2048, micro_batch=4,
+         note="FSDP2 through Accelerate on one process (the DTensor sharding code path)"),
+    Case("zero2-1b", "llama-3.2-1b", {"distributed": {"backend": "deepspeed", "zero_stage": 2}}, seq=2048,
+         micro_batch=4, needs=("deepspeed",)),
+    Case("zero3-1b", "llama-3.2-1b", {"distributed": {"backend": "deepspeed", "zero_stage": 3}}, seq=2048,
+         micro_batch=4, needs=("deepspeed",)),
+    Case("zero3-offload-3b", "llama-3.2-3b",
+         {"distributed": {"backend": "deepspeed", "zero_stage": 3, "offload": "optimizer"}}, seq=2048,
+         micro_batch=2, needs=("deepspeed",)),
+    Case("dpo-lora-3b", "llama-3.2-3b", LORA, stage="dpo", seq=1024, micro_batch=2, needs=("trl",)),
+    Case("grpo-lora-1b", "llama-3.2-1b",
+         {**LORA, "grpo": {"num_generations": 4, "max_completion_length": 64, "beta": 0.0,
+                           "rewards": [{"name": "length", "args": {"target": 24, "unit": "chars"}}]}},
+         stage="grpo", seq=512, global_batch=8, micro_batch=4, needs=("trl",),
+         note="HF generate rollouts (vLLM has no small wheel for this machine)"),
+]
+
+
+def data_for(stage: str, out: Path) -> Path:
+    """The synthetic dataset of a stage (written once per output directory)."""
+    path = out / "data" / f"{stage}.jsonl"
+    if not path.exists():
+        rows = {"sft": lambda: common.synthetic_rows(6000), "dpo": lambda: common.preference_rows(2000),
+                "grpo": lambda: common.prompt_rows(2000)}[stage]()
+        common.write_jsonl(path, rows)
+    return path
+
+
+def recipe_of(case: Case, out: Path, steps: int, smoke: bool) -> Path:
+    model = common.model_dir(case.model, smoke, out)
+    seq = min(case.seq, 256) if smoke else case.seq
+    base = common.base_recipe(model, data_for(case.stage, out), stage=case.stage, seq=seq, steps=steps,
+                              global_batch=case.global_batch, micro_batch=case.micro_batch,
+                              checkpointing=case.checkpointing)
+    if smoke:  # a CPU: fp32 compute, the planner plans this machine
+        base["model"]["dtype"] = "auto"
+    return common.write_recipe(out / "recipes" / f"{case.name}.yaml", common.merge(base, case.settings))
+
+
+def run_case(case: Case, out: Path, steps: int, smoke: bool) -> dict:
+    row = {"case": case.name, "model": case.model, "stage": case.stage, "note": case.note}
+    missing = [p for p in case.needs if importlib.util.find_spec(p) is None]
+    if missing:
+        return {**row, "status": "skipped", "why": f"not installed: {', '.join(missing)}"}
+    recipe = recipe_of(case, out, steps, smoke)
+    try:
+        plan = common.plan_json(recipe)
+    except RuntimeError as exc:
+        return {**row, "status": "plan failed", "why": common.tail(str(exc))}
+    from recipeforge.plan.memory import measured_view
+
+    row.update(backend=plan["backend"], adapter=case.settings.get("adapter", {}).get("type", "none"),
+               precision=plan["extra"].get("precision"), micro_batch=plan["micro_batch_size"],
+               gradient_checkpointing=plan["gradient_checkpointing"],
+               plan_gb=round(measured_view(plan["memory_gb"], "reserved"), 2),
+               plan_allocated_gb=round(measured_view(plan["memory_gb"], "allocated"), 2),
+               plan_terms=plan["memory_gb"])
+    run_dir = out / "runs" / case.name
+    proc, wall = common.train(recipe, run_dir)
+    row["wall_s"] = round(wall, 1)
+    if proc.returncode != 0:
+        return {**row, "status": f"train failed (exit {proc.returncode})", "why": common.tail(proc.stderr, 3000)}
+    seq = min(case.seq, 256) if smoke else case.seq
+    got = common.measured(run_dir, seq=seq, global_batch=case.global_batch)
+    row.update(got, status="ok")
+    if got["measured_reserved_gb"] and row["plan_gb"]:
+        row["plan_error"] = round(row["plan_gb"] / got["measured_reserved_gb"] - 1.0, 3)
+    peak = common.gpu_info().get("peak_tflops")
+    if peak and got["tokens_per_s"] and case.stage == "sft":
+        config = json.loads((common.model_dir(case.model, smoke, out) / "config.json").read_text())
+        flops = common.model_flops_per_token(config, seq) * got["tokens_per_s"]
+        row["mfu"] = round(flops / (peak * 1e12), 4)
+    return row
+
+
+def run_pytest_gpu(out: Path) -> dict:
+    """`pytest -m gpu` over the whole test suite, as a case of its own."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
+                           "-o", "addopts="], capture_output=True, text=True, cwd=common.REPO, timeout=3000)
+    (out / "pytest-gpu.txt").write_text(proc.stdout + proc.stderr)
+    last = (proc.stdout.strip().splitlines() or [""])[-1]
+    return {"case": "pytest -m gpu", "status": "ok" if proc.returncode == 0 else f"exit {proc.returncode}",
+            "summary": last}
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# GPU suite: {result['gpu']} ({result['date']})", "",
+             "| case | backend | adapter | plan GiB | reserved GiB | allocated GiB | error | tokens/s | MFU | loss | status |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["cases"]:
+        def f(key, fmt="{:.2f}"):
+            return fmt.format(r[key]) if r.get(key) is not None else "-"
+        loss = (f"{r['loss_first']:.3f} -> {r['loss_last']:.3f}" if r.get("loss_first") is not None else "-")
+        lines.append(f"| {r['case']} | {r.get('backend', '-')} | {r.get('adapter', '-')} | {f('plan_gb')} | "
+                     f"{f('measured_reserved_gb')} | {f('measured_allocated_gb')} | {f('plan_error', '{:+.1%}')} | "
+                     f"{f('tokens_per_s', '{:.0f}')} | {f('mfu', '{:.1%}')} | {loss} | {r['status']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help="directory for runs, JSON and Markdown")
+    ap.add_argument("--cases", nargs="+", choices=[c.name for c in CASES], help="default: all")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--pytest", action="store_true", help="also run `pytest -m gpu` and record its summary")
+    ap.add_argument("--smoke", action="store_true", help="check the harness on a CPU with a tiny shape")
+    args = ap.parse_args(argv)
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    cases = [c for c in CASES if not args.cases or c.name in args.cases]
+    date = datetime.date.today().isoformat()
+    result = {**common.gpu_info(), "date": date, "versions": common.versions(), "steps": args.steps,
+              "flop_convention": common.__doc__.split("FLOP convention (for MFU): ")[1].split("\n\n")[0].replace("\n", " "),
+              "cases": []}
+    for case in cases:
+        print(f"[suite] {case.name} ...", flush=True)
+        row = run_case(case, out, args.steps, args.smoke)
+        print(f"[suite] {case.name}: {row['status']} " + json.dumps({k: row.get(k) for k in (
+            "plan_gb", "measured_reserved_gb", "plan_error", "tokens_per_s", "mfu", "loss_first", "loss_last")}),
+              flush=True)
+        result["cases"].append(row)
+        (out / f"gpu-{date}.json").write_text(json.dumps(result, indent=2))  # a timeout keeps what ran
+    if args.pytest:
+        result["cases"].append(run_pytest_gpu(out))
+    (out / f"gpu-{date}.json").write_text(json.dumps(result, indent=2))
+    (out / f"gpu-{date}.md").write_text(markdown(result))
+    print(markdown(result))
+    return 0 if all(r["status"] in ("ok", "skipped") for r in result["cases"]) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,51 @@
+"""What a pinned context-parallel size needs from the recipe alone (sequence length, attention,
+packing, model family): read by the recipe rules at validation and by the planner
+(`plan.parallel_layouts`), which adds what needs the model and the GPUs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Model types with sliding-window layers: context parallel drops the mask for plain causal attention,
+# which Accelerate refuses for them (it would train full attention silently).
+SLIDING_WINDOW_MODEL_TYPES = frozenset({"gemma2", "gemma3_text"})
+# Unpacked batches are padded to multiples of 8 on GPUs (`components.collate.pad_multiple`); torch's
+# load-balanced context parallel needs sequences divisible by 2 x cp, so cp may be at most 4.
+MAX_CONTEXT_PARALLEL = 4
+
+
+@dataclass(frozen=True)
+class ParallelRefusal:
+    """Why a size cannot be used: the recipe key to change, the message, a hint."""
+
+    key: str
+    message: str
+    hint: str = ""
+
+
+def context_parallel_refusal(cp: int, *, seq_len: int, model_type: str, attention: str,
+                             packing: bool) -> ParallelRefusal | None:
+    """Why a sequence of `seq_len` tokens cannot be split `cp` ways, or None. `attention` is the
+    recipe's `model.attn_implementation`."""
+    if cp <= 1:
+        return None
+    key = "distributed.context_parallel"
+    if seq_len % (2 * cp):
+        return ParallelRefusal("data.sequence_len", f"sequence_len {seq_len} is not divisible by 2 x context_parallel "
+                                                    f"({2 * cp}): the load-balanced ring splits each sequence into "
+                                                    f"{2 * cp} chunks", f"use a multiple of {2 * cp}")
+    if cp > MAX_CONTEXT_PARALLEL:
+        return ParallelRefusal(key, f"context_parallel {cp} needs batches padded to multiples of {2 * cp}; unpacked "
+                                    "batches are padded to multiples of 8", f"use at most {MAX_CONTEXT_PARALLEL}")
+    if attention != "sdpa":
+        return ParallelRefusal("model.attn_implementation", f"context parallel runs on sdpa attention only (got "
+                                                            f"{attention}): the Trainer refuses other kernels",
+                               "set model.attn_implementation: sdpa")
+    if packing:
+        return ParallelRefusal("data.packing", "context parallel replaces the attention mask with plain causal "
+                                               "attention, so packed samples would attend to each other",
+                               "set data.packing: false")
+    if model_type in SLIDING_WINDOW_MODEL_TYPES:
+        return ParallelRefusal(key, f"model type {model_type} has sliding-window layers, which context parallel "
+                                    "cannot mask", "set distributed.context_parallel: 1")
+    return None

@@ -1,0 +1,50 @@
+"""The trainable parameters of `train.unfrozen_parameters`, counted from the model's config.
+
+The planner has no weights: it matches the patterns against the parameter names transformers
+would build (`param_layout.parameter_layout`) and sums the sizes of the selected ones, so
+gradients and optimizer states are planned for those parameters only.
+"""
+
+from __future__ import annotations
+
+from recipeforge.config.param_patterns import examples, parse_pattern, selected
+from recipeforge.errors import Problem, RecipeError
+from recipeforge.plan.models import DECODER_LAYER_CLASS, ModelSpec, human_count
+from recipeforge.plan.param_layout import parameter_layout
+
+KEY = "train.unfrozen_parameters"
+
+
+def check_adapter(patterns, adapter_type: str) -> None:
+    """Refuse patterns next to a LoRA/QLoRA adapter: peft freezes the base model and saves only the
+    adapter (plus `modules_to_save`), so base weights trained this way would be silently lost."""
+    if patterns and adapter_type != "none":
+        raise RecipeError(f"{KEY} trains base-model parameters in full, which adapter.type {adapter_type} "
+                          f"freezes and does not save", key=KEY,
+                          hint="set adapter.type: none for a partial full fine-tune, or list whole modules "
+                               "under adapter.modules_to_save to train them next to the adapter")
+
+
+def unfrozen_count(spec: ModelSpec, patterns: list[str]) -> tuple[int, list[str]]:
+    """(trainable parameters, notes) of `patterns` on `spec`. A pattern that selects no parameter is
+    an error for the architectures whose names are known; for others (counted as Llama-style) it is
+    a note, and the run checks the real names when the model is loaded."""
+    compiled = [parse_pattern(p) for p in patterns]
+    layout = parameter_layout(spec)
+    names = [n for n, _ in layout]
+    chosen, unused = selected(compiled, names)
+    notes: list[str] = []
+    if unused:
+        known = spec.model_type in DECODER_LAYER_CLASS
+        listed = ", ".join(f"[{i}] {patterns[i]!r}" for i in unused)
+        if known:
+            raise RecipeError([Problem(f"{KEY}[{i}] {patterns[i]!r} selects no parameter of {spec.model_type} "
+                                       f"(patterns match from the start of the name)", key=f"{KEY}[{i}]",
+                                       hint=f"parameter names look like: {examples(names)}") for i in unused])
+        notes.append(f"{KEY} {listed} select no parameter of the Llama-style layout assumed for "
+                     f"'{spec.model_type}'; the run checks them against the loaded model")
+    sizes = dict(layout)
+    count = sum(sizes[n] for n in chosen)
+    notes.append(f"{KEY}: {len(chosen)} of {len(names)} parameter tensors train "
+                 f"({human_count(count)} of {human_count(spec.total_params())} parameters); the rest are frozen")
+    return count, notes

@@ -1,0 +1,53 @@
+"""QLoRA on DeepSpeed ZeRO-3 over two gloo processes on the CPU: the 4-bit base (bitsandbytes'
+CPU backend, weights packed into bf16 words by ``bnb_4bit_quant_storage``) is partitioned like any
+other weights, and the adapters learn.
+
+Launched by ``recipeforge train --nproc-per-node 2``; skipped without deepspeed or bitsandbytes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None
+                                 or importlib.util.find_spec("bitsandbytes") is None,
+                                 reason="needs deepspeed and bitsandbytes")]
+
+REPO = Path(__file__).resolve().parents[3]
+LORA = REPO / "examples" / "yaml" / "tiny" / "sft-lora.yaml"
+
+
+def test_qlora_on_zero3_partitions_the_4bit_base_and_learns(tiny, tmp_path):
+    run = tmp_path / "qlora-zero3"
+    cmd = [sys.executable, "-m", "recipeforge", "train", str(LORA), f"output.dir={run}",
+           f"data.cache_dir={tiny.cache_dir}", "logging.progress_bar=false", "adapter.type=qlora",
+           "distributed.backend=deepspeed", "distributed.zero_stage=3", "train.max_steps=6",
+           "train.micro_batch_size=auto", "train.logging_steps=1", "output.merge_adapter=false",
+           "data.val_size=0", "--nproc-per-node", "2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=900)
+    assert proc.returncode == 0, f"--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-6000:]}"
+
+    plan = json.loads((run / "plan.json").read_text())
+    assert (plan["backend"], plan["zero_stage"], plan["world_size"]) == ("deepspeed", 3, 2)
+    seen = json.loads((run / "backend.json").read_text())["observed"]
+    assert (seen["engine"], seen["zero_stage"], seen["num_processes"]) == ("DeepSpeedEngine", 3, 2)
+    # every decoder linear is a 4-bit weight, and each process holds half of every one of them
+    assert seen["quantized_params"] == 14 and seen["partitioned_quantized_params"] == 14
+    assert seen["quantized_local_elements"] * 2 == seen["quantized_full_elements"]
+    assert seen["local_param_elements"] * 2 == seen["full_param_elements"]
+
+    loss = tiny.values(run, "loss")
+    assert len(loss) == 6 and loss[-1] < loss[0] - 1.0, loss
+
+    from safetensors.torch import load_file
+
+    adapter = load_file(run / "final" / "adapter_model.safetensors")
+    lora_b = [t for k, t in adapter.items() if "lora_B" in k]
+    assert lora_b and all(t.abs().sum() > 0 for t in lora_b)  # the adapters moved away from their zero start

@@ -1,0 +1,85 @@
+"""`model.init: random`: train an architecture from its config.json with random weights (no checkpoint)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from recipeforge.errors import RecipeError
+
+pytestmark = pytest.mark.slow
+
+# A small Qwen2-shaped model that is not one of the built-in tiny ones: a different width, depth and
+# vocabulary, so the run proves the config.json was read (the tiny tokenizer has 1024 tokens).
+CONFIG = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": 1536, "hidden_size": 48,
+          "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "max_position_embeddings": 512, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+
+
+@pytest.fixture(scope="module")
+def config_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("qwen2-shape")
+    (path / "config.json").write_text(json.dumps(CONFIG))
+    return path
+
+
+def _overrides(config_dir) -> list[str]:
+    return [f"model.name_or_path={config_dir}", "model.init=random", "model.tokenizer=tiny:llama",
+            "train.max_steps=12", "train.eval_steps=12", "output.save_steps=12"]
+
+
+def test_random_init_trains_the_configured_shape_and_learns(tiny, tmp_path, config_dir):
+    from safetensors import safe_open
+
+    run = tiny.train("sft-full", tmp_path / "run", *_overrides(config_dir))
+    loss = tiny.values(run, "loss")
+    assert loss[-1] < loss[0] - 0.5, loss
+    saved = json.loads((run / "final" / "config.json").read_text())
+    assert (saved["model_type"], saved["hidden_size"], saved["num_hidden_layers"], saved["vocab_size"]) == \
+        ("qwen2", 48, 3, 1536)
+    with safe_open(str(run / "final" / "model.safetensors"), "pt") as fh:
+        assert tuple(fh.get_slice("model.embed_tokens.weight").get_shape()) == (1536, 48)
+    # The planner sized the model from the same config.json.
+    planned = json.loads((run / "plan.json").read_text())["extra"]["model"]
+    assert planned["source"].endswith("config.json")
+
+
+def test_the_same_seed_builds_the_same_weights(tiny, tmp_path, config_dir):
+    import torch
+
+    from recipeforge.components.models import load_model
+    from recipeforge.components.tokenizer import load_tokenizer
+
+    tok = load_tokenizer("tiny:llama")
+    build = [load_model(str(config_dir), tok, device="cpu", dtype="fp32", seed=seed, random_config=dict(CONFIG))
+             for seed in (7, 7, 8)]
+    first = [p.detach() for p in (m.get_input_embeddings().weight for m in build)]
+    assert torch.equal(first[0], first[1]) and not torch.equal(first[0], first[2])
+
+
+def test_a_known_hub_id_is_built_offline_from_the_builtin_table(monkeypatch):
+    from recipeforge.plan.catalog import architecture_config
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    fields = architecture_config("meta-llama/Llama-3.2-1B")
+    assert (fields["hidden_size"], fields["num_hidden_layers"], fields["vocab_size"]) == (2048, 16, 128256)
+
+
+def test_no_config_is_a_located_error(monkeypatch, tmp_path):
+    from recipeforge.plan.catalog import architecture_config
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(RecipeError) as err:
+        architecture_config("some-org/not-a-known-model")
+    assert err.value.problems[0].key == "model.name_or_path" and "HF_HUB_OFFLINE" in str(err.value)
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_refused(config_dir):
+    from recipeforge.components.models import load_model
+    from recipeforge.components.tokenizer import load_tokenizer
+
+    tok = load_tokenizer("tiny:llama")
+    with pytest.raises(RecipeError) as err:
+        load_model(str(config_dir), tok, device="cpu", dtype="fp32", random_config={**CONFIG, "vocab_size": 512})
+    assert err.value.problems[0].key == "model.tokenizer" and "1024 tokens" in str(err.value)
