@@ -28,8 +28,10 @@ PLAIN_INTERVAL_ENV = "RECIPEFORGE_PROGRESS_INTERVAL"
 PLAIN_INTERVAL = 30.0  # seconds between plain progress lines
 WARNINGS_LOG = Path("logs") / "warnings.log"
 # Loggers of the libraries a run drives; their WARNING records go to the warnings log.
+# torch.utils._pytree: deprecation notes torch prints when a library (torchao, imported by
+# transformers whenever installed) registers its types at import.
 LIBRARY_LOGGERS = ("transformers", "trl", "peft", "accelerate", "datasets", "huggingface_hub", "torchao",
-                   "bitsandbytes", "deepspeed")
+                   "bitsandbytes", "deepspeed", "torch.utils._pytree")
 
 
 def verbose() -> bool:
@@ -114,12 +116,17 @@ class TokenCount:
 
     def __call__(self, features):
         batch = self.collator(features)
-        if not self.paused and hasattr(batch, "get"):
-            mask, ids = batch.get("attention_mask"), batch.get("input_ids")
-            if mask is not None and hasattr(mask, "sum"):
-                self.tokens += int(mask.sum())
-            elif ids is not None and hasattr(ids, "numel"):
-                self.tokens += int(ids.numel())
+        if not self.paused:
+            # The rows' own token ids before padding (packed rows have no attention mask to count);
+            # preference rows count every `*input_ids` field (prompt, chosen, rejected).
+            counted = _row_tokens(features)
+            if counted is None and hasattr(batch, "get"):
+                mask, ids = batch.get("attention_mask"), batch.get("input_ids")
+                if mask is not None and hasattr(mask, "sum"):
+                    counted = int(mask.sum())
+                elif ids is not None and hasattr(ids, "numel"):
+                    counted = int(ids.numel())
+            self.tokens += counted or 0
         return batch
 
     def __getattr__(self, name):  # the trainer asks collators for attributes of their own
@@ -130,6 +137,59 @@ class TokenCount:
     def total(self) -> float:
         """Tokens of the whole job so far (every data-parallel rank builds batches like this one)."""
         return float(self.tokens * self.data_parallel)
+
+
+def _row_tokens(features) -> int | None:
+    """Tokens of a batch's rows from their `*input_ids` fields, or None when rows carry none."""
+    if not isinstance(features, (list, tuple)) or not features or not isinstance(features[0], dict):
+        return None
+    keys = [k for k in features[0] if k.endswith("input_ids")]
+    if not keys:
+        return None
+    return sum(len(row[k]) for row in features for k in keys if hasattr(row.get(k), "__len__"))
+
+
+class TokenRate:
+    """A metrics log source: the job's trained tokens so far (`num_tokens`) and tokens per second
+    since the previous training record, from the `TokenCount` set once the trainer is built."""
+
+    def __init__(self, clock=time.monotonic):
+        self.counter: TokenCount | None = None
+        self.clock = clock
+        self._last: tuple[float, float] | None = None
+
+    def __call__(self) -> dict:
+        if self.counter is None or not self.counter.tokens:
+            return {}
+        now, total = self.clock(), self.counter.total()
+        out = {"num_tokens": total}
+        if self._last is not None and now > self._last[0]:
+            out["tokens_per_second"] = round((total - self._last[1]) / (now - self._last[0]), 1)
+        self._last = (now, total)
+        return out
+
+
+def attach_token_counter(trainer, data_parallel: int = 1) -> TokenCount | None:
+    """Count the tokens of the training batches the trainer builds (its collator wrapped), pausing
+    while it evaluates; None for a trainer without a collator of its own."""
+    if trainer is None or getattr(trainer, "data_collator", None) is None:
+        return None
+    if isinstance(trainer.data_collator, TokenCount):
+        return trainer.data_collator
+    from transformers import TrainerCallback
+
+    counter = trainer.data_collator = TokenCount(trainer.data_collator, data_parallel)
+
+    class PauseForEvaluation(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if control.should_evaluate:
+                counter.paused = True  # evaluation batches follow: not training tokens
+
+        def on_evaluate(self, args, state, control, **kwargs):
+            counter.paused = False
+
+    trainer.add_callback(PauseForEvaluation())
+    return counter
 
 
 def progress_callback(stream: TextIO | None = None, *, tty: bool | None = None,
@@ -152,8 +212,6 @@ def progress_callback(stream: TextIO | None = None, *, tty: bool | None = None,
             self.printed_step = -1
 
         def on_step_end(self, args, state, control, **kwargs):
-            if counter is not None and control.should_evaluate:
-                counter.paused = True  # evaluation batches follow: not training tokens
             if self.progress is not None:
                 self.progress.update_step(state.global_step)
                 if in_place:
@@ -169,10 +227,6 @@ def progress_callback(stream: TextIO | None = None, *, tty: bool | None = None,
             if in_place or self.printed_step < 0 or state.global_step >= state.max_steps \
                     or time.monotonic() - self.last_print >= every:
                 self._show(min_gap=0.0)
-
-        def on_evaluate(self, args, state, control, **kwargs):
-            if counter is not None:
-                counter.paused = False  # evaluation is over (paused in on_step_end)
 
         def on_train_end(self, args, state, control, **kwargs):
             if self.progress is None:
@@ -205,10 +259,8 @@ def attach_progress(trainer, *, enabled: bool, data_parallel: int = 1) -> None:
         return
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    counter = None
-    if getattr(trainer, "data_collator", None) is not None:
-        # Batches are built in this process (dataloader_num_workers is 0), so the count is seen here.
-        counter = trainer.data_collator = TokenCount(trainer.data_collator, data_parallel)
+    # Batches are built in this process (dataloader_num_workers is 0), so the count is seen here.
+    counter = attach_token_counter(trainer, data_parallel)
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(progress_callback(counter=counter))
@@ -311,6 +363,10 @@ class WarningsRouter:
         except ImportError:
             return
         hf_logging.disable_default_handler()
+        # Its own tqdm bars too ("Writing model shards", "Loading weights"): the progress line is the
+        # run's one bar.
+        self._progress_bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
         self._transformers_default = True
 
     def uninstall(self) -> None:
@@ -325,6 +381,8 @@ class WarningsRouter:
             from transformers.utils import logging as hf_logging
 
             hf_logging.enable_default_handler()
+            if getattr(self, "_progress_bars", False):
+                hf_logging.enable_progress_bar()
             self._transformers_default = False
 
 

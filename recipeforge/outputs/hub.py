@@ -63,6 +63,9 @@ def push_plan(run_dir: Path, *, merged: bool | None = None) -> PushPlan:
     card = run_dir / "README.md"
     if card.is_file():
         files.append((card, "README.md"))
+        plot = run_dir / "loss.png"
+        if plot.is_file():  # the card shows it by a relative link
+            files.append((plot, "loss.png"))
     notes = []
     adapter = source / "adapter_config.json"
     if adapter.is_file():

@@ -126,6 +126,9 @@ class TrainerStage:
         self.trainer = None
         self.data_stats: dict = {}
         self.extra_log_sources: list[Callable[[], dict]] = []
+        from recipeforge.outputs.console import TokenRate
+
+        self.token_rate = TokenRate()  # tokens/s in every training record, once the trainer counts
         self.has_eval = False
         self._saved_env: dict[str, str | None] = {}
         self.trackers: list = []  # W&B / MLflow callbacks (`outputs.trackers`), finished by `train`
@@ -161,10 +164,12 @@ class TrainerStage:
             from recipeforge.stages.activation_offload import wrap_training_step
 
             wrap_training_step(self.trainer)
-        from recipeforge.outputs.console import attach_progress
+        from recipeforge.outputs.console import attach_progress, attach_token_counter
 
+        data_parallel = getattr(self.ctx.plan, "data_parallel", 1) or 1
+        self.token_rate.counter = attach_token_counter(self.trainer, data_parallel)
         attach_progress(self.trainer, enabled=self.recipe.logging.progress_bar and self.ctx.dist.is_main,
-                        data_parallel=getattr(self.ctx.plan, "data_parallel", 1) or 1)
+                        data_parallel=data_parallel)
 
     def build_trainer_explained(self):
         """`build_trainer`, with a configuration or constructor error of the training library turned
@@ -388,7 +393,8 @@ class TrainerStage:
         from recipeforge.stages.device_memory import peak_memory_source
 
         memory = peak_memory_source(self.ctx.plan.device)
-        cbs = [metrics.make_callback(writer, [*self.extra_log_sources, *([memory] if memory else [])])]
+        sources = [*self.extra_log_sources, self.token_rate, *([memory] if memory else [])]
+        cbs = [metrics.make_callback(writer, sources)]
         if self.recipe.train.scheduler == "wsd":
             from recipeforge.components.schedules import wsd_callback
 

@@ -43,9 +43,10 @@ def test_the_merged_model_and_its_card_are_all_that_goes_up(merged_run):
     assert plan.source == merged_run / "merged"
     uploaded = set(plan.paths_in_repo())
     assert uploaded == {p.relative_to(merged_run / "merged").as_posix()
-                        for p in (merged_run / "merged").rglob("*") if p.is_file()} | {"README.md"}
+                        for p in (merged_run / "merged").rglob("*") if p.is_file()} | {"README.md", "loss.png"}
     assert "model.safetensors" in uploaded and "config.json" in uploaded
     assert dict((dest, src) for src, dest in plan.files)["README.md"] == merged_run / "README.md"
+    assert dict((dest, src) for src, dest in plan.files)["loss.png"] == merged_run / "loss.png"  # the card's plot
     # Nothing of the training state, the logs or the run's bookkeeping.
     sources = {src for src, _ in plan.files}
     assert (merged_run / "checkpoints").is_dir() and (merged_run / "logs").is_dir()
