@@ -22,6 +22,10 @@ RECIPES = {
     "sft": "stage: sft\ndata: {datasets: [{path: d.jsonl, format: alpaca}]}\n",
     "dpo": "stage: dpo\ndata: {datasets: [{path: d.jsonl, format: preference}]}\n",
     "grpo": "stage: grpo\ndata: {datasets: [{path: d.jsonl, format: prompt}]}\ngrpo: {rewards: [{name: length}]}\n",
+    "orpo": "stage: orpo\ndata: {datasets: [{path: d.jsonl, format: preference}]}\n",
+    "kto": "stage: kto\ndata: {datasets: [{path: d.jsonl, format: unpaired}]}\n",
+    "cpo": "stage: cpo\ndata: {datasets: [{path: d.jsonl, format: preference}]}\n",
+    "reward": "stage: reward\ndata: {datasets: [{path: d.jsonl, format: preference}]}\n",
 }
 FLCE = "kernels:\n  liger: {fused_linear_cross_entropy: true}\n"
 # The guard TRL 1.x trainers carry in their constructor.
