@@ -316,6 +316,8 @@ class TrainerStage:
             if self.ctx.dist.is_main:
                 save_base_model(base, self.tokenizer, self.ctx.run.base_model)
             if quant is not None:
+                # Every rank loads the 4-bit base from the folder the first rank just wrote.
+                self.ctx.barrier()
                 base = load_model(str(self.ctx.run.base_model), self.tokenizer,
                                   **{**common, "random_config": None, "quantization_config": quant})
             base.config._name_or_path = str(self.ctx.run.base_model.resolve())
