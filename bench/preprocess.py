@@ -1,87 +1,207 @@
-"""Preprocessing throughput: tokens/s and packing efficiency on synthetic alpaca rows.
+"""Preprocessing throughput: whole `recipeforge preprocess` processes and the in-process pipeline.
 
-Renders N alpaca rows through the chat template, tokenizes them with SFT label masks, packs them
-into sequences (best-fit decreasing) and reports the figures; nothing is read from the cache.
+The workload is the one users compare with Axolotl's `preprocess`: synthetic alpaca rows of 20-400 words,
+sequence_len 512 with packing, ChatML. For each `--num-proc` it spawns `python -m recipeforge preprocess`
+on a generated recipe with an empty cache folder `--runs` times and reports the fastest whole-process
+wall time (imports, reading, rendering, tokenizing, masking, packing, writing the cache) with tokens/s;
+then it times `prepare_lm_data` in this process (no cache) and reports packing and padding figures.
 
-    python bench/preprocess.py                 # 20k rows, sequence_len 2048, tiny tokenizer
-    python bench/preprocess.py --rows 5000 --sequence-len 1024 --tokenizer path/to/tokenizer
+Tokenizers (all offline): ``tiny:llama`` (the built-in 1,024-token BPE, trained on the very words the rows
+are made of: about one token per word, a small vocabulary), ``bpe32k`` (a 32,000-token byte-level BPE
+trained once on the documentation found on this machine, kept under ~/.cache/recipeforge-bench: a real
+model's vocabulary size and per-token cost), or a local tokenizer directory.
+
+    python bench/preprocess.py                                  # 20k rows, tiny:llama and bpe32k
+    python bench/preprocess.py --tokenizer bpe32k --num-proc 1 2 auto --runs 5
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
 WORDS = ("the a cow dog cat duck sheep says moo woof meow quack what does is of and to in on with one two three "
          "four five six seven eight nine ten answer question count add plus equals color red blue green apple "
          "banana cherry grape lemon fruit water sun moon tree house car road city world day night").split()
+BPE_DIR = Path.home() / ".cache" / "recipeforge-bench" / "bpe32k"
 
 
 def synthetic_rows(n: int, seed: int = 0) -> list[dict]:
-    """Alpaca rows with instruction/input/output lengths spread like real instruction data."""
+    """Alpaca rows of 20-400 words: a short instruction, sometimes an input, the rest the output."""
     rng = random.Random(seed)
 
-    def text(lo: int, hi: int) -> str:
-        return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi))).capitalize() + "."
+    def text(k: int) -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(k)).capitalize() + "."
 
-    return [{"instruction": text(4, 40), "input": text(0, 60) if rng.random() < 0.4 else "",
-             "output": text(5, 300)} for _ in range(n)]
+    rows = []
+    for _ in range(n):
+        total = rng.randint(20, 400)
+        instruction = rng.randint(4, min(40, total // 2))
+        given = rng.randint(0, total // 4) if rng.random() < 0.4 else 0
+        rows.append({"instruction": text(instruction), "input": text(given) if given else "",
+                     "output": text(max(1, total - instruction - given))})
+    return rows
+
+
+def bpe32k() -> Path:
+    """A 32k-token byte-level BPE (GPT/Llama-3 style) trained once on the documentation found on this machine."""
+    if (BPE_DIR / "tokenizer.json").is_file():
+        return BPE_DIR
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    def corpus(limit: int = 40 << 20):
+        import sysconfig
+
+        seen = 0
+        for base in (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"]):
+            for path in sorted(Path(base).rglob("*")):
+                if path.suffix not in (".md", ".txt", ".rst") or not path.is_file():  # prose: docs, READMEs
+                    continue
+                try:
+                    text = path.read_text(encoding="utf-8")
+                except (OSError, UnicodeDecodeError):
+                    continue
+                yield text
+                seen += len(text)
+                if seen > limit:
+                    return
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
+    tok.train_from_iterator(corpus(), trainers.BpeTrainer(vocab_size=32_000, special_tokens=specials,
+                                                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                          show_progress=False))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|pad|>",
+                                   bos_token="<|endoftext|>", additional_special_tokens=["<|im_start|>"])
+    BPE_DIR.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=BPE_DIR.parent))
+    fast.save_pretrained(str(tmp))
+    os.replace(tmp, BPE_DIR)
+    return BPE_DIR
+
+
+def write_workload(folder: Path, rows: int, sequence_len: int, tokenizer: str, num_proc) -> Path:
+    """The data file and the recipe `recipeforge preprocess` runs on."""
+    data = folder / "alpaca.jsonl"
+    if not data.exists():
+        data.write_text("".join(json.dumps(r) + "\n" for r in synthetic_rows(rows)))
+    tok = str(bpe32k()) if tokenizer == "bpe32k" else tokenizer
+    recipe = folder / f"bench-{num_proc}.yaml"
+    recipe.write_text(
+        "stage: sft\n"
+        f"model: {{name_or_path: 'tiny:llama', tokenizer: '{tok}'}}\n"
+        f"data: {{datasets: [{{path: {data}, format: alpaca}}], sequence_len: {sequence_len}, "
+        f"packing: true, chat_template: chatml, num_proc: {num_proc}}}\n"
+        "train: {max_steps: 1, global_batch_size: 8}\n")
+    return recipe
+
+
+def whole_process(recipe: Path, runs: int, tree: Path = ROOT) -> tuple[float, dict]:
+    """Fastest wall time of `python -m recipeforge preprocess` (the recipeforge of `tree`) with a cold cache, and
+    its statistics."""
+    best, stats = float("inf"), {}
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory() as cache:
+            t0 = time.perf_counter()
+            out = subprocess.run([sys.executable, "-m", "recipeforge", "preprocess", str(recipe),
+                                  f"data.cache_dir={cache}"], capture_output=True, text=True, env=env,
+                                 cwd=tree)  # `-m` puts the working directory first on sys.path
+            seconds = time.perf_counter() - t0
+        if out.returncode != 0:
+            raise SystemExit(out.stderr[-2000:])
+        if seconds < best:
+            best, stats = seconds, json.loads(out.stdout[out.stdout.index("{"):])
+    return best, stats
+
+
+def in_process(recipe: Path, runs: int, micro_batch: int) -> dict:
+    """`prepare_lm_data` timed in this process (no cache; fastest of `runs`), with packing figures."""
+    from recipeforge.components.collate import LMCollator
+    from recipeforge.components.lm_data import prepare_lm_data
+    from recipeforge.components.tokenizer import load_tokenizer, set_chat_template
+    from recipeforge.config import load_recipe
+
+    loaded = load_recipe(recipe)
+    m = loaded.recipe.model
+    tok = load_tokenizer(m.tokenizer or m.name_or_path, vocab_size=1024)
+    set_chat_template(tok, "chatml", required=True)
+    best, lm = float("inf"), None
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        lm = prepare_lm_data(loaded.recipe, tok, base_dir=recipe.parent, use_cache=False)
+        best = min(best, time.perf_counter() - t0)
+    collate = LMCollator(tok.pad_token_id, packed=True)
+    rows = lm.train
+    for start in range(0, len(rows), micro_batch):
+        collate([rows[j] for j in range(start, min(start + micro_batch, len(rows)))])
+    return {"seconds": best, "stats": lm.stats, "padding": collate.counter.take()["padding_share"]}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=20_000)
-    ap.add_argument("--sequence-len", type=int, default=2048)
+    ap.add_argument("--sequence-len", type=int, default=512)
+    ap.add_argument("--tokenizer", nargs="+", default=["tiny:llama", "bpe32k"],
+                    help="tiny:llama, bpe32k or a local tokenizer directory (several: one report each)")
+    ap.add_argument("--num-proc", nargs="+", default=["1", "2"], help="data.num_proc values to time (or auto)")
+    ap.add_argument("--runs", type=int, default=3, help="runs per figure; the fastest is reported")
     ap.add_argument("--micro-batch", type=int, default=8, help="rows per batch when measuring padding")
-    ap.add_argument("--tokenizer", default="tiny:llama", help="tiny:llama, a local directory or a hub id")
-    ap.add_argument("--num-proc", type=int, default=1)
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ap.add_argument("--tree", type=Path, default=ROOT,
+                    help="source tree the spawned processes run (e.g. a git worktree of an older commit, to compare)")
+    ap.add_argument("--no-in-process", action="store_true", help="whole-process figures only")
     args = ap.parse_args(argv)
 
-    from recipeforge.components.collate import LMCollator
-    from recipeforge.components.lm_data import prepare_lm_data
-    from recipeforge.components.tokenizer import load_tokenizer
-    from recipeforge.config import load_recipe
-
+    report = []
     with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        data = tmp / "alpaca.jsonl"
-        data.write_text("".join(json.dumps(r) + "\n" for r in synthetic_rows(args.rows)))
-        recipe = tmp / "bench.yaml"
-        recipe.write_text(
-            "stage: sft\n"
-            f"model: {{name_or_path: '{args.tokenizer}'}}\n"
-            f"data: {{datasets: [{{path: {data}, format: alpaca}}], sequence_len: {args.sequence_len}, "
-            f"packing: true, chat_template: chatml, num_proc: {args.num_proc}}}\n"
-            "train: {max_steps: 1}\n")
-        loaded = load_recipe(recipe)
-        tok = load_tokenizer(args.tokenizer, vocab_size=1024)
-        from recipeforge.components.tokenizer import set_chat_template
-
-        set_chat_template(tok, "chatml", required=True)
-        t0 = time.perf_counter()
-        lm = prepare_lm_data(loaded.recipe, tok, base_dir=tmp, use_cache=False)
-        seconds = time.perf_counter() - t0
-        stats = lm.stats
-        collate = LMCollator(tok.pad_token_id, packed=True)
-        rows = lm.train
-        for start in range(0, len(rows), args.micro_batch):
-            collate([rows[j] for j in range(start, min(start + args.micro_batch, len(rows)))])
-        padding = collate.counter.take()["padding_share"]
-
-    tokens = stats["train_tokens"]
-    print(f"rows                 {args.rows}")
-    print(f"tokens               {tokens}  ({stats['trained_tokens']} trained, rest masked prompt)")
-    print(f"sequence_len         {args.sequence_len}")
-    print(f"packed sequences     {stats['packed_sequences']}")
-    print(f"wall time            {seconds:.2f} s  (read + render + tokenize + mask + pack)")
-    print(f"throughput           {tokens / seconds:,.0f} tokens/s")
-    print(f"packing efficiency   {stats['packing_efficiency']:.2%}  (real tokens / sequences x sequence_len)")
-    print(f"padding share        {padding:.2%}  (batches of {args.micro_batch}, padded to the longest row)")
+        for tokenizer in args.tokenizer:
+            folder = Path(tmp) / tokenizer.replace("/", "_").replace(":", "_")
+            folder.mkdir()
+            entry = {"tokenizer": tokenizer, "rows": args.rows, "sequence_len": args.sequence_len, "whole": {}}
+            for num_proc in args.num_proc:
+                seconds, stats = whole_process(write_workload(folder, args.rows, args.sequence_len, tokenizer,
+                                                              num_proc), args.runs, args.tree)
+                entry["whole"][num_proc] = {"seconds": round(seconds, 2), "tokens": stats["train_tokens"],
+                                            "tokens_per_second": round(stats["train_tokens"] / seconds)}
+            report.append(entry)
+            if args.no_in_process:
+                continue
+            inner = in_process(write_workload(folder, args.rows, args.sequence_len, tokenizer, args.num_proc[-1]),
+                               args.runs, args.micro_batch)
+            entry["in_process"] = {"num_proc": args.num_proc[-1], "seconds": round(inner["seconds"], 2),
+                                   "tokens_per_second": round(inner["stats"]["train_tokens"] / inner["seconds"]),
+                                   "packed_sequences": inner["stats"]["packed_sequences"],
+                                   "packing_efficiency": inner["stats"]["packing_efficiency"],
+                                   "padding_share": round(inner["padding"], 4)}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    for e in report:
+        tokens = next(iter(e["whole"].values()))["tokens"]
+        print(f"{e['tokenizer']}: {e['rows']} alpaca rows, sequence_len {e['sequence_len']}, packed, "
+              f"{tokens:,} tokens (fastest of {args.runs})")
+        for num_proc, w in e["whole"].items():
+            print(f"  whole process, num_proc {num_proc:<4}  {w['seconds']:6.2f} s  "
+                  f"{w['tokens_per_second']:>10,} tokens/s  (python -m recipeforge preprocess, cold cache)")
+        i = e.get("in_process")
+        if i is None:
+            continue
+        print(f"  in process,    num_proc {i['num_proc']:<4}  {i['seconds']:6.2f} s  "
+              f"{i['tokens_per_second']:>10,} tokens/s  (read + render + tokenize + mask + pack)")
+        print(f"  packing: {i['packed_sequences']} sequences, efficiency {i['packing_efficiency']:.2%}, "
+              f"padding share {i['padding_share']:.2%} (batches of {args.micro_batch})")
     return 0
 
 

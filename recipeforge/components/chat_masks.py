@@ -8,6 +8,7 @@ Tokenizers without offsets (slow ones) get the text cut at the span edges instea
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 from recipeforge.errors import RecipeError
@@ -45,12 +46,9 @@ def generation_segments(messages: list[dict], opts: Any, template: str) -> list[
     `opts.train_on_inputs` every token is.
     """
     tok = opts.tokenizer
-    plain = [{k: v for k, v in m.items() if k != "train"} for m in messages]
-    text, spans = render_with_spans(tok, plain, template)
-    if opts.train_on_inputs:
+    text, trained = trained_spans(tok, messages, template, train_on_inputs=opts.train_on_inputs)
+    if trained is None:
         return [(text, True)]
-    flags = _span_flags(messages, spans)
-    trained = [span for span, keep in zip(spans, flags) if keep and span[1] > span[0]]
     if not getattr(tok, "is_fast", False):
         return _cut_text(text, trained)
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -67,6 +65,63 @@ def generation_segments(messages: list[dict], opts: Any, template: str) -> list[
         else:
             segments.append(([token], on))
     return segments
+
+
+def trained_spans(tokenizer, messages: list[dict], template: str, *, train_on_inputs: bool = False
+                  ) -> tuple[str, list[tuple[int, int]] | None]:
+    """The rendered conversation and the character spans of its trained replies (non-empty, in order);
+    None for the spans when every token is trained (`train_on_inputs`)."""
+    text, spans = render_with_spans(tokenizer, without_flags(messages), template)
+    return text, select_spans(messages, spans, train_on_inputs=train_on_inputs)
+
+
+def without_flags(messages: list[dict]) -> list[dict]:
+    """The messages as the template sees them (no `train` keys)."""
+    return [{k: v for k, v in m.items() if k != "train"} for m in messages]
+
+
+def select_spans(messages: list[dict], spans: list, *, train_on_inputs: bool = False) -> list[tuple[int, int]] | None:
+    """The trained ones of a rendering's generation spans (see `trained_spans`)."""
+    if train_on_inputs:
+        return None
+    flags = _span_flags(messages, spans)
+    return [span for span, keep in zip(spans, flags) if keep and span[1] > span[0]]
+
+
+def render_many(tokenizer, conversations: list[list[dict]], template: str) -> list[tuple[str, list]]:
+    """`render_with_spans` of many conversations in one call (the template variables are prepared once).
+    Raises `jinja2` errors as they come: callers render row by row to say which row failed."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    rendered, spans = render_jinja_template(conversations=conversations, chat_template=template,
+                                            return_assistant_tokens_mask=True, **dict(tokenizer.special_tokens_map))
+    return [(text, [tuple(s) for s in row]) for text, row in zip(rendered, spans)]
+
+
+def span_token_ranges(encoding, spans: list[tuple[int, int]]) -> list[tuple[int, int]] | None:
+    """Token index ranges ``[a, b)`` of an encoded rendering (a `tokenizers.Encoding`) that overlap the trained
+    character `spans`: the tokens `generation_segments` trains, found by bisecting the token offsets (which
+    rise along the text) instead of reading them all. None when a token has no character offsets."""
+    n = len(encoding)
+    chars = encoding.token_to_chars
+    try:
+        out = []
+        for lo, hi in spans:
+            # First token whose characters (at least one) reach past the span start; first token starting at or
+            # after its end.
+            a = bisect.bisect_right(range(n), lo, key=lambda i: max(chars(i)[1], chars(i)[0] + 1))
+            b = bisect.bisect_left(range(n), hi, key=lambda i: chars(i)[0])
+            # Bisecting assumes offsets rise along the text; the tokens at both edges are checked, and a
+            # tokenizer whose offsets do not rise there is marked token by token instead (None).
+            if (a > 0 and max(chars(a - 1)[1], chars(a - 1)[0] + 1) > lo) or (a < n and chars(a)[1] <= lo
+                                                                               and chars(a)[0] + 1 <= lo) \
+                    or (b > 0 and chars(b - 1)[0] >= hi) or (b < n and chars(b)[0] < hi):
+                return None
+            if a < b:
+                out.append((a, b))
+        return out
+    except TypeError:  # token_to_chars gave None
+        return None
 
 
 def _span_flags(messages: list[dict], spans: list) -> list[bool]:

@@ -272,7 +272,9 @@ def load_split(data, stage_kinds: tuple[str, ...], *, seed: int, base_dir: Path 
             keep = None if fmt.kind == "prompt" else [c for c in ds.column_names if c in fmt.required + fmt.optional]
             if keep is not None:
                 ds = ds.select_columns(keep)
-            ds = ds.add_column("_row", list(range(1, len(ds) + 1))).add_column("_format", [fmt.name] * len(ds))
+            # Fingerprints derived from the dataset's own: `datasets` would otherwise hash both new columns.
+            ds = ds.add_column("_row", list(range(1, len(ds) + 1)), new_fingerprint=derived_fingerprint(ds, "_row"))
+            ds = ds.add_column("_format", [fmt.name] * len(ds), new_fingerprint=derived_fingerprint(ds, fmt.name))
             dedup = spec.dedup if getattr(spec, "dedup", None) is not None else getattr(data, "dedup", False)
             if section == "datasets" and dedup:
                 from recipeforge.components.dedup import drop_duplicates
@@ -315,6 +317,13 @@ def load_split(data, stage_kinds: tuple[str, ...], *, seed: int, base_dir: Path 
     stats["eval_rows"] = len(evaluation) if evaluation is not None else 0
     assert isinstance(train, datasets.Dataset)
     return train, evaluation, stats
+
+
+def derived_fingerprint(ds, step: str) -> str:
+    """A `datasets` fingerprint for `ds` after `step`, derived from its own (deterministic, no hashing of rows)."""
+    import hashlib
+
+    return hashlib.sha256(f"{ds._fingerprint}:{step}".encode()).hexdigest()[:16]
 
 
 def _hold_out(parts: list, val_size, seed: int, locate: Locate) -> tuple[list, list]:

@@ -46,6 +46,9 @@ class Format:
     conversational: Callable[[dict], bool] = field(default=lambda row: False)
     description: str = ""
     stages: tuple[str, ...] = ()               # stages that train on it; () = by kind (see `format_stages`)
+    # For chat formats whose `render` is `chat_segments(to_messages(row), opts)`: the row's messages, so that
+    # whole batches can be rendered and tokenized at once (`lm_encode`) with the same result.
+    to_messages: Callable[[dict], list[dict]] | None = None
 
 
 # The stages each kind of format feeds; a format narrows or widens this with `Format.stages`.
@@ -221,8 +224,13 @@ def _tokenized(row: dict, opts: RenderOptions) -> list[Segment]:
     return segments
 
 
+def row_messages(row: dict) -> list[dict]:
+    """The messages of a `messages` row, normalized."""
+    return normalize_messages(row["messages"])
+
+
 def _messages(row: dict, opts: RenderOptions) -> list[Segment]:
-    return chat_segments(normalize_messages(row["messages"]), opts)
+    return chat_segments(row_messages(row), opts)
 
 
 def _is_conv(value: Any) -> bool:
@@ -269,9 +277,9 @@ def _register_builtins() -> None:
         Format("text", "lm", ("text",), _text, stages=("pretrain", "sft"),
                description="raw text; every token is trained"),
         Format("alpaca", "lm", ("instruction", "output"), _alpaca, optional=("input", "system"),
-               conversational=lambda row: True,
+               conversational=lambda row: True, to_messages=alpaca_messages,
                description="instruction/input/output through the chat template; loss on the output"),
-        Format("messages", "lm", ("messages",), _messages, conversational=lambda row: True,
+        Format("messages", "lm", ("messages",), _messages, conversational=lambda row: True, to_messages=row_messages,
                description="chat messages (OpenAI roles or ShareGPT from/value); loss on assistant turns"),
         Format("completion", "lm", ("prompt", "completion"), _completion,
                description="prompt/completion pair; loss on the completion"),

@@ -12,18 +12,17 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-from recipeforge.components.data import Locate, _no_location, load_split
+from recipeforge.components.data import Locate, _no_location, derived_fingerprint, load_split
 from recipeforge.components.fingerprint import data_fingerprint
 from recipeforge.components.formats import RenderOptions, get_format
-from recipeforge.components.packing import IGNORE, pack
+from recipeforge.components.lm_encode import (NO_TARGET, OK, SPLIT, TOO_LONG, TRUNCATED, EncodeOptions, encode_dataset,
+                                              to_arrow)
+from recipeforge.components.packing import IGNORE, pack_flat
 from recipeforge.components.tokenizer import special_prefix_ids
 from recipeforge.errors import RecipeError
-
-OK, TRUNCATED, TOO_LONG, NO_TARGET, SPLIT = 0, 1, 2, 3, 4
 
 
 @dataclass
@@ -46,10 +45,10 @@ def default_cache_root() -> Path:
 
 def tokenize_batch(batch: dict, *, tokenizer, train_on_inputs: bool, sequence_len: int, truncation: str,
                    mask_inputs: bool, split_long: bool = False, eot_tokens: tuple[str, ...] = ()) -> dict:
-    """Render and tokenize a batch of rows (a `datasets.map` function; picklable for num_proc > 1).
+    """Render and tokenize a batch of rows, row by row: the reference computation.
 
-    Every piece of text of every row goes through the tokenizer in one call (fast tokenizers batch
-    in Rust); the pieces are then reassembled per row with their labels. Rows longer than
+    `lm_encode.encode_rows` (what `prepare_lm_data` runs) gives the same ids, labels and statuses
+    without per-token Python work; the tests compare the two. Rows longer than
     `sequence_len` are cut, dropped, or with `split_long` (pretraining documents) cut into several
     samples, so that no text is thrown away.
     """
@@ -111,13 +110,6 @@ def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
     return tokenizer(texts, add_special_tokens=False)["input_ids"]
 
 
-def _features():
-    from datasets import Features, Sequence, Value
-
-    return Features({"input_ids": Sequence(Value("int32")), "labels": Sequence(Value("int32")),
-                     "status": Value("int8")})
-
-
 def prepare_lm_data(recipe, tokenizer, *, base_dir: Path | None, locate: Locate = _no_location,
                     use_cache: bool = True) -> LMData:
     """Tokenized training (and eval) data of a pretrain/SFT recipe, from the cache when possible.
@@ -170,46 +162,39 @@ def _build(recipe, tokenizer, fp: str, path: Path, *, base_dir: Path | None, loc
     packing = bool(data.packing)
     t0 = time.perf_counter()
     # Pretraining keeps all of a long document (as consecutive samples); SFT rows are cut or dropped.
-    fn = partial(tokenize_batch, tokenizer=tokenizer, train_on_inputs=data.train_on_inputs,
-                 sequence_len=data.sequence_len, truncation=data.truncation, mask_inputs=mask_inputs,
-                 split_long=recipe.stage == "pretrain", eot_tokens=tuple(getattr(recipe.model, "eot_tokens", ())))
+    options = EncodeOptions(train_on_inputs=data.train_on_inputs or not mask_inputs, sequence_len=data.sequence_len,
+                            truncation=data.truncation, split_long=recipe.stage == "pretrain",
+                            eot_tokens=tuple(getattr(recipe.model, "eot_tokens", ())))
     counts = {"truncated": 0, "split_samples": 0, "dropped_too_long": 0, "dropped_no_target": 0}
 
     def transform(ds, fmt):
         if fmt.kind != "lm":
             raise RecipeError(f"format '{fmt.name}' cannot be tokenized for stage {recipe.stage}")
         import datasets
+        import numpy as np
 
-        datasets.disable_progress_bars()
-        try:
-            out = ds.map(fn, batched=True, batch_size=1000, remove_columns=ds.column_names, features=_features(),
-                         num_proc=data.num_proc if data.num_proc > 1 and len(ds) > 5000 else None,
-                         load_from_cache_file=False)
-        finally:
-            datasets.enable_progress_bars()
-        status = list(out["status"])
-        if status and not any(s in (OK, TRUNCATED, SPLIT) for s in status):
-            raise _nothing_left(status, data)
-        counts["truncated"] += status.count(TRUNCATED)
-        counts["split_samples"] += status.count(SPLIT)
-        counts["dropped_too_long"] += status.count(TOO_LONG)
-        counts["dropped_no_target"] += status.count(NO_TARGET)
-        keep = [i for i, s in enumerate(status) if s in (OK, TRUNCATED, SPLIT)]
-        out = out.select(keep) if len(keep) < len(out) else out
-        return out.remove_columns(["status"])
+        table, status = encode_dataset(ds, fmt, tokenizer, options, num_proc=data.num_proc)
+        found = np.bincount(status, minlength=SPLIT + 1) if len(status) else np.zeros(SPLIT + 1, dtype=np.int64)
+        if len(status) and not (found[OK] or found[TRUNCATED] or found[SPLIT]):
+            raise _nothing_left(status.tolist(), data)
+        counts["truncated"] += int(found[TRUNCATED])
+        counts["split_samples"] += int(found[SPLIT])
+        counts["dropped_too_long"] += int(found[TOO_LONG])
+        counts["dropped_no_target"] += int(found[NO_TARGET])
+        # A fingerprint of its own: `datasets` would hash every token to make one.
+        return datasets.Dataset(table, fingerprint=derived_fingerprint(ds, f"tokenized:{fp}"))
 
     train, evaluation, stats = load_split(data, ("lm",), seed=recipe.train.seed, base_dir=base_dir,
                                           transform=transform, locate=locate)
     stats.update(counts)
-    train_ids = list(train["input_ids"])
-    train_labels = list(train["labels"])
-    stats["train_tokens"] = sum(len(x) for x in train_ids)
-    stats["trained_tokens"] = sum(sum(1 for t in lab if t != IGNORE) for lab in train_labels)
+    train_ids, train_labels, train_lengths = _flat(train)
+    stats["train_tokens"] = int(train_lengths.sum())
+    stats["trained_tokens"] = int((train_labels != IGNORE).sum())
     if packing:
-        train, pstats = _packed(train_ids, train_labels, data.sequence_len)
+        train, pstats = _packed(train_ids, train_labels, train_lengths, data.sequence_len, f"{fp}-train")
         stats.update(packed_sequences=pstats.sequences, packing_efficiency=round(pstats.efficiency, 4))
         if evaluation is not None:
-            evaluation, _ = _packed(list(evaluation["input_ids"]), list(evaluation["labels"]), data.sequence_len)
+            evaluation, _ = _packed(*_flat(evaluation), data.sequence_len, f"{fp}-eval")
     stats["preprocess_seconds"] = round(time.perf_counter() - t0, 3)
     stats["tokens_per_second"] = round(stats["train_tokens"] / max(stats["preprocess_seconds"], 1e-9))
     result = LMData(train, evaluation, packing, stats, fp, path if use_cache else None)
@@ -234,14 +219,30 @@ def _nothing_left(status: list, data) -> RecipeError:
                        hint=", ".join(fixes[:-1]) + f" or {fixes[-1]}" if len(fixes) > 1 else fixes[0])
 
 
-def _packed(ids, labels, capacity):
-    import datasets
-    import pyarrow as pa
+def _flat(ds):
+    """Token ids, labels (flat int32 arrays of all rows end to end) and row lengths of a tokenized dataset,
+    read from its Arrow columns (in its row order, after any selection) without a Python list per row."""
+    import numpy as np
+    import pyarrow.compute as pc
 
-    columns, stats = pack(ids, labels, capacity)
-    # Straight to Arrow as int32: several times faster than inferring int64 lists, half the size.
-    table = pa.table({k: pa.array(v, type=pa.list_(pa.int32())) for k, v in columns.items()})
-    return datasets.Dataset(table), stats
+    table = ds.with_format("arrow")[:]
+    out = []
+    for name in ("input_ids", "labels"):
+        chunks = table.column(name).chunks
+        out.append(np.concatenate([c.flatten().to_numpy(zero_copy_only=False) for c in chunks]
+                                  or [np.zeros(0, np.int32)]).astype(np.int32, copy=False))
+    lengths = [pc.list_value_length(c).to_numpy(zero_copy_only=False) for c in table.column("input_ids").chunks]
+    out.append(np.concatenate(lengths or [np.zeros(0, np.int64)]).astype(np.int64))
+    return tuple(out)
+
+
+def _packed(ids, labels, lengths, capacity, fingerprint: str):
+    import datasets
+
+    columns, stats = pack_flat(ids, labels, lengths, capacity)
+    # Straight to Arrow as int32 lists (the layout `pack` gave), without a Python list per sequence.
+    table = to_arrow({k: columns[k] for k in ("input_ids", "labels", "position_ids")}, columns["lengths"])
+    return datasets.Dataset(table, fingerprint=f"{fingerprint}-packed"), stats
 
 
 def _save_cached(result: LMData, path: Path) -> None:

@@ -91,3 +91,38 @@ def segment_ids(position_ids: Sequence[int]) -> list[int]:
             seg += 1
         out.append(seg)
     return out
+
+
+def pack_flat(ids, labels, lengths, capacity: int) -> tuple[dict, PackStats]:
+    """`pack` on flat arrays: samples end to end in `ids`/`labels` (numpy), `lengths` per sample.
+
+    The same bins and the same rows as `pack`, built with array operations: returns flat ``input_ids``,
+    ``labels`` and ``position_ids`` (int32) of all sequences end to end, ``lengths`` per sequence, and stats.
+    """
+    import numpy as np
+
+    lengths = np.asarray(lengths, dtype=np.int64)
+    bins = best_fit_decreasing(lengths.tolist(), capacity)
+    order = np.fromiter((i for b in bins for i in sorted(b)), dtype=np.int64, count=len(lengths))
+    sample_len = lengths[order]
+    starts = (np.cumsum(lengths) - lengths)[order]
+    index = gather_index(starts, sample_len)
+    first = np.cumsum(sample_len) - sample_len  # where each sample begins in the packed output
+    out_labels = np.asarray(labels)[index]
+    out_labels[first[sample_len > 0]] = IGNORE  # would be predicted from the previous sample's last token
+    positions = (np.arange(len(index), dtype=np.int64) - np.repeat(first, sample_len)).astype(np.int32)
+    per_bin = np.add.reduceat(sample_len, np.cumsum([0] + [len(b) for b in bins[:-1]])) if bins else sample_len
+    stats = PackStats(samples=len(lengths), sequences=len(bins), tokens=int(lengths.sum()), capacity=capacity)
+    return {"input_ids": np.asarray(ids)[index], "labels": out_labels, "position_ids": positions,
+            "lengths": per_bin}, stats
+
+
+def gather_index(starts, lengths):
+    """Positions ``starts[0] .. starts[0]+lengths[0]-1, starts[1] ..``: the index that gathers slices end to end."""
+    import numpy as np
+
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    first = np.cumsum(lengths) - lengths  # where each slice begins in the output
+    return np.repeat(starts - first, lengths) + np.arange(total, dtype=np.int64)

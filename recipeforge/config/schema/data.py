@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Union
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -126,5 +126,19 @@ class DataConfig(Section):
     truncation: Literal["truncate", "drop"] = Field(
         "truncate", description="Samples longer than `sequence_len`: cut them, or drop them (counted in the log).")
     shuffle: bool = Field(True, description="Shuffle training rows (with `train.seed`).")
-    num_proc: int = Field(1, ge=1, description="Processes for tokenization.")
+    num_proc: Union[Annotated[int, Field(ge=1)], Literal["auto"]] = Field(
+        1, description="Processes that tokenize the rows (forked workers, a chunk of rows each; the result is the "
+                       "same). `auto`: one per CPU core this process may use, at most 8 (2 on a 2-core machine); "
+                       "resolved to that number when the recipe is loaded. Datasets under 1,000 rows per process "
+                       "use fewer. With 1, the tokenizer still uses every core for its own part.")
     cache_dir: Optional[str] = Field(None, description="Where tokenized data is cached (default: ~/.cache/recipeforge).")
+
+    @field_validator("num_proc")
+    @classmethod
+    def _resolve_auto(cls, value):
+        # Resolved here so that every consumer (and the resolved recipe) sees a number.
+        if value == "auto":
+            from recipeforge.components.lm_encode import auto_processes
+
+            return auto_processes()
+        return value
