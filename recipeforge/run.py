@@ -60,9 +60,9 @@ def train(loaded, *, overwrite: bool = False, force: bool = False, plan=None,
 
     _network_guards()
     dist = DistInfo.from_env()
-    from recipeforge.outputs import console
+    from recipeforge.outputs import library_warnings
 
-    console.route_library_warnings(dist.rank)  # library warnings: RUN/logs/warnings.log, not the console
+    library_warnings.route_library_warnings(dist.rank)  # library warnings: RUN/logs/warnings.log, not the console
     try:
         if dist.world_size > 1 or os.environ.get(PLAN_ENV):
             preemption.install()  # as early as possible: a stop request during setup is kept
@@ -71,7 +71,7 @@ def train(loaded, *, overwrite: bool = False, force: bool = False, plan=None,
     finally:
         from recipeforge.stages.base import _log
 
-        console.stop_routing(log=_log if dist.is_main else None)
+        library_warnings.stop_routing(log=_log if dist.is_main else None)
         preemption.uninstall()
         run_lock.release_all()
 
@@ -305,7 +305,7 @@ def _prepare_run(loaded, plan, run, *, overwrite: bool, force: bool = False) -> 
     if recipe.output.resume not in ("auto", "never"):  # verified (a damaged one is exit 2, naming the file)
         named = checkpoint.resume_checkpoint(recipe.output.resume, run.checkpoints, verify=True)
     prepare(run, overwrite=overwrite, resume=recipe.output.resume)
-    from recipeforge.outputs.console import warnings_to_run_dir
+    from recipeforge.outputs.library_warnings import warnings_to_run_dir
 
     warnings_to_run_dir(run.root)
     run_lock.reassert(run.root, log=_log)  # --overwrite removed the lock file with the rest
@@ -334,7 +334,7 @@ def _run(loaded, plan, run, backend, dist, resume_from) -> None:
 
     ctx = StageContext(loaded=loaded, plan=plan, run=run, resume_from=resume_from, dist=dist,
                        save_final=backend.save_final)
-    from recipeforge.outputs.console import warnings_to_run_dir
+    from recipeforge.outputs.library_warnings import warnings_to_run_dir
 
     warnings_to_run_dir(run.root)
     if dist.world_size > 1:

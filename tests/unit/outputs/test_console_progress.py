@@ -6,7 +6,8 @@ from __future__ import annotations
 import io
 import warnings
 
-from recipeforge.outputs.console import Progress, WarningsRouter, format_progress, progress_callback
+from recipeforge.outputs.console import Progress, format_progress, progress_callback
+from recipeforge.outputs.library_warnings import WarningsRouter
 
 
 def test_format_progress_fields():
