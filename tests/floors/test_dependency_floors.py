@@ -67,8 +67,11 @@ def _run(cmd: list, *, cwd: Path = REPO, timeout: int = 900, env: dict | None = 
 
 
 def _clean_env(**extra: str) -> dict:
-    """This process's environment minus what would let the venv see packages from outside it."""
+    """This process's environment minus what would let the venv see packages from outside it, plus
+    this checkout first on the path: the cached environment's editable install points at whichever
+    checkout built it, and the code under test is this one."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env["PYTHONPATH"] = str(REPO)
     env.update(extra)
     return env
 
