@@ -328,17 +328,21 @@ def _messages(conv, entry: dict, spec: dict, where: str, kind: str) -> set[str]:
     return handled
 
 
+def _user_defined(conv, kind: dict, spec: dict, where: str, columns: tuple[str, ...]) -> None:
+    """A user-defined dataset type: its `field_<column>` keys name the format's columns."""
+    cols = {c: kind[f"field_{c}"] for c in columns if kind.get(f"field_{c}") and kind[f"field_{c}"] != c}
+    if cols:
+        spec["columns"] = cols
+    if [k for k in kind if not k.startswith("field_")]:
+        conv.note(f"{where}.type", "prompt format strings have no counterpart; the prompt goes through "
+                                   "data.chat_template when it is a chat, else is used as written")
+
+
 def _preference(conv, entry: dict, spec: dict, where: str) -> set[str]:
     spec["format"] = "preference"
     kind = entry.get("type")
     if isinstance(kind, dict):
-        cols = {dst: kind[src] for src, dst in (("field_prompt", "prompt"), ("field_chosen", "chosen"),
-                                                ("field_rejected", "rejected")) if kind.get(src) and kind[src] != dst}
-        if cols:
-            spec["columns"] = cols
-        if [k for k in kind if not k.startswith("field_")]:
-            conv.note(f"{where}.type", "prompt format strings have no counterpart; the prompt goes through "
-                                       "data.chat_template when it is a chat, else is used as written")
+        _user_defined(conv, kind, spec, where, ("prompt", "chosen", "rejected"))
         return set()
     kind = str(kind or "")
     prefix, _, strategy = kind.rpartition(".")
@@ -368,14 +372,8 @@ def _unpaired(conv, entry: dict, spec: dict, where: str) -> None:
     """A KTO dataset: the `unpaired` format (prompt, completion, label)."""
     spec["format"] = "unpaired"
     kind = entry.get("type")
-    if isinstance(kind, dict):  # user_defined: field_* name the columns
-        cols = {dst: kind[src] for src, dst in (("field_prompt", "prompt"), ("field_completion", "completion"),
-                                                ("field_label", "label")) if kind.get(src) and kind[src] != dst}
-        if cols:
-            spec["columns"] = cols
-        if [k for k in kind if not k.startswith("field_")]:
-            conv.note(f"{where}.type", "prompt format strings have no counterpart; the prompt goes through "
-                                       "data.chat_template when it is a chat, else is used as written")
+    if isinstance(kind, dict):
+        _user_defined(conv, kind, spec, where, ("prompt", "completion", "label"))
         return
     kind = str(kind or "")
     prefix, _, strategy = kind.rpartition(".")

@@ -33,6 +33,19 @@ def batches(vocab: int) -> list[torch.Tensor]:
     return [two[i % 2] for i in range(STEPS)]
 
 
+def train_losses(model) -> list[float]:
+    """A few AdamW steps on `batches`: the loss of each (the same loop in both runs)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, foreach=False)
+    losses = []
+    for ids in batches(model.config.vocab_size):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
 def main(plan_path: str, model_dir: str, out_dir: str) -> None:
     plan = plan_from_dict(json.loads(Path(plan_path).read_text()))
     model = parallelism.load_tensor_parallel(model_dir, plan, dtype=torch.float32, attn_implementation="sdpa")
@@ -46,14 +59,7 @@ def main(plan_path: str, model_dir: str, out_dir: str) -> None:
                              "placements": [repr(x) for x in p.placements],
                              "local": list(p.to_local().shape), "full": list(p.shape),
                              "shard": any(isinstance(x, Shard) for x in p.placements)}
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, foreach=False)
-    losses = []
-    for ids in batches(model.config.vocab_size):
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+    losses = train_losses(model)
     full = gathered_state_dict(model)
 
     # The Trainer path: Accelerate validates a ParallelismConfig against its distributed state.

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.backends.tensor_parallel_worker import LR, STEPS, batches
+from tests.integration.backends.tensor_parallel_worker import STEPS, train_losses
 
 pytestmark = pytest.mark.slow
 
@@ -45,15 +45,7 @@ def _reference(model_dir: Path) -> tuple[list[float], dict]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, foreach=False)
-    losses = []
-    for ids in batches(model.config.vocab_size):
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses, model.state_dict()
+    return train_losses(model), model.state_dict()
 
 
 def test_tensor_parallel_two_cpu_processes_match_one(tmp_path):
