@@ -173,12 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _load(args):
     from recipeforge.config import load_recipe
 
-    overrides = list(args.overrides)
-    if getattr(args, "hardware", None):
-        # `--hardware` replaces the recipe's `hardware:` section as the target, for the checks made while
-        # loading (which backend runs on which device) as for the planner.
-        overrides.append("~hardware")
-    loaded = load_recipe(args.recipe, overrides)
+    loaded = load_recipe(args.recipe, list(args.overrides), flags=_flag_values(args))
     args.loaded = loaded  # lets errors raised later (planner, data) point into the recipe
     from recipeforge.config.load import check_finite_numbers
 
@@ -188,6 +183,21 @@ def _load(args):
 
         check_components(loaded)
     return loaded
+
+
+def _flag_values(args) -> list:
+    """What the command's flags put into the recipe, whatever the recipe sets itself."""
+    from recipeforge.config.overrides import FlagValue
+
+    flags = []
+    if getattr(args, "hardware", None):
+        from recipeforge.plan.hardware import parse_hardware
+
+        # `--hardware` replaces the recipe's `hardware:` section (or stands in for a missing one) as the
+        # target, for the checks made while loading (which backend runs on which device) as for the planner.
+        flags.append(FlagValue(("hardware",), parse_hardware(args.hardware, nnodes=args.nnodes).as_section(),
+                               f"--hardware {args.hardware}"))
+    return flags
 
 
 def cmd_validate(args) -> int:
@@ -270,19 +280,19 @@ def cmd_plugins(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from recipeforge.plan import hardware_for, render_plan
+    from recipeforge.plan import hardware_for, parse_hardware, render_plan
     from recipeforge.plan.world import plan_for_world
 
     loaded = _load(args)
     # The same planning `train` does for the same process layout.
-    plan = plan_for_world(loaded.recipe, nnodes=args.nnodes, nproc_per_node=args.nproc_per_node,
-                          hardware=hardware_for(loaded.recipe, args.hardware))
+    hardware = parse_hardware(args.hardware, nnodes=args.nnodes) if args.hardware else hardware_for(loaded.recipe, None)
+    plan = plan_for_world(loaded.recipe, nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, hardware=hardware)
     from recipeforge.components.data_checks import check_plan_numbers
 
     check_plan_numbers(plan)
-    from recipeforge.errors import redact_url_credentials
+    from recipeforge.credentials import redact_credentials
 
-    print(redact_url_credentials(json.dumps(plan.to_dict(), indent=2, default=str)) if args.json
+    print(redact_credentials(json.dumps(plan.to_dict(), indent=2, default=str)) if args.json
           else render_plan(plan))
     return 0
 
@@ -327,9 +337,9 @@ def cmd_train(args) -> int:
         if int(os.environ.get("RANK", "0")) == 0:
             import shlex
 
-            from recipeforge.errors import redact_url_credentials
+            from recipeforge.credentials import redact_credentials
 
-            again = redact_url_credentials(shlex.join(["recipeforge", "train", args.recipe, *args.overrides]))
+            again = redact_credentials(shlex.join(["recipeforge", "train", args.recipe, *args.overrides]))
             print(f"[recipeforge] {stop.describe()}\n[recipeforge] to continue, run the same command again "
                   f"(it resumes from the newest checkpoint): {again}", file=sys.stderr)
         return EXIT_PREEMPTED

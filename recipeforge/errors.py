@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
+from recipeforge.credentials import is_secret_key, last_part as _last_part, redact_credentials
+
 Path = tuple  # a key path into a recipe: ("data", "datasets", 0, "format")
 
 # Bounds on what a message may echo of user input (a value, a key, a file's contents): a hostile or
@@ -101,32 +103,8 @@ class RecipeError(Exception):
         return self.render()
 
 
-# A URL's userinfo (`scheme://user:password@host`); the scheme keeps it from matching e-mail addresses.
-_URL_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)([^\s/?#@'\"]*)@")
 # A quoted value in a message, as repr() writes it.
 _QUOTED = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
-# Key names whose value is a credential: hf_token, hub_token, api_key, apikey, db_password, secret, ...
-# `token` only as the last word and not a tokenizer's special token: hf_token, hub_token, access_token
-# are credentials; tokenizer, max_tokens, pad_token and pad_token_id are not.
-_SECRET_KEY = re.compile(r"secret|passw(or)?d|api_?key|access_?key|private_?key|credential|"
-                         r"(^|_)(?<!pad_)(?<!eos_)(?<!bos_)(?<!unk_)(?<!sep_)(?<!cls_)(?<!mask_)token$", re.IGNORECASE)
-
-
-def is_secret_key(key: Any) -> bool:
-    """Whether a recipe key's name (its last part, for a dotted key) says its value is a credential."""
-    return isinstance(key, str) and bool(_SECRET_KEY.search(_last_part(key)))
-
-
-def _last_part(key: str) -> str:
-    return re.split(r"[.\[]", key.rstrip("]"))[-1] if "." in key or "[" in key else key
-
-
-def redact_url_credentials(text: str) -> str:
-    """`text` with the userinfo of every URL in it hidden: ``http://user:***@host``, ``https://***@host``."""
-    def hide(match: re.Match) -> str:
-        user, sep, _ = match.group(2).partition(":")
-        return f"{match.group(1)}{user}:***@" if sep else f"{match.group(1)}***@"
-    return _URL_USERINFO.sub(hide, text) if "@" in text else text
 
 
 def _escape(text: str) -> str:
@@ -139,7 +117,7 @@ def _escape(text: str) -> str:
 def bounded_text(text: Any, limit: int = MAX_LINE) -> str:
     """`text` safe to print: escaped, URL credentials hidden, quoted values cut to `MAX_EXCERPT`
     characters and each line to `limit`."""
-    text = redact_url_credentials(_escape(str(text)))
+    text = redact_credentials(_escape(str(text)))
     if len(text) <= MAX_EXCERPT:
         return text
     text = _QUOTED.sub(lambda m: _cut_quoted(m.group(0)), text)
@@ -162,7 +140,7 @@ def _head_tail(text: str, limit: int) -> str:
 
 def excerpt(value: Any, limit: int = MAX_EXCERPT) -> str:
     """A short, escaped, repr-like quote of a user value for a message: ``'abc...' (1200 characters)``."""
-    text = redact_url_credentials(value if isinstance(value, str) else repr(value))
+    text = redact_credentials(value if isinstance(value, str) else repr(value))
     if isinstance(value, str):
         if len(text) <= limit:
             return repr(text)

@@ -126,10 +126,10 @@ def _train_launching(loaded, plan, opts: LaunchOptions, overwrite: bool, force: 
     spec = launch_spec(plan, recipe, recipe_path=recipe_path, overrides=opts.overrides,
                        run_dir=run.root, cluster=cluster, files_dir=files_dir, debug=opts.debug)
     if opts.dry_run:
-        from recipeforge.errors import redact_url_credentials
+        from recipeforge.credentials import redact_credentials
 
         # The printed command never shows a password from an override (the launched one keeps it).
-        print(redact_url_credentials(f"# plan: {_plan_line(plan)}\n" + spec.render()), end="")
+        print(redact_credentials(f"# plan: {_plan_line(plan)}\n" + spec.render()), end="")
         return None
     if cluster.is_main_node:
         _prepare_run(loaded, plan, run, overwrite=overwrite, force=force)
@@ -292,8 +292,12 @@ def _prepare_run(loaded, plan, run, *, overwrite: bool, force: bool = False) -> 
     from recipeforge.outputs.run_guard import check_existing_run
 
     recipe = loaded.recipe
-    # Everything that can refuse the run does so before the run directory is touched: first whether
-    # its location can and may be written (data paths resolved, so a folder inside a dataset is refused).
+    # Everything that can refuse the run does so before the run directory is touched: the services the
+    # recipe names (trackers, the Hub, a generation server), then whether its location can and may be
+    # written (data paths resolved, so a folder inside a dataset is refused).
+    from recipeforge.outputs.services import check_services
+
+    check_services(recipe, loaded.tree.locate)
     _check_output_location(loaded, plan, run, overwrite=overwrite)
     from recipeforge.outputs import run_lock
 
@@ -409,6 +413,9 @@ def preprocess(loaded) -> dict:
 
     recipe = loaded.recipe
     _network_guards()
+    from recipeforge.outputs.services import check_services
+
+    check_services(recipe, loaded.tree.locate, downloads_only=True)
     runner = runner_class(recipe.stage)(StageContext(loaded=loaded, plan=None, run=None))
     runner.tokenizer = runner.load_tokenizer()
     runner.prepare_data()

@@ -35,6 +35,10 @@ class RolloutEngineSpec:
     gpu_only: bool = False
     reserves_gpu_memory: bool = False  # colocated: holds rollout.gpu_memory_utilization of each GPU
     description: str = ""
+    # Server mode: the path that answers 200 once the server is ready (checked before a run starts),
+    # and the server's URL when the recipe names none.
+    health_path: Optional[str] = None
+    default_server_url: Optional[str] = None
 
 
 def _as_engine(name: str, obj: Any) -> RolloutEngineSpec:

@@ -9,11 +9,13 @@ rules (``1e-4`` is a float, ``true`` a bool, ``[a, b]`` a list).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from recipeforge.config.load import MAX_DEPTH, load_yaml_value
 from recipeforge.config.tree import ConfigTree
-from recipeforge.errors import Location, Problem, RecipeError, is_secret_key
+from recipeforge.credentials import is_secret_key
+from recipeforge.errors import Location, Problem, RecipeError
 
 ENV_PREFIX = "RECIPEFORGE_"
 
@@ -42,6 +44,24 @@ def apply_cli(tree: ConfigTree, args: Iterable[str]) -> None:
             problems.extend(exc.problems)
     if problems:
         raise RecipeError(problems)
+
+
+@dataclass(frozen=True)
+class FlagValue:
+    """A value a command-line flag puts into the recipe (``--hardware 8xH100-80GB`` sets `hardware`).
+
+    Applied after every other override, whether or not the recipe sets the key: the flag is what the
+    user asked for on this command, and its location names the flag."""
+
+    path: tuple
+    value: Any
+    flag: str  # as typed, e.g. "--hardware 8xH100-80GB"
+
+
+def apply_flags(tree: ConfigTree, flags: Iterable[FlagValue]) -> None:
+    """Set each flag's value in place of whatever the recipe (or its overrides) had there."""
+    for flag in flags:
+        _set(tree, flag.path, flag.value, Location(f"<cli {flag.flag}>"))
 
 
 def _apply_one(tree: ConfigTree, arg: str) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from recipeforge.config.compose import compose_file
-from recipeforge.config.overrides import apply_cli, apply_env
+from recipeforge.config.overrides import FlagValue, apply_cli, apply_env, apply_flags
 from recipeforge.config.resolve import UnresolvedValues, resolve_interpolations
 from recipeforge.config.schema.defaults import schema_defaults
 from recipeforge.config.schema.recipe import Recipe
@@ -28,19 +28,22 @@ class LoadedRecipe:
 
 
 def resolve_tree(path: str | Path, overrides: Sequence[str] = (),
-                 environ: Mapping[str, str] | None = None) -> tuple[ConfigTree, dict]:
-    """Compose, override and interpolate a recipe file, without validating it."""
+                 environ: Mapping[str, str] | None = None,
+                 flags: Sequence[FlagValue] = ()) -> tuple[ConfigTree, dict]:
+    """Compose, override and interpolate a recipe file, without validating it: environment overrides,
+    then `key=value` arguments, then values of command-line flags (`--hardware`)."""
     tree = compose_file(path)
     apply_env(tree, os.environ if environ is None else environ, sections=Recipe.model_fields)
     apply_cli(tree, overrides)
+    apply_flags(tree, flags)
     return resolve_interpolations(tree, schema_defaults(tree.data.get("stage")))
 
 
 def load_recipe(path: str | Path, overrides: Sequence[str] = (),
-                environ: Mapping[str, str] | None = None) -> LoadedRecipe:
+                environ: Mapping[str, str] | None = None, flags: Sequence[FlagValue] = ()) -> LoadedRecipe:
     """Load, compose, override, resolve and validate the recipe at `path`."""
     try:
-        tree, env_refs = resolve_tree(path, overrides, environ)
+        tree, env_refs = resolve_tree(path, overrides, environ, flags)
     except UnresolvedValues as unresolved:
         # Report the recipe's other problems too, except those caused by the unresolved keys.
         problems = list(unresolved.problems)

@@ -15,7 +15,7 @@ import os
 import re
 from typing import Any
 
-from recipeforge.errors import is_secret_key, redact_url_credentials
+from recipeforge.credentials import is_secret_key, redact_credentials
 
 # Names such as HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, MLFLOW_TRACKING_PASSWORD, OPENAI_KEY.
 _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL|AUTH)|(^|_)KEY$",
@@ -60,21 +60,24 @@ def is_secret_path(loaded, path: tuple) -> bool:
 
 def public(loaded, path: tuple, value: Any, default: Any = None) -> Any:
     """`value` (the recipe's value at `path`) for text that lands in files or trackers (run names,
-    titles), or `default` when it was read from a secret variable."""
-    return default if is_secret_path(loaded, path) else value
+    titles), or `default` when it was read from a secret variable; a credential in it is redacted."""
+    if is_secret_path(loaded, path):
+        return default
+    return redact_credentials(value) if isinstance(value, str) else value
 
 
 MIN_SCRUB_LENGTH = 6  # shorter values ("1", "true") would blank out ordinary words
 
 
 def scrub(text: str, environ=None) -> str:
-    """`text` with the value of every secret-named environment variable replaced by its name; for
-    messages that may quote a value (an error about a key that was set from ``${env:HF_TOKEN}``)."""
+    """`text` with the value of every secret-named environment variable replaced by its name, and
+    every credential found by its shape redacted; for messages that may quote a value (an error about
+    a key that was set from ``${env:HF_TOKEN}``, a library's exception quoting a tracker URL)."""
     environ = os.environ if environ is None else environ
     for name, value in environ.items():
         if len(value) >= MIN_SCRUB_LENGTH and is_secret_name(name) and value in text:
             text = text.replace(value, f"<redacted: ${{env:{name}}}>")
-    return text
+    return redact_credentials(text)
 
 
 REDACTED = "<redacted>"
@@ -88,7 +91,7 @@ def redact_literals(data: Any) -> Any:
     if isinstance(data, list):
         return [redact_literals(v) for v in data]
     if isinstance(data, str):
-        return redact_url_credentials(data)
+        return redact_credentials(data)
     return data
 
 

@@ -61,8 +61,11 @@ class WarningsRouter:
         self.write(warnings.formatwarning(message, category, filename, lineno, line).rstrip())
 
     def write(self, text: str) -> None:
+        from recipeforge.credentials import redact_credentials
+
         self.count += 1
-        entry = f"[{time.strftime('%H:%M:%S')}]{f' [rank {self.rank}]' if self.rank else ''} {text}\n"
+        # A library's warning may quote a tracker URL with its password, or a token.
+        entry = f"[{time.strftime('%H:%M:%S')}]{f' [rank {self.rank}]' if self.rank else ''} {redact_credentials(text)}\n"
         if self.path is None:
             self.pending.append(entry)
         else:

@@ -15,11 +15,11 @@ def render_model_card(*, recipe, recipe_data: dict, plan, data_stats: dict, run_
     """The model card text. Everything taken from the recipe comes from `recipe_data`, the redacted
     recipe, so neither a value read from a secret variable nor a credential written into the recipe
     (a URL's password) reaches the card."""
-    from recipeforge.errors import redact_url_credentials
+    from recipeforge.credentials import redact_credentials
 
     name = _text(recipe_data.get("name")) or run_dir.name
     description = _text(recipe_data.get("description"))
-    base = redact_url_credentials(str((recipe_data.get("model") or {}).get("name_or_path")
+    base = redact_credentials(str((recipe_data.get("model") or {}).get("name_or_path")
                                       or recipe.model.name_or_path))
     tags = ["recipeforge", recipe.stage] + (["lora"] if adapter else [])
     reward = recipe.stage == "reward"  # a sequence-classification model that scores, not a generator

@@ -183,7 +183,11 @@ def _git_info(path: Path) -> dict | None:
 
 
 def _atomic_write(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file, with any credential in it redacted (a token
+    pasted into a description reaches plan.json and the environment record as well)."""
+    from recipeforge.credentials import redact_credentials
+
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
+    tmp.write_text(redact_credentials(text))
     os.replace(tmp, path)

@@ -89,6 +89,34 @@ def tracker_callbacks(recipe, run, *, run_name: str | None, is_main: bool, wandb
     return out
 
 
+class TrackerFailure:
+    """A tracker that failed mid-run stops logging, with one warning: metrics.jsonl keeps every record,
+    and a tracker server going away must not cost the run its remaining steps and checkpoints."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.stopped = False
+
+    def run(self, what: str, fn: Callable[[], Any]) -> bool:
+        """Call `fn` unless this tracker stopped; an exception stops it (and is reported once).
+        Returns whether `fn` ran and succeeded."""
+        if self.stopped:
+            return False
+        try:
+            fn()
+            return True
+        except Exception as exc:  # the service's error, whatever the client library raises
+            self.stopped = True
+            import sys
+
+            from recipeforge.credentials import redact_credentials
+
+            reason = redact_credentials(" ".join(str(exc).split()))[:300] or type(exc).__name__
+            print(f"[recipeforge] warning: {self.name} stopped logging ({what} failed: {reason}); training goes "
+                  f"on and metrics.jsonl keeps every record", file=sys.stderr, flush=True)
+            return False
+
+
 class _ScopedEnv:
     """Environment variables set for the lifetime of one tracker run, then put back."""
 
@@ -118,10 +146,13 @@ def _wandb_callback(cfg, run, run_name: str):
         def __init__(self):
             self.wb_run = None
             self.env = _ScopedEnv()
+            self.failure = TrackerFailure("W&B")
 
         def on_train_begin(self, args, state, control, **kwargs):
-            if self.wb_run is not None:
-                return
+            if self.wb_run is None and not self.failure.run("starting the run", self._start):
+                self.env.restore()
+
+        def _start(self) -> None:
             import wandb
 
             root = run.root / "wandb"
@@ -137,7 +168,7 @@ def _wandb_callback(cfg, run, run_name: str):
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if self.wb_run is not None and logs:
-                self.wb_run.log(numeric_metrics(logs), step=state.global_step)
+                self.failure.run("logging", lambda: self.wb_run.log(numeric_metrics(logs), step=state.global_step))
 
         def on_train_end(self, args, state, control, **kwargs):
             self.close(failed=False)
@@ -148,7 +179,8 @@ def _wandb_callback(cfg, run, run_name: str):
                 return
             wb_run, self.wb_run = self.wb_run, None
             try:
-                wb_run.finish(exit_code=1 if failed else 0)
+                self.failure.stopped = False  # finishing is worth a try even after a failed log call
+                self.failure.run("finishing the run", lambda: wb_run.finish(exit_code=1 if failed else 0))
             finally:
                 self.env.restore()
 
@@ -165,10 +197,13 @@ def _mlflow_callback(cfg, run, run_name: str):
             self.client = None
             self.run_id: str | None = None
             self.env = _ScopedEnv()
+            self.failure = TrackerFailure("MLflow")
 
         def on_train_begin(self, args, state, control, **kwargs):
-            if self.run_id is not None:
-                return
+            if self.run_id is None and not self.failure.run("starting the run", self._start):
+                self.env.restore()
+
+        def _start(self) -> None:
             from mlflow import MlflowClient
             from mlflow.entities import Param
 
@@ -178,6 +213,11 @@ def _mlflow_callback(cfg, run, run_name: str):
             if uri.startswith("file:") or "://" not in uri:
                 # MLflow 3 refuses its file store unless asked for it; the recipe asked for it.
                 self.env.set({"MLFLOW_ALLOW_FILE_STORE": "true"})
+            # MLflow retries a failing request 7 times with exponential backoff (minutes per call); a
+            # server that went away then costs a few seconds, not the run's time (the user's own settings win).
+            self.env.set({name: value for name, value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2"),
+                                                          ("MLFLOW_HTTP_REQUEST_TIMEOUT", "30"))
+                          if name not in os.environ})
             self.client = MlflowClient(tracking_uri=uri)
             experiment = self.client.get_experiment_by_name(cfg.experiment)
             experiment_id = (experiment.experiment_id if experiment is not None
@@ -203,7 +243,7 @@ def _mlflow_callback(cfg, run, run_name: str):
             metrics = [Metric(_metric_name(k), float(v), now, state.global_step)
                        for k, v in numeric_metrics(logs).items()]
             if metrics:
-                self.client.log_batch(self.run_id, metrics=metrics)
+                self.failure.run("logging", lambda: self.client.log_batch(self.run_id, metrics=metrics))
 
         def on_train_end(self, args, state, control, **kwargs):
             self.close(failed=False)
@@ -214,7 +254,9 @@ def _mlflow_callback(cfg, run, run_name: str):
                 return
             run_id, self.run_id = self.run_id, None
             try:
-                self.client.set_terminated(run_id, status="FAILED" if failed else "FINISHED")
+                self.failure.stopped = False  # marking the run ended is worth a try after a failed log call
+                self.failure.run("ending the run",
+                                 lambda: self.client.set_terminated(run_id, status="FAILED" if failed else "FINISHED"))
             finally:
                 self.env.restore()
 

@@ -83,6 +83,15 @@ class Hardware:
             return self.cpu_ram_gb, True
         return max(128.0, 2.0 * self.gpus_per_node * self.gpu_memory_gb), False
 
+    def as_section(self) -> dict:
+        """This machine as a recipe's `hardware:` section (what `--hardware` puts in place of the recipe's)."""
+        section = {"nodes": self.nodes, "gpus_per_node": self.gpus_per_node if self.device == "cuda" else 0}
+        if self.accelerator is not None:
+            section["gpu"] = self.accelerator.name
+        if self.cpu_ram_gb is not None:
+            section["cpu_ram_gb"] = self.cpu_ram_gb
+        return section
+
     def describe(self) -> str:
         """``2x8xH100-80GB``, ``1xL4-24GB`` or ``cpu``: the spec form of this machine."""
         if self.device == "cpu":
@@ -121,11 +130,16 @@ def lookup_accelerator(name: str, *, key: str = "--hardware") -> Accelerator:
 _SPEC = re.compile(r"^(?:(\d+)\s*[xX]\s*)?(?:(\d+)\s*[xX]\s*)?([A-Za-z][\w.\-]*)$")
 
 
-def parse_hardware(spec: str) -> Hardware:
-    """Parse ``8xH100-80GB``, ``2x8xA100-80GB`` (nodes x GPUs x name), ``L4-24GB`` (one GPU) or ``cpu``."""
+def parse_hardware(spec: str, *, nnodes: int | None = None) -> Hardware:
+    """Parse ``8xH100-80GB``, ``2x8xA100-80GB`` (nodes x GPUs x name), ``L4-24GB`` (one GPU) or ``cpu``.
+
+    `nnodes` (``--nnodes``) gives the node count of a spec that names none (``8xH100-80GB`` is then
+    8 GPUs on each node); a spec that names another count is refused."""
     text = spec.strip()
+    if nnodes is not None and nnodes < 1:
+        raise RecipeError(f"--nnodes must be >= 1 (got {nnodes})", key="--nnodes")
     if text.lower() == "cpu":
-        return Hardware(nodes=1, gpus_per_node=0, accelerator=None, source="--hardware")
+        return Hardware(nodes=nnodes or 1, gpus_per_node=0, accelerator=None, source="--hardware")
     match = _SPEC.match(text)
     if not match:
         raise RecipeError(f"cannot read hardware spec '{spec}'", key="--hardware",
@@ -133,8 +147,12 @@ def parse_hardware(spec: str) -> Hardware:
     first, second, name = match.groups()
     if second is not None:
         nodes, gpus = int(first), int(second)
+        if nnodes is not None and nnodes != nodes:
+            raise RecipeError(f"--nnodes {nnodes} contradicts --hardware {spec} ({nodes} nodes)", key="--nnodes",
+                              hint=f"give the node count once: --hardware {spec} alone, or --hardware "
+                                   f"{gpus}x{name} --nnodes {nnodes}")
     else:
-        nodes, gpus = 1, int(first) if first is not None else 1
+        nodes, gpus = nnodes or 1, int(first) if first is not None else 1
     if nodes < 1 or gpus < 1:
         raise RecipeError(f"hardware spec '{spec}' needs at least one node and one GPU", key="--hardware",
                           hint="use cpu for a machine without GPUs")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from recipeforge.errors import redact_url_credentials
+from recipeforge.credentials import redact_credentials
 from recipeforge.plan.memory import COMPONENTS
 from recipeforge.plan.models import human_count
 from recipeforge.plan.types import Plan
@@ -94,7 +94,7 @@ def render_plan(plan: Plan) -> str:
         lines.append("Warnings:")
         lines.extend(f"  - {w}" for w in warnings)
     # Names and reasons may quote recipe values (a model id, a server URL): never with a password.
-    return redact_url_credentials("\n".join(lines))
+    return redact_credentials("\n".join(lines))
 
 
 def _compute_line(plan: Plan) -> str:

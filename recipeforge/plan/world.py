@@ -57,10 +57,10 @@ def _plan_for_world(recipe, *, nnodes: int | None, nproc_per_node: int | None, h
 
 def _gpu_target(hw, nnodes: int | None, nproc_per_node: int | None):
     if nnodes is not None and nnodes != hw.nodes:
-        if hw.source != "probe":
-            raise RecipeError(f"--nnodes {nnodes} contradicts the target {hw.describe()} ({hw.nodes} node(s))",
-                              key="hardware.nodes", hint="make hardware.nodes and --nnodes agree")
-        hw = replace(hw, nodes=nnodes)  # the probe sees one machine; the job spans several
+        # The command line wins, as every flag does: the probe sees one machine of a job that spans
+        # several, and a recipe's hardware.nodes (or its default of 1) describes one job shape of many.
+        # (`--hardware 2x8xA100-80GB --nnodes 3`, two flags that disagree, is refused by the CLI.)
+        hw = replace(hw, nodes=nnodes)
     if nproc_per_node is not None and nproc_per_node != hw.gpus_per_node:
         if nproc_per_node > hw.gpus_per_node:
             raise RecipeError(f"{nproc_per_node} processes per node asked for, but the target has "

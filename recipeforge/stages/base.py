@@ -56,7 +56,9 @@ class DistInfo:
 
 
 def _log(message: str) -> None:
-    print(f"[recipeforge] {message}", file=sys.stderr, flush=True)
+    from recipeforge.credentials import redact_credentials
+
+    print(f"[recipeforge] {redact_credentials(message)}", file=sys.stderr, flush=True)
 
 
 def _no_wait() -> None:

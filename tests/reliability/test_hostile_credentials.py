@@ -10,7 +10,7 @@ from hostile_testing import OK, assert_refused, run_inprocess, run_process, writ
 from recipeforge.config import load_recipe
 from recipeforge.config.dump import dump_recipe, resolved_data
 from recipeforge.config.secrets import REDACTED, has_redactions, redact_literals
-from recipeforge.errors import is_secret_key, redact_url_credentials
+from recipeforge.credentials import is_secret_key, redact_credentials
 from recipeforge.outputs.run_guard import recipe_hash
 
 PW = "pw-S3cr3t-4-tests"
@@ -25,12 +25,52 @@ PW = "pw-S3cr3t-4-tests"
     (f"HTTP://USER:{PW}@HOST", "HTTP://USER:***@HOST"),
 ])
 def test_url_userinfo_is_redacted(text, shown):
-    assert redact_url_credentials(text) == shown
+    assert redact_credentials(text) == shown
 
 
 @pytest.mark.parametrize("text", ["mail me: someone@example.com", "org/model@main", "http://host/a@b", "tiny:llama"])
 def test_text_without_credentials_is_unchanged(text):
-    assert redact_url_credentials(text) == text
+    assert redact_credentials(text) == text
+
+
+HF = "hf_" + "AbCdEfGh1234" * 3
+SHAPED = [
+    pytest.param(f"my run, token {HF}", HF, id="hugging-face"),
+    pytest.param("key sk-proj-" + "Xy9_" * 10, "sk-proj-" + "Xy9_" * 10, id="openai-project"),
+    pytest.param("sk-ant-api03-" + "k" * 40, "sk-ant-api03-" + "k" * 40, id="anthropic-style"),
+    pytest.param("aws AKIAIOSFODNN7EXAMPLE here", "AKIAIOSFODNN7EXAMPLE", id="aws-access-key-id"),
+    pytest.param("AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+                 "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", id="aws-secret-by-its-key"),
+    pytest.param("gcp AIza" + "B" * 35, "AIza" + "B" * 35, id="google-api-key"),
+    pytest.param("ghp_" + "a1" * 18, "ghp_" + "a1" * 18, id="github"),
+    pytest.param("wandb key " + "0123456789abcdef" * 2 + "01234567", "0123456789abcdef" * 2 + "01234567",
+                 id="wandb-40-hex-next-to-its-name"),
+    pytest.param("key " + "aZ9" * 28 + "xy", "aZ9" * 28 + "xy", id="wandb-86-characters"),
+    pytest.param("local-" + "ab" * 20, "ab" * 20, id="wandb-on-prem"),
+    pytest.param("Authorization: Bearer abc.DEF-ghi_123", "abc.DEF-ghi_123", id="bearer"),
+    pytest.param("jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+                 "eyJhbGciOiJIUzI1NiJ9", id="jwt"),
+    pytest.param("https://h/x?access_token=abcdefgh123&y=1", "abcdefgh123", id="query-parameter"),
+    pytest.param("-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----", "MIIEow",
+                 id="private-key-block"),
+]
+
+
+@pytest.mark.parametrize("text, secret", SHAPED)
+def test_credentials_are_found_by_their_shape(text, secret):
+    shown = redact_credentials(text)
+    assert secret not in shown and "<redacted>" in shown
+
+
+@pytest.mark.parametrize("text", [
+    "revision 0123456789abcdef0123456789abcdef01234567",  # a git commit id, not a key
+    "/hub/models--org--m/snapshots/0123456789abcdef0123456789abcdef01234567/config.json",
+    "pad_token: <|endoftext|>", "eos_token=<|im_end|>", "max_new_tokens: 123456", "num_tokens=1234567",
+    "tokenizer: meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-70B-Instruct",
+    "sk-short", "hf_tiny", "A" * 120, "checkpoint-1200", "runs/qlora-70b-2026-11-25",
+])
+def test_look_alikes_are_left_alone(text):
+    assert redact_credentials(text) == text
 
 
 @pytest.mark.parametrize("key, secret", [

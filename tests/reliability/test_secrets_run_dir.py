@@ -57,3 +57,24 @@ def test_secret_values_reach_no_file_and_no_message(tmp_path, capsys, monkeypatc
     assert "train.seed: expected an integer (got '<redacted: ${env:HF_TOKEN}>')" in err and HF_TOKEN not in err
     assert main(["plan", str(TINY / "sft-lora.yaml"), "name=${env:HF_TOKEN}"]) == 0
     assert HF_TOKEN not in capsys.readouterr().out
+
+
+SHAPED = {"hf": "hf_" + "Tk9" * 12, "openai": "sk-proj-" + "Ab3_" * 10, "aws": "AKIA" + "Z3X7" * 4,
+          "wandb": "Wb7" * 28 + "q2"}
+
+
+def test_credentials_pasted_as_literals_are_found_by_their_shape(tmp_path, capsys):
+    """No key names them: a token pasted into free text is still kept out of every file and message."""
+    run = tmp_path / "run"
+    code = main(["train", str(TINY / "sft-lora.yaml"), f"output.dir={run}", f"data.cache_dir={tmp_path / 'c'}",
+                 f"name=run-{SHAPED['wandb']}",
+                 f"description=pushed with {SHAPED['hf']}, judged with {SHAPED['openai']} on {SHAPED['aws']}",
+                 "train.max_steps=4", "output.save_steps=2", "output.merge_adapter=true", "logging.tensorboard=true",
+                 "logging.progress_bar=false"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    needles = [v.encode() for v in SHAPED.values()]
+    assert _files_holding(run, needles) == []
+    assert not any(v in out.out + out.err for v in SHAPED.values())
+    resolved = (run / "resolved_recipe.yaml").read_text()
+    assert "description: pushed with <redacted>, judged with <redacted> on <redacted>" in resolved

@@ -40,7 +40,8 @@ ALLOWED: dict[str, set[str]] = {
     "cli": _BACKENDS | {"run", "plugins"},  # cli.py and __main__.py
 }
 # Modules outside the subpackages, by name; a new one must be placed here on purpose.
-TOP_LEVEL = {"recipeforge": "errors", "recipeforge.errors": "errors", "recipeforge.registry": "registry",
+TOP_LEVEL = {"recipeforge": "errors", "recipeforge.errors": "errors", "recipeforge.credentials": "errors",
+             "recipeforge.registry": "registry",
              "recipeforge.capabilities": "registry",  # what each backend runs: read by config, plan, backends
              "recipeforge.run": "run", "recipeforge.plugins": "plugins", "recipeforge.cli": "cli",
              "recipeforge.__main__": "cli"}

@@ -86,5 +86,7 @@ def _supported(kwargs: dict) -> dict:
 
 
 VLLM = RolloutEngineSpec("vllm", vllm_arguments, VLLMOptions, modes=("colocate", "server"), gpu_only=True,
-                         reserves_gpu_memory=True,
+                         reserves_gpu_memory=True, health_path="/health",
+                         # TRL's client defaults: vllm_server_host 0.0.0.0, vllm_server_port 8000
+                         default_server_url="http://127.0.0.1:8000",
                          description="vLLM generation through TRL (colocated on the training GPUs, or a server)")
