@@ -22,7 +22,8 @@ REDACTED = "<redacted>"
 # `token` only as the last word and not a tokenizer's special token: hf_token, hub_token, access_token
 # are credentials; tokenizer, max_tokens, pad_token and pad_token_id are not.
 _SECRET_KEY = re.compile(r"secret|passw(or)?d|api_?key|access_?key|private_?key|credential|"
-                         r"(^|_)(?<!pad_)(?<!eos_)(?<!bos_)(?<!unk_)(?<!sep_)(?<!cls_)(?<!mask_)token$", re.IGNORECASE)
+                         r"(^|_)(?<!pad_)(?<!eos_)(?<!bos_)(?<!unk_)(?<!sep_)(?<!cls_)(?<!mask_)(?<!per_)token$",
+                         re.IGNORECASE)
 
 
 def is_secret_key(key: Any) -> bool:
@@ -50,11 +51,12 @@ def _secret_key_match(match: re.Match) -> bool:
 
 
 # `key=value` / `key: value` in free text (`api_key=...`, `HF_TOKEN: ...`, `?access_token=...`), kept
-# when the key is named like a credential (is_secret_key: not pad_token, max_tokens, ...).
+# when the key is named like a credential (is_secret_key: not pad_token, max_tokens, ...) and the value
+# is not a plain number (a count such as `"flops_per_token": 1229760` in a plan).
 # The value sits in a lookahead, so a key that is not a credential's (`https` of a URL) consumes
 # nothing and the next key (`access_token` in its query) is still seen.
 _KEY_VALUE = re.compile(r"(?<![A-Za-z0-9_-])(?P<key>[A-Za-z][A-Za-z0-9_-]{1,60})"
-                        r"(?=[\"']?\s*[=:]\s*[\"']?([^\s\"'&,;<>]{6,}))")
+                        r"(?=[\"']?\s*[=:]\s*[\"']?(?![\d.eE+-]+(?:[\s\"'&,;<>]|$))([^\s\"'&,;<>]{6,}))")
 
 SHAPES: tuple[Shape, ...] = (
     Shape("private key", re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----")),

@@ -332,14 +332,16 @@ def _deepspeed_states(w: Workload, layout: Layout, part: dict, trainable: int, f
     _assign_trainable(w, part, ww, gg, oo, frozen)
     if not offload_opt:
         return 0.0
+    # Processes per node: one per GPU, or the CPU processes of a run over gloo (a CPU layout has none).
+    per_node = layout.gpus_per_node or max(1, layout.data_parallel // max(1, layout.nodes))
     if stage == 3:
-        cpu, _, _ = deepspeed_zero3_mem_needs(trainable, m.largest_module_params(), layout.gpus_per_node,
+        cpu, _, _ = deepspeed_zero3_mem_needs(trainable, m.largest_module_params(), per_node,
                                               layout.nodes, True, offload_params, True, BUFFER_FACTOR)
     else:
         # DeepSpeed's ZeRO-2 estimate: 16 bytes of offloaded fp32 state per parameter, or the fp32
         # copies the ranks build at start-up if larger; the states divided over the nodes as its
         # ZeRO-3 estimate does, the start-up copies counted for this node's ranks.
-        cpu = trainable * max(4 * layout.gpus_per_node, 16 / layout.nodes) * BUFFER_FACTOR
+        cpu = trainable * max(4 * per_node, 16 / layout.nodes) * BUFFER_FACTOR
     if offload_params:
         cpu += frozen_bytes / layout.nodes * BUFFER_FACTOR
     return float(cpu)

@@ -81,7 +81,10 @@ def test_gpu_target_is_narrowed_or_refused(load):
     recipe = load("llama3-70b-full-sft").recipe       # hardware: 2 x 8 x H100 in the recipe
     plan = plan_for_world(recipe)
     assert (plan.nodes, plan.gpus_per_node, plan.world_size) == (2, 8, 16)
-    with pytest.raises(RecipeError, match="--nnodes 1 contradicts"):
+    # --nnodes wins over the recipe's hardware.nodes, as every flag does: 4 nodes plan as 4 x 8 GPUs,
+    # and one node is planned (and found too small) rather than refused as a contradiction.
+    assert plan_for_world(recipe, nnodes=4).world_size == 32
+    with pytest.raises(RecipeError, match="does not fit on 8xH100-80GB"):
         plan_for_world(recipe, nnodes=1)
     with pytest.raises(RecipeError, match="the target has 8 GPU"):
         plan_for_world(recipe, nproc_per_node=16)

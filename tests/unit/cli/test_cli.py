@@ -22,8 +22,10 @@ EXAMPLES = ROOT / "examples"
 
 
 def example_recipes() -> list[Path]:
-    """Every runnable recipe under examples/ (fragments shared through `extends:` live in base/ folders)."""
+    """Every runnable recipe under examples/ (fragments shared through `extends:` live in base/ folders;
+    examples/axolotl holds another tool's configs, for `convert axolotl`)."""
     return sorted(p for p in EXAMPLES.rglob("*.yaml") if "base" not in p.relative_to(EXAMPLES).parts[:-1]
+                  and p.relative_to(EXAMPLES).parts[0] != "axolotl"
                   and p.name != "base.yaml")
 
 
