@@ -162,3 +162,60 @@ logging: {{progress_bar: false}}
     run = train(load_recipe(recipe), overwrite=True)
     rewards = [r["reward"] for r in read_metrics(run / "metrics.jsonl") if r.get("reward") is not None]
     assert len(rewards) == 3 and (run / "final").is_dir()
+
+
+def _health_server(status: int):
+    """A local HTTP server answering `status` on every path (a generation server, up or broken)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_server_mode_checks_the_server_before_the_run(tmp_path):
+    """Server mode: the generation server must answer /health before anything starts; a wrong URL is a
+    located user error after `server_timeout` seconds of waiting, its credentials hidden."""
+    import socket
+
+    from recipeforge.outputs.services import ServiceUnavailable, check_services
+
+    def _load(tmp_path, rollout_yaml: str):  # a built-in model: only the generation server is a service
+        path = tmp_path / "r.yaml"
+        path.write_text(GRPO.replace("Qwen/Qwen2.5-0.5B", "tiny:llama") + rollout_yaml)
+        return load_recipe(path)
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    loaded = _load(tmp_path, f"  rollout: {{engine: vllm, mode: server, server_url: 'http://u:pw1234@127.0.0.1:{port}',"
+                             f" options: {{server_timeout: 1}}}}\n")
+    with pytest.raises(ServiceUnavailable) as info:
+        check_services(loaded.recipe, loaded.tree.locate)
+    (problem,) = info.value.problems
+    assert problem.key == "grpo.rollout.server_url" and problem.location.line == 10
+    assert f"the vllm generation server at http://u:***@127.0.0.1:{port} is unreachable" in problem.message
+    assert "pw1234" not in info.value.render() and "server_timeout" in problem.hint
+    for status, ok in ((200, True), (503, False)):
+        server = _health_server(status)
+        try:
+            url = f"http://127.0.0.1:{server.server_address[1]}"
+            loaded = _load(tmp_path, f"  rollout: {{engine: vllm, mode: server, server_url: '{url}'}}\n")
+            if ok:
+                check_services(loaded.recipe, loaded.tree.locate)
+            else:
+                with pytest.raises(ServiceUnavailable, match="answered HTTP 503 at /health"):
+                    check_services(loaded.recipe, loaded.tree.locate)
+        finally:
+            server.shutdown()
+            server.server_close()
