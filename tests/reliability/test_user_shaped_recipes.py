@@ -32,14 +32,18 @@ LOCATED = re.compile(r"^(?:\S+:\d+:\d+ |<(?:cli|env) [^>]*> )?[\w.\[\]\-]+: \S")
 
 
 def run(capsys, argv: list[str], env: dict | None = None, monkeypatch=None) -> tuple[int, str, str]:
-    if env and monkeypatch is not None:
-        for name, value in env.items():
-            monkeypatch.setenv(name, value)
-    code = main(argv)
+    """`recipeforge ARGV` in this process, with `env` added; the environment is put back afterwards
+    (the CLI records flags such as --trust-code there for the processes it starts)."""
+    import os
+
+    saved = dict(os.environ)
+    os.environ.update(env or {})
+    try:
+        code = main(argv)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     out = capsys.readouterr()
-    if env and monkeypatch is not None:
-        for name in env:
-            monkeypatch.delenv(name)
     return code, out.out, out.err
 
 
