@@ -43,6 +43,8 @@ class BackendCapabilities:
     offload: tuple[str, ...] = ("none",)
     max_cpu_processes: int | None = None              # None: any number of gloo processes
     parallel_sizes: tuple[str, ...] = ()              # distributed.* parallel sizes it runs above 1
+    cpu_parallel_sizes: tuple[str, ...] | None = None  # those it runs on the CPU (None: all of them)
+    cpu_offload: tuple[str, ...] | None = None        # offload modes it runs on the CPU (None: all of them)
     zero_stages: tuple[int, ...] = ()                 # DeepSpeed ZeRO stages (empty: not ZeRO)
     offload_zero_stages: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # offload -> ZeRO stages
     qlora_zero_stages: tuple[int, ...] = ()           # ZeRO stages that keep quantized weights whole
@@ -88,12 +90,15 @@ BUILTIN: dict[str, BackendCapabilities] = {c.name: c for c in (
              "offload_zero": "ZeRO offloads optimizer states from stage 2 and parameters from stage 3",
              "offload_optimizer": "DeepSpeed steps offloaded optimizer states with its own CPU Adam"}),
     BackendCapabilities(
-        "fsdp", "FSDP2 (fully_shard) through Accelerate", devices=("cuda",),
-        quantization_bits=(4,), offload=("none", "optimizer+params"), max_cpu_processes=0,
+        "fsdp", "FSDP2 (fully_shard) through Accelerate; NCCL on GPUs, gloo on the CPU",
+        quantization_bits=(4,), offload=("none", "optimizer+params"),
         parallel_sizes=("tensor_parallel", "context_parallel", "data_parallel_replicate", "data_parallel_shard"),
+        cpu_parallel_sizes=("tensor_parallel",), cpu_offload=("none",),
         presets=("fsdp_shard_grad_op", "fsdp_full_shard", "fsdp_hybrid_shard", "fsdp_full_shard_offload"),
-        why={"devices": "Accelerate enables FSDP only on GPUs; on the CPU it would silently train unsharded "
-                        "DDP replicas",
+        why={"cpu_offload": "FSDP2 offload moves weights between an accelerator and host memory; on the CPU "
+                            "they are in host memory already (the CPUOffloadPolicy of torch needs an accelerator)",
+             "cpu_parallel": "on the CPU every process shards the model (tensor parallel inside); context "
+                             "parallel (ring attention) needs CUDA, and replica/shard mesh sizes are for GPU nodes",
              "quant_bits": "FSDP shards 4-bit weights stored as bf16/fp16 words (bnb_4bit_quant_storage); "
                            "8-bit weights are int8 with per-row scales and do not shard",
              "offload": "FSDP2's CPU offload moves parameters, gradients and optimizer states together"}),
@@ -207,6 +212,11 @@ def refusals(caps: BackendCapabilities, *, stage: str | None = None, device: str
         out.append(Refusal(f"distributed.{model_parallel}", f"{model_parallel} > 1 needs the {names} backend "
                            f"(backend is {n})", others(lambda c: model_parallel in c.parallel_sizes)
                            + ", or set it to 1 or auto"))
+    elif model_parallel and device == "cpu" and caps.cpu_parallel_sizes is not None \
+            and model_parallel not in caps.cpu_parallel_sizes:
+        out.append(Refusal(f"distributed.{model_parallel}", f"the {n} backend runs no {model_parallel} > 1 on the CPU"
+                           + (f": {why['cpu_parallel']}" if "cpu_parallel" in why else ""),
+                           "set it to 1 or auto on the CPU"))
     if zero_stage not in (None, "auto") and zero_stage not in caps.zero_stages:
         out.append(Refusal("distributed.zero_stage", f"zero_stage applies to DeepSpeed, not to the {n} backend"
                            if not caps.zero_stages else f"the {n} backend has no ZeRO stage {zero_stage}",
@@ -220,6 +230,9 @@ def refusals(caps: BackendCapabilities, *, stage: str | None = None, device: str
                                + (f": {why['offload']}" if "offload" in why else ""),
                                (f"use offload: {_either(can)}, or " if can else "")
                                + others(lambda c: offload in c.offload)))
+        elif device == "cpu" and caps.cpu_offload is not None and offload not in caps.cpu_offload:
+            out.append(Refusal("distributed.offload", f"the {n} backend cannot offload {offload} on the CPU"
+                               + (f": {why['cpu_offload']}" if "cpu_offload" in why else ""), "set offload: none on the CPU"))
         elif offload != "none" and caps.offload_zero_stages:
             stages = caps.offload_zero_stages.get(offload, ())
             if zero_stage not in (None, "auto") and zero_stage not in stages:

@@ -2,10 +2,13 @@
 activation checkpointing, CPU offload; sharded checkpoints, consolidated final/. With tensor or
 context parallel in the plan, the mesh is accelerate's ParallelismConfig (`backends.parallelism`).
 
-GPU only. Accelerate switches to FSDP only from a GPU-kind distributed state (MULTI_GPU, ...); on the
-CPU its state is MULTI_CPU and the trainer silently runs plain DDP with every parameter whole. Rather
-than pretend, this backend refuses CPU plans (docs/backends.md explains; DeepSpeed ZeRO-3 shards on
-the CPU).
+GPUs (NCCL) and the CPU (gloo) take the same path. Accelerate turns its state into FSDP only from a
+GPU-kind distributed type (MULTI_GPU, ...); a CPU worker's state is MULTI_CPU, with which the trainer
+would silently run plain DDP with every parameter whole. So on the CPU the worker builds the process
+state first and names it MULTI_GPU (`setup_worker`): Accelerate then sets up FSDP2 from it exactly as
+on GPUs (`fully_shard` over a gloo device mesh, sharded DCP checkpoints, the full state dict gathered
+for final/), and the trainer is told to use that configured state. backend.json records the DTensor
+placements the run really had.
 """
 
 from __future__ import annotations
@@ -19,6 +22,11 @@ class FSDPBackend(TrainerBackend):
     """Fully sharded data parallel (FSDP2, ``fully_shard``) via Accelerate."""
 
     name = "fsdp"
+
+    def launcher(self, plan) -> str:
+        # Even one process: FSDP2 needs a launched worker and its process group (one GPU with CPU
+        # offload is an FSDP job of one rank; in-process training would drop the plugin).
+        return "accelerate"
 
     def plugin(self, plan, recipe) -> dict:
         """Keyword arguments of Accelerate's ``FullyShardedDataParallelPlugin`` (the planner's)."""
@@ -57,8 +65,12 @@ class FSDPBackend(TrainerBackend):
         return out
 
     def setup_worker(self, ctx) -> None:
-        """With tensor parallelism the stage loads the model sharded (`parallelism.load_tensor_parallel`)."""
+        """On the CPU, the process state Accelerate turns into FSDP (see the module); with tensor
+        parallelism, the stage loads the model sharded (`parallelism.load_tensor_parallel`)."""
         from recipeforge.backends import parallelism
+
+        if ctx.plan.device != "cuda":
+            configure_cpu_state()
 
         if parallelism.tensor_parallel(ctx.plan):
             plan = ctx.plan
@@ -78,7 +90,8 @@ class FSDPBackend(TrainerBackend):
         if parallelism.tensor_parallel(ctx.plan):
             # A model sharded at load: the Trainer prepares it without Accelerate's FSDP plugin, and
             # checkpoints its weights only (transformers cannot resume such a model's optimizer).
-            return {"parallelism_config": parallelism.parallelism_config(ctx.plan), "save_only_model": True}
+            return {"parallelism_config": parallelism.parallelism_config(ctx.plan), "save_only_model": True,
+                    **_cpu_kwargs(ctx.plan)}
         p = self.plugin(ctx.plan, ctx.recipe)
         config = {"version": 2, "auto_wrap_policy": p["auto_wrap_policy"],
                   "reshard_after_forward": p["reshard_after_forward"], "cpu_offload": p["cpu_offload"],
@@ -90,7 +103,7 @@ class FSDPBackend(TrainerBackend):
         # FSDP recomputes per wrapped layer itself; the trainer's own switch would add an all-gather.
         ckpt = ("activation_checkpointing" if "activation_checkpointing" in TrainingArguments.__dataclass_fields__
                 else "gradient_checkpointing")
-        kwargs = {"fsdp": True, "fsdp_config": config, ckpt: False}
+        kwargs = {"fsdp": True, "fsdp_config": config, ckpt: False, **_cpu_kwargs(ctx.plan)}
         if self._hybrid(ctx.plan) and ctx.plan.extra.dp_replicate <= 1:  # a plan without the mesh sizes
             from accelerate import ParallelismConfig
 
@@ -124,6 +137,17 @@ class FSDPBackend(TrainerBackend):
         report["local_param_elements"] = sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel()
                                              for p in params)
         report["full_param_elements"] = sum(p.numel() for p in params)
+        # How the parameters really were split: DTensor placements by count, and the mesh they live on.
+        dtensors = [p for p in params if isinstance(p, DTensor)]
+        placements: dict[str, int] = {}
+        for p in dtensors:
+            key = ", ".join(str(pl) for pl in p.placements)
+            placements[key] = placements.get(key, 0) + 1
+        report["placements"] = dict(sorted(placements.items()))
+        if dtensors:
+            mesh = dtensors[0].device_mesh
+            report["mesh"] = {"device_type": mesh.device_type, "shape": list(mesh.shape),
+                              "dims": list(mesh.mesh_dim_names or ())}
         pc = getattr(trainer.accelerator, "parallelism_config", None)
         if pc is not None:  # the mesh Accelerate ran (tensor / context parallel, replicas)
             report["parallelism"] = {"dp_replicate": pc.dp_replicate_size, "dp_shard": pc.dp_shard_size,
@@ -135,6 +159,25 @@ class FSDPBackend(TrainerBackend):
             report["quantized_modules"] = len(quantized)
             report["quantized_dtensor_weights"] = sum(1 for m in quantized if isinstance(m.weight, DTensor))
         return report
+
+
+def configure_cpu_state() -> None:
+    """The process state of a CPU worker, named MULTI_GPU so that Accelerate's state sets up FSDP2 from
+    it as on GPUs; the device stays the CPU and the process group gloo (the trainer then uses this
+    state: `_cpu_kwargs`)."""
+    from accelerate import PartialState
+    from accelerate.utils import DistributedType
+
+    state = PartialState(backend="gloo")
+    if state.distributed_type in (DistributedType.MULTI_CPU, DistributedType.NO):
+        state.distributed_type = DistributedType.MULTI_GPU
+
+
+def _cpu_kwargs(plan) -> dict:
+    """Trainer arguments that keep the state `configure_cpu_state` made (use_cpu would rebuild it)."""
+    if plan.device == "cuda":
+        return {}
+    return {"use_cpu": False, "accelerator_config": {"use_configured_state": True}}
 
 
 def gathered_state_dict(model) -> dict:

@@ -41,13 +41,20 @@ def save_pretrained_atomic(model, tokenizer, out: Path, state_dict: dict | None 
     with staged_folder(out) as tmp:
         config = getattr(model, "config", None)
         cache_flag = getattr(config, "use_cache", None)
+        # A gathered state dict is written by the main process alone: a tensor-parallel model's own
+        # distributed save (transformers ends it with a barrier of every rank) must not run then.
+        distributed = getattr(config, "distributed_config", None) if state_dict is not None else None
         if config is not None:
             config.use_cache = True  # training turns the KV cache off; users of the model want it on
+            if distributed is not None:
+                config.distributed_config = None
         try:
             model.save_pretrained(str(tmp), state_dict=state_dict, safe_serialization=True)
         finally:
             if config is not None and cache_flag is not None:
                 config.use_cache = cache_flag
+            if distributed is not None:
+                config.distributed_config = distributed
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
     return out

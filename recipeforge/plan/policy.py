@@ -25,7 +25,7 @@ from recipeforge.capabilities import Refusal, capabilities_of, parallel_key, ref
 from recipeforge.plan.hardware import GIB, Hardware
 from recipeforge.plan.memory import Layout, MemoryEstimate, estimate
 from recipeforge.plan.parallel_layouts import splits
-from recipeforge.plan.presets import deepspeed_preset, get_preset
+from recipeforge.plan.presets import deepspeed_preset, fsdp_preset, get_preset
 from recipeforge.plan.workload import Workload
 
 MICRO_BATCH_CAP = 8  # larger micro batches rarely raise throughput for LLM-length sequences
@@ -116,7 +116,23 @@ def deepspeed_cpu_settings(dist) -> tuple[int, str, str]:
     return zero, offload, deepspeed_preset(zero, offload)
 
 
+def fsdp_cpu_settings(dist) -> tuple[str, str, str]:
+    """(sharding, offload, preset) of FSDP2 on the CPU: the recipe's preset or pins, else full sharding
+    without offload. One machine has no replicas to shard within, so hybrid sharding is full sharding."""
+    if dist.preset:
+        p = get_preset(dist.preset, backend="fsdp")
+        sharding, offload = p.sharding, p.offload
+    else:
+        sharding, offload = dist.fsdp_sharding, dist.offload if dist.offload != "auto" else "none"
+    sharding = "full_shard" if sharding == "hybrid_shard" else sharding
+    return sharding, offload, fsdp_preset(sharding, offload)
+
+
 def _cpu_candidate(backend: str, dist) -> Candidate:
+    if backend == "fsdp":
+        sharding, offload, preset = fsdp_cpu_settings(dist)
+        return Candidate(Layout("fsdp", preset, offload=offload, fsdp_sharding=sharding, nodes=1, gpus_per_node=0),
+                         1, f"FSDP2 ({sharding}) on the CPU (gloo), one process planned")
     if backend == "deepspeed":
         zero, offload, preset = deepspeed_cpu_settings(dist)
         return Candidate(Layout("deepspeed", preset, zero_stage=zero, offload=offload, nodes=1, gpus_per_node=0),

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from recipeforge.capabilities import capabilities_of, refusals
+from recipeforge.capabilities import capabilities_of, parallel_key, refusals
 from recipeforge.errors import RecipeError
 from recipeforge.plan.hardware import hardware_for
 from recipeforge.plan.plan import make_plan
-from recipeforge.plan.policy import deepspeed_cpu_settings
+from recipeforge.plan.policy import deepspeed_cpu_settings, fsdp_cpu_settings
 from recipeforge.plan.trust import annotate_plan
 from recipeforge.plan.types import Choice, Plan
 
@@ -41,10 +41,12 @@ def _plan_for_world(recipe, *, nnodes: int | None, nproc_per_node: int | None, h
     nodes = nnodes or hw.nodes
     per_node = nproc_per_node or 1
     world = nodes * per_node
-    pinned = recipe.distributed.backend
-    if pinned != "auto":
-        # Whether the pinned backend runs on the CPU, with this many processes: its capability record.
-        found = refusals(capabilities_of(pinned), device="cpu", cpu_processes=world)
+    d = recipe.distributed
+    if d.backend != "auto":
+        # Whether the pinned backend runs on the CPU, with this many processes and the parallel sizes the
+        # recipe pins: its capability record.
+        found = refusals(capabilities_of(d.backend), device="cpu", cpu_processes=world,
+                         model_parallel=_cpu_parallel_key(d))
         if found:
             raise found[0].error()
     if world == 1:
@@ -53,6 +55,13 @@ def _plan_for_world(recipe, *, nnodes: int | None, nproc_per_node: int | None, h
     # process only shrinks when the batch is split.
     base = make_plan(recipe, hw)
     return _spread(base, recipe, nodes=nodes, per_node=per_node)
+
+
+def _cpu_parallel_key(d) -> str | None:
+    """The first parallel size above 1 the recipe pins, replicas included (a CPU job is one mesh of
+    shards, `data_parallel_shard` being every data-parallel process)."""
+    return parallel_key(d.tensor_parallel, d.pipeline_parallel, d.context_parallel) or \
+        ("data_parallel_replicate" if (d.pinned_size("data_parallel_replicate") or 1) > 1 else None)
 
 
 def _gpu_target(hw, nnodes: int | None, nproc_per_node: int | None):
@@ -75,20 +84,33 @@ def _spread(base: Plan, recipe, *, nodes: int, per_node: int) -> Plan:
     world = nodes * per_node
     # auto: replicas (DDP), unless the one-process plan needed DeepSpeed (e.g. for a pinned offload)
     backend = d.backend if d.backend != "auto" else ("deepspeed" if base.backend == "deepspeed" else "ddp")
-    preset, zero, offload = None, None, "none"
+    preset, zero, offload, sharding = None, None, "none", None
     if backend == "deepspeed":
         zero, offload, preset = deepspeed_cpu_settings(d)
+    elif backend == "fsdp":
+        sharding, offload, preset = fsdp_cpu_settings(d)
+    # Tensor parallel (FSDP2 only): the recipe pins it; every tp ranks hold one model replica's shards.
+    tp = (d.pinned_size("tensor_parallel") or 1) if backend == "fsdp" else 1
+    if world % tp:
+        raise RecipeError(f"tensor_parallel {tp} does not divide the {world} processes", key="distributed.tensor_parallel",
+                          hint=f"use --nproc-per-node a multiple of {tp}, or another tensor_parallel")
+    dp = world // tp
+    shard = d.pinned_size("data_parallel_shard")
+    if backend == "fsdp" and shard is not None and shard != dp:
+        raise RecipeError(f"data_parallel_shard {shard} is not the {dp} data-parallel processes of this CPU job",
+                          key="distributed.data_parallel_shard",
+                          hint=f"on the CPU every data-parallel process shards the model: set it to auto or {dp}")
     global_batch = t.global_batch_size
-    if global_batch % world:
-        raise RecipeError(f"global batch {global_batch} cannot be split over {world} processes",
+    if global_batch % dp:
+        raise RecipeError(f"global batch {global_batch} cannot be split over {dp} data-parallel processes",
                           key="train.global_batch_size",
-                          hint=f"use a multiple of {world} (e.g. {world * max(1, round(global_batch / world))})")
-    per_rank = global_batch // world
+                          hint=f"use a multiple of {dp} (e.g. {dp * max(1, round(global_batch / dp))})")
+    per_rank = global_batch // dp
     if isinstance(t.micro_batch_size, int):
         micro = t.micro_batch_size
         if per_rank % micro:
-            raise RecipeError(f"global batch {global_batch} is not a multiple of micro batch {micro} x {world} "
-                              "processes", key="train.micro_batch_size",
+            raise RecipeError(f"global batch {global_batch} is not a multiple of micro batch {micro} x {dp} "
+                              "data-parallel processes", key="train.micro_batch_size",
                               hint=f"use micro_batch_size: auto, or a divisor of {per_rank}")
         micro_reason = "recipe sets it"
     else:
@@ -102,21 +124,27 @@ def _spread(base: Plan, recipe, *, nodes: int, per_node: int) -> Plan:
     reasons["backend"] = Choice(backend, f"recipe pins it; {where}" if d.backend == backend
                                 else f"auto: replicas on {where}")
     reasons["preset"] = Choice(preset, "from the recipe's distributed settings" if preset else "none for DDP")
-    reasons["data_parallel"] = Choice(world, f"{where}, from --nproc-per-node / the launcher")
+    reasons["data_parallel"] = Choice(dp, f"{where}, from --nproc-per-node / the launcher"
+                                      + (f", in groups of {tp} tensor-parallel ranks" if tp > 1 else ""))
+    if tp > 1:
+        reasons["tensor_parallel"] = Choice(tp, "recipe pins it (transformers' tensor-parallel plan, gloo)")
     reasons["micro_batch_size"] = Choice(micro, micro_reason)
     reasons["gradient_accumulation"] = Choice(accumulation, f"global batch {global_batch} / (micro batch {micro} x "
-                                                            f"{world} data-parallel ranks)")
+                                                            f"{dp} data-parallel ranks)")
+    if sharding is not None:
+        reasons["fsdp_sharding"] = Choice(sharding, "from the preset" if d.preset else
+                                          "recipe's distributed.fsdp_sharding (hybrid is full sharding on one machine)")
     reasons["zero_stage"] = Choice(zero, "from the preset" if d.preset else
                                    ("recipe pins it" if d.zero_stage != "auto" else
                                     ("auto: ZeRO-2 (memory is not the constraint on the CPU)" if zero is not None
                                      else "not DeepSpeed")))
     reasons["offload"] = Choice(offload, "recipe pins it" if offload != "none" else "not needed")
-    extra = replace(base.extra, processes_per_node=per_node, fsdp_sharding=None,
+    extra = replace(base.extra, processes_per_node=per_node, fsdp_sharding=sharding,
                     warnings=[*base.extra.warnings,
                               "memory figures are the one-process estimate; sharding only lowers them"])
     return replace(base, backend=backend, preset=preset, nodes=nodes, gpus_per_node=0, world_size=world,
-                   data_parallel=world, tensor_parallel=1, pipeline_parallel=1, micro_batch_size=micro,
-                   gradient_accumulation=accumulation, global_batch_size=micro * accumulation * world,
+                   data_parallel=dp, tensor_parallel=tp, pipeline_parallel=1, micro_batch_size=micro,
+                   gradient_accumulation=accumulation, global_batch_size=micro * accumulation * dp,
                    zero_stage=zero, offload=offload, reasons=reasons, extra=extra)
 
 

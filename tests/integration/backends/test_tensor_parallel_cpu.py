@@ -3,10 +3,11 @@ DistributedConfig (transformers' tensor-parallel plan) shards the tiny Llama's w
 the ``tp`` mesh, and training them follows the one-process loss curve step by step, ending in the same
 weights once gathered.
 
-The Trainer does not run it on the CPU: Accelerate refuses a ParallelismConfig on its MULTI_CPU state
+On a plain MULTI_CPU state Accelerate refuses the Trainer's ParallelismConfig
 (accelerate/parallelism_config.py, `_validate_accelerator`: "only compatible DistributedType.FSDP
 (version 2) or DistributedType.Multi{Device} or DistributedType.DEEPSPEED"); the worker records that
-message, so this test notices when Accelerate starts accepting it.
+message, so this test notices when Accelerate starts accepting it. The fsdp backend names its CPU
+workers' state MULTI_GPU, and test_fsdp_cpu.py trains tensor parallel through the Trainer that way.
 """
 
 from __future__ import annotations

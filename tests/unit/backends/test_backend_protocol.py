@@ -49,12 +49,17 @@ def test_each_backend_checks_the_plan(load):
         get_backend("ddp").check(single, recipe)
     ddp = plan_for_world(recipe, nproc_per_node=2)
     assert get_backend("ddp").launcher(ddp) == "accelerate" and get_backend("single").launcher(single) == "none"
-    # FSDP on the CPU is refused by the planner already, and by the backend for a plan made elsewhere.
-    with pytest.raises(RecipeError, match="needs CUDA GPUs"):
-        plan_for_world(load("tiny/sft-full", "train.micro_batch_size=auto", "distributed.backend=fsdp").recipe,
-                       nproc_per_node=2)
-    with pytest.raises(RecipeError, match="needs CUDA GPUs"):
-        get_backend("fsdp").check(replace(ddp, backend="fsdp", preset="fsdp_full_shard"), recipe)
+    # FSDP2 runs on the CPU; what it cannot do there (offload) is refused by the planner already, and
+    # by the backend for a plan made elsewhere.
+    fsdp_recipe = load("tiny/sft-full", "train.micro_batch_size=auto", "distributed.backend=fsdp").recipe
+    fsdp = plan_for_world(fsdp_recipe, nproc_per_node=2)
+    assert (fsdp.backend, fsdp.preset, fsdp.extra.fsdp_sharding, fsdp.world_size) == ("fsdp", "fsdp_full_shard",
+                                                                                       "full_shard", 2)
+    get_backend("fsdp").check(fsdp, fsdp_recipe)
+    assert get_backend("fsdp").launcher(fsdp) == "accelerate"
+    with pytest.raises(RecipeError, match="cannot offload optimizer\\+params on the CPU"):
+        get_backend("fsdp").check(replace(fsdp, preset="fsdp_full_shard_offload", offload="optimizer+params"),
+                                  fsdp_recipe)
 
 
 def test_deepspeed_offload_needs_adam(load):

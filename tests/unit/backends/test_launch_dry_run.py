@@ -126,14 +126,25 @@ def test_megatron_without_its_packages_names_the_extra(tmp_path, capsys):
     assert "megatron backend needs Megatron-Bridge" in err and "pip install 'recipeforge[megatron]'" in err
 
 
-def test_fsdp_on_the_cpu_is_refused_not_faked(tmp_path, capsys):
+def test_fsdp_on_the_cpu_launches_fsdp_and_refuses_what_it_cannot_do(tmp_path, capsys):
+    """FSDP2 on two CPU processes is launched as FSDP (the workers name their state so that Accelerate
+    shards, see backends/fsdp.py); its offload, which needs an accelerator, is refused before anything."""
+    import yaml
+
     tiny = ROOT / "examples" / "yaml" / "tiny" / "sft-full.yaml"
-    code = main(["train", str(tiny), f"output.dir={tmp_path / 'run'}", "train.micro_batch_size=auto",
-                 "distributed.backend=fsdp", "--nproc-per-node", "2"])
+    run = tmp_path / "run"
+    assert main(["train", str(tiny), f"output.dir={run}", "train.micro_batch_size=auto",
+                 "distributed.backend=fsdp", "--nproc-per-node", "2", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "# plan: fsdp (fsdp_full_shard), 1 node(s) x 2 CPU processes = 2 processes" in out
+    config = yaml.safe_load(out.split("accelerate_config.yaml\n", 1)[1].split("\n# file ", 1)[0])
+    assert config["distributed_type"] == "FSDP" and config["num_processes"] == 2
+    assert config["fsdp_config"]["fsdp_version"] == 2 and config["mixed_precision"] == "no"
+    code = main(["train", str(tiny), f"output.dir={run}", "train.micro_batch_size=auto",
+                 "distributed.preset=fsdp_full_shard_offload", "--nproc-per-node", "2"])
     err = capsys.readouterr().err
-    assert code == 2 and "distributed.backend: the fsdp backend needs CUDA GPUs" in err
-    assert "silently" in err and "deepspeed" in err
-    assert not (tmp_path / "run").exists()
+    assert code == 2 and "distributed.offload: the fsdp backend cannot offload optimizer+params on the CPU" in err
+    assert not run.exists()
 
 
 def test_dry_run_and_slurm_script_import_no_torch(tmp_path):

@@ -170,7 +170,7 @@ def test_plan_command_table_json_and_located_error(capsys):
 def test_plan_takes_the_process_layout_train_takes(capsys):
     tiny = "examples/yaml/tiny/sft-full.yaml"
     assert main(["plan", tiny, "--nproc-per-node", "2", "--json"]) == 2  # the tiny recipes pin micro batch 8 of 8
-    assert "global batch 8 is not a multiple of micro batch 8 x 2 processes" in capsys.readouterr().err
+    assert "global batch 8 is not a multiple of micro batch 8 x 2 data-parallel processes" in capsys.readouterr().err
     assert main(["plan", tiny, "train.micro_batch_size=auto", "--nproc-per-node", "2", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert (data["backend"], data["world_size"], data["data_parallel"]) == ("ddp", 2, 2)

@@ -189,9 +189,10 @@ def test_pins_on_cpu(recipe):
     assert plan(recipe("tiny:llama", distributed={"backend": "ddp"}), "cpu").backend == "ddp"
     ds = plan(recipe("tiny:llama", distributed={"backend": "deepspeed"}), "cpu")
     assert (ds.backend, ds.zero_stage, ds.preset) == ("deepspeed", 2, "zero2")  # ZeRO over gloo
-    for backend in ("fsdp", "megatron"):
-        with pytest.raises(RecipeError, match="needs CUDA GPUs"):
-            plan(recipe("tiny:llama", distributed={"backend": backend}), "cpu")
+    fsdp = plan(recipe("tiny:llama", distributed={"backend": "fsdp"}), "cpu")  # FSDP2 over gloo
+    assert (fsdp.backend, fsdp.preset, fsdp.extra.fsdp_sharding) == ("fsdp", "fsdp_full_shard", "full_shard")
+    with pytest.raises(RecipeError, match="needs CUDA GPUs"):
+        plan(recipe("tiny:llama", distributed={"backend": "megatron"}), "cpu")
 
 
 # ----------------------------------------------------------------------------- stages and hardware
