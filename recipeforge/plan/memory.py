@@ -197,6 +197,10 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
             part["comm_buffers"] = gg  # DDP's gradient buckets are a second copy of the gradients
         if mixed:
             part["autocast_weights"] = autocast_weight_bytes(w, checkpointing)
+            if checkpointing:
+                # Recomputed layers saved no 16-bit copy: they die with the forward's autocast region,
+                # before backward allocates the output layer's gradient, so only the larger one counts.
+                part["output_gradient"] = max(0.0, part["output_gradient"] - part["autocast_weights"])
 
     # ---- reference model (DPO, GRPO with a KL term): frozen 16-bit copy, sharded like the weights
     if w.reference_model:
@@ -293,12 +297,13 @@ def measured_view(memory_gb: dict, measure: str) -> float:
 
 
 def autocast_weight_bytes(w: Workload, checkpointing: bool) -> float:
-    """16-bit copies of fp32 weights under autocast: each linear's weight is cast for its matmul and
-    the copy is saved for backward, so a step holds one per linear weight (with recomputation only
-    the current layer's), plus the output projection's."""
+    """16-bit copies of fp32 weights under autocast: each linear's weight is cast for its matmul, one
+    copy per linear weight plus the output projection's. Recomputation does not shorten their life:
+    autocast caches the cast of every leaf parameter that needs a gradient until its region (the
+    forward pass) ends, so at the end of the forward every copy is alive with or without activation
+    checkpointing (torch's MemTracker shows the same; bench/plan_vs_tracker.py)."""
     m, c = w.model, w.compute_bytes
-    layers = 1 if checkpointing else m.num_layers
-    return c * (layers * m.linear_params() / m.num_layers + m.output_width * m.hidden_size)
+    return c * (m.linear_params() + m.output_width * m.hidden_size)
 
 
 def _shards_weights(layout: Layout) -> bool:
