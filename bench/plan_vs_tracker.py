@@ -43,10 +43,12 @@ class Case:
     checkpointing: bool
     micro_batch: int = 1
     sequence_len: int = 2048
+    world: int = 1         # > 1: FSDP2 (full sharding, bf16 compute) over this many ranks
 
     @property
     def name(self) -> str:
-        return f"{self.model.split('/')[-1]} {self.method}{' ckpt' if self.checkpointing else ''}"
+        return (f"{self.model.split('/')[-1]} {self.method}{' ckpt' if self.checkpointing else ''}"
+                + (f" fsdp{self.world}" if self.world > 1 else ""))
 
 
 @dataclass
@@ -65,6 +67,7 @@ class Result:
 
 CASES = [Case(m, method, ckpt) for m in ("meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-7B")
          for method in ("full", "lora") for ckpt in (False, True)]
+FSDP_CASES = [Case("meta-llama/Llama-3.1-70B", "full", True, world=8)]
 TERMS = ("weights", "gradients", "optimizer", "model_states", "train_phase")
 
 
@@ -81,7 +84,8 @@ def plan_terms(case: Case, layers: int | None) -> dict:
                        "packing": True},
               "train": {"global_batch_size": case.micro_batch, "micro_batch_size": case.micro_batch,
                         "gradient_checkpointing": case.checkpointing, "optimizer": "adamw"},
-              "distributed": {"backend": "single"}}
+              "distributed": {"backend": "single"} if case.world == 1 else
+              {"backend": "fsdp", "preset": "fsdp_full_shard", "offload": "none"}}
     if case.method == "lora":
         # No dropout: on a CPU, dropout keeps a full-width noise tensor for backward where CUDA's fused
         # kernel keeps a one-byte mask, so the tracker would count what a GPU run does not hold.
@@ -92,9 +96,15 @@ def plan_terms(case: Case, layers: int | None) -> dict:
 
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
         yaml.safe_dump(recipe, fh)
-    plan = make_plan(load_recipe(fh.name).recipe, parse_hardware("1xB200-180GB"))
+    recipe_obj = load_recipe(fh.name).recipe
+    if case.world > 1:
+        recipe_obj = recipe_obj.model_copy(update={"train": recipe_obj.train.model_copy(
+            update={"global_batch_size": case.micro_batch * case.world})})
+    # The largest accelerator of the table, so that every case plans (only the terms are compared).
+    plan = make_plan(recipe_obj, parse_hardware(f"{case.world}xMI300X-192GB"))
     m = plan.memory_gb
-    train = sum(m.get(k, 0.0) for k in ("activations", "logits", "autocast_weights", "output_gradient"))
+    train = sum(m.get(k, 0.0) for k in ("activations", "logits", "autocast_weights", "output_gradient",
+                                        "gathered_params"))
     states = sum(m.get(k, 0.0) for k in ("weights", "gradients", "optimizer", "adapter"))
     if case.method == "lora":  # the adapter's weights, gradients and states are one term of the planner
         return {"model_states": states, "train_phase": train}
@@ -123,8 +133,67 @@ def _small_config_dir(model: str, layers: int) -> str:
     return str(out)
 
 
+def fsdp_tracker_terms(case: Case, layers: int | None) -> dict:
+    """torch's accounting of one FSDP2 step on rank 0 of `case.world` ranks: a fake process group, the
+    model sharded per decoder layer as Accelerate does (fp32 shards, bf16 gathered weights and reduced
+    gradients), `FSDPMemTracker`, in GiB."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    started = not dist.is_initialized()
+    if started:
+        dist.init_process_group("fake", rank=0, world_size=case.world, store=FakeStore())
+    try:
+        return _fsdp_step_terms(case, layers, init_device_mesh("cpu", (case.world,)))  # mesh: a real tensor
+    finally:
+        if started:
+            dist.destroy_process_group()
+
+
+def _fsdp_step_terms(case: Case, layers: int | None, mesh) -> dict:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from transformers import AutoModelForCausalLM
+
+    config = _config(case.model, layers)
+    with FakeTensorMode():
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.config.use_cache = False
+        if case.checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+        ids = torch.randint(0, config.vocab_size, (case.micro_batch, case.sequence_len))
+
+        def step() -> None:
+            model(input_ids=ids, labels=ids).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=False)
+
+        step()
+        tracker = FSDPMemTracker(model, optimizer)
+        tracker.track_inputs((ids,))
+        with tracker:
+            step()
+        snap = tracker.get_tracker_snapshot("peak")
+    cats = {getattr(k, "value", str(k)): v / GIB for k, v in next(iter(snap.values())).items()}
+    return {"weights": cats.get("Sharded Param", 0.0), "gradients": cats.get("Sharded Grad", 0.0),
+            "optimizer": cats.get("OptState", 0.0),
+            "model_states": sum(cats.get(k, 0.0) for k in ("Sharded Param", "Sharded Grad", "OptState")),
+            "train_phase": sum(cats.get(k, 0.0) for k in ("Unsharded Param", "Unsharded Grad", "Activation", "Temp",
+                                                          "All Gather", "Reduce Scatter"))}
+
+
 def tracker_terms(case: Case, layers: int | None) -> dict:
     """torch's accounting of one step of the case (fake tensors), in GiB."""
+    if case.world > 1:
+        return fsdp_tracker_terms(case, layers)
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -220,8 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", action="store_true", help="2-layer shapes of the same models (seconds)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--no-fsdp", action="store_true", help="leave out the FSDP2 case (minutes at 70B)")
     args = parser.parse_args(argv)
-    results = run(CASES, 2 if args.small else None)
+    results = run(CASES + ([] if args.no_fsdp else FSDP_CASES), 2 if args.small else None)
     if args.json:
         print(json.dumps([asdict(r) | {"errors": {t: r.error(t) for t in TERMS}} for r in results], indent=2))
     else:

@@ -47,3 +47,14 @@ def test_the_table_prints_every_case(bench, results):
     table = bench.table(list(results.values()))
     assert len(table.splitlines()) == 2 + len(bench.CASES)
     assert "Llama-3.1-8B full ckpt" in table and "model_states" in table
+
+
+def test_fsdp2_model_states_match_the_tracker(bench):
+    """FSDP2 over a fake process group of 8 ranks (2-layer Llama-3.1-70B): each rank's shards of the
+    weights, gradients and optimizer states as the planner counts them; the group is gone afterwards."""
+    import torch.distributed as dist
+
+    (r,) = bench.run(bench.FSDP_CASES, layers=2)
+    for term in ("weights", "gradients", "optimizer", "model_states"):
+        assert abs(r.error(term)) <= bench.BAND, (term, r.planner, r.tracker)
+    assert not dist.is_initialized()
