@@ -232,7 +232,8 @@ def refusals(caps: BackendCapabilities, *, stage: str | None = None, device: str
                                + others(lambda c: offload in c.offload)))
         elif device == "cpu" and caps.cpu_offload is not None and offload not in caps.cpu_offload:
             out.append(Refusal("distributed.offload", f"the {n} backend cannot offload {offload} on the CPU"
-                               + (f": {why['cpu_offload']}" if "cpu_offload" in why else ""), "set offload: none on the CPU"))
+                               + (f": {why['cpu_offload']}" if "cpu_offload" in why else ""),
+                               "set offload: none on the CPU"))
         elif offload != "none" and caps.offload_zero_stages:
             stages = caps.offload_zero_stages.get(offload, ())
             if zero_stage not in (None, "auto") and zero_stage not in stages:

@@ -65,7 +65,8 @@ class WarningsRouter:
 
         self.count += 1
         # A library's warning may quote a tracker URL with its password, or a token.
-        entry = f"[{time.strftime('%H:%M:%S')}]{f' [rank {self.rank}]' if self.rank else ''} {redact_credentials(text)}\n"
+        rank = f" [rank {self.rank}]" if self.rank else ""
+        entry = f"[{time.strftime('%H:%M:%S')}]{rank} {redact_credentials(text)}\n"
         if self.path is None:
             self.pending.append(entry)
         else:

@@ -196,7 +196,7 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
         if backend == "ddp":
             part["comm_buffers"] = gg  # DDP's gradient buckets are a second copy of the gradients
         if mixed:
-            part["autocast_weights"] = autocast_weight_bytes(w, checkpointing)
+            part["autocast_weights"] = autocast_weight_bytes(w)
             if checkpointing:
                 # Recomputed layers saved no 16-bit copy: they die with the forward's autocast region,
                 # before backward allocates the output layer's gradient, so only the larger one counts.
@@ -296,7 +296,7 @@ def measured_view(memory_gb: dict, measure: str) -> float:
     raise ValueError(f"unknown measure {measure!r} (device | reserved | allocated)")
 
 
-def autocast_weight_bytes(w: Workload, checkpointing: bool) -> float:
+def autocast_weight_bytes(w: Workload) -> float:
     """16-bit copies of fp32 weights under autocast: each linear's weight is cast for its matmul, one
     copy per linear weight plus the output projection's. Recomputation does not shorten their life:
     autocast caches the cast of every leaf parameter that needs a gradient until its region (the

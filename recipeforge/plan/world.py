@@ -92,7 +92,8 @@ def _spread(base: Plan, recipe, *, nodes: int, per_node: int) -> Plan:
     # Tensor parallel (FSDP2 only): the recipe pins it; every tp ranks hold one model replica's shards.
     tp = (d.pinned_size("tensor_parallel") or 1) if backend == "fsdp" else 1
     if world % tp:
-        raise RecipeError(f"tensor_parallel {tp} does not divide the {world} processes", key="distributed.tensor_parallel",
+        raise RecipeError(f"tensor_parallel {tp} does not divide the {world} processes",
+                          key="distributed.tensor_parallel",
                           hint=f"use --nproc-per-node a multiple of {tp}, or another tensor_parallel")
     dp = world // tp
     shard = d.pinned_size("data_parallel_shard")

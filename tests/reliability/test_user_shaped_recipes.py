@@ -94,12 +94,16 @@ def corpus() -> list[Path]:
 
 @pytest.mark.parametrize("recipe", corpus(), ids=lambda p: p.stem)
 def test_plan_with_hardware_works_on_every_user_recipe(recipe, capsys, tmp_path):
-    """`plan R --hardware X` answers with a plan for every recipe of the corpus on a machine it fits."""
-    for hw in ("1xH100-80GB", "8xH100-80GB", "2x8xA100-80GB"):
-        argv = ["plan", str(recipe), "--hardware", hw]
-        code, out, err = run(capsys, argv)
-        assert code == 0, f"{argv}\n{err}"
-        assert out.startswith("Plan: ") and f"on {hw}" in out.splitlines()[0], out[:300]
+    """`plan R --hardware X` answers with a plan for every recipe of the corpus on a machine it fits,
+    with and without a `hardware:` section (here one for a CPU-only machine, which the flag replaces)."""
+    with_section = tmp_path / f"{recipe.stem}-with-hardware.yaml"
+    with_section.write_text(f"extends: {recipe}\nhardware: {{gpus_per_node: 0}}\n")
+    for path in (recipe, with_section):
+        for hw in ("1xH100-80GB", "8xH100-80GB", "2x8xA100-80GB"):
+            argv = ["plan", str(path), "--hardware", hw]
+            code, out, err = run(capsys, argv)
+            assert code == 0, f"{argv}\n{err}"
+            assert out.startswith("Plan: ") and f"on {hw}" in out.splitlines()[0], out[:300]
 
 
 @pytest.mark.parametrize("recipe", corpus(), ids=lambda p: p.stem)

@@ -88,7 +88,8 @@ def test_validate_plan_and_check_agree_on_every_combination():
 
 
 @pytest.mark.parametrize("combo, key, fragment", [
-    (("fsdp", "sft", "cpu", "lora", "optimizer+params"), "distributed.offload", "cannot offload optimizer+params on the CPU"),
+    (("fsdp", "sft", "cpu", "lora", "optimizer+params"), "distributed.offload",
+     "cannot offload optimizer+params on the CPU"),
     (("megatron", "sft", "cpu", "lora", "none"), "distributed.backend", "needs CUDA GPUs"),
     (("megatron", "dpo", "cuda", "none", "none"), "distributed.backend", "runs pretrain and sft only"),
     (("megatron", "sft", "cuda", "lora", "optimizer+params"), "distributed.offload", "no offload mode"),
