@@ -12,7 +12,8 @@ The planner reads `grpo.rollout` itself: a colocated engine other than ``hf`` re
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from pathlib import Path
+from typing import Any, Callable, Optional, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -39,6 +40,36 @@ class RolloutEngineSpec:
     # and the server's URL when the recipe names none.
     health_path: Optional[str] = None
     default_server_url: Optional[str] = None
+    # Called with the GRPO trainer once it is built: an engine finishes its own wiring there (a weight
+    # sync the device needs, a server it started). Returns nothing; raises RecipeError on bad settings.
+    prepare_trainer: Optional[Callable[[Any, Any], None]] = None
+    # Server mode: how the engine starts its own server for a run, when the recipe asks it to.
+    server: Optional["RolloutServer"] = None
+    # The engine loads the policy by its path (a server or a colocated engine of its own): a
+    # random-init base is written to the run's base_model/ so that it has one.
+    loads_model_by_path: bool = False
+
+
+class RunningServer(Protocol):
+    """A generation server a run started: where it answers, and how it is stopped."""
+
+    url: str
+
+    def stop(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class RolloutServer:
+    """How an engine starts a generation server on the machine of the run's main process.
+
+    `wanted(rollout)` says whether this recipe has the run start it (otherwise the recipe points at
+    a running server); `start(rollout, model_path, log_path)` starts it, waits until it answers and
+    returns it. The run writes its address to ``rollout_server.json`` in the run directory and stops
+    it when training ends.
+    """
+
+    wanted: Callable[[Any], bool]
+    start: Callable[[Any, str, Path], RunningServer]
 
 
 def _as_engine(name: str, obj: Any) -> RolloutEngineSpec:
@@ -70,6 +101,26 @@ rollout_engines.register("hf", RolloutEngineSpec("hf", hf_engine, HFOptions, mod
                                                  description="transformers generate with the policy itself"))
 
 
+def rollout_engine(rollout) -> RolloutEngineSpec:
+    """The engine `grpo.rollout.engine` names."""
+    return rollout_engines.get(rollout.engine, key="grpo.rollout.engine")
+
+
+def starts_server(rollout) -> bool:
+    """Whether the run starts the generation server itself (server mode, the engine asked to)."""
+    if rollout.mode != "server" or not rollout_engines.has(rollout.engine):
+        return False
+    server = rollout_engines.get(rollout.engine).server
+    return server is not None and bool(server.wanted(rollout))
+
+
+def prepare_rollout_trainer(rollout, trainer) -> None:
+    """Let the engine `grpo.rollout.engine` names finish wiring the built GRPO trainer."""
+    spec = rollout_engines.get(rollout.engine, key="grpo.rollout.engine")
+    if spec.prepare_trainer is not None:
+        spec.prepare_trainer(rollout, trainer)
+
+
 def rollout_arguments(rollout, device: str, *, location: Location | None = None) -> dict:
     """Trainer arguments of the engine `grpo.rollout.engine` names."""
     key = "grpo.rollout.engine"
@@ -85,3 +136,11 @@ def rollout_arguments(rollout, device: str, *, location: Location | None = None)
             first = exc.errors()[0]
             raise RecipeError(f"invalid rollout options: {first['msg']}", key="grpo.rollout.options") from None
     return dict(spec.arguments(rollout, options, device))
+
+
+def split_trainer_arguments(kwargs: dict) -> tuple[dict, dict]:
+    """An engine's arguments as (GRPOConfig fields, GRPOTrainer arguments): ``rollout_func`` (an
+    engine that generates by itself) goes to the trainer, the rest to the config."""
+    config = dict(kwargs)
+    trainer = {"rollout_func": config.pop("rollout_func")} if "rollout_func" in config else {}
+    return config, trainer

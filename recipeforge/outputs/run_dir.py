@@ -83,6 +83,15 @@ class RunDir:
     def tensorboard(self) -> Path:
         return self.root / "tensorboard"
 
+    @property
+    def rollout_server(self) -> Path:
+        """Where a generation server the run started answers (GRPO server mode)."""
+        return self.root / "rollout_server.json"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
     def has_results(self) -> bool:
         """Whether an earlier run left a model or checkpoints here."""
         return self.final.exists() or (self.checkpoints.exists() and any(self.checkpoints.iterdir()))
@@ -108,6 +117,9 @@ class RunDir:
 
     def write_plan(self, plan) -> None:
         _atomic_write(self.plan, json.dumps(plan.to_dict(), indent=2, default=str) + "\n")
+
+    def write_rollout_server(self, url: str, **details) -> None:
+        _atomic_write(self.rollout_server, json.dumps({"url": url, **details}, indent=2, default=str) + "\n")
 
     def write_environment(self, extra: dict | None = None) -> None:
         info = environment_info()

@@ -343,9 +343,9 @@ def _hub_token(environ) -> str | None:
 def _rollout_server(rollout) -> list[tuple[Service, str | None]]:
     """Server-mode generation: the engine says where its server answers (`RolloutEngineSpec.health_path`)
     and how long a starting server is waited for (its `server_timeout` option)."""
-    from recipeforge.components.rollout import rollout_engines
+    from recipeforge.components.rollout import rollout_engines, starts_server
 
-    if not rollout_engines.has(rollout.engine):
+    if not rollout_engines.has(rollout.engine) or starts_server(rollout):  # the run starts it itself
         return []
     spec = rollout_engines.get(rollout.engine)
     health = getattr(spec, "health_path", None)

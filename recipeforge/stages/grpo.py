@@ -7,6 +7,9 @@ arguments. The trainer logs each reward function's mean as ``rewards/<name>/mean
 
 from __future__ import annotations
 
+import atexit
+import json
+
 from recipeforge.stages.base import TrainerStage
 
 
@@ -26,7 +29,7 @@ class GRPOStage(TrainerStage):
         # Rewards and the rollout engine are checked here, before the model loads: recipe mistakes
         # (an unknown reward, a column the data lacks) surface within seconds.
         g = self.recipe.grpo
-        device = self.ctx.plan.device if self.ctx.plan is not None else "cpu"
+        self.device = device = self.ctx.plan.device if self.ctx.plan is not None else "cpu"
         columns = tuple(c for c in self.train_rows.column_names if c != "prompt")
         self.rewards = build_rewards(g.rewards, RewardContext(tokenizer=self.tokenizer, columns=columns,
                                                               device=device, allow_code=self.recipe.allow_code),
@@ -35,15 +38,58 @@ class GRPOStage(TrainerStage):
                                                 location=self.ctx.locate(("grpo", "rollout", "engine")))
 
     def needs_base_on_disk(self) -> bool:
-        # With a KL term and no adapter, TRL loads the reference model by the policy's name.
-        return self.recipe.grpo.beta > 0
+        # With a KL term and no adapter, TRL loads the reference model by the policy's name; an
+        # engine with its own copy of the policy (vLLM) loads it by path too.
+        from recipeforge.components.rollout import rollout_engine
+
+        return self.recipe.grpo.beta > 0 or rollout_engine(self.recipe.grpo.rollout).loads_model_by_path
+
+    def start_rollout_server(self):
+        """Start the generation server when the recipe has the run start it (server mode): on the
+        main process, address in ``rollout_server.json``; every rank reads it from there. Returns
+        `grpo.rollout` pointing at the server."""
+        from recipeforge.components.rollout import rollout_engine, starts_server
+
+        rollout = self.recipe.grpo.rollout
+        if not starts_server(rollout):
+            return rollout
+        run = self.ctx.run
+        if self.ctx.dist.is_main:
+            run.rollout_server.unlink(missing_ok=True)
+            model_path = str(self.model.name_or_path)
+            self.ctx.log(f"starting the {rollout.engine} generation server for {model_path}")
+            self.server = rollout_engine(rollout).server.start(rollout, model_path, run.logs / "rollout_server.log")
+            # Stopped when training ends (`train`), or at exit when the run fails before that.
+            atexit.register(self.stop_rollout_server)
+            run.write_rollout_server(self.server.url, engine=rollout.engine, model=model_path,
+                                     log=str(run.logs / "rollout_server.log"))
+            self.ctx.log(f"{rollout.engine} generation server at {self.server.url}")
+        self.ctx.barrier()
+        url = json.loads(run.rollout_server.read_text())["url"]
+        return rollout.model_copy(update={"server_url": url})
+
+    def stop_rollout_server(self) -> None:
+        """Stop the generation server this run started, if any (idempotent)."""
+        server, self.server = getattr(self, "server", None), None
+        if server is not None:
+            server.stop()
+
+    def train(self) -> dict:
+        try:
+            return super().train()
+        finally:
+            self.stop_rollout_server()
 
     def build_trainer(self):
+        from recipeforge.components.rollout import prepare_rollout_trainer, rollout_arguments, split_trainer_arguments
         from recipeforge.outputs.atomic import crash_safe
         from recipeforge.stages.trl_lengths import length_arguments
         from trl import GRPOConfig, GRPOTrainer
 
-        g, rewards, engine = self.recipe.grpo, self.rewards, self.rollout_kwargs
+        g, rewards = self.recipe.grpo, self.rewards
+        rollout = self.start_rollout_server()
+        engine, engine_trainer_args = split_trainer_arguments(
+            self.rollout_kwargs if rollout is g.rollout else rollout_arguments(rollout, self.device))
         # Evaluation generates whole groups per batch: round its batch up to a multiple of the group.
         micro = self.ctx.plan.micro_batch_size
         eval_batch = g.num_generations * -(-micro // g.num_generations)
@@ -58,7 +104,9 @@ class GRPOStage(TrainerStage):
             scale_rewards=g.scale_rewards, reward_weights=rewards.weights,
             # Extra columns (answers, ...) must survive until the reward functions see them.
             remove_unused_columns=False, log_completions=False, **engine)
-        return crash_safe(GRPOTrainer)(model=self.model, reward_funcs=rewards.funcs, args=args, train_dataset=self.train_rows,
+        trainer = crash_safe(GRPOTrainer)(model=self.model, reward_funcs=rewards.funcs, args=args, train_dataset=self.train_rows,
                            eval_dataset=self.eval_rows, processing_class=self.tokenizer,
                            reward_processing_classes=rewards.processing_classes, peft_config=self.peft_config(),
-                           callbacks=self.callbacks())
+                           callbacks=self.callbacks(), **engine_trainer_args)
+        prepare_rollout_trainer(rollout, trainer)
+        return trainer

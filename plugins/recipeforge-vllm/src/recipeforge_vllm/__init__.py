@@ -7,14 +7,20 @@ A recipe selects it with::
         engine: vllm
         mode: colocate              # or server
         gpu_memory_utilization: 0.3 # colocate: share of each GPU vLLM holds (weights + KV cache)
-        server_url: http://gen-node:8000   # server: a `trl vllm-serve` process
+        server_url: http://gen-node:8000   # server: a `trl vllm-serve` / `vllm serve` process
         options: {tensor_parallel_size: 1, enable_sleep_mode: false}
+        # or have the run start the server on its own machine (address in rollout_server.json):
+        # options: {launch: true, server_devices: "1"}
 
 TRL does the work: the engine turns the section into `GRPOConfig` arguments (``use_vllm``,
 ``vllm_mode``, ``vllm_gpu_memory_utilization``, ``vllm_server_base_url``, ...). In colocate mode
 vLLM shares the training GPUs; the planner reserves ``gpu_memory_utilization`` of every GPU for it
 (`reserves_gpu_memory`), so the plan's memory table shows what is left for training. In server mode
 vLLM runs on other GPUs and the training GPUs hold no engine.
+
+vLLM's CPU build works too. Colocated, the trained weights enter vLLM through its in-place reload
+(`weight_sync`: the CPU kernels repack the weights TRL would write one by one); in server mode the
+weights go through the filesystem (`server_rollout`), since TRL's weight transfer needs NCCL.
 
 This module imports neither torch, TRL nor vLLM: recipeforge loads it while validating recipes.
 """
@@ -26,11 +32,14 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
-from recipeforge.components.rollout import RolloutEngineSpec
+from recipeforge.components.rollout import RolloutEngineSpec, RolloutServer
 from recipeforge.config.schema.base import Section
 from recipeforge.errors import RecipeError
 
 __version__ = "0.1.0"
+
+# TRL's client defaults: vllm_server_host 0.0.0.0, vllm_server_port 8000
+VLLM_DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 class VLLMOptions(Section):
@@ -44,18 +53,35 @@ class VLLMOptions(Section):
     model_impl: Literal["vllm", "transformers"] = Field(
         "vllm", description="vLLM's own model code, or the transformers implementation.")
     server_timeout: float = Field(240.0, gt=0, description="Server: seconds to wait for the server to answer.")
+    launch: bool = Field(
+        False, description="Server: the run starts `vllm serve` on its main machine at server_url (default "
+                           "127.0.0.1:8000), writes its address to rollout_server.json and stops it at the end.")
+    server_devices: Optional[str] = Field(
+        None, description="Server, launch: CUDA_VISIBLE_DEVICES of the server (GPUs the training does not use).")
+    server_gpu_memory_utilization: Optional[float] = Field(
+        None, gt=0, lt=1, description="Server, launch: share of each of its GPUs the server holds (default: "
+                                      "vLLM's; on a CPU, rollout.gpu_memory_utilization of host memory).")
     importance_sampling_correction: bool = Field(
         True, description="Correct for the difference between vLLM's and the trainer's token probabilities.")
 
 
 def vllm_arguments(rollout, options: VLLMOptions, device: str) -> dict:
-    """`GRPOConfig` keyword arguments for `grpo.rollout` (engine vllm)."""
-    if device != "cuda":
-        raise RecipeError(f"the vllm rollout engine needs CUDA GPUs; this run is planned for {device}",
-                          key="grpo.rollout.engine", hint="use grpo.rollout.engine: hf on a CPU")
+    """`GRPOConfig` keyword arguments for `grpo.rollout` (engine vllm).
+
+    Server mode on a CPU trainer generates through TRL's ``rollout_func`` instead (TRL's own server
+    client pushes weights over NCCL, which needs CUDA): see `server_rollout`.
+    """
+    if device not in ("cuda", "cpu"):
+        raise RecipeError(f"the vllm rollout engine runs on CUDA GPUs and CPUs; this run is planned for {device}",
+                          key="grpo.rollout.engine", hint="use grpo.rollout.engine: hf")
     if importlib.util.find_spec("vllm") is None:
         raise RecipeError("the vllm rollout engine needs the vllm package, which is not installed",
                           key="grpo.rollout.engine", hint="pip install 'recipeforge-vllm[vllm]'")
+    if rollout.mode == "server" and device == "cpu":
+        from recipeforge_vllm.server_rollout import ServerRollout
+
+        url = (rollout.server_url or VLLM_DEFAULT_URL).rstrip("/")
+        return {"use_vllm": False, "rollout_func": ServerRollout(url, options.server_timeout)}
     kwargs: dict = {"use_vllm": True, "vllm_mode": rollout.mode, "vllm_model_impl": options.model_impl,
                     "vllm_importance_sampling_correction": options.importance_sampling_correction}
     if options.max_model_length:
@@ -85,8 +111,28 @@ def _supported(kwargs: dict) -> dict:
     return kwargs
 
 
-VLLM = RolloutEngineSpec("vllm", vllm_arguments, VLLMOptions, modes=("colocate", "server"), gpu_only=True,
-                         reserves_gpu_memory=True, health_path="/health",
-                         # TRL's client defaults: vllm_server_host 0.0.0.0, vllm_server_port 8000
-                         default_server_url="http://127.0.0.1:8000",
+def _launch_wanted(rollout) -> bool:
+    return bool(VLLMOptions.model_validate(dict(rollout.options or {})).launch)
+
+
+def _start_server(rollout, model_path: str, log_path):
+    from recipeforge_vllm.server import start_server
+
+    return start_server(rollout, model_path, log_path, default_url=VLLM_DEFAULT_URL)
+
+
+def prepare_trainer(rollout, trainer) -> None:
+    """Colocated vLLM on a platform that repacks its weights: sync through vLLM's in-place reload."""
+    if rollout.mode != "colocate" or getattr(trainer, "vllm_generation", None) is None:
+        return
+    from recipeforge_vllm.weight_sync import install_reload_sync, weights_are_repacked
+
+    if weights_are_repacked():
+        install_reload_sync(trainer.vllm_generation)
+
+
+VLLM = RolloutEngineSpec("vllm", vllm_arguments, VLLMOptions, modes=("colocate", "server"),
+                         reserves_gpu_memory=True, health_path="/health", default_server_url=VLLM_DEFAULT_URL,
+                         prepare_trainer=prepare_trainer, loads_model_by_path=True,
+                         server=RolloutServer(wanted=_launch_wanted, start=_start_server),
                          description="vLLM generation through TRL (colocated on the training GPUs, or a server)")

