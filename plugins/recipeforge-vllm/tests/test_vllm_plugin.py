@@ -43,7 +43,7 @@ def _problems(tmp_path, rollout_yaml: str) -> dict:
 
 @pytest.fixture
 def vllm_installed(monkeypatch):
-    """Pretend vLLM is installed (it is a GPU-only package); TRL's argument checks still run."""
+    """Pretend vLLM is installed (this environment has no vLLM); TRL's argument checks still run."""
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
 
@@ -70,12 +70,73 @@ def test_server_mode_needs_an_engine_that_has_one(tmp_path):
     assert recipe.grpo.rollout.engine == "vllm"
 
 
-def test_cpu_runs_are_refused():
+def test_devices_vllm_has_no_build_for_are_refused():
     from recipeforge.config.schema import RolloutConfig
 
     with pytest.raises(RecipeError) as info:
-        rollout_arguments(RolloutConfig(engine="vllm"), "cpu")
+        rollout_arguments(RolloutConfig(engine="vllm"), "mps")
     assert info.value.problems[0].key == "grpo.rollout.engine" and "engine: hf" in info.value.problems[0].hint
+
+
+def test_server_mode_on_a_cpu_trainer_generates_through_a_rollout_function(tmp_path, vllm_installed):
+    """TRL's server client pushes weights over NCCL: a CPU trainer hands TRL a rollout function."""
+    from recipeforge.components.rollout import split_trainer_arguments
+    from recipeforge_vllm.server_rollout import ServerRollout
+
+    recipe = _load(tmp_path, "  rollout: {engine: vllm, mode: server, server_url: 'http://gen:8001/'}\n").recipe
+    config, trainer = split_trainer_arguments(rollout_arguments(recipe.grpo.rollout, "cpu"))
+    assert config == {"use_vllm": False}
+    assert isinstance(trainer["rollout_func"], ServerRollout) and trainer["rollout_func"].base_url == "http://gen:8001"
+
+
+def test_a_server_the_run_starts_is_not_checked_before_the_run(tmp_path):
+    """Nothing answers at the free port yet: the run starts the server itself, after the checks."""
+    import socket
+
+    from recipeforge.components.rollout import starts_server
+    from recipeforge.outputs.services import ServiceUnavailable, check_services
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    path = tmp_path / "r.yaml"
+    for launch, checked in ((True, False), (False, True)):
+        path.write_text(GRPO.replace("Qwen/Qwen2.5-0.5B", "tiny:llama") + f"  rollout: {{engine: vllm, mode: server, "
+                        f"server_url: '{url}', options: {{launch: {str(launch).lower()}, server_timeout: 1}}}}\n")
+        recipe = load_recipe(path).recipe
+        assert starts_server(recipe.grpo.rollout) is launch
+        if checked:
+            with pytest.raises(ServiceUnavailable, match="generation server"):
+                check_services(recipe)
+        else:
+            check_services(recipe)
+
+
+def test_the_launched_server_command_is_what_trl_expects(tmp_path):
+    from recipeforge_vllm import VLLMOptions
+    from recipeforge_vllm.server import server_command
+
+    rollout = _load(tmp_path, "  rollout: {engine: vllm, mode: server, gpu_memory_utilization: 0.2,"
+                              " options: {launch: true, max_model_length: 512}}\n").recipe.grpo.rollout
+    options = VLLMOptions.model_validate(rollout.options)
+    cuda = server_command(rollout, options, "/m", "127.0.0.1", 8123, cuda=True)
+    assert cuda[cuda.index("--port") + 1] == "8123" and cuda[cuda.index("--max-model-len") + 1] == "512"
+    assert cuda[cuda.index("--logprobs-mode") + 1] == "processed_logprobs"
+    assert json.loads(cuda[cuda.index("--weight-transfer-config") + 1]) == {"backend": "nccl"}
+    assert "--gpu-memory-utilization" not in cuda  # vLLM's default on the server's own GPUs
+    cpu = server_command(rollout, options, "/m", "127.0.0.1", 8123, cuda=False)
+    assert "--weight-transfer-config" not in cpu and cpu[cpu.index("--gpu-memory-utilization") + 1] == "0.2"
+
+
+def test_a_launched_server_must_be_on_this_machine(tmp_path):
+    from recipeforge_vllm import VLLM_DEFAULT_URL
+    from recipeforge_vllm.server import start_server
+
+    rollout = _load(tmp_path, "  rollout: {engine: vllm, mode: server, server_url: 'http://gen-node:8000',"
+                              " options: {launch: true}}\n").recipe.grpo.rollout
+    with pytest.raises(RecipeError, match="names gen-node") as info:
+        start_server(rollout, "/m", tmp_path / "log", default_url=VLLM_DEFAULT_URL)
+    assert info.value.problems[0].key == "grpo.rollout.server_url"
 
 
 def test_gpu_without_vllm_says_what_to_install(monkeypatch):
