@@ -16,7 +16,6 @@ CLI; nothing below imports it.
 
 from __future__ import annotations
 
-import importlib
 from typing import Mapping
 
 from recipeforge.config.plugin_recipes import recipes
@@ -25,26 +24,8 @@ from recipeforge.registry import FIRST_PARTY, GROUPS, TRUST_ENV, Registry, code_
 
 __all__ = ["annotate_plan", "plugins_report", "recipes", "render_plugins", "used_components"]
 
-# Where each group's built-ins register (importing the module registers them). Backends register
-# in their own package; the report works whether or not it defines a registry.
-BUILTIN_MODULES = {
-    "models": "recipeforge.plan.catalog",
-    "kernels": "recipeforge.components.kernels",
-    "rollout_engines": "recipeforge.components.rollout",
-    "rewards": "recipeforge.components.rewards",
-    "formats": "recipeforge.components.formats",
-    "backends": "recipeforge.backends",
-}
-
-
 def _registry(kind: str) -> Registry:
-    module = BUILTIN_MODULES.get(kind)
-    if module:
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            pass  # a group without built-ins here (e.g. backends registered elsewhere): plugins only
-    return registry_for(kind)
+    return registry_for(kind)  # the module that owns it is imported, its built-ins registered
 
 
 def plugins_report(environ: Mapping[str, str] | None = None) -> dict:

@@ -23,16 +23,29 @@ from recipeforge.errors import Location, RecipeError, did_you_mean
 T = TypeVar("T")
 BUILTIN = "recipeforge"
 
-# Every entry-point group recipeforge reads, with what its entries are.
-GROUPS: dict[str, str] = {
-    "models": "model ids the planner can size (architecture specs), optionally with a loader",
-    "kernels": "optional kernels a recipe enables under `kernels:`",
-    "rollout_engines": "GRPO completion generators named by `grpo.rollout.engine`",
-    "rewards": "GRPO reward functions named in `grpo.rewards`",
-    "formats": "dataset row layouts named by `data.datasets[].format`",
-    "backends": "distributed backends",
-    "recipes": "packages holding base recipes for `extends: pkg://<name>/<file>.yaml`",
+@dataclass(frozen=True)
+class RegistryKind:
+    """A kind of component: what its entries are, and the module that defines its registry and
+    registers the built-ins (importing it does both; it imports neither torch nor transformers)."""
+
+    description: str
+    module: str
+
+
+# The one table of registries: every entry-point group ``recipeforge.<kind>`` recipeforge reads.
+REGISTRY_KINDS: dict[str, RegistryKind] = {
+    "models": RegistryKind("model ids the planner can size (architecture specs), optionally with a loader",
+                           "recipeforge.plan.catalog"),
+    "kernels": RegistryKind("optional kernels a recipe enables under `kernels:`", "recipeforge.components.kernels"),
+    "rollout_engines": RegistryKind("GRPO completion generators named by `grpo.rollout.engine`",
+                                    "recipeforge.components.rollout"),
+    "rewards": RegistryKind("GRPO reward functions named in `grpo.rewards`", "recipeforge.components.rewards"),
+    "formats": RegistryKind("dataset row layouts named by `data.datasets[].format`", "recipeforge.components.formats"),
+    "backends": RegistryKind("distributed backends", "recipeforge.backends"),
+    "recipes": RegistryKind("packages holding base recipes for `extends: pkg://<name>/<file>.yaml`",
+                            "recipeforge.config.plugin_recipes"),
 }
+GROUPS: dict[str, str] = {kind: k.description for kind, k in REGISTRY_KINDS.items()}
 
 # Components of recipeforge's own plugin packages. A recipe may name them before the plugin is
 # installed, so that a recipe written for a GPU cluster validates and plans on a laptop; using one
@@ -100,8 +113,15 @@ def group_entry_points(group: str) -> list:
 
 
 def registry_for(kind: str) -> "Registry":
-    """The registry of `kind` (created empty when no module has defined it yet)."""
-    return _REGISTRIES.get(kind) or Registry(kind)
+    """The registry of `kind`, its built-ins registered: the module `REGISTRY_KINDS` names for it is
+    imported first, so the registry returned is always the one that module defines."""
+    if kind not in _REGISTRIES:
+        if kind not in REGISTRY_KINDS:
+            raise KeyError(f"no registry of kind {kind!r} (kinds: {', '.join(REGISTRY_KINDS)})")
+        import importlib
+
+        importlib.import_module(REGISTRY_KINDS[kind].module)
+    return _REGISTRIES[kind]
 
 
 class Registry(Generic[T]):
@@ -120,7 +140,8 @@ class Registry(Generic[T]):
         self._entries: dict[str, Entry[T]] = {}
         self._raw: dict[str, Any] = {}       # name -> the object as registered (before coerce)
         self._failed: dict[str, str] = {}  # entry-point name -> why loading failed
-        _REGISTRIES.setdefault(kind, self)  # the first one of a kind (the module-level registry) is the one
+        if kind in REGISTRY_KINDS:  # the module-level registry of a declared kind is the one
+            _REGISTRIES.setdefault(kind, self)
 
     # -- registering -----------------------------------------------------------------------------
     def register(self, name: str, obj: Any, source: str = BUILTIN, version: str | None = None) -> T:

@@ -28,13 +28,7 @@ def used_components(recipe) -> list[tuple[str, str]]:
 
 
 def _registry(kind: str) -> Registry:
-    """The registry of `kind`, its built-ins registered (importing their module registers them)."""
-    import recipeforge.components.formats  # noqa: F401
-    import recipeforge.components.kernels  # noqa: F401
-    import recipeforge.components.rewards  # noqa: F401
-    import recipeforge.components.rollout  # noqa: F401
-    import recipeforge.plan.catalog  # noqa: F401  (the planner's table of hub ids: the built-in models)
-
+    """The registry of `kind`, its built-ins registered (`registry_for` imports the module that owns it)."""
     return registry_for(kind)
 
 

@@ -227,3 +227,35 @@ def test_validating_with_plugins_imports_no_training_stack(dists, tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_registry_asked_for_before_its_module_is_imported_is_that_module_s(tmp_path):
+    """`registry_for(kind)` in a fresh process, before anything imported the module owning the
+    registry, returns that module's registry with its built-ins (never an empty stand-in)."""
+    import subprocess
+    import sys
+
+    from recipeforge.registry import REGISTRY_KINDS
+
+    code = ("from recipeforge.capabilities import capabilities_of\n"
+            "from recipeforge.errors import RecipeError\n"
+            "try:\n    capabilities_of('nope')\nexcept RecipeError:\n    pass\n"
+            "from recipeforge.registry import REGISTRY_KINDS, registry_for\n"
+            "import importlib\n"
+            "for kind, k in REGISTRY_KINDS.items():\n"
+            "    reg = registry_for(kind)\n"
+            "    owner = [v for v in vars(importlib.import_module(k.module)).values() if v is reg]\n"
+            "    print(kind, len(reg.names()), bool(owner))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    rows = {line.split()[0]: line.split()[1:] for line in out if line}
+    assert set(rows) == set(REGISTRY_KINDS)
+    for kind in ("backends", "kernels", "rewards", "formats", "rollout_engines"):
+        assert int(rows[kind][0]) > 0, (kind, rows[kind])  # the built-ins are there
+    assert all(owned == "True" for _, owned in rows.values()), rows  # the owning module's own object
+
+
+def test_asking_for_an_undeclared_kind_is_an_error():
+    from recipeforge.registry import registry_for
+
+    with pytest.raises(KeyError, match="no registry of kind 'widgets'"):
+        registry_for("widgets")
