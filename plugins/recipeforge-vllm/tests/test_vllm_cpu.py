@@ -169,3 +169,35 @@ def test_grpo_with_a_server_the_run_starts_learns(model_dir, tmp_path):
     assert (run / "rollout_weights" / "model.safetensors").is_file()  # what the server generated with last
     with pytest.raises(OSError):  # stopped with the run
         urllib.request.urlopen(server["url"] + "/health", timeout=2)
+
+
+def test_a_killed_run_takes_its_server_down(model_dir, tmp_path):
+    """SIGKILL leaves the run no chance to stop its server: the kernel does it (parent-death signal)."""
+    import signal
+    import time
+
+    port = _free_port()
+    run = tmp_path / "run"
+    command = [sys.executable, "-m", "recipeforge", "train", str(TINY_GRPO), f"model.name_or_path={model_dir}",
+               "model.dtype=bf16", "train.max_steps=500", f"output.dir={run}", "logging.progress_bar=false",
+               "grpo.rollout.engine=vllm", "grpo.rollout.mode=server", f"grpo.rollout.server_url=http://127.0.0.1:{port}",
+               "grpo.rollout.gpu_memory_utilization=0.1", "grpo.rollout.options={launch: true, max_model_length: 128}"]
+    trainer = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not (run / "rollout_server.json").is_file():
+            assert trainer.poll() is None and time.monotonic() < deadline, "the server never came up"
+            time.sleep(1)
+        url = json.loads((run / "rollout_server.json").read_text())["url"]
+        urllib.request.urlopen(url + "/health", timeout=5).read()  # up
+    finally:
+        os.kill(trainer.pid, signal.SIGKILL)
+        trainer.wait()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2).read()
+        except OSError:
+            return  # gone
+        time.sleep(1)
+    pytest.fail(f"the server at {url} outlived the run that started it")

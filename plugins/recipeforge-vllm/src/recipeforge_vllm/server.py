@@ -94,6 +94,18 @@ def _address(rollout, default_url: str) -> tuple[str, str, int]:
     return url, host, parsed.port or 8000
 
 
+def _stop_with_parent() -> None:
+    """In the server's process, before it runs: on Linux, have the kernel send it SIGTERM when the
+    run that started it dies, even by SIGKILL (no atexit runs then), so no server outlives its run
+    holding the port and the memory. vLLM stops its engine processes on SIGTERM."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def _answers(url: str) -> bool:
     try:
         with urllib.request.urlopen(url + "/health", timeout=2) as response:
@@ -123,7 +135,8 @@ def start_server(rollout, model_path: str, log_path: Path, *, default_url: str) 
         model_path = str(Path(model_path).resolve())
     command = server_command(rollout, options, model_path, host, port, cuda=torch.cuda.is_available())
     with open(log_path, "ab") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                   preexec_fn=_stop_with_parent)
     server = ServerProcess(process, url, log_path)
     deadline = time.monotonic() + options.server_timeout
     while not _answers(url):
