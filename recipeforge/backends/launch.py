@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -86,7 +85,7 @@ def launch_spec(plan, recipe, *, recipe_path: str, overrides: Sequence[str], run
     if launcher == "accelerate":
         cfg_path = where / "accelerate_config.yaml"
         files[cfg_path] = accelerate_config_text(plan, backend.accelerate_config(plan, recipe, where))
-        command = [_executable("accelerate"), "launch", "--config_file", str(cfg_path)]
+        command = [*_launcher("accelerate", "accelerate.commands.launch"), "--config_file", str(cfg_path)]
         if cluster.nnodes > 1:
             command += ["--machine_rank", str(cluster.node_rank), "--main_process_ip", cluster.master_addr,
                         "--main_process_port", str(cluster.master_port)]
@@ -94,7 +93,7 @@ def launch_spec(plan, recipe, *, recipe_path: str, overrides: Sequence[str], run
             command += ["--main_process_port", str(cluster.master_port if cluster.source != "local" else 0)]
         command += worker
     elif launcher == "torchrun":
-        command = [_executable("torchrun"), "--nnodes", str(plan.nodes), "--nproc_per_node", str(per_node)]
+        command = [*_launcher("torchrun", "torch.distributed.run"), "--nnodes", str(plan.nodes), "--nproc_per_node", str(per_node)]
         if cluster.nnodes > 1:
             command += ["--node_rank", str(cluster.node_rank), "--master_addr", cluster.master_addr,
                         "--master_port", str(cluster.master_port)]
@@ -128,12 +127,15 @@ def accelerate_config_text(plan, backend_section: dict) -> str:
     return header + yaml.safe_dump(config, sort_keys=False)
 
 
-def _executable(name: str) -> str:
-    """The launcher installed next to this Python (a venv need not be on PATH), else on PATH."""
-    local = Path(sys.executable).parent / name
+def _launcher(script: str, module: str) -> list[str]:
+    """The launcher of this Python: its console script when installed next to this interpreter (a
+    venv need not be on PATH), else its module run by this interpreter. Never a script found on
+    PATH, which may belong to another Python, whose workers would then miss what this one has
+    installed (plugins, a venv's packages)."""
+    local = Path(sys.executable).parent / script
     if local.is_file():
-        return str(local)
-    return shutil.which(name) or name
+        return [str(local)] + (["launch"] if script == "accelerate" else [])
+    return [sys.executable, "-m", module]
 
 
 # The launcher must not act on stop signals itself: torch's elastic agent would pass SIGTERM on and

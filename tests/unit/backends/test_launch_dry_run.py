@@ -166,3 +166,20 @@ def test_a_multi_node_plan_needs_one_command_per_node(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "hardware.nodes: the plan spans 2 nodes, and this command was started for 1" in err
     assert "--nnodes/--node-rank/--master-addr" in err and "launch --slurm" in err
+
+
+def test_launchers_belong_to_this_python(monkeypatch, tmp_path):
+    """A Python whose bin/ has no launcher script (a venv on top of another Python's packages) runs
+    the launcher module itself: an `accelerate` found on PATH may start workers in another Python."""
+    import sys
+
+    from recipeforge.backends.launch import _launcher
+
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("")
+    monkeypatch.setattr(sys, "executable", str(python))
+    assert _launcher("accelerate", "accelerate.commands.launch") == [str(python), "-m", "accelerate.commands.launch"]
+    assert _launcher("torchrun", "torch.distributed.run") == [str(python), "-m", "torch.distributed.run"]
+    (python.parent / "accelerate").write_text("")
+    assert _launcher("accelerate", "accelerate.commands.launch") == [str(python.parent / "accelerate"), "launch"]
