@@ -63,12 +63,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _train(tmp_path: Path, model_dir: Path, *rollout: str) -> Path:
+def _train(tmp_path: Path, model_dir: Path, *rollout: str, steps: int = 20, nproc: int = 1) -> Path:
     """`recipeforge train` as a user types it: the tiny GRPO example on the vLLM-sized model."""
     run = tmp_path / "run"
     command = [sys.executable, "-m", "recipeforge", "train", str(TINY_GRPO), f"model.name_or_path={model_dir}",
+               *(["--nproc-per-node", str(nproc), "distributed.backend=ddp"] if nproc > 1 else []),
                "model.dtype=bf16", "grpo.rewards=[{name: length, args: {target: 8, unit: chars}}]",
-               "train.max_steps=20", "train.logging_steps=1", "output.save_steps=100", "data.val_size=0",
+               f"train.max_steps={steps}", "train.logging_steps=1", "output.save_steps=100", "data.val_size=0",
                f"output.dir={run}", "logging.progress_bar=false", "grpo.rollout.engine=vllm", *rollout]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -156,6 +157,16 @@ def test_grpo_with_colocated_vllm_learns(model_dir, tmp_path):
     differences = [r["sampling/sampling_logp_difference/mean"] for r in records]
     assert max(differences) < 0.02, differences
     assert (run / "final" / "model.safetensors").is_file()
+
+
+def test_two_processes_each_generate_with_their_own_colocated_vllm(model_dir, tmp_path):
+    """DDP over gloo: every rank holds a vLLM engine (TRL's colocate layout) and syncs it each step."""
+    run = _train(tmp_path, model_dir, "grpo.rollout.mode=colocate", "grpo.rollout.gpu_memory_utilization=0.1",
+                 "grpo.rollout.options={max_model_length: 128}", "train.micro_batch_size=4", steps=4, nproc=2)
+    records = _records(run)
+    assert len(records) == 4
+    assert max(r["sampling/sampling_logp_difference/mean"] for r in records) < 0.02, records
+    assert json.loads((run / "backend.json").read_text())["observed"]["num_processes"] == 2
 
 
 def test_grpo_with_a_server_the_run_starts_learns(model_dir, tmp_path):
