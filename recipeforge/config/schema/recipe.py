@@ -25,12 +25,13 @@ from recipeforge.config.schema.stages import DPOConfig, GRPOConfig
 from recipeforge.config.schema.train import TrainConfig
 
 STAGES = ("pretrain", "sft", "dpo", "grpo", "orpo", "kto", "cpo", "reward")
+STAGE_CHOICES = " | ".join(STAGES)
 
 
 class Recipe(Section):
     """A complete, validated training recipe (immutable). Subclassed once per stage."""
 
-    stage: str = Field(description="Training stage: pretrain | sft | dpo | grpo.")
+    stage: str = Field(description=f"Training stage: {STAGE_CHOICES}.")
     name: Optional[str] = Field(None, description="Run name (default: the recipe file name).")
     description: Optional[str] = Field(None, description="Free text, copied into the model card.")
     model: ModelConfig = Field(description="The base model.")
@@ -75,54 +76,54 @@ class Recipe(Section):
 class PretrainRecipe(Recipe):
     """Causal-LM pretraining or continued pretraining on raw text."""
 
-    stage: Literal["pretrain"] = Field(description="Training stage: pretrain | sft | dpo | grpo.")
+    stage: Literal["pretrain"] = Field(description=f"Training stage: {STAGE_CHOICES}.")
 
 
 class SFTRecipe(Recipe):
     """Supervised fine-tuning on instructions, chats or prompt/completion pairs."""
 
-    stage: Literal["sft"] = Field(description="Training stage: pretrain | sft | dpo | grpo.")
+    stage: Literal["sft"] = Field(description=f"Training stage: {STAGE_CHOICES}.")
 
 
 class DPORecipe(Recipe):
     """Direct Preference Optimization on chosen/rejected pairs."""
 
-    stage: Literal["dpo"] = Field(description="Training stage: pretrain | sft | dpo | grpo.")
+    stage: Literal["dpo"] = Field(description=f"Training stage: {STAGE_CHOICES}.")
     dpo: DPOConfig = Field(default_factory=DPOConfig, description="DPO settings.")
 
 
 class GRPORecipe(Recipe):
     """Group Relative Policy Optimization with reward functions."""
 
-    stage: Literal["grpo"] = Field(description="Training stage: pretrain | sft | dpo | grpo.")
+    stage: Literal["grpo"] = Field(description=f"Training stage: {STAGE_CHOICES}.")
     grpo: GRPOConfig = Field(description="GRPO settings (rewards are required).")
 
 
 class ORPORecipe(Recipe):
     """Odds Ratio Preference Optimization on chosen/rejected pairs (no reference model)."""
 
-    stage: Literal["orpo"] = Field(description=f"Training stage: {' | '.join(STAGES)}.")
+    stage: Literal["orpo"] = Field(description=f"Training stage: {STAGE_CHOICES}.")
     orpo: ORPOConfig = Field(default_factory=ORPOConfig, description="ORPO settings.")
 
 
 class KTORecipe(Recipe):
     """Kahneman-Tversky Optimization on completions labelled desirable or undesirable."""
 
-    stage: Literal["kto"] = Field(description=f"Training stage: {' | '.join(STAGES)}.")
+    stage: Literal["kto"] = Field(description=f"Training stage: {STAGE_CHOICES}.")
     kto: KTOConfig = Field(default_factory=KTOConfig, description="KTO settings.")
 
 
 class CPORecipe(Recipe):
     """Contrastive Preference Optimization, or SimPO (`cpo.loss_type: simpo`), on chosen/rejected pairs."""
 
-    stage: Literal["cpo"] = Field(description=f"Training stage: {' | '.join(STAGES)}.")
+    stage: Literal["cpo"] = Field(description=f"Training stage: {STAGE_CHOICES}.")
     cpo: CPOConfig = Field(default_factory=CPOConfig, description="CPO / SimPO settings.")
 
 
 class RewardRecipe(Recipe):
     """A Bradley-Terry reward model (sequence classification, one score) trained on chosen/rejected pairs."""
 
-    stage: Literal["reward"] = Field(description=f"Training stage: {' | '.join(STAGES)}.")
+    stage: Literal["reward"] = Field(description=f"Training stage: {STAGE_CHOICES}.")
     reward: RewardModelConfig = Field(default_factory=RewardModelConfig, description="Reward-model settings.")
 
 
