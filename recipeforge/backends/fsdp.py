@@ -66,7 +66,8 @@ class FSDPBackend(TrainerBackend):
 
     def setup_worker(self, ctx) -> None:
         """On the CPU, the process state Accelerate turns into FSDP (see the module); with tensor
-        parallelism, the stage loads the model sharded (`parallelism.load_tensor_parallel`)."""
+        parallelism, the stage loads the model sharded (`parallelism.load_tensor_parallel`); a 4-bit
+        QLoRA base is loaded shard by shard (`quantized_loading`)."""
         from recipeforge.backends import parallelism
 
         if ctx.plan.device != "cuda":
@@ -81,6 +82,13 @@ class FSDPBackend(TrainerBackend):
                                                         revision=revision, trust_remote_code=trust_remote_code)
 
             ctx.load_sharded = load_sharded
+        elif ctx.recipe.adapter.type == "qlora" and ctx.recipe.adapter.quant.bits == 4:
+            # No process loads the whole 4-bit base: placeholders now, shards after `fully_shard`.
+            from recipeforge.backends import quantized_loading
+
+            record: dict = {}
+            ctx.load_sharded = quantized_loading.loader(ctx, record)
+            ctx.prepare_trainer = quantized_loading.shard_and_fill(ctx, record)
 
     def trainer_kwargs(self, ctx) -> dict:
         from transformers import TrainingArguments

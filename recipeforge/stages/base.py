@@ -87,6 +87,9 @@ class StageContext:
     # load_sharded(path, dtype=, attn_implementation=, revision=, trust_remote_code=) loads the model
     # already sharded (the backend's tensor-parallel loader, set in its `setup_worker`); None: whole.
     load_sharded: Callable[..., Any] | None = None
+    # prepare_trainer(trainer) finishes a model that `load_sharded` left incomplete, once the trainer
+    # (and its Accelerator) exists, before training (a QLoRA base filled after sharding); None: nothing.
+    prepare_trainer: Callable[[Any], None] | None = None
 
     @property
     def recipe(self):
@@ -162,6 +165,8 @@ class TrainerStage:
                                       locate=self.ctx.locate, log=self.ctx.log)
         self.ctx.barrier()  # rank 0 may have written base_model/, which trainers load by path
         self.trainer = self.build_trainer_explained()
+        if self.ctx.prepare_trainer is not None:
+            self.ctx.prepare_trainer(self.trainer)
         if self.recipe.train.activation_offloading:  # TRL's trainers with the field do it themselves
             from recipeforge.stages.activation_offload import wrap_training_step
 
@@ -305,7 +310,11 @@ class TrainerStage:
             common["num_labels"] = self.num_labels
         random_init = tiny_arch(name) is not None or m.init == "random"
         if self.ctx.load_sharded is not None and not for_reference:
-            return self._load_sharded(name, common, random_init)
+            model = self._load_sharded(name, common, random_init)
+            if quant is not None:  # a 4-bit base the backend loads its own way (`backends.quantized_loading`)
+                model = prepare_quantized(model, gradient_checkpointing=plan.gradient_checkpointing,
+                                          device=plan.device, sharded=True)
+            return model
         if m.init == "random" and tiny_arch(name) is None:
             from recipeforge.plan.catalog import architecture_config
 

@@ -1,0 +1,479 @@
+"""Low-memory loading of a 4-bit (QLoRA) base for FSDP2: no process ever holds the whole base.
+
+transformers loads a bitsandbytes-quantized model whole on every process, even under FSDP (its
+rank-0-only loading skips quantized models: transformers/modeling_utils.py, `is_fsdp_enabled() and
+not is_local_dist_rank_0() and not is_quantized`), so a 70B base cannot fit next to its shards.
+Here every process loads only its shard, in three steps around the sharding:
+
+1. `build_placeholder_model` (the backend's `load_sharded`): the model's skeleton with
+   bitsandbytes' `Linear4bit` layers (transformers' own quantizer replaces the linears, as for a
+   whole load), every weight a placeholder: one element expanded to the full shape (of the packed
+   words, for 4-bit weights). The stage freezes it and peft adds the adapters, on the CPU next to
+   the placeholders, initialized as always.
+2. `placeholders_to_meta` and the trainer's Accelerator (`shard_with_accelerator`): the
+   placeholders become meta tensors and the same `fully_shard` calls a whole model gets shard them
+   into meta shards, allocating nothing; the adapters are sharded as usual.
+3. `fill_local_shards`: the checkpoint is read one tensor at a time; a weight of a 4-bit layer is
+   quantized whole (bitsandbytes' `quantize_4bit`, the call a whole load makes, so the words are
+   the same) and only this process's rows of its packed words are kept, next to the small
+   quantization state (absmax, ...) every process needs to dequantize the gathered weight.
+
+A process holds its shards, the quantization states and, at the peak, one full tensor of the
+checkpoint and its quantized copy. Checkpoints whose tensor names are not the model's parameter
+names (those transformers converts at load, e.g. fused experts) are refused with an error.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+# Per-module attributes set on the skeleton; modules keep them through peft's wrapping and FSDP2's
+# class swap, while the parameter objects themselves are replaced by DTensors.
+_PREFIX = "_quantized_loading_prefix"
+_QUANT = "_quantized_loading_quant"
+
+
+def build_placeholder_model(path: str, quantization_config, *, dtype, attn_implementation: str,
+                            trust_remote_code: bool = False, name: str | None = None):
+    """The model of the checkpoint in the local directory `path` with 4-bit linears and placeholder
+    weights (module docstring); `fill_local_shards` gives it its weights once it is sharded. `name`
+    (default: `path`) is the name the model goes by, which peft writes into the adapter's config."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    model = _skeleton(AutoModelForCausalLM, config, dtype=dtype, attn_implementation=attn_implementation,
+                      trust_remote_code=trust_remote_code)
+    quantizer = _quantize_skeleton(model, quantization_config, dtype)
+    _mark_modules(model)
+    _replace_with_placeholders(model)
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+    quantizer.postprocess_model(model)  # config.quantization_config, is_loaded_in_4bit: what peft reads
+    model.hf_quantizer = quantizer
+    model.config._name_or_path = model.name_or_path = str(name or path)
+    model._quantized_loading_source = str(path)
+    model._quantized_loading_aliases = _tied_aliases(model)
+    return model
+
+
+def _skeleton(auto, config, *, dtype, attn_implementation: str, trust_remote_code: bool):
+    """The model with its parameters on the meta device (buffers, e.g. rotary frequencies, real:
+    they are computed, not loaded)."""
+    from accelerate import init_empty_weights
+
+    with init_empty_weights(include_buffers=False):
+        return auto.from_config(config, dtype=dtype, attn_implementation=attn_implementation,
+                                trust_remote_code=trust_remote_code)
+
+
+def _quantize_skeleton(model, quantization_config, dtype):
+    """Replace the linears by bitsandbytes' 4-bit layers, with transformers' own quantizer (the same
+    modules, skip list and settings a whole load gets)."""
+    from transformers.quantizers import AutoHfQuantizer
+
+    quantizer = AutoHfQuantizer.from_config(quantization_config, pre_quantized=False)
+    quantizer.preprocess_model(model=model, dtype=dtype, device_map={"": "cpu"})
+    return quantizer
+
+
+def _mark_modules(model) -> None:
+    """Record on every module its name in the checkpoint and, for 4-bit layers, how to quantize it."""
+    import bitsandbytes as bnb
+
+    for name, module in model.named_modules():
+        setattr(module, _PREFIX, name)
+        if isinstance(module, bnb.nn.Linear4bit):
+            w = module.weight
+            setattr(module, _QUANT, {"blocksize": w.blocksize, "compress_statistics": w.compress_statistics,
+                                     "quant_type": w.quant_type, "quant_storage": w.quant_storage})
+
+
+def packed_shape(shape, quant_storage) -> tuple[int, int]:
+    """The shape of a 4-bit weight of `shape` packed into `quant_storage` words (bitsandbytes'
+    `quantize_4bit`: two 4-bit values a byte, one column)."""
+    import math
+
+    import torch
+
+    per_word = 2 * torch.empty((), dtype=quant_storage).element_size()
+    return ((math.prod(shape) + 1) // per_word, 1)
+
+
+def _placeholder(shape, dtype):
+    """A tensor of `shape` that takes one element of memory (every element is the same zero)."""
+    import torch
+
+    return torch.zeros((1,) * len(shape), dtype=dtype).expand(*shape)
+
+
+def _replace_with_placeholders(model) -> None:
+    """Swap every meta parameter for a placeholder; tied parameters stay one object."""
+    import bitsandbytes as bnb
+    import torch
+
+    done: dict[int, Any] = {}
+    for module in model.modules():
+        for pname, param in list(module.named_parameters(recurse=False)):
+            if id(param) not in done:
+                if isinstance(module, bnb.nn.Linear4bit) and pname == "weight":
+                    q = getattr(module, _QUANT)
+                    data = _placeholder(packed_shape(param.shape, q["quant_storage"]), q["quant_storage"])
+                    new = bnb.nn.Params4bit(data, requires_grad=False, blocksize=q["blocksize"],
+                                            compress_statistics=q["compress_statistics"],
+                                            quant_type=q["quant_type"], quant_storage=q["quant_storage"],
+                                            module=module, bnb_quantized=True)
+                else:
+                    new = torch.nn.Parameter(_placeholder(param.shape, param.dtype), requires_grad=False)
+                done[id(param)] = new
+            setattr(module, pname, done[id(param)])
+
+
+def placeholders_to_meta(model) -> int:
+    """Swap the placeholders for parameters on the meta device, right before sharding: FSDP2 takes
+    only contiguous parameters, and shards meta ones into meta shards without allocating anything.
+    (The placeholders were real CPU tensors until then so that peft put the adapters on the CPU.)
+    Returns how many were swapped."""
+    import bitsandbytes as bnb
+    import torch
+
+    done: dict[int, Any] = {}
+    for module in model.modules():
+        for pname, param in list(module.named_parameters(recurse=False)):
+            if not _is_placeholder(param):
+                continue
+            if id(param) not in done:
+                data = torch.empty(param.shape, dtype=param.dtype, device="meta")
+                if isinstance(param, bnb.nn.Params4bit):
+                    new = bnb.nn.Params4bit(data, requires_grad=False, blocksize=param.blocksize,
+                                            compress_statistics=param.compress_statistics, quant_type=param.quant_type,
+                                            quant_storage=param.quant_storage, module=module, bnb_quantized=True)
+                else:
+                    new = torch.nn.Parameter(data, requires_grad=param.requires_grad)
+                done[id(param)] = new
+            setattr(module, pname, done[id(param)])
+    return len(done)
+
+
+def _is_placeholder(param) -> bool:
+    """An expanded one-element tensor: stride 0 along every dimension longer than one."""
+    sizes = [(size, st) for size, st in zip(param.shape, param.stride()) if size > 1]
+    return param.device.type != "meta" and bool(sizes) and all(st == 0 for _, st in sizes)
+
+
+def fill_local_shards(model, path: str, *, compute_dtype) -> dict:
+    """Read the checkpoint tensor by tensor into the local shards of `model` (its base on the meta
+    device, sharded by FSDP2). Every weight of a 4-bit layer is quantized whole, then only this
+    process's part of its packed words is kept. Returns what this process held: bytes of its shards,
+    of the whole base, of the quantization states, of the largest tensor read, the most base bytes
+    alive at once, and the highest resident size sampled (`released_rss_bytes`) while filling."""
+    import torch
+
+    files = checkpoint_files(path)
+    aliases = getattr(_find(model, "_quantized_loading_aliases"), "_quantized_loading_aliases", {})
+    holders = _holders(model)
+    done: set[int] = set()
+    stats = {"local_base_bytes": 0, "full_base_bytes": 0, "quant_state_bytes": 0, "largest_tensor_bytes": 0,
+             "peak_live_base_bytes": 0, "rss_peak_bytes": released_rss_bytes()}
+    with torch.no_grad():
+        for module in model.modules():
+            # Marked modules are the base's; a modules_to_save copy made by peft is a deep copy of one
+            # (mark included; the copy made its placeholder a real tensor of zeros) and starts from the
+            # same weights. Adapters carry no mark and keep their initialization.
+            prefix = getattr(module, _PREFIX, None)
+            if prefix is None:
+                continue
+            for pname, param in list(module.named_parameters(recurse=False)):
+                if id(param) in done:
+                    continue
+                done.add(id(param))
+                full = _read(files, f"{prefix}.{pname}" if prefix else pname, aliases)
+                read_bytes = _nbytes(full)
+                stats["largest_tensor_bytes"] = max(stats["largest_tensor_bytes"], read_bytes)
+                if getattr(module, _QUANT, None) is not None and pname == "weight":
+                    full, state_bytes = _quantize(module, full.to(compute_dtype))
+                    stats["quant_state_bytes"] += state_bytes
+                else:
+                    full = full.to(param.dtype)
+                if tuple(full.shape) != tuple(param.shape):  # e.g. embeddings grown for added tokens
+                    raise ValueError(f"checkpoint tensor '{prefix}.{pname}' has shape {tuple(full.shape)}, the model "
+                                     f"{tuple(param.shape)}: sharded 4-bit loading takes the checkpoint's shapes as "
+                                     f"they are (no tokens added to the vocabulary)")
+                part = _local_part(param, full)
+                # What is alive at this moment: the shards so far, the tensor read, its converted copy
+                # and this shard (an upper bound: the read tensor may already be gone).
+                live = stats["local_base_bytes"] + stats["quant_state_bytes"] + read_bytes + _nbytes(full)
+                stats["peak_live_base_bytes"] = max(stats["peak_live_base_bytes"], live + _nbytes(_local(part)))
+                stats["rss_peak_bytes"] = max(stats["rss_peak_bytes"], released_rss_bytes())  # with `full` alive
+                del full
+                stats["full_base_bytes"] += param.numel() * param.element_size()
+                stats["local_base_bytes"] += _nbytes(_local(part))
+                # assign=True: the shard becomes the parameter (no copy), and FSDP2's hook on the module
+                # re-registers it as the sharded parameter (`FSDPParam.reset_sharded_param`).
+                module.load_state_dict({pname: part}, strict=False, assign=True)
+                done.add(id(_retie(module, pname, holders[id(param)])))
+    return stats
+
+
+def _holders(model) -> dict[int, list]:
+    """Every (module, name) holding each parameter object: tied weights have several."""
+    holders: dict[int, list] = {}
+    for module in model.modules():
+        for pname, param in module.named_parameters(recurse=False):
+            holders.setdefault(id(param), []).append((module, pname))
+    return holders
+
+
+def _retie(module, pname: str, holders: list):
+    """Give the other holders of a tied parameter the one just loaded (FSDP2 then registers it as
+    the sharded parameter of all of them at its lazy initialization); returns it."""
+    loaded = module._parameters[pname]
+    for other, other_name in holders:
+        if other is not module:
+            setattr(other, other_name, loaded)
+    return loaded
+
+
+def _nbytes(tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _local(param):
+    from torch.distributed.tensor import DTensor
+
+    return param.to_local() if isinstance(param, DTensor) else param.data
+
+
+def _local_part(param, full):
+    """This process's part of `full` as `param` holds it: for a DTensor, the rows FSDP2 gave this
+    process (its placements say which, on any mesh), in storage of their own."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if not isinstance(param, DTensor):
+        return full.clone()
+    shape, offset = compute_local_shape_and_global_offset(full.shape, param.device_mesh, param.placements)
+    part = full
+    for dim, (start, size) in enumerate(zip(offset, shape)):
+        part = part.narrow(dim, start, size)
+    local = part.to(_local(param).dtype).contiguous().clone()
+    return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
+                              shape=param.shape, stride=param.stride())
+
+
+def _quantize(module, weight):
+    """bitsandbytes' 4-bit quantization of a whole weight (as transformers does when it loads one);
+    the state goes on the module, where its 4-bit layer finds it after FSDP2 replaced the weight."""
+    import bitsandbytes as bnb
+
+    q = getattr(module, _QUANT)
+    packed, state = bnb.functional.quantize_4bit(weight.contiguous(), blocksize=q["blocksize"],
+                                                 compress_statistics=q["compress_statistics"],
+                                                 quant_type=q["quant_type"], quant_storage=q["quant_storage"])
+    module.quant_state = state
+    if hasattr(module.weight, "quant_state"):
+        module.weight.quant_state = state
+    return packed, sum(t.numel() * t.element_size() for t in _state_tensors(state))
+
+
+def _state_tensors(state):
+    tensors = [state.absmax]
+    if getattr(state, "state2", None) is not None:
+        tensors += [state.state2.absmax, state.state2.code]
+    return [t for t in tensors if t is not None]
+
+
+def local_checkpoint(name_or_path: str, revision: str | None = None, *, location=None) -> str:
+    """The local directory of a checkpoint: the directory itself, or a hub model's snapshot in the
+    Hugging Face cache (its config and safetensors files, fetched if missing; every process asks,
+    the hub client's file locks let one download). A checkpoint without safetensors files is a user
+    error: this loader reads tensors one by one, which pickled weights do not allow."""
+    from recipeforge.errors import RecipeError
+
+    root = Path(name_or_path).expanduser()
+    if not root.is_dir():
+        from huggingface_hub import snapshot_download
+
+        root = Path(snapshot_download(name_or_path, revision=revision,
+                                      allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]))
+    if not any(root.glob("*.safetensors")):
+        raise RecipeError(f"'{name_or_path}' has no safetensors weights, which QLoRA on FSDP reads tensor by "
+                          f"tensor to load only each process's shard", key="model.name_or_path", location=location,
+                          hint="convert the checkpoint to safetensors (save_pretrained does by default)")
+    return str(root)
+
+
+def checkpoint_files(path: str) -> dict[str, Path]:
+    """Tensor name -> safetensors file of a local checkpoint directory (sharded or not)."""
+    root = Path(path)
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {k: root / v for k, v in weight_map.items()}
+    single = root / "model.safetensors"
+    if not single.is_file():
+        raise FileNotFoundError(f"no safetensors checkpoint in {root} (low-memory 4-bit loading reads local "
+                                f"safetensors files)")
+    from safetensors import safe_open
+
+    with safe_open(str(single), framework="pt") as f:
+        return {k: single for k in f.keys()}
+
+
+def _read(files: dict[str, Path], key: str, aliases: dict[str, str]):
+    """One tensor of the checkpoint; `aliases` names where tied weights are stored."""
+    from safetensors import safe_open
+
+    if key not in files:
+        key = aliases.get(key, key)
+    if key not in files:
+        raise KeyError(f"tensor '{key}' is not in the checkpoint; low-memory 4-bit loading needs a checkpoint "
+                       f"whose tensor names are the model's parameter names")
+    with safe_open(str(files[key]), framework="pt") as f:
+        return f.get_tensor(key)
+
+
+def _tied_aliases(model) -> dict[str, str]:
+    """Output layer weight -> embedding weight, for a model whose output layer is tied to its
+    embeddings (checkpoints store the tensor once). A modules_to_save copy of the output layer has
+    its own weight, started from the same tensor."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if not getattr(config, "tie_word_embeddings", False):
+        return {}
+    embeddings, output = model.get_input_embeddings(), model.get_output_embeddings()
+    if embeddings is None or output is None:
+        return {}
+    return {f"{getattr(output, _PREFIX)}.weight": f"{getattr(embeddings, _PREFIX)}.weight"}
+
+
+def released_rss_bytes() -> int:
+    """This process's anonymous resident memory (`_rss_bytes`) once the C allocator has handed its
+    free memory back.
+
+    Reading a checkpoint tensor by tensor frees many large temporaries; glibc keeps such freed
+    memory in its heaps (its mmap threshold grows with every large free), so the resident size
+    climbs far above what is alive (several times the shard, measured). `malloc_trim` returns it,
+    which keeps the resident size of a long load near its live bytes, and makes the figure a
+    measure of what is held. Elsewhere than glibc: the resident size as it is."""
+    _malloc_trim()
+    return _rss_bytes()
+
+
+def _malloc_trim() -> None:
+    import ctypes
+    import ctypes.util
+
+    global _LIBC
+    if _LIBC is None:
+        try:
+            _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _LIBC.malloc_trim  # noqa: B018  (raises where the C library has none)
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC:
+        _LIBC.malloc_trim(0)
+
+
+_LIBC = None
+
+
+def _rss_bytes() -> int:
+    """This process's anonymous resident memory now: resident minus file-backed pages (Linux; 0
+    where /proc is missing). Pages of a memory-mapped checkpoint count as resident while mapped but
+    are the page cache's, which the kernel drops under pressure; what a load really costs is the
+    anonymous part."""
+    import os
+
+    try:
+        _, resident, shared = (int(v) for v in Path("/proc/self/statm").read_text().split()[:3])
+    except (OSError, ValueError):
+        return 0
+    return (resident - shared) * os.sysconf("SC_PAGE_SIZE")
+
+
+def loader(ctx, record: dict):
+    """The `StageContext.load_sharded` of QLoRA under FSDP2: the placeholder model (the stage
+    freezes it and adds the adapters as for a whole load). `record` gets this process's resident
+    memory before and after building, which `shard_and_fill` reports with its own."""
+    from recipeforge.components.adapters import quantization_config
+
+    adapter, device = ctx.recipe.adapter, ctx.plan.device
+
+    def load_sharded(path, *, dtype, attn_implementation, revision=None, trust_remote_code=False):
+        quant = quantization_config(adapter, dtype, device, location=ctx.locate(("adapter", "type")))
+        local = local_checkpoint(path, revision, location=ctx.locate(("model", "name_or_path")))
+        record["rss_before"] = released_rss_bytes()
+        model = build_placeholder_model(local, quant, dtype=dtype, attn_implementation=attn_implementation,
+                                        trust_remote_code=trust_remote_code, name=path)
+        record["rss_built"] = released_rss_bytes()
+        return model
+
+    return load_sharded
+
+
+def shard_and_fill(ctx, record: dict):
+    """The `StageContext.prepare_trainer` of QLoRA under FSDP2: the trainer's own Accelerator shards
+    the placeholder model (the same `fully_shard` calls a whole model gets), then the local shards
+    are read from the checkpoint, before the trainer builds its optimizer on the trainable ones.
+    This process's numbers (`fill_local_shards`, plus its resident memory growth, `released_rss_bytes`:
+    the peak of the samples and what is held at the end, while reading the checkpoint and from the
+    start of loading) go to `quantized_loading/rank<N>.json` in the run directory."""
+
+    def prepare(trainer) -> None:
+        source = _source(trainer.model)
+        if source is None:  # a model loaded another way
+            return
+        prepared = shard_with_accelerator(trainer)
+        rss_sharded = released_rss_bytes()
+        dtype = prepared.config.quantization_config.bnb_4bit_compute_dtype
+        stats = fill_local_shards(prepared, source, compute_dtype=dtype)
+        fill_peak, held = stats.pop("rss_peak_bytes"), released_rss_bytes()
+        # The reading alone (sharded -> filled): the base's own cost, apart from what building the
+        # skeleton, the adapters and the trainer costs whatever the model's size.
+        stats["fill_rss_peak_growth_bytes"] = fill_peak - rss_sharded
+        stats["fill_rss_held_growth_bytes"] = held - rss_sharded
+        if "rss_before" in record:  # the whole load, from before the skeleton was built
+            stats["rss_peak_growth_bytes"] = max(record["rss_built"], rss_sharded, fill_peak) - record["rss_before"]
+            stats["rss_held_growth_bytes"] = held - record["rss_before"]
+        stats["rank"] = ctx.dist.rank
+        out = ctx.run.root / "quantized_loading" / f"rank{ctx.dist.rank}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(stats, indent=2) + "\n")
+        ctx.log(f"4-bit base loaded sharded: {stats['local_base_bytes'] / 2**20:.1f} MiB of "
+                f"{stats['full_base_bytes'] / 2**20:.1f} MiB on rank {ctx.dist.rank}")
+
+    return prepare
+
+
+def _source(model) -> str | None:
+    """The checkpoint a placeholder model came from (peft wraps it: look inside), or None."""
+    return getattr(_find(model, "_quantized_loading_source"), "_quantized_loading_source", None)
+
+
+def _find(model, attribute: str):
+    """The module of `model` (itself or one inside a wrapper) that has `attribute`, or None."""
+    return next((m for m in model.modules() if getattr(m, attribute, None)), None)
+
+
+def shard_with_accelerator(trainer):
+    """Shard the trainer's model now, with the trainer's Accelerator and the steps its FSDP2 prepare
+    takes for a model (accelerate/accelerator.py `_prepare_fsdp2`: wrap policy, activation
+    checkpointing, `fsdp2_prepare_model`), the placeholders turned into meta tensors first. The
+    trainer gets the sharded model back; when training starts it builds its optimizer on it and
+    prepares both, and `fsdp2_prepare_model` leaves a model that already is an FSDP module as it
+    is. (Accelerate's `prepare` itself refuses a model without its optimizer under FSDP2.)"""
+    from accelerate.utils import fsdp2_apply_ac, fsdp2_prepare_model
+
+    accelerator = trainer.accelerator
+    plugin = accelerator.state.fsdp_plugin
+    model = trainer.model
+    placeholders_to_meta(model)
+    plugin.set_auto_wrap_policy(model)
+    if plugin.activation_checkpointing:
+        model = fsdp2_apply_ac(accelerator, model)
+        # Applied once here; the trainer's prepare would wrap the wrapped layers again.
+        plugin.activation_checkpointing = False
+    model = fsdp2_prepare_model(accelerator, model)
+    trainer.model = trainer.model_wrapped = model
+    return model
