@@ -162,12 +162,17 @@ def _is_placeholder(param) -> bool:
     return param.device.type != "meta" and bool(sizes) and all(st == 0 for _, st in sizes)
 
 
-def fill_local_shards(model, path: str, *, compute_dtype) -> dict:
+def fill_local_shards(model, path: str, *, compute_dtype, device=None, shard_device=None) -> dict:
     """Read the checkpoint tensor by tensor into the local shards of `model` (its base on the meta
     device, sharded by FSDP2). Every weight of a 4-bit layer is quantized whole, then only this
     process's part of its packed words is kept. Returns what this process held: bytes of its shards,
     of the whole base, of the quantization states, of the largest tensor read, the most base bytes
-    alive at once, and the highest resident size sampled (`released_rss_bytes`) while filling."""
+    alive at once, and the highest resident size sampled (`released_rss_bytes`) while filling.
+
+    `device` (default: the CPU) is where each tensor is quantized, the training device: on a GPU the
+    words are those a whole load onto that GPU gets, and the quantization state lives where the
+    layer computes. `shard_device` (default: `device`) is where the shards stay: the CPU when FSDP2
+    offloads parameters."""
     import torch
 
     files = checkpoint_files(path)
@@ -192,7 +197,7 @@ def fill_local_shards(model, path: str, *, compute_dtype) -> dict:
                 read_bytes = _nbytes(full)
                 stats["largest_tensor_bytes"] = max(stats["largest_tensor_bytes"], read_bytes)
                 if getattr(module, _QUANT, None) is not None and pname == "weight":
-                    full, state_bytes = _quantize(module, full.to(compute_dtype))
+                    full, state_bytes = _quantize(module, full.to(device or "cpu", compute_dtype))
                     stats["quant_state_bytes"] += state_bytes
                 else:
                     full = full.to(param.dtype)
@@ -200,7 +205,7 @@ def fill_local_shards(model, path: str, *, compute_dtype) -> dict:
                     raise ValueError(f"checkpoint tensor '{prefix}.{pname}' has shape {tuple(full.shape)}, the model "
                                      f"{tuple(param.shape)}: sharded 4-bit loading takes the checkpoint's shapes as "
                                      f"they are (no tokens added to the vocabulary)")
-                part = _local_part(param, full)
+                part = _local_part(param, full, shard_device or device or "cpu")
                 # What is alive at this moment: the shards so far, the tensor read, its converted copy
                 # and this shard (an upper bound: the read tensor may already be gone).
                 live = stats["local_base_bytes"] + stats["quant_state_bytes"] + read_bytes + _nbytes(full)
@@ -245,19 +250,19 @@ def _local(param):
     return param.to_local() if isinstance(param, DTensor) else param.data
 
 
-def _local_part(param, full):
+def _local_part(param, full, device):
     """This process's part of `full` as `param` holds it: for a DTensor, the rows FSDP2 gave this
     process (its placements say which, on any mesh), in storage of their own."""
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     if not isinstance(param, DTensor):
-        return full.clone()
+        return full.to(device, copy=True)
     shape, offset = compute_local_shape_and_global_offset(full.shape, param.device_mesh, param.placements)
     part = full
     for dim, (start, size) in enumerate(zip(offset, shape)):
         part = part.narrow(dim, start, size)
-    local = part.to(_local(param).dtype).contiguous().clone()
+    local = part.to(device, _local(param).dtype, copy=True).contiguous()
     return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
                               shape=param.shape, stride=param.stride())
 
@@ -427,7 +432,8 @@ def shard_and_fill(ctx, record: dict):
         prepared = shard_with_accelerator(trainer)
         rss_sharded = released_rss_bytes()
         dtype = prepared.config.quantization_config.bnb_4bit_compute_dtype
-        stats = fill_local_shards(prepared, source, compute_dtype=dtype)
+        device, shard_device = _devices(trainer.accelerator)
+        stats = fill_local_shards(prepared, source, compute_dtype=dtype, device=device, shard_device=shard_device)
         fill_peak, held = stats.pop("rss_peak_bytes"), released_rss_bytes()
         # The reading alone (sharded -> filled): the base's own cost, apart from what building the
         # skeleton, the adapters and the trainer costs whatever the model's size.
@@ -444,6 +450,16 @@ def shard_and_fill(ctx, record: dict):
                 f"{stats['full_base_bytes'] / 2**20:.1f} MiB on rank {ctx.dist.rank}")
 
     return prepare
+
+
+def _devices(accelerator):
+    """Where tensors are quantized (the training device) and where the shards stay (the CPU when
+    FSDP2 offloads parameters, else the training device)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    device = accelerator.device
+    offload = isinstance(accelerator.state.fsdp_plugin.cpu_offload, CPUOffloadPolicy)
+    return device, ("cpu" if offload else device)
 
 
 def _source(model) -> str | None:

@@ -4,7 +4,7 @@ process held the whole 4-bit base at any moment (each process's own account of i
 and its resident memory growth, against the whole base), and final/ loads in transformers and peft.
 
 The base is a local checkpoint large enough for the memory figures to stand out of the noise of a
-process (a Llama of hidden size 1024, 6 layers: a 4-bit base of about 40 MiB).
+process (a Llama of hidden size 1024, 4 layers: a 4-bit base with its 16-bit embeddings of about 28 MiB).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ RECIPE = REPO / "examples" / "yaml" / "tiny" / "sft-lora.yaml"
 VARIANT = ("adapter.type=qlora", "train.learning_rate=1e-3", "train.max_steps=6", "train.micro_batch_size=auto",
            "train.logging_steps=1", "output.save_steps=3", "data.val_size=0", "output.merge_adapter=false")
 TOL = 5e-3  # as for the whole-load QLoRA case in test_fsdp_cpu.py: bf16 4-bit layers, sums in another order
-CONFIG = dict(vocab_size=1024, hidden_size=1024, intermediate_size=2816, num_hidden_layers=6, num_attention_heads=8,
+CONFIG = dict(vocab_size=1024, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=8,
               num_key_value_heads=4, max_position_embeddings=512, tie_word_embeddings=False)
 
 
@@ -97,10 +97,12 @@ def test_no_process_held_the_whole_base(runs, checkpoint):
     whole_rss = _whole_load_rss_growth(checkpoint)
     for seen in ranks:
         full, local = seen["full_base_bytes"], seen["local_base_bytes"]
-        assert full > 30 * 2**20  # the 4-bit base (and the frozen 16-bit layers) this test is about
+        assert full > 25 * 2**20  # the 4-bit base (and the frozen 16-bit layers) this test is about
         assert abs(2 * local - full) < 0.01 * full  # half of every tensor, up to rounding of the rows
-        # At no moment was more alive than the shards, the quantization states and one tensor in flight.
-        assert seen["peak_live_base_bytes"] < 0.75 * full, seen
+        # At no moment was more alive than the shards, the quantization states and one tensor in flight
+        # (read, and converted or quantized): never the whole base.
+        assert seen["peak_live_base_bytes"] <= local + seen["quant_state_bytes"] + 2 * seen["largest_tensor_bytes"]
+        assert seen["peak_live_base_bytes"] < full, seen
         # Measured, not counted: a process loading the base whole holds all of it, while reading the
         # checkpoint grew this process, at its highest, by far less (its half and one tensor).
         assert whole_rss > 0.9 * full, whole_rss
