@@ -11,7 +11,8 @@ and its terms are compared term by term:
     weights        <-> Parameter             (fp32 master weights with bf16 autocast, as the Trainer keeps)
     gradients      <-> Gradient
     optimizer      <-> Optstate              (AdamW's two moments; its step counter is not a tensor term)
-    train phase    <-> Activation + Temp at the step's peak (activations, logits, the autocast copies)
+    train phase    <-> Activation + Temp at the step's peak (the planner's largest moment of forward and
+                       backward: activations, logits, autocast copies, gradients in flight, gathered weights)
 
 What the tracker cannot see stays the planner's own and is left out: the CUDA context and workspaces
 (`runtime`), the allocator's reserve, NCCL buffers.
@@ -77,9 +78,13 @@ def plan_terms(case: Case, layers: int | None) -> dict:
 
     from recipeforge.config.pipeline import load_recipe
     from recipeforge.plan.hardware import parse_hardware
+    from recipeforge.plan.memory import TRAIN_PHASE
     from recipeforge.plan.plan import make_plan
 
-    recipe = {"stage": "pretrain", "model": {"name_or_path": case.model, "dtype": "bf16"},
+    # The tracker's model runs sdpa over the recipe's packed rows (under FakeTensorMode transformers
+    # always builds the packed-sequence mask): the recipe says sdpa, so the plan counts that mask.
+    model = {"name_or_path": case.model, "dtype": "bf16", "attn_implementation": "sdpa"}
+    recipe = {"stage": "pretrain", "model": model,
               "data": {"datasets": [{"path": str(DATA), "format": "text"}], "sequence_len": case.sequence_len,
                        "packing": True},
               "train": {"global_batch_size": case.micro_batch, "micro_batch_size": case.micro_batch,
@@ -91,7 +96,7 @@ def plan_terms(case: Case, layers: int | None) -> dict:
         # kernel keeps a one-byte mask, so the tracker would count what a GPU run does not hold.
         recipe["adapter"] = {"type": "lora", "r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"}
     if layers is not None:
-        recipe["model"] = {"name_or_path": _small_config_dir(case.model, layers), "dtype": "bf16"}
+        recipe["model"] = {**model, "name_or_path": _small_config_dir(case.model, layers)}
     import tempfile
 
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
@@ -103,8 +108,7 @@ def plan_terms(case: Case, layers: int | None) -> dict:
     # The largest accelerator of the table, so that every case plans (only the terms are compared).
     plan = make_plan(recipe_obj, parse_hardware(f"{case.world}xMI300X-192GB"))
     m = plan.memory_gb
-    train = sum(m.get(k, 0.0) for k in ("activations", "logits", "autocast_weights", "output_gradient",
-                                        "gathered_params"))
+    train = sum(m.get(k, 0.0) for k in TRAIN_PHASE)
     states = sum(m.get(k, 0.0) for k in ("weights", "gradients", "optimizer", "adapter"))
     if case.method == "lora":  # the adapter's weights, gradients and states are one term of the planner
         return {"model_states": states, "train_phase": train}

@@ -3,7 +3,9 @@
 Every formula is documented with its source in docs/planner.md. Amounts are bytes; the peak is
 
     persistent (weights, gradients, optimizer, adapter, reference model, comm buffers, rollout engine, runtime)
-    + max(forward/backward: activations + logits + gathered parameters,
+    + max(forward/backward: its largest moment (`train_phase`: activations, logits, autocast's
+                              weight copies, weight gradients as backward makes them, gathered
+                              parameters),
           optimizer step: temporaries (+ paged optimizer states),
           generation: KV cache + gathered parameters)
     + allocator reserve (a share of the transient memory the caching allocator keeps)
@@ -21,10 +23,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from recipeforge.plan.activations import (activation_bytes, kv_cache_bytes,  # noqa: F401 (re-exported)
-                                          layer_activation_bytes_per_token, logits_bytes)
+from recipeforge.plan.activations import (Activations, activation_bytes, activation_split,  # noqa: F401
+                                          kv_cache_bytes, layer_activation_bytes_per_token, logits_bytes,
+                                          logits_phases, widest_linear)
 from recipeforge.plan.estimators import deepspeed_zero3_mem_needs, zero_model_states
 from recipeforge.plan.hardware import GIB
+from recipeforge.plan.offload_activations import offload_note
+from recipeforge.plan.train_phase import Copies, Gathered, LayerGradient, Moment, Step, train_peak
 from recipeforge.plan.workload import Workload
 
 CUDA_RUNTIME = 0.75 * GIB      # CUDA context, cuBLAS/cuDNN workspaces (not in torch's allocator stats)
@@ -37,7 +42,7 @@ ALLOCATOR_SLACK = 0.08
 
 PERSISTENT = ("weights", "gradients", "optimizer", "adapter", "reference_model", "comm_buffers",
               "rollout_engine", "runtime")
-TRAIN_PHASE = ("activations", "logits", "gathered_params", "autocast_weights", "output_gradient")
+TRAIN_PHASE = ("activations", "logits", "gathered_params", "autocast_weights", "output_gradient", "layer_gradient")
 OPTIMIZER_PHASE = ("optimizer_step", "paged_optimizer")
 GENERATION_PHASE = ("kv_cache", "generation_params")
 LOAD_PHASE = ("quantized_load",)
@@ -84,6 +89,7 @@ class MemoryEstimate:
     total: float
     cpu_per_node: float = 0.0
     notes: tuple[str, ...] = field(default=())
+    train_peak: str = ""            # the moment of forward/backward whose tensors the train-phase parts are
 
     def gb(self) -> dict[str, float]:
         """Non-zero components and the total in GiB, rounded for display and plan.json."""
@@ -180,7 +186,7 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
         # for bf16 with train.precision mixed) loads fp32 weights and computes under autocast, so
         # gradients and AdamW states are fp32 too; pure bf16 keeps all three in bf16 (torch's AdamW and
         # torchao's keep their states in the parameter's dtype). peft keeps adapters in fp32.
-        mixed = w.full_finetune and w.dtype != "fp32" and (w.dtype == "fp16" or w.fp32_master)
+        mixed = autocast_fp32_weights(w, layout)
         wb = 4 if (w.dtype == "fp32" or not w.full_finetune or mixed) else c
         ww, gg, oo = zero_model_states(trainable, 1, 0, weight_bytes=wb, grad_bytes=wb,
                                        optimizer_bytes=optimizer_state_bytes(w.optimizer, wb, m.hidden_size))
@@ -189,46 +195,20 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
         _assign_trainable(w, part, ww, gg, oo, frozen_bytes)
         if _foreach_temp(w.optimizer):
             part["optimizer_step"] = oo / 2
-        if w.full_finetune:
-            # the output layer's gradient is the first one backward allocates, while every
-            # activation is still alive
-            part["output_gradient"] = m.head_params() * wb
         if backend == "ddp":
             part["comm_buffers"] = gg  # DDP's gradient buckets are a second copy of the gradients
-        if mixed:
-            part["autocast_weights"] = autocast_weight_bytes(w)
-            if checkpointing:
-                # Recomputed layers saved no 16-bit copy: they die with the forward's autocast region,
-                # before backward allocates the output layer's gradient, so only the larger one counts.
-                part["output_gradient"] = max(0.0, part["output_gradient"] - part["autocast_weights"])
 
     # ---- reference model (DPO, GRPO with a KL term): frozen 16-bit copy, sharded like the weights
     if w.reference_model:
         shards = layout.data_parallel if _shards_weights(layout) else 1
         part["reference_model"] = psi * c / (shards * mp)
 
-    # ---- activations and logits of one micro batch
-    tokens = micro_batch * w.sequences_per_sample * w.seq_len
-    layers = m.num_layers  # Megatron 1F1B: the first stage keeps p micro batches of L/p layers
-    megatron = backend == "megatron"  # sequence parallel and a vocab-parallel loss; transformers' plans keep both whole
-    cp = layout.context_parallel
-    part["activations"] = activation_bytes(w, tokens, layers=layers, checkpointing=checkpointing,
-                                           tensor_parallel=layout.tensor_parallel, context_parallel=cp,
-                                           sequence_parallel=megatron)
-    if w.activation_offloading:  # TRL's offloading: most of them wait in pinned host memory
-        from recipeforge.plan.offload_activations import offload_note, offloaded_activations
-
-        part["activations"], host = offloaded_activations(
-            w, tokens, layers=layers, checkpointing=checkpointing, tensor_parallel=layout.tensor_parallel,
-            context_parallel=cp, sequence_parallel=megatron)
+    # ---- activations, logits and what else one micro batch's forward and backward hold at their peak
+    peak, host = _train_peak(w, layout, micro_batch, checkpointing, part["gathered_params"])
+    part.update(peak.parts)
+    if host:
         cpu += host * layout.gpus_per_node
         notes.append(offload_note(part["activations"], host, GIB))
-    part["logits"] = logits_bytes(w, micro_batch * w.sequences_per_sample * w.logit_tokens // cp,
-                                  layout.tensor_parallel if megatron else 1)
-    if w.adapter == "qlora":
-        part["gathered_params"] += 2 * m.largest_linear_params() * c  # one dequantized weight, forward and backward
-    if w.lora_dora:
-        part["gathered_params"] += m.largest_linear_params() * c      # DoRA's weight norm needs the full matrix
 
     # ---- GRPO rollout
     if w.rollout is not None and w.rollout.colocated:
@@ -255,10 +235,6 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
     # torch-owned gradients are allocated in backward and freed by zero_grad(set_to_none=True)
     deferred = backend in ("single", "ddp", "fsdp") and w.full_finetune and layout.offload == "none"
     grads = part["gradients"]
-    if not deferred:
-        part["output_gradient"] = 0.0
-    elif accumulation > 1:
-        part["output_gradient"] = 0.0  # the second micro batch runs with every gradient allocated
     persistent = sum(part[k] for k in PERSISTENT) - (grads if deferred else 0.0)
     train = sum(part[k] for k in TRAIN_PHASE) + (grads if deferred and accumulation > 1 else 0.0)
     step = sum(part[k] for k in OPTIMIZER_PHASE) + (grads if deferred else 0.0)
@@ -277,7 +253,42 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
                      "the peak, before it is sharded")
         part["allocator_reserve"] = 0.0
         total = part["runtime"] + part["quantized_load"]
-    return MemoryEstimate(components=part, total=total, cpu_per_node=cpu, notes=tuple(notes))
+    return MemoryEstimate(components=part, total=total, cpu_per_node=cpu, notes=tuple(notes), train_peak=peak.name)
+
+
+def _train_peak(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
+                engine_gathered: float) -> tuple[Moment, float]:
+    """The largest moment of one micro batch's forward and backward (`train_phase`) on `layout`,
+    and the activation bytes TRL's offloading moves to host memory. `engine_gathered`: DeepSpeed's
+    gathered buffers, the same throughout the step."""
+    m, c = w.model, w.compute_bytes
+    tokens = micro_batch * w.sequences_per_sample * w.seq_len
+    # Megatron: sequence parallel and a vocab-parallel loss; transformers' plans keep both whole
+    megatron = layout.backend == "megatron"
+    cp, tp = layout.context_parallel, layout.tensor_parallel
+    fp32_weights = autocast_fp32_weights(w, layout)
+    # Megatron 1F1B: the first stage keeps p micro batches of L/p layers, i.e. L layers' worth
+    act = activation_split(w, tokens, layers=m.num_layers, checkpointing=checkpointing, tensor_parallel=tp,
+                           context_parallel=cp, sequence_parallel=megatron, fp32_weights=fp32_weights)
+    host = 0.0
+    if w.activation_offloading:  # TRL's offloading: most of them wait in pinned host memory
+        from recipeforge.plan.offload_activations import offloaded_activations
+
+        on_gpu, host = offloaded_activations(w, tokens, layers=m.num_layers, checkpointing=checkpointing,
+                                             tensor_parallel=tp, context_parallel=cp, sequence_parallel=megatron)
+        act = Activations(stored=on_gpu, recomputed=0.0, layer=0.0, outside=0.0, norm_backward=0.0)
+    logits = logits_phases(w, micro_batch * w.sequences_per_sample * w.logit_tokens // cp, tp if megatron else 1)
+    extra = 0.0
+    if w.adapter == "qlora":
+        extra += 2 * m.largest_linear_params() * c  # one dequantized weight, forward and backward
+    if w.lora_dora:
+        extra += m.largest_linear_params() * c      # DoRA's weight norm needs the full matrix
+    gathered = fsdp_gathered(w, layout) if layout.backend == "fsdp" else Gathered.constant(engine_gathered)
+    peak = train_peak(Step(act, logits, checkpointing, copies=autocast_copies(w) if fp32_weights else Copies(),
+                           output_gradient=output_gradient_bytes(w, layout, fp32_weights),
+                           layer_gradient=layer_gradient_bytes(w, layout, fp32_weights),
+                           gathered=gathered.plus(extra)))
+    return peak, host
 
 
 def measured_view(memory_gb: dict, measure: str) -> float:
@@ -296,14 +307,73 @@ def measured_view(memory_gb: dict, measure: str) -> float:
     raise ValueError(f"unknown measure {measure!r} (device | reserved | allocated)")
 
 
+def autocast_fp32_weights(w: Workload, layout: Layout) -> bool:
+    """Whether the run trains fp32 weights under 16-bit autocast: full fine-tuning in mixed precision
+    on one GPU or DDP (always for fp16). Sharding engines gather 16-bit weights themselves."""
+    return (layout.backend in ("single", "ddp") and w.full_finetune and w.dtype != "fp32"
+            and (w.dtype == "fp16" or w.fp32_master))
+
+
 def autocast_weight_bytes(w: Workload) -> float:
     """16-bit copies of fp32 weights under autocast: each linear's weight is cast for its matmul, one
-    copy per linear weight plus the output projection's. Recomputation does not shorten their life:
-    autocast caches the cast of every leaf parameter that needs a gradient until its region (the
-    forward pass) ends, so at the end of the forward every copy is alive with or without activation
-    checkpointing (torch's MemTracker shows the same; bench/plan_vs_tracker.py)."""
+    copy per linear weight plus the output projection's. Recomputation does not shorten their life
+    in forward: autocast caches the cast of every leaf parameter that needs a gradient until its
+    region (the forward pass) ends, so at the end of the forward every copy is alive with or without
+    activation checkpointing (torch's MemTracker shows the same; bench/plan_vs_tracker.py)."""
+    return autocast_copies(w).every
+
+
+def autocast_copies(w: Workload) -> Copies:
+    """`autocast_weight_bytes`, the output layer's copy (kept by its matmul for backward) and one
+    decoder layer's (cast again when a recomputed layer runs backward)."""
     m, c = w.model, w.compute_bytes
-    return c * (m.linear_params() + m.output_width * m.hidden_size)
+    head = c * m.output_width * m.hidden_size
+    layer = c * sum(lin.count * lin.in_features * lin.out_features for lin in m.layer_linears())
+    lin = widest_linear(m)
+    return Copies(every=c * m.linear_params() + head, head=head, layer=layer,
+                  widest=c * lin.count * lin.in_features * lin.out_features)
+
+
+def output_gradient_bytes(w: Workload, layout: Layout, fp32_weights: bool) -> float:
+    """The output layer's weight gradient as its backward makes it, where torch owns the gradients
+    (one GPU, DDP): under autocast the matmul yields it in 16 bits and the cast to the fp32 weight's
+    dtype copies it (that copy becomes the gradient, or is added to it); otherwise it is made in the
+    weight's dtype. It comes after the logits' gradients are freed (`train_phase`), and is the same
+    matrix when the head is tied to the embeddings. Sharding engines hold it in their own buffers
+    (`fsdp_gathered`)."""
+    if not _torch_owns_gradients(w, layout):
+        return 0.0
+    made, cast = _gradient_bytes(w, fp32_weights)
+    return w.model.output_width * w.model.hidden_size * max(made, cast)
+
+
+def layer_gradient_bytes(w: Workload, layout: Layout, fp32_weights: bool) -> LayerGradient:
+    """A decoder layer's widest weight gradient: as its matmul's backward makes it, while the layer's
+    activations are still alive; while autocast casts it to the fp32 weight's dtype (0 without
+    autocast); and what stays of it for the rest of the layer's backward. Where torch owns the
+    gradients (one GPU, DDP) it goes into `.grad` at once; FSDP2 keeps it unsharded, in the compute
+    dtype, until the layer's reduce-scatter (`fsdp_gathered`). Other engines move it to their buckets."""
+    lin = widest_linear(w.model)
+    params = lin.count * lin.in_features * lin.out_features / layout.tensor_parallel
+    if layout.backend == "fsdp" and w.full_finetune:
+        return LayerGradient(made=params * w.compute_bytes, held=params * w.compute_bytes)
+    if not _torch_owns_gradients(w, layout):
+        return LayerGradient()
+    made, cast = _gradient_bytes(w, fp32_weights)
+    return LayerGradient(made=params * made, cast=params * cast)
+
+
+def _gradient_bytes(w: Workload, fp32_weights: bool) -> tuple[float, float]:
+    """Bytes per weight of a gradient as backward makes it: the matmul's output (16 bits under
+    autocast, else the weight's dtype), and under autocast that 16-bit gradient with its fp32 cast."""
+    c = w.compute_bytes
+    if fp32_weights:
+        return c, c + 4
+    return (4 if w.dtype == "fp32" else c), 0.0
+
+
+def _torch_owns_gradients(w: Workload, layout: Layout) -> bool:
+    return layout.backend in ("single", "ddp") and w.full_finetune and layout.offload == "none"
 
 
 def _shards_weights(layout: Layout) -> bool:
@@ -367,24 +437,6 @@ def _fsdp_states(w: Workload, layout: Layout, part: dict, trainable: int, frozen
                                    optimizer_bytes=optimizer_state_bytes(w.optimizer, 4, m.hidden_size))
     frozen = frozen_bytes / (n * tp)
     base_per_param = (frozen_bytes / m.total_params()) if not w.full_finetune else c
-    # Gathered copies keep each part's own dtype: QLoRA's embeddings, output layer and norms are not
-    # quantized (and stay in the compute dtype, the 4-bit weights' storage dtype), its decoder linears are.
-    outside_bytes = c
-    root = (m.embedding_params() + m.head_params() + m.final_norm_params()) * outside_bytes
-    layer_linear = m.quantized_params() / m.num_layers
-    if w.adapter == "qlora":
-        layer = (layer_linear * quantized_bytes_per_param(w.quant_bits, w.double_quant, m.hidden_size)
-                 + (m.layer_params() - layer_linear) * outside_bytes)
-    else:
-        layer = m.layer_params() * c
-    if layout.fsdp_sharding == "shard_grad_op":
-        gathered = m.total_params() * base_per_param  # reshard_after_forward=False keeps every layer unsharded
-    else:
-        # FSDP2 does not reshard the root (embeddings, output layer, final norm) after forward, as
-        # backward needs it at once; decoder layers: the current one and the prefetched next one
-        gathered = root + 2 * layer
-    trainable_layer = m.layer_params() if w.full_finetune else trainable / max(1, m.num_layers)
-    part["gathered_params"] += (gathered + 4 * trainable_layer) / tp  # + one layer's unsharded fp32 gradients
     if _foreach_temp(w.optimizer) and layout.offload == "none":
         part["optimizer_step"] = oo / 2
     if layout.offload != "none":
@@ -395,6 +447,56 @@ def _fsdp_states(w: Workload, layout: Layout, part: dict, trainable: int, frozen
         return cpu
     _assign_trainable(w, part, ww, gg, oo, frozen)
     return 0.0
+
+
+def fsdp_gathered(w: Workload, layout: Layout) -> Gathered:
+    """What FSDP2 holds unsharded at each moment of the step (bytes per GPU), as torch's FSDP2 moves it
+    (`FSDPMemTracker` on a fake process group shows each; bench/plan_vs_tracker.py).
+
+    The root (embeddings, output layer, final norm) is not resharded after forward, as backward needs
+    it at once. A layer's all-gather output is kept until the next layer's all-gather has been copied
+    out (the root's too: in the first layer's forward both are alive), and backward prefetches the
+    next layer's while the current one is gathered. A layer's gradients come out unsharded; its
+    reduce-scatter copies them into an input buffer that is kept until the next layer's
+    reduce-scatter starts, so every layer after the first of backward meets the previous one's
+    buffer. The root's gradients (the output
+    layer's from its backward on, the embeddings' at the end) wait for the root's reduce-scatter
+    after the whole backward. `shard_grad_op` (reshard_after_forward=False) keeps every layer
+    unsharded from its forward to its backward. Tensor parallelism splits all of it."""
+    root, layer, grads = _fsdp_unsharded(w)
+    m, c = w.model, w.compute_bytes
+    head_grad = c * m.output_width * m.hidden_size if w.full_finetune else 0.0
+    embed_grad = c * m.embedding_params() if w.full_finetune and m.head_params() else 0.0  # tied: the head's
+    if layout.fsdp_sharding == "shard_grad_op":
+        every = root + m.num_layers * layer
+        out = Gathered(forward=every + layer, forward_end=every, backward=every, layer=every,
+                       layer_later=every + grads, layer_gradients=grads, root_end=every + embed_grad + grads,
+                       output_gradient=head_grad)
+    else:
+        # backward prefetches the next layer while there is one: the last layer's backward has it from
+        # two layers on, a later layer's (with the previous reduce-scatter input) from three
+        prefetch_first, prefetch_later = (layer if m.num_layers > n else 0.0 for n in (1, 2))
+        out = Gathered(forward=root + max(root, layer) + 2 * layer, forward_end=root + layer, backward=root + layer,
+                       layer=root + layer + prefetch_first, layer_later=root + layer + prefetch_later + grads,
+                       layer_gradients=grads, root_end=root + embed_grad + grads, output_gradient=head_grad)
+    return out.divided(layout.tensor_parallel)
+
+
+def _fsdp_unsharded(w: Workload) -> tuple[float, float, float]:
+    """Bytes of FSDP2's root gathered, one decoder layer gathered, and one layer's unsharded
+    gradients. Gathered copies keep each part's own dtype: QLoRA's embeddings, output layer and norms
+    are not quantized (and stay in the compute dtype, the 4-bit weights' storage dtype), its decoder
+    linears are. Gradients come out in the compute dtype (Accelerate sets reduce dtype = param dtype)."""
+    m, c = w.model, w.compute_bytes
+    root = (m.embedding_params() + m.head_params() + m.final_norm_params()) * c
+    if w.adapter == "qlora":
+        linear = m.quantized_params() / m.num_layers
+        layer = (linear * quantized_bytes_per_param(w.quant_bits, w.double_quant, m.hidden_size)
+                 + (m.layer_params() - linear) * c)
+    else:
+        layer = m.layer_params() * c
+    trainable_layer = m.layer_params() if w.full_finetune else w.trainable_params() / max(1, m.num_layers)
+    return root, layer, c * trainable_layer
 
 
 def _megatron_states(w: Workload, layout: Layout, part: dict, trainable: int, frozen_bytes: float) -> float:

@@ -12,6 +12,7 @@ from recipeforge.plan.catalog import resolve_model
 from recipeforge.plan.hardware import GIB, Hardware, hardware_for
 from recipeforge.plan import policy
 from recipeforge.plan.activations import activation_terms
+from recipeforge.plan.memory import autocast_fp32_weights
 from recipeforge.plan.models import human_count
 from recipeforge.plan.parallel_layouts import check_pinned_sizes, parallel_reasons
 from recipeforge.config.schema.distributed import PARALLEL_SIZE_KEYS
@@ -229,7 +230,10 @@ def _build_plan(recipe, w: Workload, hw: Hardware, ev: Evaluation, decision: Dec
     tokens = ev.micro_batch * w.sequences_per_sample * w.seq_len
     terms = activation_terms(w, tokens, layers=w.model.num_layers, checkpointing=ev.checkpointing,
                              tensor_parallel=layout.tensor_parallel, context_parallel=layout.context_parallel,
-                             sequence_parallel=layout.backend == "megatron")
+                             sequence_parallel=layout.backend == "megatron",
+                             fp32_weights=autocast_fp32_weights(w, layout))
+    if ev.memory.train_peak:  # the memory table shows the train phase at this moment
+        terms += f"; the train phase peaks at {ev.memory.train_peak}"
     reasons.update(parallel_reasons(layout, dist, w, ev.memory.components.get("activations", 0.0) / GIB, terms))
     reasons["micro_batch_size"] = Choice(ev.micro_batch, _micro_reason(train, ev))
     reasons["gradient_accumulation"] = Choice(

@@ -14,7 +14,8 @@ _LABELS = {
     "runtime": "CUDA/NCCL runtime", "activations": "activations", "logits": "logits + loss",
     "gathered_params": "gathered/dequantized weights", "optimizer_step": "optimizer step temporaries",
     "kv_cache": "generation KV cache", "generation_params": "weights gathered to generate",
-    "output_gradient": "output-layer gradient", "paged_optimizer": "paged optimizer states (step only)",
+    "output_gradient": "output-layer gradient", "layer_gradient": "layer weight gradient (in backward)",
+    "paged_optimizer": "paged optimizer states (step only)",
     "allocator_reserve": "allocator reserve",
 }
 

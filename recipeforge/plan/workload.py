@@ -66,6 +66,7 @@ class Workload:
     unfrozen_params: int | None = None  # train.unfrozen_parameters: the selected parameters (None: all)
     attn_implementation: str = "auto"  # the recipe's model.attn_implementation (context parallel needs sdpa)
     packing: bool = False             # data.packing (context parallel cannot mask packed samples apart)
+    attention_mask: bool = False      # sdpa with a dense mask in every layer (packed rows; `sdpa_masks_packed_rows`)
     # Backends that recipe settings outside the capability record rule out: (backend, key, message).
     setting_refusals: tuple[tuple[str, str, str], ...] = ()
     notes: tuple[str, ...] = field(default=())
@@ -124,6 +125,8 @@ def build_workload(recipe, model: ModelSpec, hardware: Hardware) -> Workload:
     dtype = resolve_dtype(recipe.model.dtype, hardware)
     adapter = recipe.adapter
     attention = "eager" if recipe.model.attn_implementation == "eager" else "fused"
+    masked = attention == "fused" and sdpa_masks_packed_rows(recipe.model.attn_implementation,
+                                                             bool(recipe.data.packing), hardware.device)
     seq = recipe.data.sequence_len
     logit_tokens, per_sample, reference, rollout = seq, 1, False, None
 
@@ -190,8 +193,19 @@ def build_workload(recipe, model: ModelSpec, hardware: Hardware) -> Workload:
         quant_bits=adapter.quant.bits, double_quant=adapter.quant.double_quant, reference_model=reference,
         rollout=rollout, fused_loss=fused_loss, fused_kernels=fused_kernels, notes=tuple(notes),
         attn_implementation=recipe.model.attn_implementation, packing=bool(recipe.data.packing),
+        attention_mask=masked,
         setting_refusals=_setting_refusals(recipe), unfrozen_params=unfrozen,
         activation_offloading=recipe.train.activation_offloading and hardware.device == "cuda")
+
+
+def sdpa_masks_packed_rows(attn_implementation: str, packing: bool, device: str) -> bool:
+    """Whether attention runs as sdpa with a dense mask. Packed rows carry position ids that restart
+    for every sample, from which transformers builds a block-diagonal boolean mask for sdpa (flash
+    attention takes the sample boundaries instead, flex attention a block mask). `auto` is sdpa on
+    the CPU and flash attention on a GPU that has it installed, as the run resolves it
+    (`components.models.resolve_attn_implementation`); the plan assumes it is installed there."""
+    sdpa = attn_implementation == "sdpa" or (attn_implementation == "auto" and device != "cuda")
+    return sdpa and packing
 
 
 def _setting_refusals(recipe) -> tuple[tuple[str, str, str], ...]:

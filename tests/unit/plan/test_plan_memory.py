@@ -181,10 +181,73 @@ def test_peak_takes_the_larger_phase():
     # per step they meet the optimizer step, not a full set of activations
     persistent = sum(c[k] for k in ("weights", "optimizer", "adapter", "reference_model",
                                     "comm_buffers", "rollout_engine", "runtime"))
-    train = c["activations"] + c["logits"] + c["gathered_params"] + c["output_gradient"]
+    train = c["activations"] + c["logits"] + c["gathered_params"] + c["output_gradient"] + c["autocast_weights"]
     step = c["gradients"] + c["optimizer_step"]
-    assert c["output_gradient"] == LLAMA8B.head_params() * 2 and c["allocator_reserve"] > 0
+    assert mem.train_peak == "the loss's backward" and c["allocator_reserve"] > 0
     assert mem.total == pytest.approx(persistent + max(train, step, c["kv_cache"]) + c["allocator_reserve"])
+
+
+def test_the_train_phase_is_its_largest_moment_not_the_sum_of_its_peaks():
+    from recipeforge.plan.activations import activation_split, logits_phases
+    from recipeforge.plan.memory import output_gradient_bytes
+
+    w, tokens = workload(), 2048
+    act = activation_split(w, tokens, layers=32, checkpointing=True)
+    c = estimate(w, SINGLE, 1, True).components
+    # the loss's backward holds the 12-byte log-softmax gradients and the layer inputs; the layer
+    # recomputed later and the output layer's gradient come after the logits are freed
+    assert c["logits"] == logits_phases(w, tokens)[1] == 12 * 128256 * tokens
+    assert c["activations"] == pytest.approx(act.stored + act.outside) and c["output_gradient"] == 0
+    assert output_gradient_bytes(w, SINGLE, False) == 2 * 128256 * 4096
+    # with a small vocabulary the recomputed layer is the peak, and the logits are gone by then
+    small = estimate(replace(w, model=replace(LLAMA8B, vocab_size=1024)), SINGLE, 1, True)
+    assert small.train_peak.startswith("the last layer's backward") and small.components["logits"] == 0
+    assert small.components["activations"] > act.stored + act.recomputed
+
+
+def test_autocast_copies_of_recomputed_layers_die_with_the_forward():
+    mixed = replace(workload(), fp32_master=True)
+    plain = estimate(mixed, SINGLE, 1, False)
+    ckpt = estimate(mixed, SINGLE, 1, True)
+    head = 2 * 128256 * 4096
+    # every 16-bit copy is alive when the forward ends; backward keeps only what its matmuls saved
+    assert plain.components["autocast_weights"] == pytest.approx(2 * LLAMA8B.linear_params() + head)
+    assert ckpt.train_peak == "the end of the forward pass (the loss)"
+    assert ckpt.components["autocast_weights"] == plain.components["autocast_weights"]
+    assert ckpt.components["logits"] == 10 * 128256 * 2048  # bf16 logits, their fp32 copy, the log-softmax
+
+
+def test_fp32_weights_keep_an_fp32_residual_stream():
+    from recipeforge.plan.activations import layer_activation_parts
+
+    w = workload()
+    bf16, fp32 = layer_activation_parts(w)["norms"], layer_activation_parts(w, fp32_weights=True)["norms"]
+    # fp32 input and normalised tensor per norm, and a 16-bit cast for each of q, k, v, gate and up
+    assert fp32 - bf16 == 2 * (4 * 4096 - 2 * 2 * 4096) + 5 * 2 * 4096
+
+
+def test_sdpa_over_packed_rows_keeps_a_mask_and_repeated_heads():
+    from recipeforge.plan.activations import layer_activation_parts
+
+    masked = layer_activation_parts(workload(attention_mask=True))["attention"]
+    fused = layer_activation_parts(workload())["attention"]
+    assert masked - fused == 2 * 2 * (4096 - 1024) + 2 * 2048  # k and v to all 32 heads, the mask row
+
+
+def test_fsdp2_holds_more_unsharded_at_a_layers_backward_than_at_the_loss():
+    from recipeforge.plan.memory import fsdp_gathered
+
+    layout = Layout("fsdp", "fsdp_full_shard", data_parallel=8, gpus_per_node=8)
+    g = fsdp_gathered(workload(), layout)
+    root = 2 * LLAMA8B.total_params() - 2 * 32 * LLAMA8B.layer_params()
+    layer = 2 * LLAMA8B.layer_params()
+    assert g.backward == pytest.approx(root + layer)            # the root, the last layer prefetched
+    assert g.layer == pytest.approx(root + 2 * layer)           # + the next layer's prefetch
+    assert g.layer_later == pytest.approx(root + 3 * layer)     # + the previous layer's reduce-scatter input
+    assert g.layer_gradients == pytest.approx(layer) and g.output_gradient == 2 * 128256 * 4096
+    # two layers: the first of backward has the prefetch, the second the reduce-scatter input only
+    two = fsdp_gathered(workload(model=replace(LLAMA8B, num_layers=2)), layout)
+    assert two.layer == pytest.approx(two.layer_later) == pytest.approx(two.backward + layer)
 
 
 def test_gradients_meet_the_activations_from_the_second_micro_batch():

@@ -62,17 +62,22 @@ def test_lora_trains_the_score_head_in_full():
 
 
 def test_memory_terms_drop_the_vocabulary_logits_and_the_reference_model():
+    from recipeforge.plan.activations import activation_split, logits_bytes
+    from recipeforge.plan.memory import output_gradient_bytes
+
     layout = Layout("single", None)
-    rw = estimate(workload(recipe("reward", adapter={"type": "none"})), layout, micro_batch=4, checkpointing=True,
-                  gpu_memory=80 * 2**30).components
-    dpo = estimate(workload(recipe("dpo", adapter={"type": "none"})), layout, micro_batch=4, checkpointing=True,
-                   gpu_memory=80 * 2**30).components
+    w_rw = workload(recipe("reward", adapter={"type": "none"}))
+    w_dpo = workload(recipe("dpo", adapter={"type": "none"}))
+    rw = estimate(w_rw, layout, micro_batch=4, checkpointing=True, gpu_memory=80 * 2**30).components
+    dpo = estimate(w_dpo, layout, micro_batch=4, checkpointing=True, gpu_memory=80 * 2**30).components
     tokens = 4 * 2 * 2048
-    assert rw["logits"] == tokens * 2 * 1  # bf16, one score per token
-    assert dpo["logits"] > 1000 * rw["logits"]
+    assert logits_bytes(w_rw, tokens) == tokens * 2 * 1  # bf16, one score per token
+    assert dpo["logits"] == logits_bytes(w_dpo, tokens) > 1000 * logits_bytes(w_rw, tokens)
     assert rw["reference_model"] == 0 and dpo["reference_model"] > 0
-    assert rw["output_gradient"] < dpo["output_gradient"] / 1000  # the head's gradient, not the LM head's
-    assert rw["activations"] == dpo["activations"]
+    # the head's gradient, not the LM head's
+    assert output_gradient_bytes(w_rw, layout, False) < output_gradient_bytes(w_dpo, layout, False) / 1000
+    split = [activation_split(w, tokens, layers=w.model.num_layers, checkpointing=True) for w in (w_rw, w_dpo)]
+    assert split[0] == split[1]
 
 
 def test_plan_of_the_tiny_example_names_the_head(tmp_path):
