@@ -137,6 +137,23 @@ def quantized_model_bytes(w: Workload, other_bytes: float) -> float:
             + (m.total_params() - q) * other_bytes)
 
 
+def loads_quantized_shards(w: Workload, layout: Layout) -> bool:
+    """Whether each process loads only its shard of a QLoRA base (`backends.quantized_loading`:
+    FSDP2 with 4-bit weights and no tensor parallel); elsewhere every process loads it whole."""
+    return (w.adapter == "qlora" and w.quant_bits == 4 and layout.backend == "fsdp"
+            and layout.tensor_parallel <= 1)
+
+
+def tensor_in_flight_bytes(w: Workload, compute_bytes: float) -> float:
+    """The largest checkpoint tensor a shard-by-shard load holds whole at once, with its quantized
+    copy when it is a quantized linear: the embedding (or output layer), or the widest MLP matrix."""
+    m = w.model
+    embedding = m.vocab_size * m.hidden_size * compute_bytes
+    mlp = max(m.intermediate_size, m.moe_intermediate_size) * m.hidden_size
+    quantized = mlp * (compute_bytes + quantized_bytes_per_param(w.quant_bits, w.double_quant, m.hidden_size))
+    return max(embedding, quantized)
+
+
 def quantized_bytes_per_param(bits: int, double_quant: bool, hidden: int) -> float:
     """Bytes per weight of a bitsandbytes-quantized linear (Dettmers et al. 2023, QLoRA Sec. 3):
     NF4 stores 0.5 bytes plus one fp32 absmax per 64-weight block; double quantization stores those
@@ -240,19 +257,29 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
     step = sum(part[k] for k in OPTIMIZER_PHASE) + (grads if deferred else 0.0)
     generation = sum(part[k] for k in GENERATION_PHASE)
     peak_phase = max(train, step, generation)
+    load_peak = 0.0
     if w.adapter == "qlora" and _shards_weights(layout):
-        # transformers loads a quantized checkpoint whole onto every GPU (no zero.Init, no rank-0
-        # loading for quantized models); ZeRO-3 / FSDP2 partition it only when the engine starts
-        part["quantized_load"] = quantized_model_bytes(w, c)
+        if loads_quantized_shards(w, layout):
+            # `backends.quantized_loading`: each process reads the checkpoint one tensor at a time,
+            # quantizes it and keeps its shard; the shards are the weights term already
+            part["quantized_load"] = tensor_in_flight_bytes(w, c)
+            load_peak = part["runtime"] + part["weights"] + part["quantized_load"]
+            notes.append(f"the 4-bit base loads shard by shard: each GPU holds its shard and at most "
+                         f"{part['quantized_load'] / GIB:.1f} GB of one checkpoint tensor in flight")
+        else:
+            # transformers loads a quantized checkpoint whole onto every GPU (no zero.Init, no rank-0
+            # loading for quantized models); ZeRO-3 partitions it only when the engine starts
+            part["quantized_load"] = quantized_model_bytes(w, c)
+            load_peak = part["runtime"] + part["quantized_load"]
     transient = max(sum(part[k] for k in TRAIN_PHASE), sum(part[k] for k in GENERATION_PHASE),
                     part["optimizer_step"])
     part["allocator_reserve"] = ALLOCATOR_SLACK * transient
     total = persistent + peak_phase + part["allocator_reserve"]
-    if part["runtime"] + part["quantized_load"] > total:  # loading is the peak: nothing else exists yet
+    if load_peak > total:  # loading is the peak: nothing else exists yet
         notes.append(f"loading the quantized model whole ({part['quantized_load'] / GIB:.1f} GB per GPU) is "
                      "the peak, before it is sharded")
         part["allocator_reserve"] = 0.0
-        total = part["runtime"] + part["quantized_load"]
+        total = load_peak
     return MemoryEstimate(components=part, total=total, cpu_per_node=cpu, notes=tuple(notes), train_peak=peak.name)
 
 

@@ -57,10 +57,9 @@ def test_sharded_base_keeps_non_quantized_weights_in_the_storage_dtype():
     assert z2.components["weights"] == pytest.approx(q + 4 * others)        # peft's fp32 upcast, whole
 
 
-def test_quantized_checkpoint_loads_whole_before_it_is_sharded():
+def test_quantized_checkpoint_loads_whole_before_zero3_shards_it():
     w = _workload()
-    for layout in (Layout("deepspeed", "zero3", data_parallel=2, zero_stage=3, gpus_per_node=2),
-                   Layout("fsdp", "fsdp_full_shard", data_parallel=2, gpus_per_node=2)):
+    for layout in (Layout("deepspeed", "zero3", data_parallel=2, zero_stage=3, gpus_per_node=2),):
         mem = estimate(w, layout, 2, True, gpu_memory=80 * GIB)
         load = mem.components["quantized_load"]
         assert load == pytest.approx(quantized_model_bytes(w, 2))
@@ -70,3 +69,37 @@ def test_quantized_checkpoint_loads_whole_before_it_is_sharded():
     whole = estimate(w, Layout("deepspeed", "zero2", data_parallel=2, zero_stage=2, gpus_per_node=2), 2, True,
                      gpu_memory=80 * GIB)
     assert whole.components["quantized_load"] == 0.0  # unsharded: the loaded model is the trained one
+
+
+def test_fsdp2_loads_the_4bit_base_shard_by_shard():
+    """`backends.quantized_loading`: each GPU holds its shard (the weights term) and one checkpoint
+    tensor in flight, here an MLP matrix (28672 x 8192 in bf16 plus its 4-bit copy, 0.55 GiB: more
+    than the 32000 x 8192 embedding); never the whole base."""
+    w = _workload()
+    mem = estimate(w, Layout("fsdp", "fsdp_full_shard", data_parallel=2, gpus_per_node=2), 2, True,
+                   gpu_memory=80 * GIB)
+    load = mem.components["quantized_load"]
+    assert load == pytest.approx(28672 * 8192 * (2 + quantized_bytes_per_param(4, w.double_quant, 8192)))
+    assert load < quantized_model_bytes(w, 2) / 50
+    assert mem.components["weights"] == pytest.approx(quantized_model_bytes(w, 2) / 2, rel=0.01)  # the shard
+    assert mem.total > mem.components["runtime"] + mem.components["weights"] + load  # training is the peak
+    assert any("shard by shard" in n for n in mem.notes)
+    assert not any("loading the quantized model whole" in n for n in mem.notes)
+    tp = estimate(w, Layout("fsdp", "fsdp_full_shard", data_parallel=1, tensor_parallel=2, gpus_per_node=2), 2, True,
+                  gpu_memory=80 * GIB)
+    assert tp.components["quantized_load"] == pytest.approx(quantized_model_bytes(w, 2))  # loaded whole
+
+
+def test_70b_qlora_plans_on_two_24gb_gpus(tmp_path):
+    """The FSDP + QLoRA recipe of Answer.AI: Llama-3.1-70B on 2xRTX4090-24GB."""
+    from recipeforge.config import load_recipe
+    from recipeforge.plan import make_plan
+
+    path = tmp_path / "r.yaml"
+    path.write_text("stage: sft\nmodel: {name_or_path: meta-llama/Llama-3.1-70B}\nadapter: {type: qlora}\n"
+                    "data: {datasets: [{path: d.jsonl, format: alpaca}], sequence_len: 2048}\n"
+                    "train: {global_batch_size: 16}\nhardware: {gpus_per_node: 2, gpu: RTX4090-24GB}\n")
+    plan = make_plan(load_recipe(path).recipe)
+    assert plan.backend == "fsdp" and plan.world_size == 2
+    assert plan.memory_gb["quantized_load"] < 3  # one tensor in flight, not the 37 GB base
+    assert plan.memory_gb["total"] < 24 * 0.9
