@@ -34,6 +34,7 @@ NOT_RUN = {
     'pip install -e ".[dev]"': "installs this checkout: done by CI before the tests",
     "pip install 'recipeforge[report]'": "installs an extra that the dev extra already holds",
     "python -m pytest": "the test suite itself",
+    "bash .ci/vllm-cpu": "the vLLM suite: its own CI step after the test suite",
 }
 # A documented exit code other than 0 (`diff` exits 1 when the sides differ).
 EXIT_CODES = {"recipeforge diff examples/yaml/tiny/sft-lora.yaml runs/sft-lora": 1}
