@@ -56,13 +56,24 @@ class DeepSpeedBackend(TrainerBackend):
         return {"TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR") or extensions_dir()}
 
     def setup_worker(self, ctx) -> None:
+        """Accelerate's state for DeepSpeed (see the module); under ZeRO-3 a checkpoint loads straight
+        into partitions: through zero.Init, or, for a 4-bit QLoRA base, shard by shard
+        (`quantized_loading`)."""
         from accelerate import PartialState
 
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
         os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
         PartialState(backend="nccl" if ctx.plan.device == "cuda" else "gloo")
         self._hf_config = None
-        if ctx.plan.zero_stage == 3 and not _random_init(ctx.recipe):
+        if ctx.plan.zero_stage == 3 and ctx.recipe.adapter.type == "qlora" and ctx.recipe.adapter.quant.bits == 4:
+            # No process loads the whole 4-bit base: placeholders now, the checkpoint read into ZeRO-3
+            # partitions once the trainer (and its DeepSpeed config) exists, before the engine starts.
+            from recipeforge.backends import quantized_loading
+
+            record: dict = {}
+            ctx.load_sharded = quantized_loading.loader(ctx, record)
+            ctx.prepare_trainer = quantized_loading.partition_and_fill(ctx, record)
+        elif ctx.plan.zero_stage == 3 and not _random_init(ctx.recipe):
             # Checkpoints load straight into ZeRO-3 partitions (zero.Init) instead of whole on every
             # process. A random-init model is built whole (the same weights as on one process, for the
             # same seed) and partitioned when the engine starts.

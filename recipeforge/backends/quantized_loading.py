@@ -1,9 +1,11 @@
-"""Low-memory loading of a 4-bit (QLoRA) base for FSDP2: no process ever holds the whole base.
+"""Low-memory loading of a 4-bit (QLoRA) base for FSDP2 and DeepSpeed ZeRO-3: no process ever
+holds the whole base.
 
 transformers loads a bitsandbytes-quantized model whole on every process, even under FSDP (its
 rank-0-only loading skips quantized models: transformers/modeling_utils.py, `is_fsdp_enabled() and
-not is_local_dist_rank_0() and not is_quantized`), so a 70B base cannot fit next to its shards.
-Here every process loads only its shard, in three steps around the sharding:
+not is_local_dist_rank_0() and not is_quantized`) and ZeRO-3 (it builds quantized models outside
+`deepspeed.zero.Init`), so a 70B base cannot fit next to its shards. Here every process loads only
+its shard, in three steps around the sharding (FSDP2; ZeRO-3 below):
 
 1. `build_placeholder_model` (the backend's `load_sharded`): the model's skeleton with
    bitsandbytes' `Linear4bit` layers (transformers' own quantizer replaces the linears, as for a
@@ -17,6 +19,14 @@ Here every process loads only its shard, in three steps around the sharding:
    quantized whole (bitsandbytes' `quantize_4bit`, the call a whole load makes, so the words are
    the same) and only this process's rows of its packed words are kept, next to the small
    quantization state (absmax, ...) every process needs to dequantize the gathered weight.
+
+Under ZeRO-3 (`partition_and_fill`) steps 2 and 3 are one: no engine shards the model before the
+trainer starts it, so the checkpoint is read tensor by tensor into the placeholder model and every
+tensor, once quantized, is handed to DeepSpeed's own partitioning (`zero3_partitioner`: what
+`deepspeed.zero.Init` does to an allocated module), which keeps this process's slice of the flat
+words (`ds_tensor`) and frees the rest. The parameter object stays the same, so bitsandbytes'
+quant_state, set on it and on its layer, is there when ZeRO-3 gathers the weight for a forward; the
+engine, when it starts, partitions the adapters with the same partitioner.
 
 A process holds its shards, the quantization states and, at the peak, one full tensor of the
 checkpoint and its quantized copy. Checkpoints whose tensor names are not the model's parameter
@@ -62,8 +72,11 @@ def _skeleton(auto, config, *, dtype, attn_implementation: str, trust_remote_cod
     """The model with its parameters on the meta device (buffers, e.g. rotary frequencies, real:
     they are computed, not loaded)."""
     from accelerate import init_empty_weights
+    from transformers.modeling_utils import set_quantized_state
 
-    with init_empty_weights(include_buffers=False):
+    # A quantized model: transformers then builds it outside deepspeed.zero.Init even while a
+    # ZeRO-3 config is active (as for a quantized from_pretrained); the weights come later.
+    with init_empty_weights(include_buffers=False), set_quantized_state():
         return auto.from_config(config, dtype=dtype, attn_implementation=attn_implementation,
                                 trust_remote_code=trust_remote_code)
 
@@ -165,19 +178,73 @@ def _is_placeholder(param) -> bool:
 def fill_local_shards(model, path: str, *, compute_dtype, device=None, shard_device=None) -> dict:
     """Read the checkpoint tensor by tensor into the local shards of `model` (its base on the meta
     device, sharded by FSDP2). Every weight of a 4-bit layer is quantized whole, then only this
-    process's part of its packed words is kept. Returns what this process held: bytes of its shards,
-    of the whole base, of the quantization states, of the largest tensor read, the most base bytes
-    alive at once, and the highest resident size sampled (`released_rss_bytes`) while filling.
+    process's part of its packed words is kept. Returns what this process held (`read_checkpoint`).
 
     `device` (default: the CPU) is where each tensor is quantized, the training device: on a GPU the
     words are those a whole load onto that GPU gets, and the quantization state lives where the
     layer computes. `shard_device` (default: `device`) is where the shards stay: the CPU when FSDP2
     offloads parameters."""
+    holders = _holders(model)
+
+    def keep(module, pname: str, param, full):
+        part = _local_part(param, full, shard_device or device or "cpu")
+        # assign=True: the shard becomes the parameter (no copy), and FSDP2's hook on the module
+        # re-registers it as the sharded parameter (`FSDPParam.reset_sharded_param`).
+        module.load_state_dict({pname: part}, strict=False, assign=True)
+        return _retie(module, pname, holders[id(param)]), _local(part)
+
+    return read_checkpoint(model, path, compute_dtype=compute_dtype, device=device, keep=keep)
+
+
+def fill_zero3_partitions(model, path: str, *, compute_dtype, ds_config, device=None) -> dict:
+    """Read the checkpoint tensor by tensor into the placeholder `model`, handing every tensor (a
+    4-bit layer's weight quantized whole, on `device`) to DeepSpeed's ZeRO-3 partitioning, which
+    keeps this process's slice (`ds_tensor`) and frees the rest. Returns what this process held
+    (`read_checkpoint`)."""
+    partition = zero3_partitioner(ds_config)
+
+    def keep(module, pname: str, param, full):
+        # The placeholder object stays the parameter: tied holders, peft's wrappers and the 4-bit
+        # state on it keep pointing at what ZeRO-3 partitions and later gathers.
+        param.data = full
+        partition([param])
+        return param, param.ds_tensor
+
+    return read_checkpoint(model, path, compute_dtype=compute_dtype, device=device, keep=keep)
+
+
+def zero3_partitioner(ds_config):
+    """DeepSpeed's conversion of allocated parameters into ZeRO-3 ones (each process keeps its
+    slice of the flat tensor), as `deepspeed.zero.Init(module=...)` applies it to a whole model.
+
+    One `Init` is made for all tensors, from the trainer's DeepSpeed config (offload device, process
+    group, persistence), as the engine would make it; the engine later converts the adapters with
+    the same object (`DeepSpeedZeRoOffload._convert_to_zero_parameters` asks an already converted
+    parameter). It is made with an empty module so that it also installs DeepSpeed's ZeRO-3 linear
+    function, as the engine's own `Init(module=model)` does for a model loaded whole."""
+    import deepspeed
+    import torch
+
+    init = deepspeed.zero.Init(module=torch.nn.Module(), config_dict_or_path=ds_config)
+    # deepspeed/runtime/zero/partition_parameters.py `Init._convert_to_zero_parameters`: the one
+    # entry that partitions given parameters (broadcast from the first process, then `partition`).
+    return init._convert_to_zero_parameters
+
+
+def read_checkpoint(model, path: str, *, compute_dtype, keep, device=None) -> dict:
+    """Read the checkpoint in the local directory `path` one tensor at a time into the base of
+    `model` (its placeholder or meta parameters): a weight of a 4-bit layer is quantized whole on
+    `device` (default: the CPU), any other tensor converted to its parameter's dtype, and
+    `keep(module, name, param, full)` stores this process's part of it, returning the parameter
+    now registered and the local tensor it holds.
+
+    Returns what this process held: bytes of its parts, of the whole base, of the quantization
+    states, of the largest tensor read, the most base bytes alive at once, and the highest resident
+    size sampled (`released_rss_bytes`) while reading (`rss_peak_bytes`)."""
     import torch
 
     files = checkpoint_files(path)
     aliases = getattr(_find(model, "_quantized_loading_aliases"), "_quantized_loading_aliases", {})
-    holders = _holders(model)
     done: set[int] = set()
     stats = {"local_base_bytes": 0, "full_base_bytes": 0, "quant_state_bytes": 0, "largest_tensor_bytes": 0,
              "peak_live_base_bytes": 0, "rss_peak_bytes": released_rss_bytes()}
@@ -193,7 +260,8 @@ def fill_local_shards(model, path: str, *, compute_dtype, device=None, shard_dev
                 if id(param) in done:
                     continue
                 done.add(id(param))
-                full = _read(files, f"{prefix}.{pname}" if prefix else pname, aliases)
+                name = f"{prefix}.{pname}" if prefix else pname
+                full = _read(files, name, aliases)
                 read_bytes = _nbytes(full)
                 stats["largest_tensor_bytes"] = max(stats["largest_tensor_bytes"], read_bytes)
                 if getattr(module, _QUANT, None) is not None and pname == "weight":
@@ -201,24 +269,26 @@ def fill_local_shards(model, path: str, *, compute_dtype, device=None, shard_dev
                     stats["quant_state_bytes"] += state_bytes
                 else:
                     full = full.to(param.dtype)
-                if tuple(full.shape) != tuple(param.shape):  # e.g. embeddings grown for added tokens
-                    raise ValueError(f"checkpoint tensor '{prefix}.{pname}' has shape {tuple(full.shape)}, the model "
-                                     f"{tuple(param.shape)}: sharded 4-bit loading takes the checkpoint's shapes as "
-                                     f"they are (no tokens added to the vocabulary)")
-                part = _local_part(param, full, shard_device or device or "cpu")
-                # What is alive at this moment: the shards so far, the tensor read, its converted copy
-                # and this shard (an upper bound: the read tensor may already be gone).
+                _check_shape(name, full, param)
+                numel = param.numel()  # before `keep`: a partitioned parameter's own size is 0
+                kept, local = keep(module, pname, param, full)
+                # What is alive at this moment: the parts so far, the tensor read, its converted copy
+                # and this part (an upper bound: the read tensor may already be gone).
                 live = stats["local_base_bytes"] + stats["quant_state_bytes"] + read_bytes + _nbytes(full)
-                stats["peak_live_base_bytes"] = max(stats["peak_live_base_bytes"], live + _nbytes(_local(part)))
+                stats["peak_live_base_bytes"] = max(stats["peak_live_base_bytes"], live + _nbytes(local))
                 stats["rss_peak_bytes"] = max(stats["rss_peak_bytes"], released_rss_bytes())  # with `full` alive
                 del full
-                stats["full_base_bytes"] += param.numel() * param.element_size()
-                stats["local_base_bytes"] += _nbytes(_local(part))
-                # assign=True: the shard becomes the parameter (no copy), and FSDP2's hook on the module
-                # re-registers it as the sharded parameter (`FSDPParam.reset_sharded_param`).
-                module.load_state_dict({pname: part}, strict=False, assign=True)
-                done.add(id(_retie(module, pname, holders[id(param)])))
+                stats["full_base_bytes"] += numel * param.element_size()
+                stats["local_base_bytes"] += _nbytes(local)
+                done.add(id(kept))
     return stats
+
+
+def _check_shape(name: str, full, param) -> None:
+    if tuple(full.shape) != tuple(param.shape):  # e.g. embeddings grown for added tokens
+        raise ValueError(f"checkpoint tensor '{name}' has shape {tuple(full.shape)}, the model "
+                         f"{tuple(param.shape)}: sharded 4-bit loading takes the checkpoint's shapes as "
+                         f"they are (no tokens added to the vocabulary)")
 
 
 def _holders(model) -> dict[int, list]:
@@ -303,8 +373,9 @@ def local_checkpoint(name_or_path: str, revision: str | None = None, *, location
         root = Path(snapshot_download(name_or_path, revision=revision,
                                       allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]))
     if not any(root.glob("*.safetensors")):
-        raise RecipeError(f"'{name_or_path}' has no safetensors weights, which QLoRA on FSDP reads tensor by "
-                          f"tensor to load only each process's shard", key="model.name_or_path", location=location,
+        raise RecipeError(f"'{name_or_path}' has no safetensors weights, which QLoRA on FSDP or ZeRO-3 reads "
+                          f"tensor by tensor to load only each process's shard", key="model.name_or_path",
+                          location=location,
                           hint="convert the checkpoint to safetensors (save_pretrained does by default)")
     return str(root)
 
@@ -398,9 +469,9 @@ def _rss_bytes() -> int:
 
 
 def loader(ctx, record: dict):
-    """The `StageContext.load_sharded` of QLoRA under FSDP2: the placeholder model (the stage
-    freezes it and adds the adapters as for a whole load). `record` gets this process's resident
-    memory before and after building, which `shard_and_fill` reports with its own."""
+    """The `StageContext.load_sharded` of QLoRA under FSDP2 and ZeRO-3: the placeholder model (the
+    stage freezes it and adds the adapters as for a whole load). `record` gets this process's
+    resident memory before and after building, which `write_report` reports with the loading's own."""
     from recipeforge.components.adapters import quantization_config
 
     adapter, device = ctx.recipe.adapter, ctx.plan.device
@@ -421,9 +492,7 @@ def shard_and_fill(ctx, record: dict):
     """The `StageContext.prepare_trainer` of QLoRA under FSDP2: the trainer's own Accelerator shards
     the placeholder model (the same `fully_shard` calls a whole model gets), then the local shards
     are read from the checkpoint, before the trainer builds its optimizer on the trainable ones.
-    This process's numbers (`fill_local_shards`, plus its resident memory growth, `released_rss_bytes`:
-    the peak of the samples and what is held at the end, while reading the checkpoint and from the
-    start of loading) go to `quantized_loading/rank<N>.json` in the run directory."""
+    This process's numbers go to `quantized_loading/rank<N>.json` (`write_report`)."""
 
     def prepare(trainer) -> None:
         source = _source(trainer.model)
@@ -434,22 +503,51 @@ def shard_and_fill(ctx, record: dict):
         dtype = prepared.config.quantization_config.bnb_4bit_compute_dtype
         device, shard_device = _devices(trainer.accelerator)
         stats = fill_local_shards(prepared, source, compute_dtype=dtype, device=device, shard_device=shard_device)
-        fill_peak, held = stats.pop("rss_peak_bytes"), released_rss_bytes()
-        # The reading alone (sharded -> filled): the base's own cost, apart from what building the
-        # skeleton, the adapters and the trainer costs whatever the model's size.
-        stats["fill_rss_peak_growth_bytes"] = fill_peak - rss_sharded
-        stats["fill_rss_held_growth_bytes"] = held - rss_sharded
-        if "rss_before" in record:  # the whole load, from before the skeleton was built
-            stats["rss_peak_growth_bytes"] = max(record["rss_built"], rss_sharded, fill_peak) - record["rss_before"]
-            stats["rss_held_growth_bytes"] = held - record["rss_before"]
-        stats["rank"] = ctx.dist.rank
-        out = ctx.run.root / "quantized_loading" / f"rank{ctx.dist.rank}.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(stats, indent=2) + "\n")
-        ctx.log(f"4-bit base loaded sharded: {stats['local_base_bytes'] / 2**20:.1f} MiB of "
-                f"{stats['full_base_bytes'] / 2**20:.1f} MiB on rank {ctx.dist.rank}")
+        write_report(ctx, record, stats, rss_sharded)
 
     return prepare
+
+
+def partition_and_fill(ctx, record: dict):
+    """The `StageContext.prepare_trainer` of QLoRA under DeepSpeed ZeRO-3: the checkpoint is read
+    into ZeRO-3 partitions of the placeholder model (`fill_zero3_partitions`, with the trainer's
+    DeepSpeed config) before the trainer starts the engine, which then finds the base partitioned
+    and partitions the adapters like it. This process's numbers go to
+    `quantized_loading/rank<N>.json` (`write_report`)."""
+
+    def prepare(trainer) -> None:
+        source = _source(trainer.model)
+        if source is None:  # a model loaded another way
+            return
+        rss_start = released_rss_bytes()
+        dtype = trainer.model.config.quantization_config.bnb_4bit_compute_dtype
+        ds_config = trainer.accelerator.state.deepspeed_plugin.deepspeed_config
+        stats = fill_zero3_partitions(trainer.model, source, compute_dtype=dtype, ds_config=ds_config,
+                                      device=trainer.accelerator.device)
+        write_report(ctx, record, stats, rss_start)
+
+    return prepare
+
+
+def write_report(ctx, record: dict, stats: dict, rss_before_fill: int) -> None:
+    """Write this process's loading figures (`read_checkpoint`'s, plus its resident memory growth,
+    `released_rss_bytes`: the peak of the samples and what is held at the end, while reading the
+    checkpoint and from the start of loading) to `quantized_loading/rank<N>.json` in the run
+    directory. `rss_before_fill`: the resident size right before the checkpoint was read."""
+    fill_peak, held = stats.pop("rss_peak_bytes"), released_rss_bytes()
+    # The reading alone: the base's own cost, apart from what building the skeleton, the adapters
+    # and the trainer costs whatever the model's size.
+    stats["fill_rss_peak_growth_bytes"] = fill_peak - rss_before_fill
+    stats["fill_rss_held_growth_bytes"] = held - rss_before_fill
+    if "rss_before" in record:  # the whole load, from before the skeleton was built
+        stats["rss_peak_growth_bytes"] = max(record["rss_built"], rss_before_fill, fill_peak) - record["rss_before"]
+        stats["rss_held_growth_bytes"] = held - record["rss_before"]
+    stats["rank"] = ctx.dist.rank
+    out = ctx.run.root / "quantized_loading" / f"rank{ctx.dist.rank}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(stats, indent=2) + "\n")
+    ctx.log(f"4-bit base loaded sharded: {stats['local_base_bytes'] / 2**20:.1f} MiB of "
+            f"{stats['full_base_bytes'] / 2**20:.1f} MiB on rank {ctx.dist.rank}")
 
 
 def _devices(accelerator):
