@@ -139,9 +139,9 @@ def quantized_model_bytes(w: Workload, other_bytes: float) -> float:
 
 def loads_quantized_shards(w: Workload, layout: Layout) -> bool:
     """Whether each process loads only its shard of a QLoRA base (`backends.quantized_loading`:
-    FSDP2 with 4-bit weights and no tensor parallel); elsewhere every process loads it whole."""
-    return (w.adapter == "qlora" and w.quant_bits == 4 and layout.backend == "fsdp"
-            and layout.tensor_parallel <= 1)
+    FSDP2 or ZeRO-3 with 4-bit weights and no tensor parallel); elsewhere every process loads it whole."""
+    sharding = layout.backend == "fsdp" or (layout.backend == "deepspeed" and layout.zero_stage == 3)
+    return w.adapter == "qlora" and w.quant_bits == 4 and sharding and layout.tensor_parallel <= 1
 
 
 def tensor_in_flight_bytes(w: Workload, compute_bytes: float) -> float:

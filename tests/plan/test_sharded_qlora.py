@@ -1,6 +1,6 @@
 """QLoRA on a sharded base (DeepSpeed ZeRO-3, FSDP2): what the backends accept, and what the memory
-model counts for it (non-quantized weights kept in the storage dtype, and the quantized checkpoint
-loaded whole onto every GPU before it is sharded)."""
+model counts for it (non-quantized weights kept in the storage dtype; a 4-bit base loaded shard by
+shard, or whole onto every GPU before it is sharded where tensor parallel loads it)."""
 
 from __future__ import annotations
 
@@ -57,27 +57,30 @@ def test_sharded_base_keeps_non_quantized_weights_in_the_storage_dtype():
     assert z2.components["weights"] == pytest.approx(q + 4 * others)        # peft's fp32 upcast, whole
 
 
-def test_quantized_checkpoint_loads_whole_before_zero3_shards_it():
+def test_a_base_loaded_whole_is_the_peak_while_it_loads():
+    """With tensor parallel the quantized checkpoint loads whole onto every GPU before it is sharded."""
     w = _workload()
-    for layout in (Layout("deepspeed", "zero3", data_parallel=2, zero_stage=3, gpus_per_node=2),):
-        mem = estimate(w, layout, 2, True, gpu_memory=80 * GIB)
-        load = mem.components["quantized_load"]
-        assert load == pytest.approx(quantized_model_bytes(w, 2))
-        assert 33 * GIB < load < 35 * GIB                       # 69B weights at ~0.52 bytes, embeddings in bf16
-        assert mem.total == pytest.approx(mem.components["runtime"] + load)  # the peak of this run
-        assert any("loading the quantized model whole" in n for n in mem.notes)
+    mem = estimate(w, Layout("fsdp", "fsdp_full_shard", data_parallel=1, tensor_parallel=2, gpus_per_node=2), 2, True,
+                   gpu_memory=80 * GIB)
+    load = mem.components["quantized_load"]
+    assert load == pytest.approx(quantized_model_bytes(w, 2))
+    assert 33 * GIB < load < 35 * GIB                       # 69B weights at ~0.52 bytes, embeddings in bf16
+    assert mem.total == pytest.approx(mem.components["runtime"] + load)  # the peak of this run
+    assert any("loading the quantized model whole" in n for n in mem.notes)
     whole = estimate(w, Layout("deepspeed", "zero2", data_parallel=2, zero_stage=2, gpus_per_node=2), 2, True,
                      gpu_memory=80 * GIB)
     assert whole.components["quantized_load"] == 0.0  # unsharded: the loaded model is the trained one
 
 
-def test_fsdp2_loads_the_4bit_base_shard_by_shard():
+@pytest.mark.parametrize("layout", [Layout("fsdp", "fsdp_full_shard", data_parallel=2, gpus_per_node=2),
+                                    Layout("deepspeed", "zero3", data_parallel=2, zero_stage=3, gpus_per_node=2)],
+                         ids=["fsdp2", "zero3"])
+def test_the_4bit_base_loads_shard_by_shard(layout):
     """`backends.quantized_loading`: each GPU holds its shard (the weights term) and one checkpoint
     tensor in flight, here an MLP matrix (28672 x 8192 in bf16 plus its 4-bit copy, 0.55 GiB: more
     than the 32000 x 8192 embedding); never the whole base."""
     w = _workload()
-    mem = estimate(w, Layout("fsdp", "fsdp_full_shard", data_parallel=2, gpus_per_node=2), 2, True,
-                   gpu_memory=80 * GIB)
+    mem = estimate(w, layout, 2, True, gpu_memory=80 * GIB)
     load = mem.components["quantized_load"]
     assert load == pytest.approx(28672 * 8192 * (2 + quantized_bytes_per_param(4, w.double_quant, 8192)))
     assert load < quantized_model_bytes(w, 2) / 50
@@ -85,9 +88,6 @@ def test_fsdp2_loads_the_4bit_base_shard_by_shard():
     assert mem.total > mem.components["runtime"] + mem.components["weights"] + load  # training is the peak
     assert any("shard by shard" in n for n in mem.notes)
     assert not any("loading the quantized model whole" in n for n in mem.notes)
-    tp = estimate(w, Layout("fsdp", "fsdp_full_shard", data_parallel=1, tensor_parallel=2, gpus_per_node=2), 2, True,
-                  gpu_memory=80 * GIB)
-    assert tp.components["quantized_load"] == pytest.approx(quantized_model_bytes(w, 2))  # loaded whole
 
 
 def test_70b_qlora_plans_on_two_24gb_gpus(tmp_path):
