@@ -101,7 +101,10 @@ def test_planner_counts_the_fused_loss(tmp_path):
     fused.write_text(base + "kernels: [liger]\n")
     hw = hardware_for(load_recipe(plain).recipe, "1xH100-80GB")
     p1, p2 = make_plan(load_recipe(plain).recipe, hw), make_plan(load_recipe(fused).recipe, hw)
-    assert p2.memory_gb["logits"] < p1.memory_gb["logits"]
+    # The fused loss never materializes the logits: less at the loss, and a lower peak overall (the
+    # train phase's peak may move to a layer's backward, where no logits are alive at all).
+    assert p2.memory_gb.get("logits", 0.0) < p1.memory_gb["logits"]
+    assert p2.memory_gb["total"] < p1.memory_gb["total"]
 
 
 @pytest.mark.gpu
