@@ -12,54 +12,28 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from sharded_loading_testing import (RECIPE, VARIANT, assert_final_adapter_loads, assert_held_half_the_base,
+                                    rank_records, save_checkpoint, train_two_processes)
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None
                                  or importlib.util.find_spec("bitsandbytes") is None,
                                  reason="needs deepspeed and bitsandbytes")]
 
-REPO = Path(__file__).resolve().parents[3]
-RECIPE = REPO / "examples" / "yaml" / "tiny" / "sft-lora.yaml"
-VARIANT = ("adapter.type=qlora", "train.learning_rate=1e-3", "train.max_steps=6", "train.micro_batch_size=auto",
-           "train.logging_steps=1", "output.save_steps=3", "data.val_size=0", "output.merge_adapter=false")
 # The first step, before any update: the same weights, summed in another order (bf16 4-bit layers; the
 # one process's own whole load upcasts its norms to fp32). Later steps add ZeRO-3's gradient averaging
 # in bf16 across the two processes (measured: at most 5.1e-3 apart over the 6 steps).
 TOL_FIRST, TOL = 2e-3, 1e-2
-CONFIG = dict(vocab_size=1024, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=8,
-              num_key_value_heads=4, max_position_embeddings=512, tie_word_embeddings=False)
+ZERO3 = ("distributed.backend=deepspeed", "distributed.zero_stage=3")
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
-    """A random-init Llama saved in bf16 with the tiny tokenizer, as a real checkpoint would come."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from recipeforge.components.tokenizer import load_tokenizer
-
-    path = tmp_path_factory.mktemp("qlora-base") / "llama"
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**CONFIG)).to(torch.bfloat16)
-    model.save_pretrained(path)
-    load_tokenizer("tiny:llama", vocab_size=CONFIG["vocab_size"]).save_pretrained(path)
-    return path
-
-
-def _zero3(tiny, checkpoint: Path, run: Path, cwd: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "recipeforge", "train", str(RECIPE), f"output.dir={run}",
-           f"data.cache_dir={tiny.cache_dir}", "logging.progress_bar=false", f"model.name_or_path={checkpoint}",
-           *VARIANT, "distributed.backend=deepspeed", "distributed.zero_stage=3", "--nproc-per-node", "2"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=600, env=dict(os.environ))
-    assert proc.returncode == 0, f"--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-6000:]}"
-    return proc
+    return save_checkpoint(tmp_path_factory.mktemp("qlora-base") / "llama")
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +46,7 @@ def runs(tiny, checkpoint, work) -> tuple[Path, Path]:
     """The same recipe twice: one process loading the base whole, and ZeRO-3 on two processes."""
     single = tiny.train(str(RECIPE), work / "single", f"model.name_or_path={checkpoint}", *VARIANT)
     run = work / "zero3"
-    _zero3(tiny, checkpoint, run, work)
+    train_two_processes(tiny, checkpoint, run, work, *ZERO3)
     return single, run
 
 
@@ -91,19 +65,8 @@ def test_loss_follows_the_whole_load(tiny, runs):
 
 def test_no_process_held_the_whole_base(runs):
     _, run = runs
-    for rank in (0, 1):
-        seen = json.loads((run / "quantized_loading" / f"rank{rank}.json").read_text())
-        full, local = seen["full_base_bytes"], seen["local_base_bytes"]
-        assert full > 25 * 2**20  # the 4-bit base (and the frozen 16-bit layers) this test is about
-        assert abs(2 * local - full) < 0.01 * full  # half of every flat tensor, up to ZeRO-3's padding
-        # At no moment was more alive than the partitions, the quantization states and one tensor in
-        # flight (read, and converted or quantized): never the whole base.
-        assert seen["peak_live_base_bytes"] <= local + seen["quant_state_bytes"] + 2 * seen["largest_tensor_bytes"]
-        assert seen["peak_live_base_bytes"] < full, seen
-        # Measured, not counted (`released_rss_bytes`; a whole load holds all of the base, as the
-        # FSDP test of this loader measures): reading grew this process by far less.
-        assert seen["fill_rss_peak_growth_bytes"] < 0.75 * full, seen
-        assert seen["fill_rss_held_growth_bytes"] < 0.65 * full, seen
+    for seen in rank_records(run):  # (the FSDP test of this loader measures what a whole load holds)
+        assert_held_half_the_base(seen)
 
 
 def test_resumes_from_its_zero3_checkpoint(tiny, runs, checkpoint, work):
@@ -112,25 +75,12 @@ def test_resumes_from_its_zero3_checkpoint(tiny, runs, checkpoint, work):
     shutil.copytree(run, resumed)
     shutil.rmtree(resumed / "checkpoints" / "checkpoint-6")
     shutil.rmtree(resumed / "final")
-    proc = _zero3(tiny, checkpoint, resumed, work)
+    proc = train_two_processes(tiny, checkpoint, resumed, work, *ZERO3)
     assert f"resuming from {resumed / 'checkpoints' / 'checkpoint-3'}" in proc.stderr
     assert [r["step"] for r in tiny.records(resumed, "train") if "loss" in r] == [1, 2, 3, 4, 5, 6]
     assert tiny.values(resumed, "loss") == pytest.approx(tiny.values(run, "loss"), abs=1e-5)
 
 
 def test_final_adapter_loads_in_peft(runs, checkpoint):
-    import torch
-    from peft import PeftModel
-    from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
-
     single, run = runs
-    mine, ref = load_file(run / "final" / "adapter_model.safetensors"), \
-        load_file(single / "final" / "adapter_model.safetensors")
-    assert mine.keys() == ref.keys()
-    assert max((mine[k].float() - ref[k].float()).abs().max().item() for k in mine) < 0.05
-    base = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16)
-    model = PeftModel.from_pretrained(base, run / "final")
-    with torch.no_grad():
-        logits = model(torch.tensor([[1, 2, 3, 4]])).logits
-    assert logits.shape == (1, 4, CONFIG["vocab_size"]) and torch.isfinite(logits).all()
+    assert_final_adapter_loads(run, single, checkpoint)
