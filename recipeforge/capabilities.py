@@ -1,29 +1,46 @@
-"""What each distributed backend can run: one record per backend, the only place that says so.
+"""What a distributed backend can run, and the presets it names: the records every reader asks.
 
 A `BackendCapabilities` lists the stages, devices, adapters, QLoRA base precisions and offload modes
 a backend runs, how many CPU processes it can use, and its backend-specific limits (ZeRO stages,
 which stages can offload, which optimizers an offloaded step takes). `refusals` compares a run's
-facts with a record and says, with a key and a one-line message, what the backend cannot do.
+facts with a record and says, with a key and a one-line message, what the backend cannot do. A
+`Preset` is a named set of a backend's settings (``zero3_offload``, ``fsdp_full_shard``, ...).
 
-Every reader asks this module instead of keeping its own list: the recipe rules
-(`config.schema.rules`, with whatever is known before planning), the planner (`plan.policy`,
-`plan.world`: only layouts a backend can run become candidates), each backend's `check()` before
-launch, and the support table in docs/backends.md (`support_table_markdown`). It sits at the bottom
-of the package (it imports only `errors` and `registry`) so the recipe layer can read it without
-importing a backend.
-
-Built-in records are `BUILTIN`; a plugin backend declares its own as the ``capabilities`` attribute of
-the class its ``recipeforge.backends`` entry point names, and `capabilities_of` finds it there.
+Each backend spec (built-ins in `recipeforge.backends`, plugins through the ``recipeforge.backends``
+entry points) declares its record as its ``capabilities`` attribute and its presets through
+``preset(name)``; this module finds them through the ``backends`` registry (`backend_specs`), so a
+plugin backend is read exactly as a built-in. Every reader asks here instead of keeping its own
+list: the recipe rules (`config.schema.rules`, with whatever is known before planning), the planner
+(only layouts a backend can run become candidates), each backend's `check()` before launch, and the
+support table in docs/backends.md (`support_table_markdown`). It sits at the bottom of the package
+(it imports only `errors` and `registry`) so the recipe layer can read it without importing a backend.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Iterable, Mapping
 
 from recipeforge.errors import RecipeError
 
-STAGES = ("pretrain", "sft", "dpo", "grpo", "orpo", "kto", "cpo", "reward")
+class Stage(str, Enum):
+    """The training stages, named once (each has a runner in `recipeforge.stages` and a recipe section)."""
+
+    PRETRAIN = "pretrain"
+    SFT = "sft"
+    DPO = "dpo"
+    GRPO = "grpo"
+    ORPO = "orpo"
+    KTO = "kto"
+    CPO = "cpo"
+    REWARD = "reward"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+STAGES = tuple(s.value for s in Stage)
 DEVICES = ("cuda", "cpu")
 ADAPTERS = ("none", "lora", "qlora")
 OFFLOAD_MODES = ("none", "optimizer", "optimizer+params")
@@ -52,8 +69,35 @@ class BackendCapabilities:
     offload_optimizers: tuple[str, ...] | None = None  # optimizers an offloaded step takes (None: any)
     presets: tuple[str, ...] = ()
     package: str | None = None                        # module it needs (looked up, never imported)
+    distribution: str | None = None                   # its pip distribution, when `package` is a namespace
     extra: str | None = None                          # the recipeforge extra that installs it
     why: Mapping[str, str] = field(default_factory=dict)
+
+
+class BackendName(str, Enum):
+    """The built-in backends' names, named once (a plugin backend brings its own name)."""
+
+    SINGLE = "single"
+    DDP = "ddp"
+    DEEPSPEED = "deepspeed"
+    FSDP = "fsdp"
+    MEGATRON = "megatron"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Preset:
+    """The settings a named preset stands for (its backend's spec declares it)."""
+
+    name: str
+    backend: str
+    zero_stage: int | None = None
+    offload: str = "none"        # none | optimizer | optimizer+params
+    sharding: str | None = None  # FSDP: full_shard | shard_grad_op | hybrid_shard
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
 
 
 @dataclass(frozen=True)
@@ -69,57 +113,29 @@ class Refusal:
         return RecipeError(self.message, key=self.key, hint=self.hint or None)
 
 
-_GPU_ONLY = "Megatron-Core's forward is CUDA-only"
-BUILTIN: dict[str, BackendCapabilities] = {c.name: c for c in (
-    BackendCapabilities(
-        "single", "one process: a GPU, or the CPU", max_cpu_processes=1,
-        why={"offload": "one process keeps its optimizer where its weights are",
-             "cpu_processes": "it runs one process"}),
-    BackendCapabilities(
-        "ddp", "a full replica per process (torch DDP); NCCL on GPUs, gloo on the CPU",
-        why={"offload": "every replica keeps its full optimizer on its device"}),
-    BackendCapabilities(
-        "deepspeed", "ZeRO data parallelism; gloo on the CPU",
-        offload=OFFLOAD_MODES, zero_stages=(0, 1, 2, 3),
-        offload_zero_stages={"optimizer": (2, 3), "optimizer+params": (3,)},
-        qlora_zero_stages=(0, 1, 2), offload_optimizers=("adamw", "adamw_fused"),
-        presets=("zero0", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload", "zero3_offload_params"),
-        package="deepspeed", extra="deepspeed",
-        why={"qlora_zero": "ZeRO-3 partitions 4-bit QLoRA weights (stored as bf16/fp16 words, "
-                           "bnb_4bit_quant_storage) but not 8-bit ones, which are int8 with per-row scales",
-             "offload_zero": "ZeRO offloads optimizer states from stage 2 and parameters from stage 3",
-             "offload_optimizer": "DeepSpeed steps offloaded optimizer states with its own CPU Adam"}),
-    BackendCapabilities(
-        "fsdp", "FSDP2 (fully_shard) through Accelerate; NCCL on GPUs, gloo on the CPU",
-        quantization_bits=(4,), offload=("none", "optimizer+params"),
-        parallel_sizes=("tensor_parallel", "context_parallel", "data_parallel_replicate", "data_parallel_shard"),
-        cpu_parallel_sizes=("tensor_parallel",), cpu_offload=("none",),
-        presets=("fsdp_shard_grad_op", "fsdp_full_shard", "fsdp_hybrid_shard", "fsdp_full_shard_offload"),
-        why={"cpu_offload": "FSDP2 offload moves weights between an accelerator and host memory; on the CPU "
-                            "they are in host memory already (the CPUOffloadPolicy of torch needs an accelerator)",
-             "cpu_parallel": "on the CPU every process shards the model (tensor parallel inside); context "
-                             "parallel (ring attention) needs CUDA, and replica/shard mesh sizes are for GPU nodes",
-             "quant_bits": "FSDP shards 4-bit weights stored as bf16/fp16 words (bnb_4bit_quant_storage); "
-                           "8-bit weights are int8 with per-row scales and do not shard",
-             "offload": "FSDP2's CPU offload moves parameters, gradients and optimizer states together"}),
-    BackendCapabilities(
-        "megatron", "Megatron-Core tensor / pipeline / data parallelism through Megatron-Bridge",
-        stages=("pretrain", "sft"), devices=("cuda",), adapters=("none", "lora"), quantization_bits=(),
-        offload=("none", "optimizer"), max_cpu_processes=0,
-        parallel_sizes=("tensor_parallel", "pipeline_parallel"),
-        offload_optimizers=("adamw", "adamw_fused"), presets=("tp{T}_pp{P}", "tp{T}_pp{P}_offload"),
-        package="megatron.bridge", extra="megatron",
-        why={"stages": "Megatron-Bridge's training loop has no preference or RL losses",
-             "devices": _GPU_ONLY, "adapters": "Megatron-Bridge's LoRA has no 4-bit base",
-             "offload": "the distributed optimizer offloads optimizer states only (optimizer_cpu_offload)",
-             "offload_optimizer": "Megatron-Core offloads Adam's states to the CPU, not SGD's"}),
-)}
+def backend_specs() -> dict:
+    """Every backend that loads, by name: the built-ins in their order, then installed plugins (a
+    plugin that fails to load is left out here; `recipeforge plugins` reports why)."""
+    from recipeforge.registry import registry_for
+
+    registry = registry_for("backends")
+    out = {}
+    for name in registry.names():
+        try:
+            out[name] = registry.get(name)
+        except RecipeError:
+            continue
+    return out
+
+
+def all_capabilities() -> dict[str, BackendCapabilities]:
+    """The capability record of every backend that loads (`backend_specs`), by name."""
+    return {name: spec.capabilities for name, spec in backend_specs().items()
+            if isinstance(getattr(spec, "capabilities", None), BackendCapabilities)}
 
 
 def capabilities_of(name: str) -> BackendCapabilities:
-    """The record of backend `name`: built in, or the ``capabilities`` of a plugin backend's class."""
-    if name in BUILTIN:
-        return BUILTIN[name]
+    """The record of backend `name`: the ``capabilities`` of its spec (built in or from a plugin)."""
     from recipeforge.registry import registry_for
 
     backend = registry_for("backends").get(name, key="distributed.backend")
@@ -131,26 +147,27 @@ def capabilities_of(name: str) -> BackendCapabilities:
     return caps
 
 
-def preset_facts(name: str) -> tuple[str, int | None, str] | None:
-    """(backend, ZeRO stage, offload) a built-in preset name stands for, None for an unknown name
-    (`plan.presets` holds the full meaning; a test keeps the two in step)."""
-    import re
-
-    owner = next((c.name for c in BUILTIN.values() if name in c.presets), None)
-    if owner is None and re.fullmatch(r"tp\d+_pp\d+(_offload)?", name):
-        owner = "megatron"
-    if owner is None:
-        return None
-    if owner == "deepspeed":
-        offload = "optimizer+params" if name.endswith("_offload_params") else \
-            "optimizer" if name.endswith("_offload") else "none"
-        return owner, int(name[4]), offload
-    offload = {"fsdp": "optimizer+params", "megatron": "optimizer"}[owner] if name.endswith("_offload") else "none"
-    return owner, None, offload
+def find_preset(name: str, backend: str | None = None) -> "Preset | None":
+    """The preset called `name` among the presets of `backend` (None or ``auto``: of every backend),
+    or None. Each backend spec names its presets (`preset`)."""
+    specs = backend_specs()
+    if backend not in (None, "auto"):
+        specs = {backend: specs[backend]} if backend in specs else {}
+    for spec in specs.values():
+        found = spec.preset(name)
+        if found is not None:
+            return found
+    return None
 
 
-def _supporting(names: Iterable[str], test) -> list[str]:
-    return [n for n in names if test(BUILTIN[n])]
+def preset_names(backend: str | None = None) -> list[str]:
+    """Preset names of `backend` (None or ``auto``: of every backend), generated ones as patterns."""
+    return [n for name, spec in backend_specs().items() if backend in (None, "auto", name)
+            for n in spec.preset_names()]
+
+
+def _supporting(records: Mapping[str, BackendCapabilities], test) -> list[str]:
+    return [n for n, caps in records.items() if test(caps)]
 
 
 def _either(names: list[str]) -> str:
@@ -176,9 +193,10 @@ def refusals(caps: BackendCapabilities, *, stage: str | None = None, device: str
     n = caps.name
     why = caps.why
     backend_hint = "set distributed.backend: auto"
+    every = all_capabilities()
 
     def others(test) -> str:
-        names = [b for b in _supporting(BUILTIN, test) if b != n]
+        names = [b for b in _supporting(every, test) if b != n]
         return f"use backend: {_either(names)} (or auto)" if names else backend_hint
 
     if stage is not None and stage not in caps.stages:
@@ -208,7 +226,7 @@ def refusals(caps: BackendCapabilities, *, stage: str | None = None, device: str
                            f"bases, not {quant_bits}-bit" + (f": {why['quant_bits']}" if "quant_bits" in why else ""),
                            f"set adapter.quant.bits: {caps.quantization_bits[0]}"))
     if model_parallel and model_parallel not in caps.parallel_sizes:
-        names = _either(_supporting(BUILTIN, lambda c: model_parallel in c.parallel_sizes))
+        names = _either(_supporting(every, lambda c: model_parallel in c.parallel_sizes))
         out.append(Refusal(f"distributed.{model_parallel}", f"{model_parallel} > 1 needs the {names} backend "
                            f"(backend is {n})", others(lambda c: model_parallel in c.parallel_sizes)
                            + ", or set it to 1 or auto"))
@@ -300,7 +318,7 @@ def _cell(values: Iterable, all_values: tuple) -> str:
 
 def support_table_markdown(records: Mapping[str, BackendCapabilities] | None = None) -> str:
     """The support table of docs/backends.md, generated from the records."""
-    records = records if records is not None else BUILTIN
+    records = records if records is not None else all_capabilities()
     rows = ["| backend | stages | devices | adapters | QLoRA bits | offload | CPU processes | presets |",
             "|---|---|---|---|---|---|---|---|"]
     for c in records.values():

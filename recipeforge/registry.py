@@ -53,6 +53,7 @@ GROUPS: dict[str, str] = {kind: k.description for kind, k in REGISTRY_KINDS.item
 FIRST_PARTY: dict[str, dict[str, str]] = {
     "kernels": {"liger": "recipeforge-liger"},
     "rollout_engines": {"vllm": "recipeforge-vllm"},
+    "backends": {"zero_redundancy": "recipeforge-zero-redundancy"},
 }
 
 TRUST_ENV = "RECIPEFORGE_TRUST_CODE"

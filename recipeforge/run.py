@@ -365,21 +365,22 @@ def _run_stage(ctx, backend):
     from recipeforge.outputs.metrics import MetricsWriter
     from recipeforge.stages import runner_class
 
-    runner = runner_class(ctx.recipe.stage, ctx.plan.backend)(ctx)
+    own_runner = backend.runner(ctx.recipe.stage)
+    runner = runner_class(ctx.recipe.stage, own_runner)(ctx)
     if ctx.dist.world_size > 1:
         # One process per machine tokenizes and caches the data first (a cache hit when `recipeforge
         # train` built it before launching); the others poll for it outside any collective, then read it.
         from recipeforge.backends import worker as w
         from recipeforge.backends.data_ready import prepare_on_first_rank
 
-        prepare_on_first_rank(lambda: runner_class(ctx.recipe.stage, ctx.plan.backend)(ctx), ctx.dist, broadcast=w.broadcast,
+        prepare_on_first_rank(lambda: runner_class(ctx.recipe.stage, own_runner)(ctx), ctx.dist, broadcast=w.broadcast,
                               barrier=w.barrier, log=ctx.log)
     try:
         runner.setup()
         if ctx.dist.is_main and runner.data_stats:
             MetricsWriter(ctx.run.metrics).write({"split": "data", "step": 0, **runner.data_stats})
         runner.train()
-        if ctx.dist.is_main and ctx.plan.backend != "single":
+        if ctx.dist.is_main and backend.reports_runtime:
             _write_backend_report(ctx, runner, backend)
         runner.save()
     except Exception as exc:

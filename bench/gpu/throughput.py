@@ -59,7 +59,8 @@ def adapter_settings(kind: str) -> dict:
 def deepspeed_json(recipe_path: Path, out: Path) -> Path | None:
     """The DeepSpeed config recipeforge runs for this recipe on this machine (None off DeepSpeed)."""
     from recipeforge.config import load_recipe
-    from recipeforge.plan import deepspeed_config, make_plan
+    from recipeforge.backends.artifacts import deepspeed_config
+    from recipeforge.plan import make_plan
 
     recipe = load_recipe(recipe_path).recipe
     plan = make_plan(recipe)

@@ -1,8 +1,7 @@
-"""Distributed backends behind one protocol (`backends.base.Backend`), in the ``backends`` registry.
+"""Distributed backends, one `backends.base.BackendSpec` each, in the ``backends`` registry.
 
-Built-ins (single, ddp, deepspeed, fsdp, megatron) register exactly as a plugin would: a plugin
-publishes an entry point in the group ``recipeforge.backends`` naming a class (or instance) with the
-protocol's methods. Importing this package is cheap; torch, Accelerate, DeepSpeed and Megatron are
+Built-ins register exactly as a plugin would: a plugin publishes an entry point in the group
+``recipeforge.backends`` naming a `BackendSpec` subclass (or instance). Importing this package is cheap; torch, Accelerate, DeepSpeed and Megatron are
 imported inside the methods that use them.
 """
 
@@ -10,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from recipeforge.backends.base import Backend, TrainerBackend
+from recipeforge.backends.base import Backend, BackendSpec
 from recipeforge.backends.ddp import DDPBackend
 from recipeforge.backends.deepspeed import DeepSpeedBackend
 from recipeforge.backends.fsdp import FSDPBackend
@@ -22,24 +21,28 @@ _METHODS = ("check", "launcher", "accelerate_config", "launch_files", "launch_en
             "trainer_kwargs", "save_final", "runtime_report")
 
 
-def _as_backend(name: str, obj: Any) -> Backend:
-    """A registered backend: an instance with the protocol's methods (a class is instantiated)."""
+def _as_backend(name: str, obj: Any) -> BackendSpec:
+    """A registered backend: a `BackendSpec` instance (a class is instantiated) named as registered."""
     if isinstance(obj, type):
         obj = obj()
-    missing = [m for m in _METHODS if not callable(getattr(obj, m, None))]
-    if missing:
-        raise TypeError(f"backend '{name}' lacks {', '.join(missing)} (see recipeforge.backends.base.Backend)")
+    if not isinstance(obj, BackendSpec):
+        missing = [m for m in _METHODS if not callable(getattr(obj, m, None))]
+        raise TypeError(f"backend '{name}' is not a recipeforge.backends.base.BackendSpec"
+                        + (f" (it lacks {', '.join(missing)})" if missing else ""))
+    if obj.name != name:
+        raise TypeError(f"backend '{name}' calls itself '{obj.name}': the entry point's name and the spec's "
+                        "`name` must agree")
     return obj
 
 
-backends: Registry[Backend] = Registry("backends", coerce=_as_backend)
+backends: Registry[BackendSpec] = Registry("backends", coerce=_as_backend)
 for _cls in (SingleBackend, DDPBackend, DeepSpeedBackend, FSDPBackend, MegatronBackend):
     backends.register(_cls.name, _cls)
 
 
-def get_backend(name: str) -> Backend:
+def get_backend(name: str) -> BackendSpec:
     """The backend called `name` (built in, or from a plugin's entry point)."""
     return backends.get(name, key="distributed.backend")
 
 
-__all__ = ["Backend", "TrainerBackend", "backends", "get_backend"]
+__all__ = ["Backend", "BackendSpec", "backends", "get_backend"]

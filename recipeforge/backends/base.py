@@ -1,15 +1,19 @@
-"""The backend protocol: what a distributed backend contributes to a run, and nothing else.
+"""A backend spec: everything about one distributed backend, in one class.
 
-A backend is chosen by the plan (`Plan.backend`) and looked up in the ``backends`` registry. It
+A backend is one `BackendSpec` subclass in one module (built-ins in `recipeforge.backends`, plugins
+in their own package, registered by the entry point group ``recipeforge.backends``). It owns
 
-1. checks the plan against what it can run (`check`),
-2. says how to start the processes: which launcher, the accelerate config section, extra files and
-   environment (`launcher`, `accelerate_config`, `launch_files`, `launch_env`),
-3. sets up each worker before the trainer exists (`setup_worker`) and gives the trainer its
-   arguments (`trainer_kwargs`, merged last by `stages.base.TrainerStage.training_arguments`),
-4. writes final/ as plain Hugging Face safetensors, gathering sharded weights first (`save_final`,
-   which the runner hands to the stage as `StageContext.save_final`),
-5. reports what really ran, from inside the worker (`runtime_report`, written to backend.json).
+1. what it runs and the presets it names (`capabilities`, `presets`, `preset`), which the recipe
+   rules, the planner and `check` all read;
+2. its planning (`plan.backend_spec.PlannerSpec`): the candidate layouts it offers a workload on a
+   target, its model-state memory terms, its reasons and its part of the plan;
+3. how its processes start: the launcher, the accelerate config section, extra files and environment
+   (`launcher`, `accelerate_config`, `launch_files`, `launch_env`);
+4. each worker before the trainer exists (`setup_worker`), the trainer's arguments (`trainer_kwargs`,
+   merged last by `stages.base.TrainerStage.training_arguments`) and, when it trains with a loop of
+   its own, the stage runner (`runner`);
+5. the final save as plain Hugging Face safetensors, gathering sharded weights first (`save_final`);
+6. what really ran, reported from inside the worker (`runtime_report`, written to backend.json).
 
 Stage runners never look at the backend; a backend never looks at the stage beyond `stages`.
 Nothing here imports torch: the heavy work happens inside the methods.
@@ -19,53 +23,51 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from recipeforge.capabilities import BackendCapabilities, capabilities_of, check_plan
+from recipeforge.capabilities import BackendCapabilities, check_plan
 from recipeforge.errors import RecipeError
+from recipeforge.plan.backend_spec import PlannerSpec
 
-TRAINER_STAGES = ("pretrain", "sft", "dpo", "grpo", "orpo", "kto", "cpo", "reward")
+if TYPE_CHECKING:
+    from recipeforge.plan.types import Plan
+    from recipeforge.stages.base import StageContext
 
 
 @runtime_checkable
 class Backend(Protocol):
-    """What every backend implements (built-ins and plugins alike)."""
+    """The methods the run calls on every backend (built-ins and plugins alike); `BackendSpec`
+    implements them all, with the planning methods of `PlannerSpec`."""
 
     name: str
-    stages: tuple[str, ...]
+    capabilities: BackendCapabilities
 
-    def check(self, plan, recipe) -> None: ...
+    def check(self, plan: "Plan", recipe) -> None: ...
 
-    def launcher(self, plan) -> str: ...
+    def launcher(self, plan: "Plan") -> str: ...
 
-    def accelerate_config(self, plan, recipe, run_dir: Path) -> dict: ...
+    def accelerate_config(self, plan: "Plan", recipe, run_dir: Path) -> dict: ...
 
-    def launch_files(self, plan, recipe) -> dict[str, str]: ...
+    def launch_files(self, plan: "Plan", recipe) -> dict[str, str]: ...
 
-    def launch_env(self, plan) -> dict[str, str]: ...
+    def launch_env(self, plan: "Plan") -> dict[str, str]: ...
 
-    def setup_worker(self, ctx) -> None: ...
+    def setup_worker(self, ctx: "StageContext") -> None: ...
 
-    def trainer_kwargs(self, ctx) -> dict: ...
+    def trainer_kwargs(self, ctx: "StageContext") -> dict: ...
 
-    def save_final(self, ctx, trainer, model, tokenizer) -> Path | None: ...
+    def save_final(self, ctx: "StageContext", trainer, model, tokenizer) -> Path | None: ...
 
     def runtime_report(self, trainer) -> dict: ...
 
 
-class TrainerBackend:
-    """Shared behaviour of the backends that drive a transformers/TRL trainer through Accelerate.
+class BackendSpec(PlannerSpec):
+    """The base of every backend: a backend that drives a transformers/TRL trainer through Accelerate.
 
-    What a backend runs is its capability record (`recipeforge.capabilities`): built-ins find theirs
-    by name, a plugin backend sets ``capabilities = BackendCapabilities(...)`` on its class. The recipe
-    rules and the planner read the same record, so `check` refuses nothing they let through."""
+    A subclass sets ``name`` and ``capabilities = BackendCapabilities(...)``, declares its presets,
+    offers its layouts to the planner (`candidates`) and overrides what it does differently."""
 
     name = ""
-
-    @property
-    def capabilities(self) -> BackendCapabilities:
-        """This backend's capability record."""
-        return capabilities_of(self.name)
 
     @property
     def stages(self) -> tuple[str, ...]:
@@ -73,14 +75,14 @@ class TrainerBackend:
         return self.capabilities.stages
 
     # -- before launch ----------------------------------------------------------------------------
-    def check(self, plan, recipe) -> None:
+    def check(self, plan: "Plan", recipe) -> None:
         """Refuse a plan this backend cannot run, with the reason and what to do instead."""
         if plan.backend != self.name:
             raise RecipeError(f"the plan uses backend {plan.backend}, not {self.name}", key="distributed.backend")
         self.check_supported(plan, recipe)
         self.check_installed()
 
-    def check_supported(self, plan, recipe) -> None:
+    def check_supported(self, plan: "Plan", recipe) -> None:
         """Refuse what the capability record does not run (stage, device, adapter, offload, ...)."""
         check_plan(self.capabilities, plan, recipe)
 
@@ -91,31 +93,37 @@ class TrainerBackend:
             raise RecipeError(f"the {self.name} backend needs the {package} package, which is not installed",
                               key="distributed.backend", hint=f"pip install 'recipeforge[{extra}]'")
 
-    def launcher(self, plan) -> str:
-        """``accelerate`` (a generated config file in the run dir) or ``none`` (this process trains)."""
+    def launcher(self, plan: "Plan") -> str:
+        """``accelerate`` (a generated config file in the run dir), ``torchrun``, or ``none`` (this
+        process trains)."""
         return "accelerate" if plan.world_size > 1 else "none"
 
-    def accelerate_config(self, plan, recipe, run_dir: Path) -> dict:
+    def accelerate_config(self, plan: "Plan", recipe, run_dir: Path) -> dict:
         """This backend's part of the accelerate config file (distributed type and plugin section)."""
         return {"distributed_type": "MULTI_GPU"}
 
-    def launch_files(self, plan, recipe) -> dict[str, str]:
+    def launch_files(self, plan: "Plan", recipe) -> dict[str, str]:
         """Extra files to write into the run directory before launch: name -> text."""
         return {}
 
-    def launch_env(self, plan) -> dict[str, str]:
+    def launch_env(self, plan: "Plan") -> dict[str, str]:
         """Environment variables the workers need beyond the launcher's own."""
         return {}
 
     # -- inside each worker -----------------------------------------------------------------------
-    def setup_worker(self, ctx) -> None:
+    def runner(self, stage: str) -> str | None:
+        """``"module:Class"`` of the stage runner when this backend trains with a loop of its own,
+        else None (the stage's own runner)."""
+        return None
+
+    def setup_worker(self, ctx: "StageContext") -> None:
         """Run before the model is loaded and before the trainer arguments are built."""
 
-    def trainer_kwargs(self, ctx) -> dict:
+    def trainer_kwargs(self, ctx: "StageContext") -> dict:
         """Trainer arguments this backend needs (override the stage's and the common ones)."""
         return {}
 
-    def save_final(self, ctx, trainer, model, tokenizer) -> Path | None:
+    def save_final(self, ctx: "StageContext", trainer, model, tokenizer) -> Path | None:
         """Write final/ on the main process; every process calls this (gathering may be collective)."""
         from recipeforge.outputs.export import save_pretrained_atomic
 
@@ -125,10 +133,11 @@ class TrainerBackend:
 
     def runtime_report(self, trainer) -> dict:
         """What really ran, seen from inside the worker: backend.json in the run directory."""
-        return _common_report(trainer)
+        return common_report(trainer)
 
 
-def _common_report(trainer) -> dict:
+def common_report(trainer) -> dict:
+    """The report every backend starts from: distributed type, processes, process group, wrapper, device."""
     import torch.distributed as dist
 
     state = trainer.accelerator.state

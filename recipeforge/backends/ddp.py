@@ -8,13 +8,31 @@ no GPU and runs MULTI_CPU over gloo.
 
 from __future__ import annotations
 
-from recipeforge.backends.base import TrainerBackend
+from recipeforge.backends.base import BackendSpec
+from recipeforge.capabilities import BackendCapabilities
+from recipeforge.plan.backend_spec import Candidate
+from recipeforge.plan.memory import Layout, replica_states
 
 
-class DDPBackend(TrainerBackend):
+class DDPBackend(BackendSpec):
     """Data parallel replicas (torch DDP)."""
 
     name = "ddp"
+    capabilities = BackendCapabilities(
+        name, "a full replica per process (torch DDP); NCCL on GPUs, gloo on the CPU",
+        why={"offload": "every replica keeps its full optimizer on its device"})
+    cpu_preference = 1  # replicas: what several CPU processes run unless a pin asks for more
+
+    def candidates(self, w, hw, dist, *, pinned: bool) -> list[Candidate]:
+        g = hw.num_gpus
+        if g <= 1 and not pinned:
+            return []
+        return [Candidate(Layout(self.name, None, data_parallel=g, nodes=hw.nodes, gpus_per_node=hw.gpus_per_node),
+                          1, "a full replica per GPU; one gradient all-reduce per step")]
+
+    def model_states(self, w, layout, part, trainable, frozen_bytes) -> float:
+        # DDP's gradient buckets are a second copy of the gradients
+        return replica_states(w, layout, part, trainable, frozen_bytes, gradient_buckets=True)
 
     def launcher(self, plan) -> str:
         # One process is plain single-device training; there is nothing to launch.

@@ -1,6 +1,6 @@
 """DeepSpeed ZeRO-0/1/2/3 (with CPU optimizer / parameter offload) under the transformers/TRL trainers.
 
-The DeepSpeed config comes from the plan (`plan.artifacts.deepspeed_config`): explicit batch sizes
+The DeepSpeed config comes from the plan (`backends.artifacts.deepspeed_config`): explicit batch sizes
 (micro x accumulation x world), the ZeRO stage, offload, precision. It is written to the run directory
 as deepspeed.json for the launcher and humans; each worker builds the same dict from the same plan.
 
@@ -15,7 +15,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from recipeforge.backends.base import TrainerBackend, _common_report, full_state_dict_save
+from recipeforge.backends.base import BackendSpec, common_report, full_state_dict_save
+from recipeforge.capabilities import OFFLOAD_MODES, BackendCapabilities, Preset
+from recipeforge.plan.backend_spec import Candidate, CpuSpread
+from recipeforge.plan.estimators import deepspeed_zero3_mem_needs, zero_model_states
+from recipeforge.plan.memory import BUFFER_FACTOR, Layout, assign_trainable, optimizer_state_bytes
 
 
 def extensions_dir() -> str:
@@ -25,17 +29,105 @@ def extensions_dir() -> str:
     return str(default_cache_root() / "torch_extensions")
 
 
-class DeepSpeedBackend(TrainerBackend):
+def preset_name(zero_stage: int, offload: str) -> str:
+    """The preset name of a ZeRO stage and offload (``zero3_offload``, ...)."""
+    suffix = {"none": "", "optimizer": "_offload", "optimizer+params": "_offload_params"}[offload]
+    return f"zero{zero_stage}{suffix}"
+
+
+NAME = "deepspeed"
+PRESETS = tuple(Preset(preset_name(z, o), NAME, zero_stage=z, offload=o) for z, o in (
+    (0, "none"), (1, "none"), (2, "none"), (3, "none"), (2, "optimizer"), (3, "optimizer"), (3, "optimizer+params")))
+
+# (tier, within, ZeRO stage, offload, offered unpinned, why): the layouts DeepSpeed offers on GPUs
+LAYOUTS = (
+    (2, 1, 2, "none", True, "optimizer states sharded (ZeRO-2 also shards gradients); same traffic as DDP"),
+    (2, 2, 1, "none", False, "optimizer states sharded; same traffic as DDP"),
+    (2, 3, 0, "none", False, "DeepSpeed without partitioning"),
+    (3, 1, 3, "none", True, "ZeRO-3: weights, gradients and optimizer states sharded; 1.5x DDP traffic"),
+    (6, 0, 2, "optimizer", True, "ZeRO-Offload: optimizer states and step on the CPU, 16-bit weights on each GPU"),
+    (6, 1, 3, "optimizer", True, "ZeRO-3 with the optimizer states and step on the CPU"),
+    (7, 1, 3, "optimizer+params", True,
+     "ZeRO-3 with optimizer states and parameters in CPU memory (ZeRO-Infinity style)"),
+)
+
+
+def cpu_settings(dist) -> tuple[int, str, str]:
+    """(ZeRO stage, offload, preset) of DeepSpeed on the CPU: the recipe's preset or pins, else ZeRO-2
+    (ZeRO-3 for a pinned parameter offload) without offload (memory is not what a CPU run is short of)."""
+    if dist.preset:
+        from recipeforge.plan.presets import get_preset
+
+        p = get_preset(dist.preset, backend=NAME)
+        return p.zero_stage, p.offload, p.name
+    offload = dist.offload if dist.offload != "auto" else "none"
+    zero = dist.zero_stage if dist.zero_stage != "auto" else (3 if offload == "optimizer+params" else 2)
+    return zero, offload, preset_name(zero, offload)
+
+
+class DeepSpeedBackend(BackendSpec):
     """ZeRO data parallelism through DeepSpeed's engine."""
 
-    name = "deepspeed"
+    name = NAME
+    capabilities = BackendCapabilities(
+        NAME, "ZeRO data parallelism; gloo on the CPU",
+        offload=OFFLOAD_MODES, zero_stages=(0, 1, 2, 3),
+        offload_zero_stages={"optimizer": (2, 3), "optimizer+params": (3,)},
+        qlora_zero_stages=(0, 1, 2), offload_optimizers=("adamw", "adamw_fused"),
+        presets=tuple(p.name for p in PRESETS), package="deepspeed", extra="deepspeed",
+        why={"qlora_zero": "ZeRO-3 partitions 4-bit QLoRA weights (stored as bf16/fp16 words, "
+                           "bnb_4bit_quant_storage) but not 8-bit ones, which are int8 with per-row scales",
+             "offload_zero": "ZeRO offloads optimizer states from stage 2 and parameters from stage 3",
+             "offload_optimizer": "DeepSpeed steps offloaded optimizer states with its own CPU Adam"})
+    presets = PRESETS
+    cpu_preference = 2  # on the CPU only for what DDP cannot do (a pinned offload)
+    trainer_holds_weights = False
+    torch_allocates_gradients = False
+    checkpoints_master_weights = True  # fp32 master weights travel with DeepSpeed's optimizer state
+
+    # -- planning ---------------------------------------------------------------------------------
+    def candidates(self, w, hw, dist, *, pinned: bool) -> list[Candidate]:
+        g = hw.num_gpus
+        out = []
+        for tier, within, zero, offload, unpinned, why in LAYOUTS:
+            if offload == "none" and g <= 1 and not pinned:
+                continue  # one GPU: nothing to shard over until memory runs out
+            if not (unpinned or pinned):
+                continue
+            out.append(Candidate(Layout(NAME, preset_name(zero, offload), data_parallel=g, zero_stage=zero,
+                                        offload=offload, nodes=hw.nodes, gpus_per_node=hw.gpus_per_node),
+                                 tier, why, within))
+        return out
+
+    def cpu_candidate(self, dist) -> Candidate:
+        zero, offload, preset = cpu_settings(dist)
+        return Candidate(Layout(NAME, preset, zero_stage=zero, offload=offload, nodes=1, gpus_per_node=0),
+                         1, f"DeepSpeed ZeRO-{zero} on the CPU (gloo), one process planned")
+
+    def cpu_spread(self, dist) -> CpuSpread:
+        zero, offload, preset = cpu_settings(dist)
+        return CpuSpread(preset=preset, zero_stage=zero, offload=offload)
+
+    def shards_weights(self, layout) -> bool:
+        return layout.zero_stage == 3
+
+    def model_states(self, w, layout, part, trainable, frozen_bytes) -> float:
+        return zero_states(w, layout, part, trainable, frozen_bytes)
+
+    def accuracy_band(self, w, layout) -> str:
+        return "sharded" if layout.offload != "none" or layout.zero_stage == 3 else "calibrated"
+
+    def precision(self, w) -> str:
+        return f"{w.dtype} weights and gradients; fp32 master weights, gradients and optimizer states"
+
+    # -- running ----------------------------------------------------------------------------------
 
     def launcher(self, plan) -> str:
         return "accelerate"  # even one process: the DeepSpeed engine needs a launched worker
 
     def config(self, plan, recipe) -> dict:
         """The DeepSpeed config dict of this plan."""
-        from recipeforge.plan.artifacts import deepspeed_config
+        from recipeforge.backends.artifacts import deepspeed_config
 
         return deepspeed_config(plan, recipe)
 
@@ -93,7 +185,7 @@ class DeepSpeedBackend(TrainerBackend):
         return full_state_dict_save(ctx, model, tokenizer, state_dict)
 
     def runtime_report(self, trainer) -> dict:
-        report = _common_report(trainer)
+        report = common_report(trainer)
         engine = trainer.model_wrapped
         report["engine"] = type(engine).__name__
         stage = getattr(engine, "zero_optimization_stage", None)
@@ -115,6 +207,48 @@ class DeepSpeedBackend(TrainerBackend):
         offload = getattr(engine, "zero_offload_optimizer", None)
         report["offload_optimizer"] = bool(offload()) if callable(offload) else False
         return report
+
+
+def zero_states(w, layout, part: dict, trainable: float, frozen_bytes: float) -> float:
+    """DeepSpeed mixed precision as its estimators count it: 16-bit weights and gradients, and
+    K = 16 bytes of fp32 state per parameter (master weights, gradients, momentum, variance).
+    Stage 1 partitions K, stage 2 also the 16-bit gradients, stage 3 also the weights (its 16-bit
+    gradients are reduced straight into the fp32 partition). Returns host bytes per node."""
+    m, c, n = w.model, w.compute_bytes, layout.data_parallel
+    stage = layout.zero_stage or 0
+    fp32_extra = 8 if w.dtype != "fp32" else 0  # fp32 master weights + fp32 gradient partition
+    k = fp32_extra + optimizer_state_bytes(w.optimizer, 4, m.hidden_size)
+    offload_opt = layout.offload in ("optimizer", "optimizer+params")
+    offload_params = layout.offload == "optimizer+params"
+    grad_bytes = 0 if stage == 3 else c
+    ww, gg, oo = zero_model_states(trainable, n, stage, weight_bytes=c, grad_bytes=grad_bytes, optimizer_bytes=k)
+    frozen = frozen_bytes / n if stage == 3 else frozen_bytes
+    h2 = m.hidden_size ** 2  # bucket sizes of the generated config (`artifacts.deepspeed_config`)
+    if stage == 3:
+        part["gathered_params"] += 4 * m.largest_module_params() + c * int(0.9 * h2)  # largest layer + prefetch
+        part["comm_buffers"] = 2 * c * h2          # reduce bucket, double-buffered
+    else:
+        part["comm_buffers"] = 3 * c * h2          # reduce bucket (double-buffered) + all-gather bucket
+    if offload_opt:
+        oo, gg = 0.0, 0.0  # gradients stream into the fp32 partition in host memory
+    if offload_params:
+        ww, frozen = 0.0, 0.0
+    assign_trainable(w, part, ww, gg, oo, frozen)
+    if not offload_opt:
+        return 0.0
+    # Processes per node: one per GPU, or the CPU processes of a run over gloo (a CPU layout has none).
+    per_node = layout.gpus_per_node or max(1, layout.data_parallel // max(1, layout.nodes))
+    if stage == 3:
+        cpu, _, _ = deepspeed_zero3_mem_needs(trainable, m.largest_module_params(), per_node,
+                                              layout.nodes, True, offload_params, True, BUFFER_FACTOR)
+    else:
+        # DeepSpeed's ZeRO-2 estimate: 16 bytes of offloaded fp32 state per parameter, or the fp32
+        # copies the ranks build at start-up if larger; the states divided over the nodes as its
+        # ZeRO-3 estimate does, the start-up copies counted for this node's ranks.
+        cpu = trainable * max(4 * per_node, 16 / layout.nodes) * BUFFER_FACTOR
+    if offload_params:
+        cpu += frozen_bytes / layout.nodes * BUFFER_FACTOR
+    return float(cpu)
 
 
 def _random_init(recipe) -> bool:

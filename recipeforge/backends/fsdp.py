@@ -15,13 +15,148 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from recipeforge.backends.base import TrainerBackend, _common_report, full_state_dict_save
+from recipeforge.backends.base import BackendSpec, common_report, full_state_dict_save
+from recipeforge.capabilities import BackendCapabilities, Preset
+from recipeforge.plan.backend_spec import Candidate, CpuSpread
+from recipeforge.plan.estimators import zero_model_states
+from recipeforge.plan.memory import (Layout, assign_trainable, foreach_temp, optimizer_state_bytes,
+                                     quantized_bytes_per_param)
+from recipeforge.plan.train_phase import Gathered
+
+NAME = "fsdp"
 
 
-class FSDPBackend(TrainerBackend):
+def preset_name(sharding: str, offload: str) -> str:
+    """The preset name of an FSDP sharding strategy and offload."""
+    return f"fsdp_{sharding}" + ("_offload" if offload != "none" else "")
+
+
+PRESETS = tuple(Preset(preset_name(sh, o), NAME, sharding=sh, offload=o) for sh, o in (
+    ("shard_grad_op", "none"), ("full_shard", "none"), ("hybrid_shard", "none"), ("full_shard", "optimizer+params")))
+
+
+def cpu_settings(dist) -> tuple[str, str, str]:
+    """(sharding, offload, preset) of FSDP2 on the CPU: the recipe's preset or pins, else full sharding
+    without offload. One machine has no replicas to shard within, so hybrid sharding is full sharding."""
+    if dist.preset:
+        from recipeforge.plan.presets import get_preset
+
+        p = get_preset(dist.preset, backend=NAME)
+        sharding, offload = p.sharding, p.offload
+    else:
+        sharding, offload = dist.fsdp_sharding, dist.offload if dist.offload != "auto" else "none"
+    sharding = "full_shard" if sharding == "hybrid_shard" else sharding
+    return sharding, offload, preset_name(sharding, offload)
+
+
+class FSDPBackend(BackendSpec):
     """Fully sharded data parallel (FSDP2, ``fully_shard``) via Accelerate."""
 
-    name = "fsdp"
+    name = NAME
+    capabilities = BackendCapabilities(
+        NAME, "FSDP2 (fully_shard) through Accelerate; NCCL on GPUs, gloo on the CPU",
+        quantization_bits=(4,), offload=("none", "optimizer+params"),
+        parallel_sizes=("tensor_parallel", "context_parallel", "data_parallel_replicate", "data_parallel_shard"),
+        cpu_parallel_sizes=("tensor_parallel",), cpu_offload=("none",),
+        presets=tuple(p.name for p in PRESETS),
+        why={"cpu_offload": "FSDP2 offload moves weights between an accelerator and host memory; on the CPU "
+                            "they are in host memory already (the CPUOffloadPolicy of torch needs an accelerator)",
+             "cpu_parallel": "on the CPU every process shards the model (tensor parallel inside); context "
+                             "parallel (ring attention) needs CUDA, and replica/shard mesh sizes are for GPU nodes",
+             "quant_bits": "FSDP shards 4-bit weights stored as bf16/fp16 words (bnb_4bit_quant_storage); "
+                           "8-bit weights are int8 with per-row scales and do not shard",
+             "offload": "FSDP2's CPU offload moves parameters, gradients and optimizer states together"})
+    presets = PRESETS
+    trainer_holds_weights = False
+
+    # -- planning ---------------------------------------------------------------------------------
+    def candidates(self, w, hw, dist, *, pinned: bool) -> list[Candidate]:
+        g = hw.num_gpus
+        out = []
+
+        def add(tier, within, why, sharding, offload="none", **kw):
+            layout = Layout(NAME, preset_name(sharding, offload), data_parallel=g, fsdp_sharding=sharding,
+                            offload=offload, nodes=hw.nodes, gpus_per_node=hw.gpus_per_node, **kw)
+            out.append(Candidate(layout, tier, why, within))
+
+        if g > 1 or pinned:
+            add(2, 0, "optimizer states and gradients sharded; weights gathered once per step", "shard_grad_op")
+            add(3, 0, "weights, gradients and optimizer states sharded; weights gathered per layer "
+                      "(1.5x DDP traffic)", "full_shard")
+            if hw.nodes > 1 and pinned:
+                add(3, 0.5, "sharded within each node, replicated across nodes", "hybrid_shard",
+                    dp_replicate=hw.nodes)
+        if g > 1 and dist is not None:
+            out += self._parallel_candidates(w, hw, dist)
+        add(7, 0, "FSDP2 with parameters, gradients and optimizer states in CPU memory", "full_shard",
+            offload="optimizer+params")
+        return out
+
+    def _parallel_candidates(self, w, hw, dist) -> list[Candidate]:
+        """FSDP2 with tensor and/or context parallel (`plan.parallel_layouts.splits`), after the layouts
+        that shard only data: planned when a model's layers or a sequence's activations need them."""
+        from recipeforge.plan.parallel_layouts import splits
+
+        found, _ = splits(w.model, hw, dist, seq_len=w.seq_len, stage=w.stage, adapter=w.adapter,
+                          attention=w.attn_implementation, packing=w.packing)
+        out = []
+        for s in found:
+            parts = []
+            if s.tensor_parallel > 1:
+                parts.append(f"tensor parallel {s.tensor_parallel} (the model's tensor-parallel plan) splits the "
+                             "heads, MLP columns and their activations")
+            if s.context_parallel > 1:
+                parts.append(f"context parallel {s.context_parallel} (ring attention) splits each sequence and "
+                             "its activations")
+            why = "; ".join(parts) + f"; FSDP2 shards over {s.dp_shard}" + (
+                f" x {s.dp_replicate} replicas" if s.dp_replicate > 1 else "")
+            sharding = "hybrid_shard" if s.dp_replicate > 1 else "full_shard"
+            out.append(Candidate(Layout(NAME, preset_name(sharding, "none"), data_parallel=s.data_parallel,
+                                        tensor_parallel=s.tensor_parallel, context_parallel=s.context_parallel,
+                                        dp_replicate=s.dp_replicate, fsdp_sharding=sharding,
+                                        nodes=hw.nodes, gpus_per_node=hw.gpus_per_node), 4, why, 1))
+        return out
+
+    def cpu_candidate(self, dist) -> Candidate:
+        sharding, offload, preset = cpu_settings(dist)
+        return Candidate(Layout(NAME, preset, offload=offload, fsdp_sharding=sharding, nodes=1, gpus_per_node=0),
+                         1, f"FSDP2 ({sharding}) on the CPU (gloo), one process planned")
+
+    def cpu_spread(self, dist) -> CpuSpread:
+        sharding, offload, preset = cpu_settings(dist)
+        # tensor parallel: the recipe pins it; every tp ranks hold one model replica's shards
+        return CpuSpread(preset=preset, offload=offload, fsdp_sharding=sharding,
+                         tensor_parallel=dist.pinned_size("tensor_parallel") or 1)
+
+    def matches_pins(self, layout, dist) -> bool:
+        # pinned replicas shard inside each replica: hybrid sharding, whatever fsdp_sharding says
+        replicas = (dist.pinned_size("data_parallel_replicate") or 1) > 1
+        return layout.fsdp_sharding == dist.fsdp_sharding or (replicas and layout.dp_replicate > 1)
+
+    def shards_weights(self, layout) -> bool:
+        return True
+
+    def model_states(self, w, layout, part, trainable, frozen_bytes) -> float:
+        return fsdp_states(w, layout, part, trainable, frozen_bytes)
+
+    def gathered(self, w, layout, engine_gathered) -> Gathered:
+        return fsdp_gathered(w, layout)
+
+    def holds_layer_gradient(self, w) -> bool:
+        return True
+
+    def accuracy_band(self, w, layout) -> str:
+        return "sharded"
+
+    def precision(self, w) -> str:
+        return f"fp32 sharded weights, gradients and optimizer states; {w.dtype} compute on gathered copies"
+
+    def plan_part(self, layout) -> dict:
+        # the sharding the chosen layout was sized with is the one this backend runs
+        return {"fsdp_sharding": layout.fsdp_sharding, "dp_replicate": layout.dp_replicate,
+                "dp_shard": layout.data_parallel // max(1, layout.dp_replicate)}
+
+    # -- running ----------------------------------------------------------------------------------
 
     def launcher(self, plan) -> str:
         # Even one process: FSDP2 needs a launched worker and its process group (one GPU with CPU
@@ -30,12 +165,12 @@ class FSDPBackend(TrainerBackend):
 
     def plugin(self, plan, recipe) -> dict:
         """Keyword arguments of Accelerate's ``FullyShardedDataParallelPlugin`` (the planner's)."""
-        from recipeforge.plan.artifacts import fsdp_plugin_config
+        from recipeforge.backends.artifacts import fsdp_plugin_config
 
         return fsdp_plugin_config(plan, recipe)
 
     def _hybrid(self, plan) -> bool:
-        from recipeforge.plan.artifacts import fsdp_sharding
+        from recipeforge.backends.artifacts import fsdp_sharding
 
         return fsdp_sharding(plan) == "hybrid_shard"
 
@@ -136,7 +271,7 @@ class FSDPBackend(TrainerBackend):
         from torch.distributed.fsdp import FSDPModule
         from torch.distributed.tensor import DTensor
 
-        report = _common_report(trainer)
+        report = common_report(trainer)
         model = trainer.model
         params = list(model.parameters())
         report["fsdp_modules"] = sum(1 for m in model.modules() if isinstance(m, FSDPModule))
@@ -194,3 +329,82 @@ def gathered_state_dict(model) -> dict:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+# ----------------------------------------------------------------------------- memory terms
+
+def fsdp_states(w, layout, part: dict, trainable: float, frozen_bytes: float) -> float:
+    """FSDP2 through Accelerate: trainable parameters are upcast to fp32 and sharded with their
+    gradients and optimizer states; compute runs on 16-bit unsharded copies gathered per layer."""
+    m, c = w.model, w.compute_bytes
+    # FSDP2 shards over the dp_shard x cp mesh (accelerate's `dp_shard_cp`); tensor parallelism splits
+    # every sharded weight first (its DTensor shards), so states and gathered layers divide by t too.
+    tp, cp = layout.tensor_parallel, layout.context_parallel
+    shard = layout.data_parallel // max(1, layout.dp_replicate)
+    if layout.fsdp_sharding == "hybrid_shard" and layout.dp_replicate == 1:
+        shard = layout.gpus_per_node // (tp * cp)
+    n = shard * cp
+    ww, gg, oo = zero_model_states(trainable / tp, n, 3, weight_bytes=4, grad_bytes=4,
+                                   optimizer_bytes=optimizer_state_bytes(w.optimizer, 4, m.hidden_size))
+    frozen = frozen_bytes / (n * tp)
+    base_per_param = (frozen_bytes / m.total_params()) if not w.full_finetune else c
+    if foreach_temp(w.optimizer) and layout.offload == "none":
+        part["optimizer_step"] = oo / 2
+    if layout.offload != "none":
+        # CPUOffloadPolicy: sharded parameters, gradients and optimizer states live in host memory,
+        # plus the 16-bit checkpoint the main process loads before sharding (cpu_ram_efficient_loading)
+        cpu = (ww + gg + oo + frozen) * layout.gpus_per_node + m.total_params() * base_per_param / tp
+        assign_trainable(w, part, 0.0, 0.0, 0.0, 0.0)
+        return cpu
+    assign_trainable(w, part, ww, gg, oo, frozen)
+    return 0.0
+
+
+def fsdp_gathered(w, layout) -> Gathered:
+    """What FSDP2 holds unsharded at each moment of the step (bytes per GPU), as torch's FSDP2 moves it
+    (`FSDPMemTracker` on a fake process group shows each; bench/plan_vs_tracker.py).
+
+    The root (embeddings, output layer, final norm) is not resharded after forward, as backward needs
+    it at once. A layer's all-gather output is kept until the next layer's all-gather has been copied
+    out (the root's too: in the first layer's forward both are alive), and backward prefetches the
+    next layer's while the current one is gathered. A layer's gradients come out unsharded; its
+    reduce-scatter copies them into an input buffer that is kept until the next layer's
+    reduce-scatter starts, so every layer after the first of backward meets the previous one's
+    buffer. The root's gradients (the output
+    layer's from its backward on, the embeddings' at the end) wait for the root's reduce-scatter
+    after the whole backward. `shard_grad_op` (reshard_after_forward=False) keeps every layer
+    unsharded from its forward to its backward. Tensor parallelism splits all of it."""
+    root, layer, grads = _fsdp_unsharded(w)
+    m, c = w.model, w.compute_bytes
+    head_grad = c * m.output_width * m.hidden_size if w.full_finetune else 0.0
+    embed_grad = c * m.embedding_params() if w.full_finetune and m.head_params() else 0.0  # tied: the head's
+    if layout.fsdp_sharding == "shard_grad_op":
+        every = root + m.num_layers * layer
+        out = Gathered(forward=every + layer, forward_end=every, backward=every, layer=every,
+                       layer_later=every + grads, layer_gradients=grads, root_end=every + embed_grad + grads,
+                       output_gradient=head_grad)
+    else:
+        # backward prefetches the next layer while there is one: the last layer's backward has it from
+        # two layers on, a later layer's (with the previous reduce-scatter input) from three
+        prefetch_first, prefetch_later = (layer if m.num_layers > n else 0.0 for n in (1, 2))
+        out = Gathered(forward=root + max(root, layer) + 2 * layer, forward_end=root + layer, backward=root + layer,
+                       layer=root + layer + prefetch_first, layer_later=root + layer + prefetch_later + grads,
+                       layer_gradients=grads, root_end=root + embed_grad + grads, output_gradient=head_grad)
+    return out.divided(layout.tensor_parallel)
+
+
+def _fsdp_unsharded(w) -> tuple[float, float, float]:
+    """Bytes of FSDP2's root gathered, one decoder layer gathered, and one layer's unsharded
+    gradients. Gathered copies keep each part's own dtype: QLoRA's embeddings, output layer and norms
+    are not quantized (and stay in the compute dtype, the 4-bit weights' storage dtype), its decoder
+    linears are. Gradients come out in the compute dtype (Accelerate sets reduce dtype = param dtype)."""
+    m, c = w.model, w.compute_bytes
+    root = (m.embedding_params() + m.head_params() + m.final_norm_params()) * c
+    if w.adapter == "qlora":
+        linear = m.quantized_params() / m.num_layers
+        layer = (linear * quantized_bytes_per_param(w.quant_bits, w.double_quant, m.hidden_size)
+                 + (m.layer_params() - linear) * c)
+    else:
+        layer = m.layer_params() * c
+    trainable_layer = m.layer_params() if w.full_finetune else w.trainable_params() / max(1, m.num_layers)
+    return root, layer, c * trainable_layer

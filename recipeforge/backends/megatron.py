@@ -21,10 +21,21 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
+import re
 from pathlib import Path
 
-from recipeforge.backends.base import TrainerBackend
+from recipeforge.backends.base import BackendSpec
+from recipeforge.capabilities import BackendCapabilities, Preset, Stage
 from recipeforge.errors import Problem, RecipeError
+from recipeforge.plan.backend_spec import Candidate
+from recipeforge.plan.estimators import zero_model_states
+from recipeforge.plan.memory import Layout, assign_trainable, optimizer_state_bytes
+from recipeforge.plan.types import Choice
+
+NAME = "megatron"
+# Presets are generated for each tensor x pipeline split: tp{T}_pp{P}[_offload].
+PRESET_PATTERN = re.compile(r"^tp(\d+)_pp(\d+)(_offload)?$")
 
 # ConfigContainer field -> Megatron-Bridge 0.6 class (module, name). Built with keyword arguments, so a
 # field the installed version does not have fails at construction instead of being dropped.
@@ -53,13 +64,85 @@ def megatron_installed() -> bool:
     return backend_installed("megatron")
 
 
-class MegatronBackend(TrainerBackend):
+class MegatronBackend(BackendSpec):
     """Megatron-Core parallelism through Megatron-Bridge's training loop (its own stage runner)."""
 
-    name = "megatron"
-    stages = ("pretrain", "sft")
+    name = NAME
+    capabilities = BackendCapabilities(
+        NAME, "Megatron-Core tensor / pipeline / data parallelism through Megatron-Bridge",
+        stages=(Stage.PRETRAIN.value, Stage.SFT.value), devices=("cuda",), adapters=("none", "lora"),
+        quantization_bits=(), offload=("none", "optimizer"), max_cpu_processes=0,
+        parallel_sizes=("tensor_parallel", "pipeline_parallel"),
+        offload_optimizers=("adamw", "adamw_fused"), presets=("tp{T}_pp{P}", "tp{T}_pp{P}_offload"),
+        package="megatron.bridge", distribution="megatron-bridge", extra="megatron",
+        why={"stages": "Megatron-Bridge's training loop has no preference or RL losses",
+             "devices": "Megatron-Core's forward is CUDA-only", "adapters": "Megatron-Bridge's LoRA has no 4-bit base",
+             "offload": "the distributed optimizer offloads optimizer states only (optimizer_cpu_offload)",
+             "offload_optimizer": "Megatron-Core offloads Adam's states to the CPU, not SGD's"})
     exports_after_job = True  # final/ (and a LoRA merge) are written by `finish_launch`
+    trainer_holds_weights = False
+    torch_allocates_gradients = False
+    sequence_parallel = True
+    # Megatron-Bridge trains packed rows one per micro batch (`components.megatron_data`); a pinned
+    # micro batch other than 1 is refused with the recipe (`config.schema.megatron_fields`).
+    fixed_micro_batch = 1
 
+    # -- planning ---------------------------------------------------------------------------------
+    def preset(self, name: str) -> Preset | None:
+        match = PRESET_PATTERN.match(name)
+        if match is None:
+            return None
+        return Preset(name, NAME, tensor_parallel=int(match.group(1)), pipeline_parallel=int(match.group(2)),
+                      offload="optimizer" if match.group(3) else "none")
+
+    def preset_names(self) -> list[str]:
+        return ["tp{T}_pp{P}[_offload]"]
+
+    def candidates(self, w, hw, dist, *, pinned: bool) -> list[Candidate]:
+        g = hw.num_gpus
+        # automatically for pretraining dense models with every weight trained; any run when pinned
+        if g <= 1 or not (pinned or (w.stage == Stage.PRETRAIN and not w.model.is_moe and w.full_finetune)):
+            return []
+        out = []
+        for offload in ("none", "optimizer"):
+            for tp, pp in parallel_sizes(w, hw, every_split=pinned):
+                suffix = "_offload" if offload != "none" else ""
+                why = (f"tensor parallel {tp} inside a node, pipeline parallel {pp}"
+                       + ("; optimizer on the CPU" if offload != "none" else ""))
+                layout = Layout(NAME, f"tp{tp}_pp{pp}{suffix}", data_parallel=g // (tp * pp), tensor_parallel=tp,
+                                pipeline_parallel=pp, offload=offload, nodes=hw.nodes,
+                                gpus_per_node=hw.gpus_per_node, preset_names_sizes=True)
+                out.append(Candidate(layout, 4 if offload == "none" else 5, why))
+        return out
+
+    def model_states(self, w, layout, part, trainable, frozen_bytes) -> float:
+        return megatron_states(w, layout, part, trainable, frozen_bytes)
+
+    def accuracy_band(self, w, layout) -> str:
+        return "uncalibrated"
+
+    def precision(self, w) -> str:
+        return f"{w.dtype} weights and gradients; fp32 master weights, gradients and optimizer states"
+
+    def plan_reasons(self, layout, dist, w) -> dict[str, Choice]:
+        pinned_sizes = dist.pinned_size("tensor_parallel") is not None or dist.pipeline_parallel > 1
+        return {"tensor_parallel": Choice(layout.tensor_parallel, "recipe pins it" if pinned_sizes else
+                                          "largest split inside a node (dividing the heads) before adding "
+                                          "pipeline stages"),
+                "pipeline_parallel": Choice(layout.pipeline_parallel, f"{w.model.num_layers} layers over "
+                                            f"{layout.pipeline_parallel} stage(s)")}
+
+    def recipe_refusals(self, recipe) -> list[tuple[str, str]]:
+        # Megatron maps recipe fields one by one; a setting it cannot honour rules it out, so `auto`
+        # never plans a layout that validation or `check()` would refuse.
+        from recipeforge.config.schema.megatron_fields import megatron_problems
+
+        return list(megatron_problems(recipe))
+
+    def runner(self, stage: str) -> str | None:
+        return "recipeforge.stages.megatron_lm:MegatronLMStage" if stage in self.capabilities.stages else None
+
+    # -- running ----------------------------------------------------------------------------------
     def check(self, plan, recipe) -> None:
         from recipeforge.backends.megatron_convert import EXTRA_HINT
         from recipeforge.config.schema.megatron_fields import megatron_problems
@@ -83,7 +166,7 @@ class MegatronBackend(TrainerBackend):
         return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
 
     def launch_files(self, plan, recipe) -> dict[str, str]:
-        from recipeforge.plan.artifacts import megatron_parallel_settings
+        from recipeforge.backends.artifacts import megatron_parallel_settings
 
         return {"megatron_parallel.json": json.dumps(megatron_parallel_settings(plan, recipe), indent=2) + "\n"}
 
@@ -197,3 +280,51 @@ def build_container(settings: dict, recipe, *, hf_path: str):
         dataset["offline_packing_specs"] = construct("offline_packing_specs", _class(PACKING), specs)
     sections["dataset"] = construct("dataset", _class(DATASETS[kind]), dataset)
     return ConfigContainer(model=provider, mixed_precision=settings.get("mixed_precision"), **sections)
+
+
+# ----------------------------------------------------------------------------- planning helpers
+
+def parallel_sizes(w, hw, every_split: bool = False) -> list[tuple[int, int]]:
+    """(TP, PP) pairs, smallest model-parallel size first. For automatic planning each size uses the
+    largest tensor-parallel degree that stays inside a node and divides the attention heads, the rest
+    becomes pipeline stages (Narayanan et al. 2021: TP within a node, PP across nodes); a pinned
+    split may be any valid pair (`every_split`)."""
+    m, g = w.model, hw.num_gpus
+    valid_tp = [tp for tp in (1, 2, 4, 8) if tp <= hw.gpus_per_node and not m.num_heads % tp
+                and not m.num_kv_heads % tp]
+    sizes = []
+    for mp in range(1, g + 1):
+        if g % mp:
+            continue
+        tps = [t for t in valid_tp if mp % t == 0]
+        for tp in sorted(tps, reverse=True)[: None if every_split else 1]:
+            if mp // tp <= m.num_layers:
+                sizes.append((tp, mp // tp))
+    return sizes
+
+
+def megatron_states(w, layout, part: dict, trainable: float, frozen_bytes: float) -> float:
+    """Megatron-Core: 16-bit weights, fp32 main gradients, and fp32 master weights + Adam states
+    sharded over data-parallel ranks by the distributed optimizer (6 + 12/d bytes per parameter),
+    on the most loaded pipeline stage's share of the tensor-parallel split."""
+    m, c = w.model, w.compute_bytes
+    tp, pp, dp = layout.tensor_parallel, layout.pipeline_parallel, layout.data_parallel
+    layers = math.ceil(m.num_layers / pp)
+    if pp == 1:
+        local_params = m.total_params()
+    else:  # the first stage holds the embedding, the last the output layer (a copy when tied)
+        local_params = layers * m.layer_params() + max(m.embedding_params(), m.vocab_size * m.hidden_size)
+    local = local_params / tp
+    share = local / m.total_params()
+    local_trainable = trainable * share
+    k = (4 if w.dtype != "fp32" else 0) + optimizer_state_bytes(w.optimizer, 4, m.hidden_size)
+    ww, gg, oo = zero_model_states(local_trainable, dp, 1, weight_bytes=c, grad_bytes=4, optimizer_bytes=k)
+    frozen = frozen_bytes * share
+    cpu = 0.0
+    if layout.offload != "none":
+        # HybridDeviceOptimizer with offload_fraction 1.0: fp32 master weights, Adam states and a
+        # copy of the gradients on the host for every rank of the node
+        cpu = (oo + local_trainable * 4 / dp) * layout.gpus_per_node
+        oo = 0.0
+    assign_trainable(w, part, ww, gg, oo, frozen)
+    return cpu

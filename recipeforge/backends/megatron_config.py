@@ -33,7 +33,7 @@ def megatron_config(plan, recipe, *, run_dir: Path, data: dict, train_iters: int
     the data, computed by the caller). `base_checkpoint` is the converted Hugging Face model
     (`backends.megatron_convert.import_checkpoint`) training starts from.
     """
-    from recipeforge.plan.artifacts import megatron_parallel_settings
+    from recipeforge.backends.artifacts import megatron_parallel_settings
 
     if plan.backend != "megatron":
         raise RecipeError(f"the plan uses backend {plan.backend}, not megatron", key="distributed.backend")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from recipeforge.plan.hardware import GIB
-from recipeforge.plan.memory import Layout, MemoryEstimate, estimate
+from recipeforge.plan.memory import Layout, MemoryEstimate, estimate, spec_of
 from recipeforge.plan.workload import Workload
 
 # (band, what the calibration says about it)
@@ -23,11 +23,10 @@ _MIN_SAVING = 0.5 * GIB  # advice below this is noise next to the band
 
 def accuracy_band(w: Workload, layout: Layout) -> float:
     """Relative accuracy expected of the estimate for `w` on `layout` (0.10 = ±10%)."""
-    if layout.backend == "megatron" or w.rollout is not None or w.model.is_moe:
+    if w.rollout is not None or w.model.is_moe:
         return _UNCALIBRATED
-    if layout.offload != "none" or layout.backend == "fsdp" or layout.zero_stage == 3:
-        return _SHARDED
-    return _CALIBRATED
+    band = spec_of(layout.backend).accuracy_band(w, layout)
+    return {"calibrated": _CALIBRATED, "sharded": _SHARDED}.get(band, _UNCALIBRATED)
 
 
 def sensitivity(w: Workload, layout: Layout, micro: int, ckpt: bool, accumulation: int,

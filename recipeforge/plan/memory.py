@@ -20,16 +20,15 @@ for the step only.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from recipeforge.plan.activations import (Activations, activation_bytes, activation_split,  # noqa: F401
                                           kv_cache_bytes, layer_activation_bytes_per_token, logits_bytes,
                                           logits_phases, widest_linear)
-from recipeforge.plan.estimators import deepspeed_zero3_mem_needs, zero_model_states
+from recipeforge.plan.estimators import zero_model_states
 from recipeforge.plan.hardware import GIB
 from recipeforge.plan.offload_activations import offload_note
-from recipeforge.plan.train_phase import Copies, Gathered, LayerGradient, Moment, Step, train_peak
+from recipeforge.plan.train_phase import Copies, LayerGradient, Moment, Step, train_peak
 from recipeforge.plan.workload import Workload
 
 CUDA_RUNTIME = 0.75 * GIB      # CUDA context, cuBLAS/cuDNN workspaces (not in torch's allocator stats)
@@ -55,7 +54,7 @@ TORCHAO_STATE_BYTES = {"adamw_torchao_8bit": 1.0, "adamw_torchao_4bit": 0.5}  # 
 class Layout:
     """How the model is spread: a backend with its preset, parallel sizes and offload."""
 
-    backend: str                    # single | ddp | deepspeed | fsdp | megatron
+    backend: str                    # a registered backend spec's name
     preset: str | None
     data_parallel: int = 1
     tensor_parallel: int = 1
@@ -67,6 +66,7 @@ class Layout:
     gpus_per_node: int = 1
     context_parallel: int = 1       # sequence split (FSDP2 + PyTorch context parallel)
     dp_replicate: int = 1           # FSDP2 replicas (hybrid sharding); data_parallel = replicate x shard
+    preset_names_sizes: bool = False  # the preset's name says the parallel sizes (tp2_pp4), the label need not
 
     @property
     def world_size(self) -> int:
@@ -75,7 +75,7 @@ class Layout:
     @property
     def label(self) -> str:
         base = f"{self.backend} {self.preset}" if self.preset else self.backend
-        if self.backend != "megatron":  # Megatron's preset names its sizes
+        if not self.preset_names_sizes:
             base += (f" tp{self.tensor_parallel}" if self.tensor_parallel > 1 else "") + \
                 (f" cp{self.context_parallel}" if self.context_parallel > 1 else "")
         return base
@@ -123,7 +123,8 @@ def optimizer_state_bytes(optimizer: str, state_bytes: float, hidden: int) -> fl
     return 2 * state_bytes
 
 
-def _foreach_temp(optimizer: str) -> bool:
+def foreach_temp(optimizer: str) -> bool:
+    """Whether the optimizer's step materialises a state-sized temporary."""
     # torch's default (foreach) AdamW materialises one state-sized intermediate list in step();
     # the fused kernel and bitsandbytes' kernels work in place.
     return optimizer == "adamw"
@@ -140,8 +141,8 @@ def quantized_model_bytes(w: Workload, other_bytes: float) -> float:
 def loads_quantized_shards(w: Workload, layout: Layout) -> bool:
     """Whether each process loads only its shard of a QLoRA base (`backends.quantized_loading`:
     FSDP2 or ZeRO-3 with 4-bit weights and no tensor parallel); elsewhere every process loads it whole."""
-    sharding = layout.backend == "fsdp" or (layout.backend == "deepspeed" and layout.zero_stage == 3)
-    return w.adapter == "qlora" and w.quant_bits == 4 and sharding and layout.tensor_parallel <= 1
+    return (w.adapter == "qlora" and w.quant_bits == 4 and _shards_weights(layout)
+            and layout.tensor_parallel <= 1)
 
 
 def tensor_in_flight_bytes(w: Workload, compute_bytes: float) -> float:
@@ -190,30 +191,7 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
     else:
         frozen_bytes = psi * c
 
-    cpu = 0.0
-    backend = layout.backend
-    if backend == "deepspeed":
-        cpu = _deepspeed_states(w, layout, part, trainable, frozen_bytes)
-    elif backend == "fsdp":
-        cpu = _fsdp_states(w, layout, part, trainable, frozen_bytes)
-    elif backend == "megatron":
-        cpu = _megatron_states(w, layout, part, trainable, frozen_bytes)
-    else:
-        # single, ddp: the Trainer trains weights in their load dtype. Mixed precision (always for fp16,
-        # for bf16 with train.precision mixed) loads fp32 weights and computes under autocast, so
-        # gradients and AdamW states are fp32 too; pure bf16 keeps all three in bf16 (torch's AdamW and
-        # torchao's keep their states in the parameter's dtype). peft keeps adapters in fp32.
-        mixed = autocast_fp32_weights(w, layout)
-        wb = 4 if (w.dtype == "fp32" or not w.full_finetune or mixed) else c
-        ww, gg, oo = zero_model_states(trainable, 1, 0, weight_bytes=wb, grad_bytes=wb,
-                                       optimizer_bytes=optimizer_state_bytes(w.optimizer, wb, m.hidden_size))
-        if w.full_finetune:
-            frozen_bytes = (psi - trainable) * wb  # frozen weights load in the trained weights' dtype
-        _assign_trainable(w, part, ww, gg, oo, frozen_bytes)
-        if _foreach_temp(w.optimizer):
-            part["optimizer_step"] = oo / 2
-        if backend == "ddp":
-            part["comm_buffers"] = gg  # DDP's gradient buckets are a second copy of the gradients
+    cpu = spec_of(layout.backend).model_states(w, layout, part, trainable, frozen_bytes)
 
     # ---- reference model (DPO, GRPO with a KL term): frozen 16-bit copy, sharded like the weights
     if w.reference_model:
@@ -250,7 +228,8 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
                      "optimizer step only")
 
     # torch-owned gradients are allocated in backward and freed by zero_grad(set_to_none=True)
-    deferred = backend in ("single", "ddp", "fsdp") and w.full_finetune and layout.offload == "none"
+    deferred = (spec_of(layout.backend).torch_allocates_gradients and w.full_finetune
+                and layout.offload == "none")
     grads = part["gradients"]
     persistent = sum(part[k] for k in PERSISTENT) - (grads if deferred else 0.0)
     train = sum(part[k] for k in TRAIN_PHASE) + (grads if deferred and accumulation > 1 else 0.0)
@@ -291,26 +270,27 @@ def _train_peak(w: Workload, layout: Layout, micro_batch: int, checkpointing: bo
     m, c = w.model, w.compute_bytes
     tokens = micro_batch * w.sequences_per_sample * w.seq_len
     # Megatron: sequence parallel and a vocab-parallel loss; transformers' plans keep both whole
-    megatron = layout.backend == "megatron"
+    sequence_parallel = spec_of(layout.backend).sequence_parallel
     cp, tp = layout.context_parallel, layout.tensor_parallel
     fp32_weights = autocast_fp32_weights(w, layout)
     # Megatron 1F1B: the first stage keeps p micro batches of L/p layers, i.e. L layers' worth
     act = activation_split(w, tokens, layers=m.num_layers, checkpointing=checkpointing, tensor_parallel=tp,
-                           context_parallel=cp, sequence_parallel=megatron, fp32_weights=fp32_weights)
+                           context_parallel=cp, sequence_parallel=sequence_parallel, fp32_weights=fp32_weights)
     host = 0.0
     if w.activation_offloading:  # TRL's offloading: most of them wait in pinned host memory
         from recipeforge.plan.offload_activations import offloaded_activations
 
         on_gpu, host = offloaded_activations(w, tokens, layers=m.num_layers, checkpointing=checkpointing,
-                                             tensor_parallel=tp, context_parallel=cp, sequence_parallel=megatron)
+                                             tensor_parallel=tp, context_parallel=cp,
+                                             sequence_parallel=sequence_parallel)
         act = Activations(stored=on_gpu, recomputed=0.0, layer=0.0, outside=0.0, norm_backward=0.0)
-    logits = logits_phases(w, micro_batch * w.sequences_per_sample * w.logit_tokens // cp, tp if megatron else 1)
+    logits = logits_phases(w, micro_batch * w.sequences_per_sample * w.logit_tokens // cp, tp if sequence_parallel else 1)
     extra = 0.0
     if w.adapter == "qlora":
         extra += 2 * m.largest_linear_params() * c  # one dequantized weight, forward and backward
     if w.lora_dora:
         extra += m.largest_linear_params() * c      # DoRA's weight norm needs the full matrix
-    gathered = fsdp_gathered(w, layout) if layout.backend == "fsdp" else Gathered.constant(engine_gathered)
+    gathered = spec_of(layout.backend).gathered(w, layout, engine_gathered)
     peak = train_peak(Step(act, logits, checkpointing, copies=autocast_copies(w) if fp32_weights else Copies(),
                            output_gradient=output_gradient_bytes(w, layout, fp32_weights),
                            layer_gradient=layer_gradient_bytes(w, layout, fp32_weights),
@@ -337,7 +317,7 @@ def measured_view(memory_gb: dict, measure: str) -> float:
 def autocast_fp32_weights(w: Workload, layout: Layout) -> bool:
     """Whether the run trains fp32 weights under 16-bit autocast: full fine-tuning in mixed precision
     on one GPU or DDP (always for fp16). Sharding engines gather 16-bit weights themselves."""
-    return (layout.backend in ("single", "ddp") and w.full_finetune and w.dtype != "fp32"
+    return (spec_of(layout.backend).trainer_holds_weights and w.full_finetune and w.dtype != "fp32"
             and (w.dtype == "fp16" or w.fp32_master))
 
 
@@ -382,7 +362,7 @@ def layer_gradient_bytes(w: Workload, layout: Layout, fp32_weights: bool) -> Lay
     dtype, until the layer's reduce-scatter (`fsdp_gathered`). Other engines move it to their buckets."""
     lin = widest_linear(w.model)
     params = lin.count * lin.in_features * lin.out_features / layout.tensor_parallel
-    if layout.backend == "fsdp" and w.full_finetune:
+    if w.full_finetune and spec_of(layout.backend).holds_layer_gradient(w):
         return LayerGradient(made=params * w.compute_bytes, held=params * w.compute_bytes)
     if not _torch_owns_gradients(w, layout):
         return LayerGradient()
@@ -400,160 +380,46 @@ def _gradient_bytes(w: Workload, fp32_weights: bool) -> tuple[float, float]:
 
 
 def _torch_owns_gradients(w: Workload, layout: Layout) -> bool:
-    return layout.backend in ("single", "ddp") and w.full_finetune and layout.offload == "none"
+    return spec_of(layout.backend).trainer_holds_weights and w.full_finetune and layout.offload == "none"
 
 
 def _shards_weights(layout: Layout) -> bool:
-    return (layout.backend == "deepspeed" and layout.zero_stage == 3) or layout.backend == "fsdp"
+    return spec_of(layout.backend).shards_weights(layout)
 
 
-def _deepspeed_states(w: Workload, layout: Layout, part: dict, trainable: int, frozen_bytes: float) -> float:
-    """DeepSpeed mixed precision as its estimators count it: 16-bit weights and gradients, and
-    K = 16 bytes of fp32 state per parameter (master weights, gradients, momentum, variance).
-    Stage 1 partitions K, stage 2 also the 16-bit gradients, stage 3 also the weights (its 16-bit
-    gradients are reduced straight into the fp32 partition). Returns host bytes per node."""
-    m, c, n = w.model, w.compute_bytes, layout.data_parallel
-    stage = layout.zero_stage or 0
-    fp32_extra = 8 if w.dtype != "fp32" else 0  # fp32 master weights + fp32 gradient partition
-    k = fp32_extra + optimizer_state_bytes(w.optimizer, 4, m.hidden_size)
-    offload_opt = layout.offload in ("optimizer", "optimizer+params")
-    offload_params = layout.offload == "optimizer+params"
-    grad_bytes = 0 if stage == 3 else c
-    ww, gg, oo = zero_model_states(trainable, n, stage, weight_bytes=c, grad_bytes=grad_bytes, optimizer_bytes=k)
-    frozen = frozen_bytes / n if stage == 3 else frozen_bytes
-    h2 = m.hidden_size ** 2  # bucket sizes of the generated config (artifacts.deepspeed_config)
-    if stage == 3:
-        part["gathered_params"] += 4 * m.largest_module_params() + c * int(0.9 * h2)  # largest layer + prefetch
-        part["comm_buffers"] = 2 * c * h2          # reduce bucket, double-buffered
-    else:
-        part["comm_buffers"] = 3 * c * h2          # reduce bucket (double-buffered) + all-gather bucket
-    if offload_opt:
-        oo, gg = 0.0, 0.0  # gradients stream into the fp32 partition in host memory
-    if offload_params:
-        ww, frozen = 0.0, 0.0
-    _assign_trainable(w, part, ww, gg, oo, frozen)
-    if not offload_opt:
-        return 0.0
-    # Processes per node: one per GPU, or the CPU processes of a run over gloo (a CPU layout has none).
-    per_node = layout.gpus_per_node or max(1, layout.data_parallel // max(1, layout.nodes))
-    if stage == 3:
-        cpu, _, _ = deepspeed_zero3_mem_needs(trainable, m.largest_module_params(), per_node,
-                                              layout.nodes, True, offload_params, True, BUFFER_FACTOR)
-    else:
-        # DeepSpeed's ZeRO-2 estimate: 16 bytes of offloaded fp32 state per parameter, or the fp32
-        # copies the ranks build at start-up if larger; the states divided over the nodes as its
-        # ZeRO-3 estimate does, the start-up copies counted for this node's ranks.
-        cpu = trainable * max(4 * per_node, 16 / layout.nodes) * BUFFER_FACTOR
-    if offload_params:
-        cpu += frozen_bytes / layout.nodes * BUFFER_FACTOR
-    return float(cpu)
-
-
-def _fsdp_states(w: Workload, layout: Layout, part: dict, trainable: int, frozen_bytes: float) -> float:
-    """FSDP2 through Accelerate: trainable parameters are upcast to fp32 and sharded with their
-    gradients and optimizer states; compute runs on 16-bit unsharded copies gathered per layer."""
-    m, c = w.model, w.compute_bytes
-    # FSDP2 shards over the dp_shard x cp mesh (accelerate's `dp_shard_cp`); tensor parallelism splits
-    # every sharded weight first (its DTensor shards), so states and gathered layers divide by t too.
-    tp, cp = layout.tensor_parallel, layout.context_parallel
-    shard = layout.data_parallel // max(1, layout.dp_replicate)
-    if layout.fsdp_sharding == "hybrid_shard" and layout.dp_replicate == 1:
-        shard = layout.gpus_per_node // (tp * cp)
-    n = shard * cp
-    ww, gg, oo = zero_model_states(trainable / tp, n, 3, weight_bytes=4, grad_bytes=4,
-                                   optimizer_bytes=optimizer_state_bytes(w.optimizer, 4, m.hidden_size))
-    frozen = frozen_bytes / (n * tp)
-    base_per_param = (frozen_bytes / m.total_params()) if not w.full_finetune else c
-    if _foreach_temp(w.optimizer) and layout.offload == "none":
+def replica_states(w: Workload, layout: Layout, part: dict, trainable: float, frozen_bytes: float, *,
+                   gradient_buckets: bool = False, optimizer_shards: int = 1) -> float:
+    """A full replica per process, trained by the Trainer in the weights' load dtype. Mixed precision
+    (always for fp16, for bf16 with train.precision mixed) loads fp32 weights and computes under
+    autocast, so gradients and AdamW states are fp32 too; pure bf16 keeps all three in bf16 (torch's
+    AdamW and torchao's keep their states in the parameter's dtype). peft keeps adapters in fp32.
+    `gradient_buckets`: DDP's buckets, a second copy of the gradients. `optimizer_shards`: ranks the
+    optimizer states are partitioned over (ZeRO-1 without an engine). Returns host bytes (none)."""
+    m, psi = w.model, w.model.total_params()
+    mixed = autocast_fp32_weights(w, layout)
+    wb = 4 if (w.dtype == "fp32" or not w.full_finetune or mixed) else w.compute_bytes
+    ww, gg, oo = zero_model_states(trainable, optimizer_shards, 1 if optimizer_shards > 1 else 0,
+                                   weight_bytes=wb, grad_bytes=wb,
+                                   optimizer_bytes=optimizer_state_bytes(w.optimizer, wb, m.hidden_size))
+    if w.full_finetune:
+        frozen_bytes = (psi - trainable) * wb  # frozen weights load in the trained weights' dtype
+    assign_trainable(w, part, ww, gg, oo, frozen_bytes)
+    if foreach_temp(w.optimizer):
         part["optimizer_step"] = oo / 2
-    if layout.offload != "none":
-        # CPUOffloadPolicy: sharded parameters, gradients and optimizer states live in host memory,
-        # plus the 16-bit checkpoint the main process loads before sharding (cpu_ram_efficient_loading)
-        cpu = (ww + gg + oo + frozen) * layout.gpus_per_node + m.total_params() * base_per_param / tp
-        _assign_trainable(w, part, 0.0, 0.0, 0.0, 0.0)
-        return cpu
-    _assign_trainable(w, part, ww, gg, oo, frozen)
+    if gradient_buckets:
+        part["comm_buffers"] = gg
     return 0.0
 
 
-def fsdp_gathered(w: Workload, layout: Layout) -> Gathered:
-    """What FSDP2 holds unsharded at each moment of the step (bytes per GPU), as torch's FSDP2 moves it
-    (`FSDPMemTracker` on a fake process group shows each; bench/plan_vs_tracker.py).
+def spec_of(backend: str):
+    """The spec of backend `backend` (`backend_spec.PlannerSpec`), built in or from a plugin."""
+    from recipeforge.registry import registry_for
 
-    The root (embeddings, output layer, final norm) is not resharded after forward, as backward needs
-    it at once. A layer's all-gather output is kept until the next layer's all-gather has been copied
-    out (the root's too: in the first layer's forward both are alive), and backward prefetches the
-    next layer's while the current one is gathered. A layer's gradients come out unsharded; its
-    reduce-scatter copies them into an input buffer that is kept until the next layer's
-    reduce-scatter starts, so every layer after the first of backward meets the previous one's
-    buffer. The root's gradients (the output
-    layer's from its backward on, the embeddings' at the end) wait for the root's reduce-scatter
-    after the whole backward. `shard_grad_op` (reshard_after_forward=False) keeps every layer
-    unsharded from its forward to its backward. Tensor parallelism splits all of it."""
-    root, layer, grads = _fsdp_unsharded(w)
-    m, c = w.model, w.compute_bytes
-    head_grad = c * m.output_width * m.hidden_size if w.full_finetune else 0.0
-    embed_grad = c * m.embedding_params() if w.full_finetune and m.head_params() else 0.0  # tied: the head's
-    if layout.fsdp_sharding == "shard_grad_op":
-        every = root + m.num_layers * layer
-        out = Gathered(forward=every + layer, forward_end=every, backward=every, layer=every,
-                       layer_later=every + grads, layer_gradients=grads, root_end=every + embed_grad + grads,
-                       output_gradient=head_grad)
-    else:
-        # backward prefetches the next layer while there is one: the last layer's backward has it from
-        # two layers on, a later layer's (with the previous reduce-scatter input) from three
-        prefetch_first, prefetch_later = (layer if m.num_layers > n else 0.0 for n in (1, 2))
-        out = Gathered(forward=root + max(root, layer) + 2 * layer, forward_end=root + layer, backward=root + layer,
-                       layer=root + layer + prefetch_first, layer_later=root + layer + prefetch_later + grads,
-                       layer_gradients=grads, root_end=root + embed_grad + grads, output_gradient=head_grad)
-    return out.divided(layout.tensor_parallel)
+    return registry_for("backends").get(backend, key="distributed.backend")
 
 
-def _fsdp_unsharded(w: Workload) -> tuple[float, float, float]:
-    """Bytes of FSDP2's root gathered, one decoder layer gathered, and one layer's unsharded
-    gradients. Gathered copies keep each part's own dtype: QLoRA's embeddings, output layer and norms
-    are not quantized (and stay in the compute dtype, the 4-bit weights' storage dtype), its decoder
-    linears are. Gradients come out in the compute dtype (Accelerate sets reduce dtype = param dtype)."""
-    m, c = w.model, w.compute_bytes
-    root = (m.embedding_params() + m.head_params() + m.final_norm_params()) * c
-    if w.adapter == "qlora":
-        linear = m.quantized_params() / m.num_layers
-        layer = (linear * quantized_bytes_per_param(w.quant_bits, w.double_quant, m.hidden_size)
-                 + (m.layer_params() - linear) * c)
-    else:
-        layer = m.layer_params() * c
-    trainable_layer = m.layer_params() if w.full_finetune else w.trainable_params() / max(1, m.num_layers)
-    return root, layer, c * trainable_layer
-
-
-def _megatron_states(w: Workload, layout: Layout, part: dict, trainable: int, frozen_bytes: float) -> float:
-    """Megatron-Core: 16-bit weights, fp32 main gradients, and fp32 master weights + Adam states
-    sharded over data-parallel ranks by the distributed optimizer (6 + 12/d bytes per parameter),
-    on the most loaded pipeline stage's share of the tensor-parallel split."""
-    m, c = w.model, w.compute_bytes
-    tp, pp, dp = layout.tensor_parallel, layout.pipeline_parallel, layout.data_parallel
-    layers = math.ceil(m.num_layers / pp)
-    if pp == 1:
-        local_params = m.total_params()
-    else:  # the first stage holds the embedding, the last the output layer (a copy when tied)
-        local_params = layers * m.layer_params() + max(m.embedding_params(), m.vocab_size * m.hidden_size)
-    local = local_params / tp
-    share = local / m.total_params()
-    local_trainable = trainable * share
-    k = (4 if w.dtype != "fp32" else 0) + optimizer_state_bytes(w.optimizer, 4, m.hidden_size)
-    ww, gg, oo = zero_model_states(local_trainable, dp, 1, weight_bytes=c, grad_bytes=4, optimizer_bytes=k)
-    frozen = frozen_bytes * share
-    cpu = 0.0
-    if layout.offload != "none":
-        # HybridDeviceOptimizer with offload_fraction 1.0: fp32 master weights, Adam states and a
-        # copy of the gradients on the host for every rank of the node
-        cpu = (oo + local_trainable * 4 / dp) * layout.gpus_per_node
-        oo = 0.0
-    _assign_trainable(w, part, ww, gg, oo, frozen)
-    return cpu
-
-
-def _assign_trainable(w: Workload, part: dict, ww: float, gg: float, oo: float, frozen: float) -> None:
+def assign_trainable(w: Workload, part: dict, ww: float, gg: float, oo: float, frozen: float) -> None:
+    """Book trainable weights, gradients and optimizer states (and the frozen weights) into `part`."""
     if w.full_finetune:  # `frozen`: parameters train.unfrozen_parameters leaves out
         part["weights"], part["gradients"], part["optimizer"] = ww + frozen, gg, oo
     else:

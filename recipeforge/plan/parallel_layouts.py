@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from recipeforge.capabilities import Stage, all_capabilities
 from recipeforge.config.schema.parallel_rules import (MAX_CONTEXT_PARALLEL, ParallelRefusal,  # noqa: F401
                                                        SLIDING_WINDOW_MODEL_TYPES, context_parallel_refusal)
 
@@ -28,7 +29,7 @@ TP_PLAN_MODEL_TYPES = frozenset({
 })
 # Stages that run on the transformers Trainer, whose step does the context-parallel split
 # (`Trainer._prepare_context_parallel_inputs`) and accepts a model sharded at load.
-PARALLEL_STAGES = ("pretrain", "sft")
+PARALLEL_STAGES = (Stage.PRETRAIN.value, Stage.SFT.value)
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -148,6 +149,14 @@ def splits(model, hw, dist, *, seq_len: int, stage: str, adapter: str, attention
 
 # ----------------------------------------------------------------------------- for the planner
 
+def runs_device_mesh(backend: str) -> bool:
+    """Whether `backend` runs transformers' tensor-parallel plans and context parallel on a device mesh
+    of replicate x shard x context x tensor ranks (FSDP2 through Accelerate's ParallelismConfig)."""
+    from recipeforge.capabilities import capabilities_of
+
+    return "data_parallel_shard" in capabilities_of(backend).parallel_sizes
+
+
 def check_pinned_sizes(w, hw, dist) -> None:
     """Raise the first refusal of the parallel sizes the recipe pins, located at its key (GPU targets:
     the sizes are checked against the model, the sequence and the GPU count)."""
@@ -157,23 +166,27 @@ def check_pinned_sizes(w, hw, dist) -> None:
         return
     pinned = [k for k in ("tensor_parallel", "context_parallel", "data_parallel_replicate", "data_parallel_shard")
               if dist.pinned_size(k) is not None and dist.pinned_size(k) > 1]
-    if not pinned or dist.backend not in ("auto", "fsdp"):
-        return  # Megatron checks its own sizes (`plan.policy._megatron_sizes`)
+    if not pinned or (dist.backend != "auto" and not runs_device_mesh(dist.backend)):
+        return  # a backend with model parallelism of its own checks its own sizes
     found, refused = splits(w.model, hw, dist, seq_len=w.seq_len, stage=w.stage, adapter=w.adapter,
                             attention=w.attn_implementation, packing=w.packing)
-    # backend auto with only a tensor-parallel size pinned: Megatron may still take it for pretraining
-    megatron_tp = dist.backend == "auto" and pinned == ["tensor_parallel"] and w.stage == "pretrain"
-    if refused and not found and not megatron_tp:
+    # backend auto with only a tensor-parallel size pinned: a backend with tensor parallel of its own
+    # (Megatron) may still take it for pretraining
+    own_tp = dist.backend == "auto" and pinned == ["tensor_parallel"] and w.stage == Stage.PRETRAIN and any(
+        "tensor_parallel" in c.parallel_sizes and w.stage in c.stages for n, c in all_capabilities().items()
+        if not runs_device_mesh(n))
+    if refused and not found and not own_tp:
         r = refused[0]
         raise RecipeError(r.message, key=r.key, hint=r.hint or None)
 
 
 def parallel_reasons(layout, dist, w, memory_gb_activations: float, terms: str) -> dict:
-    """The plan's reasons for the FSDP2 tensor / context / replicate / shard sizes and the activations."""
+    """The plan's reasons for the device mesh's tensor / context / replicate / shard sizes (FSDP2) and
+    the activations."""
     from recipeforge.plan.types import Choice
 
     out = {}
-    if layout.backend == "fsdp":
+    if runs_device_mesh(layout.backend):
         def why(key: str, auto: str) -> str:
             return "recipe pins it" if dist.pinned_size(key) is not None else auto
 

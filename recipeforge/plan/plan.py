@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from recipeforge.capabilities import capabilities_of, parallel_key
+from recipeforge.capabilities import Stage, capabilities_of, parallel_key
 from recipeforge.capabilities import refusals as capability_refusals
 from recipeforge.errors import RecipeError, did_you_mean
 from recipeforge.plan.accuracy import accuracy_band, sensitivity
@@ -12,7 +12,7 @@ from recipeforge.plan.catalog import resolve_model
 from recipeforge.plan.hardware import GIB, Hardware, hardware_for
 from recipeforge.plan import policy
 from recipeforge.plan.activations import activation_terms
-from recipeforge.plan.memory import autocast_fp32_weights
+from recipeforge.plan.memory import autocast_fp32_weights, spec_of
 from recipeforge.plan.models import human_count
 from recipeforge.plan.parallel_layouts import check_pinned_sizes, parallel_reasons
 from recipeforge.config.schema.distributed import PARALLEL_SIZE_KEYS
@@ -58,7 +58,8 @@ def _check_pins(recipe, w: Workload, hw: Hardware) -> None:
         zero, offload = dist.zero_stage, dist.offload
         if dist.preset:
             preset = get_preset(dist.preset, backend=dist.backend)
-            zero, offload = preset.zero_stage if preset.backend == "deepspeed" else zero, preset.offload
+            zero = preset.zero_stage if preset.zero_stage is not None else zero
+            offload = preset.offload
         found = capability_refusals(capabilities_of(dist.backend), stage=recipe.stage, device=hw.device,
                                     adapter=w.adapter, quant_bits=w.quant_bits, offload=offload,
                                     zero_stage=zero, optimizer=w.optimizer,
@@ -123,7 +124,7 @@ def _raise_no_fit(recipe, w: Workload, hw: Hardware, decision: Decision) -> None
 
 def _describe_training(recipe, w: Workload) -> str:
     size = human_count(w.model.total_params())
-    kind = {"none": "full fine-tune" if recipe.stage != "pretrain" else "pretraining",
+    kind = {"none": "full fine-tune" if recipe.stage != Stage.PRETRAIN else "pretraining",
             "lora": "LoRA", "qlora": "QLoRA"}[w.adapter]
     return f"{recipe.stage} ({kind}) of {recipe.model.name_or_path} ({size} parameters)"
 
@@ -218,19 +219,14 @@ def _build_plan(recipe, w: Workload, hw: Hardware, ev: Evaluation, decision: Dec
     backend_reason = _backend_reason(ev, decision, pins, limit_gb)
     reasons["backend"] = Choice(layout.backend, backend_reason)
     reasons["preset"] = Choice(layout.preset, ev.candidate.why)
-    if layout.backend == "megatron":
-        pinned_sizes = dist.pinned_size("tensor_parallel") is not None or dist.pipeline_parallel > 1
-        reasons["tensor_parallel"] = Choice(layout.tensor_parallel, "recipe pins it" if pinned_sizes else
-                                            "largest split inside a node (dividing the heads) before adding "
-                                            "pipeline stages")
-        reasons["pipeline_parallel"] = Choice(layout.pipeline_parallel, f"{w.model.num_layers} layers over "
-                                              f"{layout.pipeline_parallel} stage(s)")
+    spec = spec_of(layout.backend)
+    reasons.update(spec.plan_reasons(layout, dist, w))
     reasons["data_parallel"] = Choice(layout.data_parallel, f"{gpus_used or 1} process(es) / model-parallel size "
                                       f"{layout.world_size // max(1, layout.data_parallel)}")
     tokens = ev.micro_batch * w.sequences_per_sample * w.seq_len
     terms = activation_terms(w, tokens, layers=w.model.num_layers, checkpointing=ev.checkpointing,
                              tensor_parallel=layout.tensor_parallel, context_parallel=layout.context_parallel,
-                             sequence_parallel=layout.backend == "megatron",
+                             sequence_parallel=spec.sequence_parallel,
                              fp32_weights=autocast_fp32_weights(w, layout))
     if ev.memory.train_peak:  # the memory table shows the train phase at this moment
         terms += f"; the train phase peaks at {ev.memory.train_peak}"
@@ -272,25 +268,22 @@ def _build_plan(recipe, w: Workload, hw: Hardware, ev: Evaluation, decision: Dec
         model={**w.model.summary(), "source": model_source, "trainable_params": w.trainable_params(),
                "decoder_layer_class": w.model.decoder_layer_class},
         dtype=w.dtype,
-        precision=_precision(layout, w),
+        precision=_precision(spec, w),
         attention=w.attention,
         sequence_len=w.seq_len,
         memory_limit_gb=round(limit_gb, 2),
         cpu_memory_gb=round(ev.memory.cpu_per_node / GIB, 1),
         runners_up=_runners_up(ev, decision),
         warnings=warnings,
-        # the sharding the chosen layout was sized with is the one the fsdp backend runs
-        fsdp_sharding=layout.fsdp_sharding if layout.backend == "fsdp" else None,
         context_parallel=layout.context_parallel,
-        dp_replicate=layout.dp_replicate if layout.backend == "fsdp" else 1,
-        dp_shard=layout.data_parallel // max(1, layout.dp_replicate) if layout.backend == "fsdp" else 1,
         activations=terms,
+        **spec.plan_part(layout),
     )
     return Plan(
         backend=layout.backend, preset=layout.preset, device=device,
         nodes=layout.nodes if device == "cuda" else 1,
         gpus_per_node=layout.gpus_per_node if device == "cuda" else 0,
-        world_size=max(1, layout.world_size if layout.backend != "single" else 1),
+        world_size=max(1, layout.world_size),
         data_parallel=layout.data_parallel, tensor_parallel=layout.tensor_parallel,
         pipeline_parallel=layout.pipeline_parallel, micro_batch_size=ev.micro_batch,
         gradient_accumulation=ev.accumulation,
@@ -334,19 +327,13 @@ def _ckpt_reason(train, ev: Evaluation) -> str:
     return f"auto: on, without it even micro batch 1 needs {need / GIB:.1f} GB"
 
 
-def _precision(layout, w: Workload) -> str:
+def _precision(spec, w: Workload) -> str:
     if w.dtype == "fp32":
         return "fp32 weights, gradients and optimizer states"
     if w.adapter != "none":
         base = w.dtype if w.adapter != "qlora" else ("4-bit NF4" if w.quant_bits == 4 else "8-bit")
         return f"frozen {base} base weights; fp32 adapter weights, gradients and optimizer states; {w.dtype} compute"
-    if layout.backend in ("single", "ddp"):
-        if w.dtype == "fp16" or w.fp32_master:
-            return f"fp32 weights with {w.dtype} autocast; fp32 gradients and optimizer states"
-        return f"{w.dtype} weights, gradients and optimizer states (no fp32 master copy)"
-    if layout.backend == "fsdp":
-        return f"fp32 sharded weights, gradients and optimizer states; {w.dtype} compute on gathered copies"
-    return f"{w.dtype} weights and gradients; fp32 master weights, gradients and optimizer states"
+    return spec.precision(w)
 
 
 def _runners_up(ev: Evaluation, decision: Decision) -> list[dict]:

@@ -21,23 +21,14 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass, field
 
-from recipeforge.capabilities import Refusal, capabilities_of, parallel_key, refusals
+from recipeforge.capabilities import Refusal, backend_specs, capabilities_of, parallel_key, refusals
+from recipeforge.plan.backend_spec import Candidate
 from recipeforge.plan.hardware import GIB, Hardware
-from recipeforge.plan.memory import Layout, MemoryEstimate, estimate
-from recipeforge.plan.parallel_layouts import splits
-from recipeforge.plan.presets import deepspeed_preset, fsdp_preset, get_preset
+from recipeforge.plan.memory import Layout, MemoryEstimate, estimate, spec_of
+from recipeforge.plan.presets import get_preset
 from recipeforge.plan.workload import Workload
 
 MICRO_BATCH_CAP = 8  # larger micro batches rarely raise throughput for LLM-length sequences
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A layout with its place in the preference order and what it costs in communication."""
-
-    layout: Layout
-    tier: int
-    why: str  # what this layout does, for reasons and runners-up
 
 
 @dataclass
@@ -69,17 +60,16 @@ class Evaluation:
 
 def backend_installed(backend: str) -> bool:
     """Whether the package behind `backend` can be imported here (looked up, never imported)."""
-    module = capabilities_of(backend).package
-    if module is None:
+    caps = capabilities_of(backend)
+    if caps.package is None:
         return True
-    top = module.split(".")[0]
-    if importlib.util.find_spec(top) is None:
+    if importlib.util.find_spec(caps.package.split(".")[0]) is None:
         return False
-    if "." in module:  # a namespace package: ask the installed distributions instead of importing
+    if caps.distribution:  # a namespace package: ask the installed distributions instead of importing
         from importlib import metadata
 
         try:
-            metadata.version("megatron-bridge")
+            metadata.version(caps.distribution)
         except metadata.PackageNotFoundError:
             return False
     return True
@@ -104,68 +94,34 @@ def layout_refusals(w: Workload, layout: Layout, device: str) -> list[Refusal]:
                     if backend == layout.backend]
 
 
-def deepspeed_cpu_settings(dist) -> tuple[int, str, str]:
-    """(ZeRO stage, offload, preset) of DeepSpeed on the CPU: the recipe's preset or pins, else ZeRO-2
-    (ZeRO-3 for a pinned parameter offload) without offload (memory is not what a CPU run is short of)."""
+def cpu_backends(dist) -> list[str]:
+    """The backends a CPU plan tries, in order: the pinned one (or the pinned preset's), else every
+    backend that offers itself for the CPU (`cpu_preference`)."""
+    if dist.backend != "auto":
+        return [dist.backend]
     if dist.preset:
-        p = get_preset(dist.preset, backend="deepspeed")
-        zero, offload = p.zero_stage, p.offload
-    else:
-        offload = dist.offload if dist.offload != "auto" else "none"
-        zero = dist.zero_stage if dist.zero_stage != "auto" else (3 if offload == "optimizer+params" else 2)
-    return zero, offload, deepspeed_preset(zero, offload)
-
-
-def fsdp_cpu_settings(dist) -> tuple[str, str, str]:
-    """(sharding, offload, preset) of FSDP2 on the CPU: the recipe's preset or pins, else full sharding
-    without offload. One machine has no replicas to shard within, so hybrid sharding is full sharding."""
-    if dist.preset:
-        p = get_preset(dist.preset, backend="fsdp")
-        sharding, offload = p.sharding, p.offload
-    else:
-        sharding, offload = dist.fsdp_sharding, dist.offload if dist.offload != "auto" else "none"
-    sharding = "full_shard" if sharding == "hybrid_shard" else sharding
-    return sharding, offload, fsdp_preset(sharding, offload)
-
-
-def _cpu_candidate(backend: str, dist) -> Candidate:
-    if backend == "fsdp":
-        sharding, offload, preset = fsdp_cpu_settings(dist)
-        return Candidate(Layout("fsdp", preset, offload=offload, fsdp_sharding=sharding, nodes=1, gpus_per_node=0),
-                         1, f"FSDP2 ({sharding}) on the CPU (gloo), one process planned")
-    if backend == "deepspeed":
-        zero, offload, preset = deepspeed_cpu_settings(dist)
-        return Candidate(Layout("deepspeed", preset, zero_stage=zero, offload=offload, nodes=1, gpus_per_node=0),
-                         1, f"DeepSpeed ZeRO-{zero} on the CPU (gloo), one process planned")
-    if backend == "single":
-        return Candidate(Layout("single", None, nodes=1, gpus_per_node=0), 0, "one process on the CPU")
-    # gloo on the CPU; the launcher sets the process count
-    return Candidate(Layout(backend, None, nodes=1, gpus_per_node=0), 1,
-                     f"{backend} on the CPU (gloo), one process planned")
+        return [get_preset(dist.preset).backend]
+    specs = backend_specs()
+    offered = [n for n, spec in specs.items() if getattr(spec, "cpu_preference", None) is not None]
+    return sorted(offered, key=lambda n: specs[n].cpu_preference)
 
 
 def candidate_list(w: Workload, hw: Hardware, dist) -> list[Candidate]:
-    """Layouts to try, in preference order, honouring the recipe's pins. Only layouts whose backend's
-    capability record accepts the workload are candidates (`recipeforge.capabilities`)."""
+    """Layouts to try, in preference order, honouring the recipe's pins. Every registered backend
+    offers its own (`PlannerSpec.candidates`); only layouts whose backend's capability record accepts
+    the workload are candidates (`recipeforge.capabilities`)."""
     if hw.device == "cpu":
         # One process is planned; `plan.world` spreads it over the processes a launch starts. In auto
         # mode the first backend that runs the pinned settings wins (DeepSpeed for a pinned offload).
-        if dist.backend != "auto":
-            backends: tuple[str, ...] = (dist.backend,)
-        elif dist.preset:
-            backends = (get_preset(dist.preset).backend,)
-        else:
-            backends = ("single", "ddp", "deepspeed")
-        for backend in backends:
-            candidate = _cpu_candidate(backend, dist)
+        for backend in cpu_backends(dist):
+            candidate = spec_of(backend).cpu_candidate(dist)
             pinned_offload = dist.offload in ("auto", candidate.layout.offload)
             if pinned_offload and not layout_refusals(w, candidate.layout, "cpu"):
                 return [candidate]
         return []
-    out = [c for c in _all_layouts(w, hw, pinned=dist.backend != "auto", dist=dist)
+    pinned = dist.backend != "auto"
+    out = [c for c in offered_layouts(w, hw, dist, backend=dist.backend if pinned else None)
            if not layout_refusals(w, c.layout, hw.device)]
-    if dist.backend != "auto":
-        out = [c for c in out if c.layout.backend == dist.backend]
     if dist.preset:
         out = [c for c in out if c.layout.preset == dist.preset]
     if dist.zero_stage != "auto":
@@ -173,12 +129,16 @@ def candidate_list(w: Workload, hw: Hardware, dist) -> list[Candidate]:
     if dist.offload != "auto":  # "none" forbids offload, the others pin it
         out = [c for c in out if c.layout.offload == dist.offload]
     out = [c for c in out if _matches_sizes(c.layout, dist)]
-    if dist.backend == "fsdp" and not dist.preset:  # a preset names its own sharding
-        # pinned replicas shard inside each replica: hybrid sharding, whatever fsdp_sharding says
-        replicas = (dist.pinned_size("data_parallel_replicate") or 1) > 1
-        out = [c for c in out if c.layout.fsdp_sharding == dist.fsdp_sharding
-               or (replicas and c.layout.dp_replicate > 1)]
+    if pinned and not dist.preset:  # a preset names its own settings
+        out = [c for c in out if spec_of(dist.backend).matches_pins(c.layout, dist)]
     return out
+
+
+def offered_layouts(w: Workload, hw: Hardware, dist, *, backend: str | None = None) -> list[Candidate]:
+    """The layouts every backend (or only `backend`, which is then pinned) offers, in preference order."""
+    specs = backend_specs() if backend is None else {backend: spec_of(backend)}
+    offered = [c for spec in specs.values() for c in spec.candidates(w, hw, dist, pinned=backend is not None)]
+    return sorted(offered, key=lambda c: c.order)
 
 
 def _matches_sizes(layout: Layout, dist) -> bool:
@@ -194,8 +154,8 @@ def _matches_sizes(layout: Layout, dist) -> bool:
     if tp is not None and tp > 1 and dist.pipeline_parallel == 1 and layout.pipeline_parallel != 1:
         return False  # pinned TP alone: no pipeline stages added
     if replicate is not None or shard is not None:
-        # replicate / shard sizes are FSDP2's mesh (Accelerate's dp_replicate_size / dp_shard_size)
-        if layout.backend != "fsdp":
+        # replicate / shard sizes are a device mesh's (FSDP2: Accelerate's dp_replicate_size / dp_shard_size)
+        if "data_parallel_replicate" not in capabilities_of(layout.backend).parallel_sizes:
             return False
         if replicate is not None and layout.dp_replicate != replicate:
             return False
@@ -206,103 +166,13 @@ def _matches_sizes(layout: Layout, dist) -> bool:
 
 def known_presets(w: Workload, hw: Hardware, backend: str | None = None) -> list[str]:
     """Preset names available for `hw` (for hints on an unknown `distributed.preset`)."""
-    names = [c.layout.preset for c in _all_layouts(w, hw, pinned=True)
-             if c.layout.preset and (backend in (None, "auto") or c.layout.backend == backend)]
-    return list(dict.fromkeys(names))
-
-
-def _all_layouts(w: Workload, hw: Hardware, *, pinned: bool, dist=None) -> list[Candidate]:
-    g, nodes, per_node = hw.num_gpus, hw.nodes, hw.gpus_per_node
-    common = dict(nodes=nodes, gpus_per_node=per_node)
-    one = dict(nodes=1, gpus_per_node=1)
-    out: list[Candidate] = []
-
-    def add(tier, why, **kw):
-        base = common if kw.pop("all_gpus", True) else one
-        out.append(Candidate(Layout(**{**base, **kw}), tier, why))
-
-    if g == 1 or pinned:
-        add(0, "the whole model on one GPU", backend="single", preset=None, all_gpus=False)
-    if g > 1 or pinned:
-        add(1, "a full replica per GPU; one gradient all-reduce per step", backend="ddp", preset=None, data_parallel=g)
-    if g > 1 or pinned:
-        add(2, "optimizer states and gradients sharded; weights gathered once per step",
-            backend="fsdp", preset="fsdp_shard_grad_op", data_parallel=g, fsdp_sharding="shard_grad_op")
-        add(2, "optimizer states sharded (ZeRO-2 also shards gradients); same traffic as DDP",
-            backend="deepspeed", preset="zero2", data_parallel=g, zero_stage=2)
-        if pinned:
-            add(2, "optimizer states sharded; same traffic as DDP", backend="deepspeed", preset="zero1",
-                data_parallel=g, zero_stage=1)
-            add(1, "DeepSpeed without partitioning", backend="deepspeed", preset="zero0", data_parallel=g, zero_stage=0)
-        add(3, "weights, gradients and optimizer states sharded; weights gathered per layer (1.5x DDP traffic)",
-            backend="fsdp", preset="fsdp_full_shard", data_parallel=g, fsdp_sharding="full_shard")
-        if nodes > 1 and pinned:
-            add(3, "sharded within each node, replicated across nodes", backend="fsdp", preset="fsdp_hybrid_shard",
-                data_parallel=g, fsdp_sharding="hybrid_shard", dp_replicate=nodes)
-        add(3, "ZeRO-3: weights, gradients and optimizer states sharded; 1.5x DDP traffic",
-            backend="deepspeed", preset="zero3", data_parallel=g, zero_stage=3)
-    megatron = g > 1 and (pinned or (w.stage == "pretrain" and not w.model.is_moe and w.full_finetune))
-    for offload in ("none", "optimizer"):
-        if offload == "optimizer" and g > 1 and dist is not None:
-            _add_parallel_fsdp(out, w, hw, dist)
-        if megatron:
-            for tp, pp in _megatron_sizes(w, hw, every_split=pinned):
-                suffix = "_offload" if offload != "none" else ""
-                why = (f"tensor parallel {tp} inside a node, pipeline parallel {pp}"
-                       + ("; optimizer on the CPU" if offload != "none" else ""))
-                add(4 if offload == "none" else 5, why, backend="megatron", preset=f"tp{tp}_pp{pp}{suffix}",
-                    data_parallel=g // (tp * pp), tensor_parallel=tp, pipeline_parallel=pp, offload=offload)
-    add(6, "ZeRO-Offload: optimizer states and step on the CPU, 16-bit weights on each GPU",
-        backend="deepspeed", preset="zero2_offload", data_parallel=g, zero_stage=2, offload="optimizer")
-    add(6, "ZeRO-3 with the optimizer states and step on the CPU",
-        backend="deepspeed", preset="zero3_offload", data_parallel=g, zero_stage=3, offload="optimizer")
-    add(7, "FSDP2 with parameters, gradients and optimizer states in CPU memory",
-        backend="fsdp", preset="fsdp_full_shard_offload", data_parallel=g, fsdp_sharding="full_shard",
-        offload="optimizer+params")
-    add(7, "ZeRO-3 with optimizer states and parameters in CPU memory (ZeRO-Infinity style)",
-        backend="deepspeed", preset="zero3_offload_params", data_parallel=g, zero_stage=3, offload="optimizer+params")
-    return out
-
-
-def _add_parallel_fsdp(out: list[Candidate], w: Workload, hw: Hardware, dist) -> None:
-    """FSDP2 with tensor and/or context parallel (`plan.parallel_layouts.splits`), after the layouts that
-    shard only data: they are planned when a model's layers or a sequence's activations need them."""
-    found, _ = splits(w.model, hw, dist, seq_len=w.seq_len, stage=w.stage, adapter=w.adapter,
-                      attention=w.attn_implementation, packing=w.packing)
-    for s in found:
-        parts = []
-        if s.tensor_parallel > 1:
-            parts.append(f"tensor parallel {s.tensor_parallel} (the model's tensor-parallel plan) splits the "
-                         "heads, MLP columns and their activations")
-        if s.context_parallel > 1:
-            parts.append(f"context parallel {s.context_parallel} (ring attention) splits each sequence and its "
-                         "activations")
-        why = "; ".join(parts) + f"; FSDP2 shards over {s.dp_shard}" + (
-            f" x {s.dp_replicate} replicas" if s.dp_replicate > 1 else "")
-        out.append(Candidate(Layout("fsdp", "fsdp_hybrid_shard" if s.dp_replicate > 1 else "fsdp_full_shard",
-                                    data_parallel=s.data_parallel, tensor_parallel=s.tensor_parallel,
-                                    context_parallel=s.context_parallel, dp_replicate=s.dp_replicate,
-                                    fsdp_sharding="hybrid_shard" if s.dp_replicate > 1 else "full_shard",
-                                    nodes=hw.nodes, gpus_per_node=hw.gpus_per_node), 4, why))
-
-
-def _megatron_sizes(w: Workload, hw: Hardware, every_split: bool = False) -> list[tuple[int, int]]:
-    """(TP, PP) pairs, smallest model-parallel size first. For automatic planning each size uses the
-    largest tensor-parallel degree that stays inside a node and divides the attention heads, the rest
-    becomes pipeline stages (Narayanan et al. 2021: TP within a node, PP across nodes); a pinned
-    split may be any valid pair (`every_split`)."""
-    m, g = w.model, hw.num_gpus
-    valid_tp = [tp for tp in (1, 2, 4, 8) if tp <= hw.gpus_per_node and not m.num_heads % tp
-                and not m.num_kv_heads % tp]
-    sizes = []
-    for mp in range(1, g + 1):
-        if g % mp:
-            continue
-        tps = [t for t in valid_tp if mp % t == 0]
-        for tp in sorted(tps, reverse=True)[: None if every_split else 1]:
-            if mp // tp <= m.num_layers:
-                sizes.append((tp, mp // tp))
-    return sizes
+    if backend in (None, "auto"):
+        specs = backend_specs()
+        offered = sorted((c for spec in specs.values() for c in spec.candidates(w, hw, None, pinned=True)),
+                         key=lambda c: c.order)
+    else:
+        offered = offered_layouts(w, hw, None, backend=backend)
+    return list(dict.fromkeys(c.layout.preset for c in offered if c.layout.preset))
 
 
 # ----------------------------------------------------------------------------- fitting
@@ -321,10 +191,11 @@ def evaluate(c: Candidate, w: Workload, hw: Hardware, train, headroom: float) ->
     global_batch = train.global_batch_size
 
     per_rank = global_batch // dp if global_batch % dp == 0 else 0
-    if layout.backend == "megatron":
-        # Megatron-Bridge trains packed rows one per micro batch (`components.megatron_data`); a pinned
-        # micro batch other than 1 is refused with the recipe (`config.schema.megatron_fields`).
-        micros = [1]
+    fixed = spec_of(layout.backend).fixed_micro_batch
+    if fixed is not None:
+        # e.g. Megatron-Bridge trains packed rows one per micro batch; a pinned micro batch other than
+        # that is refused with the recipe
+        micros = [fixed]
     elif isinstance(train.micro_batch_size, int):
         micros = [train.micro_batch_size]
     else:

@@ -24,7 +24,21 @@ from recipeforge.plan.hardware import GIB
 from recipeforge.plan.types import Choice
 from recipeforge.plan.workload import Workload
 
-REPLICA = ("single", "ddp")  # the layouts where the Trainer itself holds the weights
+def holds_weights(layout) -> bool:
+    """Whether the Trainer itself holds the weights on `layout` (one device, DDP): precision is then
+    the run's to choose, where an engine keeps fp32 master weights itself."""
+    from recipeforge.plan.memory import spec_of
+
+    return spec_of(layout.backend).trainer_holds_weights
+
+
+def _replica_backends() -> str:
+    from recipeforge.capabilities import backend_specs
+
+    names = [n for n, spec in backend_specs().items() if getattr(spec, "trainer_holds_weights", False)]
+    return " or ".join(names)
+
+
 PURE = ("pure_bf16", "pure_bf16_sr")
 SR_OPTIMIZERS = ("adamw", "adamw_fused")
 
@@ -61,18 +75,18 @@ def choose_precision(recipe, w: Workload, device: str, decide: Callable[[Workloa
     if pure:
         decision = decide(w)
         chosen = getattr(decision, "chosen", None)
-        if chosen is not None and chosen.layout.backend not in REPLICA:
+        if chosen is not None and not holds_weights(chosen.layout):
             raise RecipeError(f"train.precision {pinned} applies to one GPU or DDP, and this plan runs "
                               f"{chosen.layout.label}, which keeps fp32 master weights itself",
                               key="train.precision",
-                              hint="set train.precision: auto, or distributed.backend: single or ddp")
+                              hint=f"set train.precision: auto, or distributed.backend: {_replica_backends()}")
         sr = " with stochastically rounded updates (torchao AdamW)" if pinned == "pure_bf16_sr" else ""
         return w, decision, Choice(pinned, f"recipe sets it: bf16 weights, gradients and AdamW states{sr}")
     # auto: fp32 master weights whenever some layout holds them without offload
     mixed_decision = decide(mixed_w)
     chosen = getattr(mixed_decision, "chosen", None)
     if chosen is not None and chosen.layout.offload == "none":
-        if chosen.layout.backend in REPLICA:
+        if holds_weights(chosen.layout):
             why = (f"auto: fp32 master weights fit ({chosen.layout.label}, {chosen.memory.total / GIB:.1f} GB "
                    f"per GPU); bf16 autocast compute")
         else:
@@ -80,7 +94,7 @@ def choose_precision(recipe, w: Workload, device: str, decide: Callable[[Workloa
         return mixed_w, mixed_decision, Choice("mixed", why)
     pure_decision = decide(w)
     pchosen = getattr(pure_decision, "chosen", None)
-    if pchosen is not None and pchosen.layout.backend in REPLICA:
+    if pchosen is not None and holds_weights(pchosen.layout):
         lost = ("needs CPU offload (" + chosen.layout.label + ")" if chosen is not None
                 else "fit in no layout")
         return w, pure_decision, Choice(

@@ -30,7 +30,7 @@ def render_plan(plan: Plan) -> str:
     lines: list[str] = []
     where = x.hardware.get("spec", plan.device)
     preset = f" ({plan.preset})" if plan.preset else ""
-    if plan.backend == "fsdp" and (plan.tensor_parallel > 1 or x.context_parallel > 1):
+    if x.fsdp_sharding is not None and (plan.tensor_parallel > 1 or x.context_parallel > 1):
         preset += " with " + " x ".join(f"{name} parallel {n}" for name, n in
                                         (("tensor", plan.tensor_parallel), ("context", x.context_parallel)) if n > 1)
     lines.append(f"Plan: {plan.backend}{preset} on {where}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Mapping
 
+from recipeforge.capabilities import Stage
 from recipeforge.plan.types import Choice, Plan
 from recipeforge.registry import BUILTIN, Registry, code_trust, is_code_reference, registry_for
 
@@ -20,7 +21,7 @@ def used_components(recipe) -> list[tuple[str, str]]:
     used = [("models", recipe.model.name_or_path)]
     used += [("formats", ds.format) for ds in (*recipe.data.datasets, *recipe.data.eval_datasets)]
     used += [("kernels", name) for name in recipe.kernels]
-    grpo = getattr(recipe, "grpo", None)
+    grpo = getattr(recipe, Stage.GRPO, None)
     if grpo is not None:
         used.append(("rollout_engines", grpo.rollout.engine))
         used += [("rewards", r.name) for r in grpo.rewards if not is_code_reference(r.name)]
@@ -40,7 +41,7 @@ def annotate_plan(plan: Plan, recipe, environ: Mapping[str, str] | None = None) 
     installed here a warning. Returns the annotated copy (`Plan` is frozen).
     """
     allowed, reason = code_trust(recipe.allow_code, environ)
-    code = [r.name for r in getattr(getattr(recipe, "grpo", None), "rewards", ()) if is_code_reference(r.name)]
+    code = [r.name for r in getattr(getattr(recipe, Stage.GRPO, None), "rewards", ()) if is_code_reference(r.name)]
     if code:
         reason += f"; imports {', '.join(code)}"
     reasons = {**plan.reasons, "allow_code": Choice(allowed, reason)}

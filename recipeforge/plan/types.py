@@ -64,7 +64,7 @@ _EXTRA_FIELDS = frozenset(f.name for f in fields(PlanExtras))
 class Plan:
     """How a recipe runs on given hardware."""
 
-    backend: str                  # "single" | "ddp" | "deepspeed" | "fsdp" | "megatron"
+    backend: str                  # a registered backend spec's name (`capabilities.BackendName` or a plugin's)
     preset: str | None            # e.g. "zero3_offload", "fsdp_full_shard"; None for single/ddp
     device: str                   # "cuda" | "cpu"
     nodes: int

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from recipeforge.capabilities import Stage
 from recipeforge.plan.hardware import Hardware
 from recipeforge.plan.models import Linear, ModelSpec
 
@@ -130,24 +131,24 @@ def build_workload(recipe, model: ModelSpec, hardware: Hardware) -> Workload:
     seq = recipe.data.sequence_len
     logit_tokens, per_sample, reference, rollout = seq, 1, False, None
 
-    if recipe.stage == "dpo":
+    if recipe.stage == Stage.DPO:
         per_sample = 2
         reference = adapter.type == "none" or recipe.dpo.reference != "auto"
         if recipe.dpo.reference != "auto":
             notes.append("the DPO reference model is sized like the policy model")
-    elif recipe.stage in ("orpo", "cpo"):
+    elif recipe.stage in (Stage.ORPO, Stage.CPO):
         per_sample = 2  # chosen + rejected, no reference model
-    elif recipe.stage == "reward":
+    elif recipe.stage == Stage.REWARD:
         # chosen + rejected through a one-output score head in place of the LM head: no vocabulary
         # logits, no reference model
         per_sample = 2
         model = dataclasses.replace(model, num_labels=1)
-    elif recipe.stage == "kto":
+    elif recipe.stage == Stage.KTO:
         # One completion per row through the policy (the KL completions run without gradients).
         reference = adapter.type == "none" or recipe.kto.reference != "auto"
         if recipe.kto.reference != "auto":
             notes.append("the KTO reference model is sized like the policy model")
-    elif recipe.stage == "grpo":
+    elif recipe.stage == Stage.GRPO:
         g = recipe.grpo
         prompt = g.max_prompt_length or seq
         seq = prompt + g.max_completion_length
@@ -209,11 +210,13 @@ def sdpa_masks_packed_rows(attn_implementation: str, packing: bool, device: str)
 
 
 def _setting_refusals(recipe) -> tuple[tuple[str, str, str], ...]:
-    """Megatron maps recipe fields one by one (`config.schema.megatron_fields`); a setting it cannot
-    honour rules it out, so `auto` never plans a layout that validation or `check()` would refuse."""
-    from recipeforge.config.schema.megatron_fields import megatron_problems
+    """(backend, key, message) for each recipe setting a backend cannot honour beyond its capability
+    record (`PlannerSpec.recipe_refusals`), so `auto` never plans a layout that validation or
+    `check()` would refuse."""
+    from recipeforge.capabilities import backend_specs
 
-    return tuple(("megatron", key, message) for key, message in megatron_problems(recipe))
+    return tuple((name, key, message) for name, spec in backend_specs().items()
+                 for key, message in spec.recipe_refusals(recipe))
 
 
 def _engine_reserves(engine: str) -> bool:

@@ -19,7 +19,9 @@ from recipeforge.capabilities import capabilities_of, parallel_key, refusals
 from recipeforge.errors import RecipeError
 from recipeforge.plan.hardware import hardware_for
 from recipeforge.plan.plan import make_plan
-from recipeforge.plan.policy import deepspeed_cpu_settings, fsdp_cpu_settings
+from recipeforge.plan.memory import spec_of
+from recipeforge.plan.parallel_layouts import runs_device_mesh
+from recipeforge.plan.policy import cpu_backends
 from recipeforge.plan.trust import annotate_plan
 from recipeforge.plan.types import Choice, Plan
 
@@ -82,22 +84,19 @@ def _gpu_target(hw, nnodes: int | None, nproc_per_node: int | None):
 def _spread(base: Plan, recipe, *, nodes: int, per_node: int) -> Plan:
     d, t = recipe.distributed, recipe.train
     world = nodes * per_node
-    # auto: replicas (DDP), unless the one-process plan needed DeepSpeed (e.g. for a pinned offload)
-    backend = d.backend if d.backend != "auto" else ("deepspeed" if base.backend == "deepspeed" else "ddp")
-    preset, zero, offload, sharding = None, None, "none", None
-    if backend == "deepspeed":
-        zero, offload, preset = deepspeed_cpu_settings(d)
-    elif backend == "fsdp":
-        sharding, offload, preset = fsdp_cpu_settings(d)
-    # Tensor parallel (FSDP2 only): the recipe pins it; every tp ranks hold one model replica's shards.
-    tp = (d.pinned_size("tensor_parallel") or 1) if backend == "fsdp" else 1
+    # auto: the one-process plan's backend when it runs several processes (e.g. DeepSpeed for a pinned
+    # offload), else the first CPU backend that does (replicas: DDP)
+    backend = d.backend if d.backend != "auto" else _spreading_backend(base.backend, world)
+    spread = spec_of(backend).cpu_spread(d)
+    preset, zero, offload, sharding = spread.preset, spread.zero_stage, spread.offload, spread.fsdp_sharding
+    tp = spread.tensor_parallel
     if world % tp:
         raise RecipeError(f"tensor_parallel {tp} does not divide the {world} processes",
                           key="distributed.tensor_parallel",
                           hint=f"use --nproc-per-node a multiple of {tp}, or another tensor_parallel")
     dp = world // tp
     shard = d.pinned_size("data_parallel_shard")
-    if backend == "fsdp" and shard is not None and shard != dp:
+    if runs_device_mesh(backend) and shard is not None and shard != dp:
         raise RecipeError(f"data_parallel_shard {shard} is not the {dp} data-parallel processes of this CPU job",
                           key="distributed.data_parallel_shard",
                           hint=f"on the CPU every data-parallel process shards the model: set it to auto or {dp}")
@@ -147,6 +146,22 @@ def _spread(base: Plan, recipe, *, nodes: int, per_node: int) -> Plan:
                    data_parallel=dp, tensor_parallel=tp, pipeline_parallel=1, micro_batch_size=micro,
                    gradient_accumulation=accumulation, global_batch_size=micro * accumulation * dp,
                    zero_stage=zero, offload=offload, reasons=reasons, extra=extra)
+
+
+def _spreading_backend(planned: str, world: int) -> str:
+    """The backend a CPU job of `world` processes runs in auto mode: the one-process plan's, when it
+    runs that many processes, else the first CPU backend (`cpu_preference`) that does."""
+    def runs(name: str) -> bool:
+        limit = capabilities_of(name).max_cpu_processes
+        return limit is None or limit >= world
+
+    if runs(planned):
+        return planned
+    return next(n for n in cpu_backends(_AUTO) if runs(n))
+
+
+class _AUTO:  # the distributed section of a recipe that pins nothing
+    backend, preset = "auto", None
 
 
 def processes_per_node(plan: Plan) -> int:

@@ -4,26 +4,24 @@ from __future__ import annotations
 
 import importlib
 
+from recipeforge.capabilities import Stage
+
 # stage name -> "module:class"; imported only when a run needs it (TRL imports take seconds).
 RUNNERS = {
-    "pretrain": "recipeforge.stages.pretrain:PretrainStage",
-    "sft": "recipeforge.stages.sft:SFTStage",
-    "dpo": "recipeforge.stages.dpo:DPOStage",
-    "grpo": "recipeforge.stages.grpo:GRPOStage",
-    "orpo": "recipeforge.stages.orpo:ORPOStage",
-    "kto": "recipeforge.stages.kto:KTOStage",
-    "cpo": "recipeforge.stages.cpo:CPOStage",
-    "reward": "recipeforge.stages.reward:RewardStage",
-}
-# Backends that run their own training loop have runners of their own: (backend, stage) -> "module:class".
-BACKEND_RUNNERS = {
-    ("megatron", "pretrain"): "recipeforge.stages.megatron_lm:MegatronLMStage",
-    ("megatron", "sft"): "recipeforge.stages.megatron_lm:MegatronLMStage",
+    Stage.PRETRAIN: "recipeforge.stages.pretrain:PretrainStage",
+    Stage.SFT: "recipeforge.stages.sft:SFTStage",
+    Stage.DPO: "recipeforge.stages.dpo:DPOStage",
+    Stage.GRPO: "recipeforge.stages.grpo:GRPOStage",
+    Stage.ORPO: "recipeforge.stages.orpo:ORPOStage",
+    Stage.KTO: "recipeforge.stages.kto:KTOStage",
+    Stage.CPO: "recipeforge.stages.cpo:CPOStage",
+    Stage.REWARD: "recipeforge.stages.reward:RewardStage",
 }
 
 
-def runner_class(stage: str, backend: str | None = None):
-    """The runner class of `stage` (on `backend`, when that backend has a runner of its own)."""
-    spec = BACKEND_RUNNERS.get((backend, stage)) or RUNNERS[stage]
+def runner_class(stage: str, runner: str | None = None):
+    """The runner class of `stage`, or `runner` (``"module:Class"``) when the backend trains with a
+    loop of its own (`BackendSpec.runner`)."""
+    spec = runner or RUNNERS[stage]
     module, _, name = spec.partition(":")
     return getattr(importlib.import_module(module), name)

@@ -11,9 +11,10 @@ they are, and it asks ``torch.accelerator`` for the device, None without one), s
 
 from __future__ import annotations
 
+from recipeforge.capabilities import Stage
 from recipeforge.errors import RecipeError
 
-STAGES = ("pretrain", "sft", "dpo", "kto", "reward")
+STAGES = tuple(s.value for s in (Stage.PRETRAIN, Stage.SFT, Stage.DPO, Stage.KTO, Stage.REWARD))
 KEY = "train.activation_offloading"
 
 

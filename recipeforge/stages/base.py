@@ -352,13 +352,20 @@ class TrainerStage:
         from recipeforge.components.models import resolve_dtype
 
         plan, dtype = self.ctx.plan, self.recipe.model.dtype
-        if self.recipe.adapter.type != "qlora" or not (
-                plan.backend == "fsdp" or (plan.backend == "deepspeed" and plan.zero_stage == 3)):
+        if self.recipe.adapter.type != "qlora" or not self._weights_sharded():
             return None
         if plan.device == "cuda":
             return resolve_dtype("fp32", plan.device)
         resolved = resolve_dtype(dtype, plan.device)
         return resolve_dtype("bf16", plan.device) if str(resolved) == "torch.float32" else resolved
+
+    def _weights_sharded(self) -> bool:
+        from recipeforge.plan.memory import Layout
+        from recipeforge.stages.precision import backend_spec
+
+        plan = self.ctx.plan
+        return backend_spec(plan).shards_weights(Layout(plan.backend, plan.preset, zero_stage=plan.zero_stage,
+                                                        offload=plan.offload))
 
     def _load_sharded(self, name: str, common: dict, random_init: bool):
         """The model loaded sharded by the backend's loader. A random-init model is written to

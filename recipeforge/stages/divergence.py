@@ -26,6 +26,7 @@ import statistics
 from pathlib import Path
 from typing import Callable
 
+from recipeforge.capabilities import Stage
 from recipeforge.errors import RecipeError
 
 HINT = ("lower train.learning_rate, keep gradient clipping on (train.max_grad_norm, e.g. 1.0) or add warmup "
@@ -74,7 +75,7 @@ def make_callback(config, *, stage: str, checkpoints: Path, log: Callable[[str],
     """The divergence `TrainerCallback` for `config` (a `train.divergence` section)."""
     from transformers import TrainerCallback
 
-    spike_factor = None if stage == "grpo" else config.spike_factor
+    spike_factor = None if stage == Stage.GRPO else config.spike_factor
     nan_step = _nan_fault_step()  # read once here, not on every step
 
     class DivergenceCallback(TrainerCallback):

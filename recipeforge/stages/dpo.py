@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from recipeforge.stages.base import TrainerStage
 
+# TRL's name for the NLL term on chosen answers among DPOConfig.loss_type values
+TRL_NLL_LOSS = "sft"
+
 
 class DPOStage(TrainerStage):
     """DPO on prompt/chosen/rejected rows."""
@@ -46,7 +49,7 @@ class DPOStage(TrainerStage):
         losses, weights = [d.loss_type], None
         if d.rpo_alpha:
             # RPO: the preference loss plus an NLL term on chosen answers, weighted by rpo_alpha.
-            losses, weights = [d.loss_type, "sft"], [1.0, d.rpo_alpha]
+            losses, weights = [d.loss_type, TRL_NLL_LOSS], [1.0, d.rpo_alpha]
         # Every length limit the installed TRL has comes from the recipe: prompts are cut only by
         # dpo.max_prompt_length (recipeforge cuts them itself, in prepare_data), whole pairs by
         # data.sequence_len; a TRL default never applies.

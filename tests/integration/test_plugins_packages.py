@@ -19,12 +19,12 @@ import pytest
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("recipeforge-example", "recipeforge-liger", "recipeforge-vllm")
+PACKAGES = ("recipeforge-example", "recipeforge-liger", "recipeforge-vllm", "recipeforge-zero-redundancy")
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
-    """The three packages built from copies (pip builds in the source tree) and installed together."""
+    """The packages built from copies (pip builds in the source tree) and installed together."""
     root = tmp_path_factory.mktemp("plugins")
     copies = []
     for name in PACKAGES:
@@ -46,6 +46,8 @@ def _entry_points(site: Path, dist: str) -> str:
 def test_each_package_publishes_its_entry_points(site):
     assert "[recipeforge.kernels]\nliger = recipeforge_liger:LIGER" in _entry_points(site, "recipeforge-liger")
     assert "[recipeforge.rollout_engines]\nvllm = recipeforge_vllm:VLLM" in _entry_points(site, "recipeforge-vllm")
+    assert "[recipeforge.backends]\nzero_redundancy = recipeforge_zero_redundancy:ZeroRedundancyBackend" in \
+        _entry_points(site, "recipeforge-zero-redundancy")
     example = _entry_points(site, "recipeforge-example")
     for group in ("rewards", "formats", "models", "recipes"):
         assert f"[recipeforge.{group}]" in example

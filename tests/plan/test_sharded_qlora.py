@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from recipeforge.capabilities import BUILTIN, refusals
+from recipeforge.capabilities import capabilities_of, refusals
 from recipeforge.plan.hardware import GIB
 from recipeforge.plan.memory import Layout, estimate, quantized_bytes_per_param, quantized_model_bytes
 
@@ -14,18 +14,18 @@ from recipeforge.plan.memory import Layout, estimate, quantized_bytes_per_param,
 @pytest.mark.parametrize("backend, zero", [("deepspeed", 3), ("fsdp", None)])
 def test_4bit_qlora_runs_on_a_sharded_base(backend, zero):
     for offload in ("none", "optimizer+params"):
-        assert refusals(BUILTIN[backend], stage="sft", device="cuda", adapter="qlora", quant_bits=4,
+        assert refusals(capabilities_of(backend), stage="sft", device="cuda", adapter="qlora", quant_bits=4,
                         zero_stage=zero, offload=offload) == []
 
 
 @pytest.mark.parametrize("backend, zero, key", [("deepspeed", 3, "adapter.quant.bits"),
                                                 ("fsdp", None, "adapter.quant.bits")])
 def test_8bit_bases_do_not_shard(backend, zero, key):
-    found = refusals(BUILTIN[backend], stage="sft", device="cuda", adapter="qlora", quant_bits=8, zero_stage=zero)
+    found = refusals(capabilities_of(backend), stage="sft", device="cuda", adapter="qlora", quant_bits=8, zero_stage=zero)
     assert found and found[0].key == key and "8-bit" in found[0].message and "int8" in found[0].message
     assert "quant.bits: 4" in found[0].hint
     # 8-bit stays fine where the weights are kept whole
-    assert refusals(BUILTIN["deepspeed"], adapter="qlora", quant_bits=8, zero_stage=2) == []
+    assert refusals(capabilities_of("deepspeed"), adapter="qlora", quant_bits=8, zero_stage=2) == []
 
 
 def _workload(name="meta-llama/Llama-2-70b-hf", gpus=2):

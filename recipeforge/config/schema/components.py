@@ -153,6 +153,7 @@ def _names(r: Recipe) -> Iterator[RuleProblem]:
     architecture of a ``tiny:<arch>`` model, the backend preset."""
     from recipeforge.components.tiny_spec import TINY_CONFIGS, tiny_arch
     from recipeforge.components.chat_templates import canonical, is_template_path, known_names
+    from recipeforge.registry import registry_for
 
     template = r.data.chat_template
     # A .jinja path is checked where the recipe's folder is known (when the run loads it).
@@ -164,18 +165,22 @@ def _names(r: Recipe) -> Iterator[RuleProblem]:
     if arch is not None and arch not in TINY_CONFIGS:
         yield _unknown(("model", "name_or_path"), "tiny model", r.model.name_or_path,
                        [f"tiny:{a}" for a in TINY_CONFIGS])
+    backend, backends = r.distributed.backend, registry_for("backends")
+    if backend != "auto" and not backends.has(backend):
+        problem = backends.unknown(backend).problems[0]  # names a first-party plugin to install
+        yield RuleProblem(("distributed", "backend"), problem.message, f"{problem.hint}; or auto")
+        return
     preset = r.distributed.preset
     if preset:
-        yield from _preset(preset, r.distributed.backend)
+        yield from _preset(preset, backend)
 
 
 def _preset(preset: str, backend: str) -> Iterator[RuleProblem]:
-    from recipeforge.capabilities import BUILTIN, preset_facts
+    from recipeforge.capabilities import find_preset, preset_names
 
-    facts = preset_facts(preset)
-    owners = [facts[0]] if facts else []
-    scope = [BUILTIN[backend]] if backend in BUILTIN else list(BUILTIN.values())
-    known = [p for caps in scope for p in caps.presets]
+    found = find_preset(preset)
+    owners = [found.backend] if found else []
+    known = preset_names(backend)
     if not owners:
         yield _unknown(("distributed", "preset"), "preset", preset, known)
     elif backend != "auto" and backend not in owners:

@@ -8,7 +8,10 @@ from pydantic import Field
 
 from recipeforge.config.schema.base import Section
 
-Backend = Literal["auto", "single", "ddp", "deepspeed", "fsdp", "megatron"]
+from recipeforge.capabilities import BackendName
+
+# A built-in backend's name, `auto`, or a plugin backend's name (checked against the registry).
+Backend = Annotated[str, Field(min_length=1, examples=["auto", *(b.value for b in BackendName)])]
 # A parallel size the planner may choose (`auto`) or the recipe pins.
 ParallelSize = Union[Literal["auto"], Annotated[int, Field(ge=1)]]
 PARALLEL_SIZE_KEYS = ("tensor_parallel", "context_parallel", "data_parallel_replicate", "data_parallel_shard")
@@ -17,7 +20,8 @@ PARALLEL_SIZE_KEYS = ("tensor_parallel", "context_parallel", "data_parallel_repl
 class DistributedConfig(Section):
     """The distributed backend; `auto` lets the planner choose and explain why."""
 
-    backend: Backend = Field("auto", description="single | ddp | deepspeed | fsdp | megatron, or `auto` (planner).")
+    backend: Backend = Field("auto", description=" | ".join(b.value for b in BackendName)
+                             + ", a plugin backend's name, or `auto` (planner).")
     preset: Optional[str] = Field(
         None, description="A named backend preset (zero2, zero3_offload, fsdp_full_shard, ...); see `recipeforge plan`.")
     zero_stage: Union[Literal["auto"], Literal[0, 1, 2, 3]] = Field(

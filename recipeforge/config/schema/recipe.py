@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field, TypeAdapter, field_validator, model_validator
 
+from recipeforge.capabilities import STAGES
 from recipeforge.config.schema.adapter import AdapterConfig
 from recipeforge.config.schema.base import Section
 from recipeforge.config.schema.data import DataConfig
@@ -24,7 +25,6 @@ from recipeforge.config.schema.reward_stage import RewardModelConfig
 from recipeforge.config.schema.stages import DPOConfig, GRPOConfig
 from recipeforge.config.schema.train import TrainConfig
 
-STAGES = ("pretrain", "sft", "dpo", "grpo", "orpo", "kto", "cpo", "reward")
 STAGE_CHOICES = " | ".join(STAGES)
 
 

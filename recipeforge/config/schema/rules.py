@@ -66,14 +66,17 @@ def _target_device(r: Recipe) -> str | None:
 def _parallel_sizes(r: Recipe, backend: str) -> list:
     """Pinned FSDP2 mesh sizes the recipe alone rules out (the planner checks them against the model
     and the GPUs): replicate/shard sizes off FSDP, a sequence that does not split 2 x cp ways."""
-    from recipeforge.capabilities import Refusal
+    from recipeforge.capabilities import Refusal, all_capabilities
     from recipeforge.config.schema.parallel_rules import context_parallel_refusal
 
     d, out = r.distributed, []
+    every = all_capabilities()
     for key in ("data_parallel_replicate", "data_parallel_shard"):
-        if (d.pinned_size(key) or 1) > 1 and backend not in ("auto", "fsdp"):
-            out.append(Refusal(f"distributed.{key}", f"{key} sizes FSDP2's mesh (accelerate's "
-                               f"ParallelismConfig), not the {backend} backend", "set distributed.backend: fsdp"))
+        meshes = [name for name, caps in every.items() if key in caps.parallel_sizes]
+        if (d.pinned_size(key) or 1) > 1 and backend != "auto" and backend not in meshes:
+            out.append(Refusal(f"distributed.{key}", f"{key} sizes a device mesh ({' or '.join(meshes)}: "
+                               f"accelerate's ParallelismConfig), not the {backend} backend",
+                               f"set distributed.backend: {meshes[0] if meshes else 'auto'}"))
     cp = d.pinned_size("context_parallel") or 1
     why = context_parallel_refusal(cp, seq_len=r.data.sequence_len, model_type="", attention=r.model.attn_implementation,
                                    packing=bool(r.data.packing))
@@ -85,20 +88,24 @@ def _parallel_sizes(r: Recipe, backend: str) -> list:
 def _distributed(r: Recipe) -> Iterator[RuleProblem]:
     """The pinned backend against its capability record (`recipeforge.capabilities`), the record the
     planner and the backend's `check()` read too; `auto` needs at least one backend that runs it."""
-    from recipeforge.capabilities import BUILTIN, Refusal, capabilities_of, parallel_key, preset_facts, refusals
+    from recipeforge.capabilities import Refusal, all_capabilities, capabilities_of, find_preset, parallel_key, refusals
+    from recipeforge.registry import registry_for
 
     d, a = r.distributed, r.adapter
     backend, zero, offload = d.backend, d.zero_stage, d.offload
-    pinned = preset_facts(d.preset) if d.preset else None
-    if pinned is not None and backend in ("auto", pinned[0]):  # a preset stands for its backend's settings
-        backend, zero, offload = pinned[0], pinned[1] if pinned[1] is not None else zero, pinned[2]
+    if backend != "auto" and not registry_for("backends").has(backend):
+        return  # an unknown backend name is reported with the other names (`components`)
+    pinned = find_preset(d.preset) if d.preset else None
+    if pinned is not None and backend in ("auto", pinned.backend):  # a preset stands for its backend's settings
+        backend, offload = pinned.backend, pinned.offload
+        zero = pinned.zero_stage if pinned.zero_stage is not None else zero
     facts = dict(stage=r.stage, device=_target_device(r), adapter=a.type, quant_bits=a.quant.bits,
                  offload=offload, zero_stage=zero, optimizer=r.train.optimizer,
                  model_parallel=parallel_key(d.tensor_parallel, d.pipeline_parallel, d.context_parallel))
     if backend != "auto":
         found = refusals(capabilities_of(backend), **facts)
     else:
-        every = {name: refusals(caps, **facts) for name, caps in BUILTIN.items()}
+        every = {name: refusals(caps, **facts) for name, caps in all_capabilities().items()}
         if all(every.values()):
             # No backend runs it: report the first backend's reasons (the others' are alternatives)
             keys = [f[0].key for f in every.values()]
@@ -113,11 +120,9 @@ def _distributed(r: Recipe) -> Iterator[RuleProblem]:
         if refusal.key not in seen:  # one problem per key: the first reason is the one to fix
             seen.add(refusal.key)
             yield RuleProblem(tuple(refusal.key.split(".")), refusal.message, refusal.hint)
-    if backend == "megatron":
-        # Recipe settings Megatron cannot honour, from the one field table its backend maps from.
-        from recipeforge.config.schema.megatron_fields import megatron_problems
-
-        for key, message in megatron_problems(r):
+    if backend != "auto":
+        # Recipe settings the backend cannot honour beyond its record (Megatron: its field table).
+        for key, message in registry_for("backends").get(backend).recipe_refusals(r):
             if key not in seen:
                 seen.add(key)
                 prefix = f"{key}: "

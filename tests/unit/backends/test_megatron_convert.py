@@ -51,8 +51,13 @@ def test_the_megatron_backend_gets_its_own_runner_on_the_stage_protocol():
     from recipeforge.stages import runner_class
     from recipeforge.stages.megatron_lm import MegatronLMStage
 
-    assert runner_class("sft", "megatron") is MegatronLMStage and runner_class("pretrain", "megatron") is MegatronLMStage
-    assert runner_class("sft").__name__ == "SFTStage" and runner_class("dpo", "megatron").__name__ == "DPOStage"
+    from recipeforge.backends import get_backend
+
+    megatron = get_backend("megatron")
+    assert runner_class("sft", megatron.runner("sft")) is MegatronLMStage
+    assert runner_class("pretrain", megatron.runner("pretrain")) is MegatronLMStage
+    assert runner_class("sft").__name__ == "SFTStage" and megatron.runner("dpo") is None
+    assert get_backend("fsdp").runner("sft") is None  # a trainer backend runs the stage's own runner
     for method in ("setup", "train", "save"):
         assert callable(getattr(MegatronLMStage, method))
     assert not any(m.startswith("recipeforge.backends") for m in _imports_of("recipeforge.stages.megatron_lm"))

@@ -14,7 +14,7 @@ from recipeforge.backends import get_backend
 from recipeforge.backends.worker import plan_from_dict
 from recipeforge.errors import RecipeError
 from recipeforge.plan import make_plan
-from recipeforge.plan.artifacts import fsdp_plugin_config
+from recipeforge.backends.artifacts import fsdp_plugin_config
 from recipeforge.plan.hardware import parse_hardware
 from recipeforge.plan.types import PlanExtras
 from recipeforge.plan.world import plan_for_world

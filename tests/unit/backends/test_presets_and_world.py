@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from recipeforge.plan.presets import PRESETS, get_preset, known_preset_names
+from recipeforge.plan.presets import get_preset, known_preset_names
 from recipeforge.plan.world import check_world, plan_for_world, processes_per_node
 from recipeforge.errors import RecipeError
 from recipeforge.plan import make_plan, parse_hardware
@@ -38,7 +38,7 @@ def test_unknown_preset_lists_the_known_ones():
     assert "zero3" in problem.hint and all(n in problem.hint for n in known_preset_names("deepspeed"))
     with pytest.raises(RecipeError, match="for backend fsdp"):
         get_preset("zero2", backend="fsdp")
-    assert PRESETS["zero3_offload_params"].offload == "optimizer+params"
+    assert get_preset("zero3_offload_params").offload == "optimizer+params"
 
 
 def test_cpu_processes_split_the_global_batch(load):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from recipeforge.backends import get_backend
-from recipeforge.capabilities import BUILTIN, with_support_table
+from recipeforge.capabilities import all_capabilities, capabilities_of, with_support_table
 from recipeforge.config.pipeline import resolve_tree
 from recipeforge.config.schema.recipe import recipe_adapter
 from recipeforge.config.validate import validate_tree
@@ -28,7 +28,7 @@ from recipeforge.plan.world import plan_for_world
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = {"pretrain": "pretrain", "sft": "sft-full", "dpo": "dpo", "grpo": "grpo"}
 HARDWARE = {"cpu": {"nodes": 1, "gpus_per_node": 0}, "cuda": {"nodes": 1, "gpus_per_node": 8, "gpu": "H100-80GB"}}
-BACKENDS = tuple(BUILTIN)
+BACKENDS = tuple(all_capabilities())
 COMBINATIONS = list(itertools.product(BACKENDS, EXAMPLES, HARDWARE, ("none", "lora", "qlora"),
                                       ("none", "optimizer", "optimizer+params")))
 
@@ -107,7 +107,7 @@ def test_megatron_offload_is_what_the_backend_implements():
     optimizer CPU offload on (and nothing offloads parameters)."""
     from dataclasses import replace
 
-    from recipeforge.plan.artifacts import megatron_parallel_settings
+    from recipeforge.backends.artifacts import megatron_parallel_settings
     from recipeforge.plan.types import Plan
 
     recipe = validate_tree(_tree("megatron", "pretrain", "cuda", "none", "optimizer"))
@@ -116,30 +116,26 @@ def test_megatron_offload_is_what_the_backend_implements():
     settings = megatron_parallel_settings(plan, recipe)["optimizer"]
     assert settings["optimizer_cpu_offload"] is True and settings["optimizer_offload_fraction"] == 1.0
     assert not megatron_parallel_settings(replace(plan, offload="none"), recipe)["optimizer"]["optimizer_cpu_offload"]
-    assert BUILTIN["megatron"].offload == ("none", "optimizer") and isinstance(plan, Plan)
+    assert capabilities_of("megatron").offload == ("none", "optimizer") and isinstance(plan, Plan)
 
 
-def test_backend_classes_and_presets_match_their_records():
-    from recipeforge.plan.presets import PRESETS, known_preset_names
+def test_each_backend_declares_its_presets_once_and_runs_them():
+    from recipeforge.capabilities import find_preset
+    from recipeforge.plan.presets import get_preset
 
-    for name, caps in BUILTIN.items():
+    for name, caps in all_capabilities().items():
         backend = get_backend(name)
         assert backend.capabilities is caps and tuple(backend.stages) == caps.stages
-        assert set(caps.presets) == {p for p in known_preset_names(name) if p != "tp{T}_pp{P}[_offload]"} | (
-            {"tp{T}_pp{P}", "tp{T}_pp{P}_offload"} if name == "megatron" else set())
-        for preset in caps.presets:
-            if preset in PRESETS:
-                assert PRESETS[preset].offload in caps.offload, preset
-
-
-def test_preset_facts_match_the_presets_meaning():
-    from recipeforge.capabilities import preset_facts
-    from recipeforge.plan.presets import PRESETS, get_preset
-
-    for name in [*PRESETS, "tp2_pp4", "tp8_pp1_offload"]:
-        p = get_preset(name)
-        assert preset_facts(name) == (p.backend, p.zero_stage, p.offload), name
-    assert preset_facts("zero33") is None
+        for preset in backend.presets:
+            assert preset.backend == name and preset.offload in caps.offload, preset
+            assert get_preset(preset.name) == preset == get_preset(preset.name, backend=name)
+            if preset.zero_stage is not None:
+                assert preset.zero_stage in caps.zero_stages
+        assert tuple(p.name for p in backend.presets) == caps.presets or name == "megatron"
+    megatron = find_preset("tp2_pp4_offload")
+    assert (megatron.backend, megatron.tensor_parallel, megatron.pipeline_parallel, megatron.offload) == \
+        ("megatron", 2, 4, "optimizer")
+    assert find_preset("zero33") is None and find_preset("zero3", "fsdp") is None
 
 
 def test_docs_support_table_is_generated_from_the_records():

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from recipeforge.errors import RecipeError
-from recipeforge.plan import (deepspeed_config, fsdp_plugin_config, make_plan, megatron_parallel_settings,
-                              parse_hardware, render_plan)
+from recipeforge.backends.artifacts import deepspeed_config, fsdp_plugin_config, megatron_parallel_settings
+from recipeforge.plan import make_plan, parse_hardware, render_plan
 
 ROOT = Path(__file__).resolve().parents[3]
 

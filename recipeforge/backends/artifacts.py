@@ -1,4 +1,4 @@
-"""Backend configurations generated from a plan, as plain data (what the backends launch with).
+"""Backend configurations generated from a plan, as plain data (what the built-in backends launch with).
 
 - `deepspeed_config`: a DeepSpeed JSON config (ZeRO stage, offload, precision, batch sizes).
 - `fsdp_plugin_config`: keyword arguments of Accelerate's ``FullyShardedDataParallelPlugin`` for FSDP2.

@@ -1,0 +1,67 @@
+"""Backends and stages are named once: the planner, the stage runners, the run and the CLI hold no
+backend or stage name as a string literal. They ask the backend specs (`backends.base.BackendSpec`,
+found through the registry) and compare with `capabilities.Stage`; a stage runner's module may name
+its own stage, and a backend's module its own backend.
+
+Read with `ast`: docstrings and comments may name them, code may not.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import recipeforge
+from recipeforge.capabilities import STAGES, BackendName, Stage
+
+PACKAGE = Path(recipeforge.__file__).resolve().parent
+SCOPE = [*sorted((PACKAGE / "plan").glob("*.py")), *sorted((PACKAGE / "stages").glob("*.py")),
+         PACKAGE / "run.py", PACKAGE / "cli.py"]
+NAMES = {b.value for b in BackendName} | {s.value for s in Stage}
+# Third-party vocabulary that happens to spell a stage: (module, literal, whose word it is).
+ALLOWED = {
+    ("stages/dpo.py", "sft"): "TRL's DPOConfig.loss_type name of the NLL term",
+    ("run.py", "reward"): "the metric TRL's GRPO trainer logs",
+}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+    return out
+
+
+def named_literals(path: Path) -> list[str]:
+    """`file:line: 'name'` for each backend or stage name written as a string literal in `path`."""
+    tree = ast.parse(path.read_text())
+    skip = _docstrings(tree)
+    rel = str(path.relative_to(PACKAGE))
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in NAMES
+                and id(node) not in skip and path.stem != node.value and (rel, node.value) not in ALLOWED):
+            found.append(f"{rel}:{node.lineno}: {node.value!r}")
+    return found
+
+
+def test_the_scan_sees_a_literal():
+    assert named_literals(PACKAGE / "backends" / "deepspeed.py") == []  # its own name only
+    assert named_literals(PACKAGE / "backends" / "megatron.py")  # names Megatron-Bridge's "sft" dataset kind
+
+
+def test_no_backend_or_stage_name_in_the_planner_stages_run_or_cli():
+    assert len(SCOPE) > 40
+    found = [line for path in SCOPE for line in named_literals(path)]
+    assert not found, "ask the backend spec or use capabilities.Stage instead of:\n" + "\n".join(found)
+
+
+def test_stages_are_listed_once():
+    from recipeforge.config.schema import recipe as schema
+    from recipeforge.stages import RUNNERS
+
+    assert schema.STAGES is STAGES and tuple(RUNNERS) == STAGES
+    assert set(schema.STAGE_CLASSES) == set(STAGES)
