@@ -19,31 +19,40 @@ support table in docs/backends.md (`support_table_markdown`). It sits at the bot
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Iterable, Mapping
 
 from recipeforge.errors import RecipeError
-
-class Stage(str, Enum):
-    """The training stages, named once (each has a runner in `recipeforge.stages` and a recipe section)."""
-
-    PRETRAIN = "pretrain"
-    SFT = "sft"
-    DPO = "dpo"
-    GRPO = "grpo"
-    ORPO = "orpo"
-    KTO = "kto"
-    CPO = "cpo"
-    REWARD = "reward"
-
-    def __str__(self) -> str:
-        return self.value
+from recipeforge.stage_specs import STAGES, Names
 
 
-STAGES = tuple(s.value for s in Stage)
-DEVICES = ("cuda", "cpu")
-ADAPTERS = ("none", "lora", "qlora")
-OFFLOAD_MODES = ("none", "optimizer", "optimizer+params")
+
+
+class Device(Names):
+    """Where a run trains."""
+
+    CUDA = "cuda"
+    CPU = "cpu"
+
+
+class Adapter(Names):
+    """`adapter.type`: full fine-tuning, LoRA, or LoRA on a quantized base."""
+
+    NONE = "none"
+    LORA = "lora"
+    QLORA = "qlora"
+
+
+class Offload(Names):
+    """`distributed.offload`: what lives in CPU memory instead of on the GPU."""
+
+    NONE = "none"
+    OPTIMIZER = "optimizer"
+    OPTIMIZER_AND_PARAMS = "optimizer+params"
+
+
+DEVICES = tuple(d.value for d in Device)
+ADAPTERS = tuple(a.value for a in Adapter)
+OFFLOAD_MODES = tuple(o.value for o in Offload)
 
 
 @dataclass(frozen=True)
@@ -74,7 +83,7 @@ class BackendCapabilities:
     why: Mapping[str, str] = field(default_factory=dict)
 
 
-class BackendName(str, Enum):
+class BackendName(Names):
     """The built-in backends' names, named once (a plugin backend brings its own name)."""
 
     SINGLE = "single"
@@ -82,9 +91,6 @@ class BackendName(str, Enum):
     DEEPSPEED = "deepspeed"
     FSDP = "fsdp"
     MEGATRON = "megatron"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

@@ -505,10 +505,11 @@ def _write_card(ctx, runner) -> None:
 def summary(run_dir: Path) -> dict[str, Any]:
     """First and last value of the main metrics of a finished run (for the CLI to print)."""
     from recipeforge.outputs.metrics import read_metrics, series
+    from recipeforge.stage_specs import REPORTED_METRICS
 
     records = read_metrics(Path(run_dir) / "metrics.jsonl")
     out = {}
-    for key in ("loss", "eval_loss", "rewards/accuracies", "rewards/margins", "reward"):
+    for key in REPORTED_METRICS:
         values = series(records, key)
         if values:
             out[key] = {"first": values[0], "last": values[-1]}

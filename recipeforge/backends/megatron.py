@@ -26,7 +26,8 @@ import re
 from pathlib import Path
 
 from recipeforge.backends.base import BackendSpec
-from recipeforge.capabilities import BackendCapabilities, Preset, Stage
+from recipeforge.capabilities import BackendCapabilities, Preset
+from recipeforge.stage_specs import Stage
 from recipeforge.errors import Problem, RecipeError
 from recipeforge.plan.backend_spec import Candidate
 from recipeforge.plan.estimators import zero_model_states

@@ -19,6 +19,7 @@ from typing import Any, Callable, Union
 from recipeforge.components.chat_templates import GENERATION_TAG
 from recipeforge.errors import RecipeError
 from recipeforge.registry import Registry
+from recipeforge.stage_specs import FORMAT_KINDS, stages_for_format_kind
 
 Segment = tuple[Union[str, list], bool]  # (text or token ids, trained)
 
@@ -51,9 +52,9 @@ class Format:
     to_messages: Callable[[dict], list[dict]] | None = None
 
 
-# The stages each kind of format feeds; a format narrows or widens this with `Format.stages`.
-KIND_STAGES: dict[str, tuple[str, ...]] = {"lm": ("sft",), "preference": ("dpo", "orpo", "cpo", "kto", "reward"),
-                                           "prompt": ("grpo",), "unpaired": ("kto",)}
+# The stages each kind of format feeds (each stage's spec names its kinds); a format narrows or widens
+# this with `Format.stages`.
+KIND_STAGES: dict[str, tuple[str, ...]] = {kind: stages_for_format_kind(kind) for kind in FORMAT_KINDS}
 
 
 def format_stages(fmt: Format) -> tuple[str, ...]:

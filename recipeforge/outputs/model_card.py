@@ -6,6 +6,7 @@ from pathlib import Path
 
 import yaml
 
+from recipeforge.stage_specs import STAGE_SPECS, Stage
 from recipeforge import __version__
 from recipeforge.outputs.metrics import read_metrics, series
 
@@ -22,7 +23,7 @@ def render_model_card(*, recipe, recipe_data: dict, plan, data_stats: dict, run_
     base = redact_credentials(str((recipe_data.get("model") or {}).get("name_or_path")
                                       or recipe.model.name_or_path))
     tags = ["recipeforge", recipe.stage] + (["lora"] if adapter else [])
-    reward = recipe.stage == "reward"  # a sequence-classification model that scores, not a generator
+    reward = recipe.stage == Stage.REWARD  # a sequence-classification model that scores, not a generator
     front = {"library_name": "peft" if adapter else "transformers", "tags": tags,
              "pipeline_tag": "text-classification" if reward else "text-generation"}
     if not base.startswith("tiny:"):
@@ -30,13 +31,9 @@ def render_model_card(*, recipe, recipe_data: dict, plan, data_stats: dict, run_
     lines = ["---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "", f"# {name}", ""]
     if description:
         lines += [description, ""]
-    what = {"pretrain": "pretrained", "sft": "fine-tuned (SFT)", "dpo": "trained with DPO",
-            "grpo": "trained with GRPO", "orpo": "trained with ORPO", "kto": "trained with KTO",
-            "cpo": "trained with SimPO (TRL's CPO trainer, simpo loss)"
-            if getattr(getattr(recipe, "cpo", None), "loss_type", None) == "simpo"
-            else "trained with CPO",
-            "reward": "trained as a Bradley-Terry reward model (a one-output sequence-classification head; "
-                      "a higher score means a preferred answer)"}[recipe.stage]
+    what = STAGE_SPECS[recipe.stage].trained_as
+    if recipe.stage == Stage.CPO and recipe.cpo.loss_type == "simpo":
+        what = "trained with SimPO (TRL's CPO trainer, simpo loss)"
     how = "LoRA adapters" if recipe.adapter.type == "lora" else \
         "QLoRA adapters" if recipe.adapter.type == "qlora" else "all weights"
     lines += [f"`{base}` {what} on {how} with recipeforge {__version__}.", ""]

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from recipeforge.capabilities import Stage, all_capabilities
+from recipeforge.capabilities import all_capabilities
 from recipeforge.config.schema.parallel_rules import (MAX_CONTEXT_PARALLEL, ParallelRefusal,  # noqa: F401
                                                        SLIDING_WINDOW_MODEL_TYPES, context_parallel_refusal)
+from recipeforge.stage_specs import Stage
 
 # Model types whose transformers (5.x) config class defines `base_model_tp_plan`; GPT-2 has none.
 TP_PLAN_MODEL_TYPES = frozenset({

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from recipeforge.capabilities import Stage, capabilities_of, parallel_key
+from recipeforge.capabilities import capabilities_of, parallel_key
 from recipeforge.capabilities import refusals as capability_refusals
 from recipeforge.errors import RecipeError, did_you_mean
 from recipeforge.plan.accuracy import accuracy_band, sensitivity
@@ -22,6 +22,7 @@ from recipeforge.plan.precision import choose_precision, tf32_choice
 from recipeforge.plan.types import Choice, Plan, PlanExtras
 from recipeforge.plan.vocab import vocab_choice
 from recipeforge.plan.workload import Workload, build_workload, lora_targets
+from recipeforge.stage_specs import Stage
 
 
 def make_plan(recipe, hardware: Hardware | None = None) -> Plan:

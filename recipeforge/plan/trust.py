@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Mapping
 
-from recipeforge.capabilities import Stage
+from recipeforge.stage_specs import Stage
 from recipeforge.plan.types import Choice, Plan
 from recipeforge.registry import BUILTIN, Registry, code_trust, is_code_reference, registry_for
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from recipeforge.capabilities import Stage
+from recipeforge.stage_specs import Stage
 from recipeforge.plan.hardware import Hardware
 from recipeforge.plan.models import Linear, ModelSpec
 

@@ -1,22 +1,13 @@
-"""Stage runners: pretrain, sft, dpo, grpo, orpo, kto, cpo. Each implements `stages.base.StageRunner`."""
+"""Stage runners, one per stage of `stage_specs.STAGE_SPECS`. Each implements `stages.base.StageRunner`."""
 
 from __future__ import annotations
 
 import importlib
 
-from recipeforge.capabilities import Stage
+from recipeforge.stage_specs import STAGE_SPECS
 
 # stage name -> "module:class"; imported only when a run needs it (TRL imports take seconds).
-RUNNERS = {
-    Stage.PRETRAIN: "recipeforge.stages.pretrain:PretrainStage",
-    Stage.SFT: "recipeforge.stages.sft:SFTStage",
-    Stage.DPO: "recipeforge.stages.dpo:DPOStage",
-    Stage.GRPO: "recipeforge.stages.grpo:GRPOStage",
-    Stage.ORPO: "recipeforge.stages.orpo:ORPOStage",
-    Stage.KTO: "recipeforge.stages.kto:KTOStage",
-    Stage.CPO: "recipeforge.stages.cpo:CPOStage",
-    Stage.REWARD: "recipeforge.stages.reward:RewardStage",
-}
+RUNNERS = {name: spec.runner for name, spec in STAGE_SPECS.items()}
 
 
 def runner_class(stage: str, runner: str | None = None):

@@ -11,7 +11,7 @@ they are, and it asks ``torch.accelerator`` for the device, None without one), s
 
 from __future__ import annotations
 
-from recipeforge.capabilities import Stage
+from recipeforge.stage_specs import Stage
 from recipeforge.errors import RecipeError
 
 STAGES = tuple(s.value for s in (Stage.PRETRAIN, Stage.SFT, Stage.DPO, Stage.KTO, Stage.REWARD))

@@ -26,7 +26,7 @@ import statistics
 from pathlib import Path
 from typing import Callable
 
-from recipeforge.capabilities import Stage
+from recipeforge.stage_specs import Stage
 from recipeforge.errors import RecipeError
 
 HINT = ("lower train.learning_rate, keep gradient clipping on (train.max_grad_norm, e.g. 1.0) or add warmup "

@@ -43,6 +43,7 @@ ALLOWED: dict[str, set[str]] = {
 TOP_LEVEL = {"recipeforge": "errors", "recipeforge.errors": "errors", "recipeforge.credentials": "errors",
              "recipeforge.registry": "registry",
              "recipeforge.capabilities": "registry",  # what each backend runs: read by config, plan, backends
+             "recipeforge.stage_specs": "errors",  # the stages, named once; imports nothing
              "recipeforge.run": "run", "recipeforge.plugins": "plugins", "recipeforge.cli": "cli",
              "recipeforge.__main__": "cli"}
 SUBPACKAGES = {"components", "config", "plan", "outputs", "stages", "backends"}

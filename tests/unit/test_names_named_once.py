@@ -12,7 +12,8 @@ import ast
 from pathlib import Path
 
 import recipeforge
-from recipeforge.capabilities import STAGES, BackendName, Stage
+from recipeforge.capabilities import STAGES, BackendName
+from recipeforge.stage_specs import Stage
 
 PACKAGE = Path(recipeforge.__file__).resolve().parent
 SCOPE = [*sorted((PACKAGE / "plan").glob("*.py")), *sorted((PACKAGE / "stages").glob("*.py")),
@@ -59,9 +60,22 @@ def test_no_backend_or_stage_name_in_the_planner_stages_run_or_cli():
     assert not found, "ask the backend spec or use capabilities.Stage instead of:\n" + "\n".join(found)
 
 
-def test_stages_are_listed_once():
+def test_stages_are_listed_once_and_each_spec_is_whole():
+    from recipeforge.components.formats import KIND_STAGES
     from recipeforge.config.schema import recipe as schema
+    from recipeforge.stage_specs import STAGE_SPECS
     from recipeforge.stages import RUNNERS
 
-    assert schema.STAGES is STAGES and tuple(RUNNERS) == STAGES
+    assert schema.STAGES is STAGES and tuple(RUNNERS) == STAGES == tuple(STAGE_SPECS)
     assert set(schema.STAGE_CLASSES) == set(STAGES)
+    for name, spec in STAGE_SPECS.items():
+        cls = schema.STAGE_CLASSES[name]
+        assert cls.__doc__ == spec.summary and cls.model_json_schema()["description"] == spec.summary
+        if spec.section:  # the section only this stage has is a field of its recipe class alone
+            assert spec.section in cls.model_fields and schema.STAGE_ONLY_SECTIONS[spec.section] == name
+            assert not any(spec.section in other.model_fields for other in schema.STAGE_CLASSES.values()
+                           if other is not cls)
+        module, _, runner = spec.runner.partition(":")  # read, not imported (TRL imports take seconds)
+        source = (PACKAGE.parent / (module.replace(".", "/") + ".py")).read_text()
+        assert f"class {runner}(" in source and f'stage = "{name}"' in source, spec.runner
+        assert all(name in KIND_STAGES[kind] for kind in spec.format_kinds)

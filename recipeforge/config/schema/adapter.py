@@ -6,6 +6,7 @@ from typing import Literal, Union
 
 from pydantic import Field
 
+from recipeforge.capabilities import ADAPTERS
 from recipeforge.config.schema.base import Section
 
 
@@ -20,7 +21,7 @@ class QuantConfig(Section):
 class AdapterConfig(Section):
     """Parameter-efficient fine-tuning. `none` trains every weight."""
 
-    type: Literal["none", "lora", "qlora"] = Field(
+    type: Literal[ADAPTERS] = Field(
         "none", description="`none`: full fine-tune; `lora`: low-rank adapters on frozen weights; "
                             "`qlora`: LoRA on a 4-bit quantized base (needs the `qlora` extra).")
     r: int = Field(16, gt=0, le=4096, description="LoRA rank.")

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from recipeforge.config.schema.base import Section
 
-from recipeforge.capabilities import BackendName
+from recipeforge.capabilities import OFFLOAD_MODES, BackendName
 
 # A built-in backend's name, `auto`, or a plugin backend's name (checked against the registry).
 Backend = Annotated[str, Field(min_length=1, examples=["auto", *(b.value for b in BackendName)])]
@@ -26,7 +26,7 @@ class DistributedConfig(Section):
         None, description="A named backend preset (zero2, zero3_offload, fsdp_full_shard, ...); see `recipeforge plan`.")
     zero_stage: Union[Literal["auto"], Literal[0, 1, 2, 3]] = Field(
         "auto", description="DeepSpeed ZeRO stage; `auto` lets the planner choose.")
-    offload: Literal["auto", "none", "optimizer", "optimizer+params"] = Field(
+    offload: Literal[("auto", *OFFLOAD_MODES)] = Field(
         "auto", description="Offload optimizer states (and parameters) to CPU memory; `auto`: only when nothing "
                             "fits on the GPUs alone; `none` forbids it.")
     tensor_parallel: ParallelSize = Field(

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field, TypeAdapter, field_validator, model_validator
 
-from recipeforge.capabilities import STAGES
+from recipeforge.stage_specs import STAGE_SPECS, STAGES
 from recipeforge.config.schema.adapter import AdapterConfig
 from recipeforge.config.schema.base import Section
 from recipeforge.config.schema.data import DataConfig
@@ -74,54 +74,54 @@ class Recipe(Section):
 
 
 class PretrainRecipe(Recipe):
-    """Causal-LM pretraining or continued pretraining on raw text."""
+    """The recipe of stage `pretrain` (its description: `stage_specs.STAGE_SPECS`)."""
 
     stage: Literal["pretrain"] = Field(description=f"Training stage: {STAGE_CHOICES}.")
 
 
 class SFTRecipe(Recipe):
-    """Supervised fine-tuning on instructions, chats or prompt/completion pairs."""
+    """The recipe of stage `sft` (its description: `stage_specs.STAGE_SPECS`)."""
 
     stage: Literal["sft"] = Field(description=f"Training stage: {STAGE_CHOICES}.")
 
 
 class DPORecipe(Recipe):
-    """Direct Preference Optimization on chosen/rejected pairs."""
+    """The recipe of stage `dpo` (its description: `stage_specs.STAGE_SPECS`)."""
 
     stage: Literal["dpo"] = Field(description=f"Training stage: {STAGE_CHOICES}.")
     dpo: DPOConfig = Field(default_factory=DPOConfig, description="DPO settings.")
 
 
 class GRPORecipe(Recipe):
-    """Group Relative Policy Optimization with reward functions."""
+    """The recipe of stage `grpo` (its description: `stage_specs.STAGE_SPECS`)."""
 
     stage: Literal["grpo"] = Field(description=f"Training stage: {STAGE_CHOICES}.")
     grpo: GRPOConfig = Field(description="GRPO settings (rewards are required).")
 
 
 class ORPORecipe(Recipe):
-    """Odds Ratio Preference Optimization on chosen/rejected pairs (no reference model)."""
+    """The recipe of stage `orpo` (its description: `stage_specs.STAGE_SPECS`)."""
 
     stage: Literal["orpo"] = Field(description=f"Training stage: {STAGE_CHOICES}.")
     orpo: ORPOConfig = Field(default_factory=ORPOConfig, description="ORPO settings.")
 
 
 class KTORecipe(Recipe):
-    """Kahneman-Tversky Optimization on completions labelled desirable or undesirable."""
+    """The recipe of stage `kto` (its description: `stage_specs.STAGE_SPECS`)."""
 
     stage: Literal["kto"] = Field(description=f"Training stage: {STAGE_CHOICES}.")
     kto: KTOConfig = Field(default_factory=KTOConfig, description="KTO settings.")
 
 
 class CPORecipe(Recipe):
-    """Contrastive Preference Optimization, or SimPO (`cpo.loss_type: simpo`), on chosen/rejected pairs."""
+    """The recipe of stage `cpo` (its description: `stage_specs.STAGE_SPECS`)."""
 
     stage: Literal["cpo"] = Field(description=f"Training stage: {STAGE_CHOICES}.")
     cpo: CPOConfig = Field(default_factory=CPOConfig, description="CPO / SimPO settings.")
 
 
 class RewardRecipe(Recipe):
-    """A Bradley-Terry reward model (sequence classification, one score) trained on chosen/rejected pairs."""
+    """The recipe of stage `reward` (its description: `stage_specs.STAGE_SPECS`)."""
 
     stage: Literal["reward"] = Field(description=f"Training stage: {STAGE_CHOICES}.")
     reward: RewardModelConfig = Field(default_factory=RewardModelConfig, description="Reward-model settings.")
@@ -134,7 +134,9 @@ STAGE_CLASSES: dict[str, type[Recipe]] = {
     "pretrain": PretrainRecipe, "sft": SFTRecipe, "dpo": DPORecipe, "grpo": GRPORecipe,
     "orpo": ORPORecipe, "kto": KTORecipe, "cpo": CPORecipe, "reward": RewardRecipe}
 # Sections that exist only for one stage, for "this section belongs to stage X" hints.
-STAGE_ONLY_SECTIONS = {"dpo": "dpo", "grpo": "grpo", "orpo": "orpo", "kto": "kto", "cpo": "cpo", "reward": "reward"}
+STAGE_ONLY_SECTIONS = {spec.section: name.value for name, spec in STAGE_SPECS.items() if spec.section}
+for _stage, _cls in STAGE_CLASSES.items():  # each stage's summary, as the schema and docs show it
+    _cls.__doc__ = STAGE_SPECS[_stage].summary
 
 _ADAPTER: TypeAdapter | None = None
 

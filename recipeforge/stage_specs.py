@@ -1,0 +1,94 @@
+"""The training stages, named once: one `StageSpec` per stage.
+
+A stage's spec says what the rest of the package needs to know about it: its one-line summary (the
+recipe schema and docs/recipes.md show it), its runner (`recipeforge.stages`), the recipe section
+only it has, the kinds of dataset format it trains on (`components.formats`), the metrics a finished
+run reports for it, and how the model card says the model was trained. The recipe union
+(`config.schema.recipe`), the runner table, the format-to-stage table and the run summary are read
+from here; a test checks each stage has its recipe class and runner.
+
+Fixed sets of names are `Names` enums (torchtitan's StrEnums): members compare, hash and print as
+their value, so they stand wherever a plain string is expected. Nothing here imports anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Names(str, Enum):
+    """A fixed set of names: members compare, hash and print as their value."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Stage(Names):
+    """The training stages."""
+
+    PRETRAIN = "pretrain"
+    SFT = "sft"
+    DPO = "dpo"
+    GRPO = "grpo"
+    ORPO = "orpo"
+    KTO = "kto"
+    CPO = "cpo"
+    REWARD = "reward"
+
+
+STAGES = tuple(s.value for s in Stage)
+LOSS = ("loss", "eval_loss")
+PREFERENCE = (*LOSS, "rewards/accuracies", "rewards/margins")  # what TRL's preference trainers log
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """What one stage is, for every part of the package that handles stages generically."""
+
+    name: Stage
+    summary: str                        # one line: the recipe schema's description of the stage
+    runner: str                         # "module:Class" of its runner (imported only when a run needs it)
+    trained_as: str                     # the model card's "`<base>` ... on <weights>" phrase
+    section: str | None = None          # the recipe section only this stage has
+    format_kinds: tuple[str, ...] = ()  # dataset format kinds it trains on (a format may widen this)
+    reports: tuple[str, ...] = LOSS     # metrics a finished run reports (first and last value)
+
+
+STAGE_SPECS: dict[Stage, StageSpec] = {s.name: s for s in (
+    StageSpec(Stage.PRETRAIN, "Causal-LM pretraining or continued pretraining on raw text.",
+              "recipeforge.stages.pretrain:PretrainStage", "pretrained"),
+    StageSpec(Stage.SFT, "Supervised fine-tuning on instructions, chats or prompt/completion pairs.",
+              "recipeforge.stages.sft:SFTStage", "fine-tuned (SFT)", format_kinds=("lm",)),
+    StageSpec(Stage.DPO, "Direct Preference Optimization on chosen/rejected pairs.",
+              "recipeforge.stages.dpo:DPOStage", "trained with DPO", section="dpo", format_kinds=("preference",),
+              reports=PREFERENCE),
+    StageSpec(Stage.GRPO, "Group Relative Policy Optimization with reward functions.",
+              "recipeforge.stages.grpo:GRPOStage", "trained with GRPO", section="grpo", format_kinds=("prompt",),
+              reports=(*LOSS, "reward")),
+    StageSpec(Stage.ORPO, "Odds Ratio Preference Optimization on chosen/rejected pairs (no reference model).",
+              "recipeforge.stages.orpo:ORPOStage", "trained with ORPO", section="orpo", format_kinds=("preference",),
+              reports=PREFERENCE),
+    StageSpec(Stage.KTO, "Kahneman-Tversky Optimization on completions labelled desirable or undesirable.",
+              "recipeforge.stages.kto:KTOStage", "trained with KTO", section="kto",
+              format_kinds=("preference", "unpaired"), reports=PREFERENCE),
+    StageSpec(Stage.CPO, "Contrastive Preference Optimization, or SimPO (`cpo.loss_type: simpo`), on "
+                         "chosen/rejected pairs.",
+              "recipeforge.stages.cpo:CPOStage", "trained with CPO", section="cpo", format_kinds=("preference",),
+              reports=PREFERENCE),
+    StageSpec(Stage.REWARD, "A Bradley-Terry reward model (sequence classification, one score) trained on "
+                            "chosen/rejected pairs.",
+              "recipeforge.stages.reward:RewardStage",
+              "trained as a Bradley-Terry reward model (a one-output sequence-classification head; a higher score "
+              "means a preferred answer)", section="reward", format_kinds=("preference",), reports=PREFERENCE),
+)}
+
+
+def stages_for_format_kind(kind: str) -> tuple[str, ...]:
+    """The stages that train on dataset formats of `kind`."""
+    return tuple(s.name.value for s in STAGE_SPECS.values() if kind in s.format_kinds)
+
+
+FORMAT_KINDS = tuple(dict.fromkeys(k for s in STAGE_SPECS.values() for k in s.format_kinds))
+# Every metric some stage reports, in stage order (what a run summary looks for).
+REPORTED_METRICS = tuple(dict.fromkeys(m for s in STAGE_SPECS.values() for m in s.reports))
