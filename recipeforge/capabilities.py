@@ -305,7 +305,8 @@ def layout_refusals(caps: BackendCapabilities, recipe, *, device: str, zero_stag
 
 def check_plan(caps: BackendCapabilities, plan, recipe) -> None:
     """Raise the first refusal of `caps` for a finished plan (what a backend's `check()` asks)."""
-    found = layout_refusals(caps, recipe, device=plan.device, zero_stage=plan.zero_stage, offload=plan.offload,
+    zero_stage = getattr(plan.backend_part, "zero_stage", None)  # a ZeRO engine's part of the plan
+    found = layout_refusals(caps, recipe, device=plan.device, zero_stage=zero_stage, offload=plan.offload,
                             cpu_processes=plan.world_size if plan.device == "cpu" else None,
                             model_parallel=parallel_key(plan.tensor_parallel, plan.pipeline_parallel,
                                                         plan.extra.context_parallel))

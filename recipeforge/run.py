@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -398,7 +398,7 @@ def _write_backend_report(ctx, runner, backend) -> None:
     from recipeforge.outputs.run_dir import _atomic_write
 
     report = {"planned": {"backend": ctx.plan.backend, "preset": ctx.plan.preset, "world_size": ctx.plan.world_size,
-                          "zero_stage": ctx.plan.zero_stage},
+                          "backend_part": asdict(ctx.plan.backend_part)},
               "observed": backend.runtime_report(runner.trainer) if runner.trainer is not None else {}}
     _atomic_write(ctx.run.root / "backend.json", json.dumps(report, indent=2, default=str) + "\n")
 

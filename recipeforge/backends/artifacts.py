@@ -30,7 +30,7 @@ def deepspeed_config(plan: Plan, recipe) -> dict:
     train_batch_size = micro * accumulation * data-parallel ranks."""
     _require(plan, "deepspeed")
     h = _hidden(plan)
-    stage = plan.zero_stage or 0
+    stage = plan.backend_part.zero_stage
     zero: dict = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True,
                   # bucket sizes scale with the model (as the HF integration's "auto" does), so small
                   # models do not allocate DeepSpeed's 500M-element defaults
@@ -74,10 +74,7 @@ def deepspeed_config(plan: Plan, recipe) -> dict:
 def fsdp_sharding(plan: Plan) -> str:
     """The FSDP sharding strategy the plan chose (full_shard | shard_grad_op | hybrid_shard)."""
     _require(plan, "fsdp")
-    if plan.extra.fsdp_sharding is None:
-        raise RecipeError("the plan records no FSDP sharding strategy", key="distributed.fsdp_sharding",
-                          hint="plan again with this recipeforge version (`recipeforge train` rewrites plan.json)")
-    return plan.extra.fsdp_sharding
+    return plan.backend_part.sharding
 
 
 def fsdp_plugin_config(plan: Plan, recipe) -> dict:

@@ -13,6 +13,7 @@ same order works on GPUs, so it is the one path.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from recipeforge.backends.base import BackendSpec, common_report, full_state_dict_save
@@ -20,6 +21,7 @@ from recipeforge.capabilities import OFFLOAD_MODES, BackendCapabilities, Preset
 from recipeforge.plan.backend_spec import Candidate, CpuSpread
 from recipeforge.plan.estimators import deepspeed_zero3_mem_needs, zero_model_states
 from recipeforge.plan.memory import BUFFER_FACTOR, Layout, assign_trainable, optimizer_state_bytes
+from recipeforge.plan.types import BackendPart
 
 
 def extensions_dir() -> str:
@@ -36,6 +38,17 @@ def preset_name(zero_stage: int, offload: str) -> str:
 
 
 NAME = "deepspeed"
+
+
+@dataclass(frozen=True)
+class ZeroPart(BackendPart):
+    """DeepSpeed's part of a plan: the ZeRO stage it runs."""
+
+    zero_stage: int = 0
+
+    def rows(self) -> list[tuple[str, str]]:
+        return [("zero stage", str(self.zero_stage))]
+
 PRESETS = tuple(Preset(preset_name(z, o), NAME, zero_stage=z, offload=o) for z, o in (
     (0, "none"), (1, "none"), (2, "none"), (3, "none"), (2, "optimizer"), (3, "optimizer"), (3, "optimizer+params")))
 
@@ -80,6 +93,7 @@ class DeepSpeedBackend(BackendSpec):
              "offload_zero": "ZeRO offloads optimizer states from stage 2 and parameters from stage 3",
              "offload_optimizer": "DeepSpeed steps offloaded optimizer states with its own CPU Adam"})
     presets = PRESETS
+    plan_part_type = ZeroPart
     cpu_preference = 2  # on the CPU only for what DDP cannot do (a pinned offload)
     trainer_holds_weights = False
     torch_allocates_gradients = False
@@ -106,10 +120,16 @@ class DeepSpeedBackend(BackendSpec):
 
     def cpu_spread(self, dist) -> CpuSpread:
         zero, offload, preset = cpu_settings(dist)
-        return CpuSpread(preset=preset, zero_stage=zero, offload=offload)
+        return CpuSpread(preset=preset, zero_stage=zero, offload=offload, part=ZeroPart(zero))
 
     def shards_weights(self, layout) -> bool:
         return layout.zero_stage == 3
+
+    def plan_shards_weights(self, plan) -> bool:
+        return plan.backend_part.zero_stage == 3
+
+    def plan_part(self, layout) -> ZeroPart:
+        return ZeroPart(layout.zero_stage)
 
     def model_states(self, w, layout, part, trainable, frozen_bytes) -> float:
         return zero_states(w, layout, part, trainable, frozen_bytes)
@@ -135,7 +155,7 @@ class DeepSpeedBackend(BackendSpec):
         return {"distributed_type": "DEEPSPEED",
                 "deepspeed_config": {"deepspeed_config_file": str(run_dir / "deepspeed.json"),
                                      # as in `setup_worker`: checkpoints load partitioned
-                                     "zero3_init_flag": plan.zero_stage == 3 and not _random_init(recipe),
+                                     "zero3_init_flag": plan.backend_part.zero_stage == 3 and not _random_init(recipe),
                                      # one launcher per node (torch's elastic agent), like DDP; no ssh/pdsh
                                      "deepspeed_multinode_launcher": "standard"}}
 
@@ -157,7 +177,8 @@ class DeepSpeedBackend(BackendSpec):
         os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
         PartialState(backend="nccl" if ctx.plan.device == "cuda" else "gloo")
         self._hf_config = None
-        if ctx.plan.zero_stage == 3 and ctx.recipe.adapter.type == "qlora" and ctx.recipe.adapter.quant.bits == 4:
+        zero3 = ctx.plan.backend_part.zero_stage == 3
+        if zero3 and ctx.recipe.adapter.type == "qlora" and ctx.recipe.adapter.quant.bits == 4:
             # No process loads the whole 4-bit base: placeholders now, the checkpoint read into ZeRO-3
             # partitions once the trainer (and its DeepSpeed config) exists, before the engine starts.
             from recipeforge.backends import quantized_loading
@@ -165,7 +186,7 @@ class DeepSpeedBackend(BackendSpec):
             record: dict = {}
             ctx.load_sharded = quantized_loading.loader(ctx, record)
             ctx.prepare_trainer = quantized_loading.partition_and_fill(ctx, record)
-        elif ctx.plan.zero_stage == 3 and not _random_init(ctx.recipe):
+        elif zero3 and not _random_init(ctx.recipe):
             # Checkpoints load straight into ZeRO-3 partitions (zero.Init) instead of whole on every
             # process. A random-init model is built whole (the same weights as on one process, for the
             # same seed) and partitioned when the engine starts.
@@ -178,7 +199,7 @@ class DeepSpeedBackend(BackendSpec):
                 "accelerator_config": {"use_configured_state": True}}
 
     def save_final(self, ctx, trainer, model, tokenizer) -> Path | None:
-        if ctx.plan.zero_stage != 3:
+        if ctx.plan.backend_part.zero_stage != 3:
             return super().save_final(ctx, trainer, model, tokenizer)
         # Collective: every rank hands its partition; the main process gets the whole state dict.
         state_dict = trainer.accelerator.get_state_dict(trainer.model_wrapped)

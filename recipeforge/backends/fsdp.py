@@ -13,6 +13,7 @@ placements the run really had.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from recipeforge.backends.base import BackendSpec, common_report, full_state_dict_save
@@ -22,8 +23,23 @@ from recipeforge.plan.estimators import zero_model_states
 from recipeforge.plan.memory import (Layout, assign_trainable, foreach_temp, optimizer_state_bytes,
                                      quantized_bytes_per_param)
 from recipeforge.plan.train_phase import Gathered
+from recipeforge.plan.types import BackendPart
 
 NAME = "fsdp"
+
+
+@dataclass(frozen=True)
+class FSDPPart(BackendPart):
+    """FSDP2's part of a plan: the sharding it runs and its device mesh (Accelerate's ParallelismConfig:
+    replicas x GPUs each replica shards over; tensor and context sizes are the plan's own)."""
+
+    sharding: str = "full_shard"   # full_shard | shard_grad_op | hybrid_shard
+    dp_replicate: int = 1          # replicas (hybrid sharding): ParallelismConfig.dp_replicate_size
+    dp_shard: int = 1              # GPUs a replica shards over: ParallelismConfig.dp_shard_size
+
+    def rows(self) -> list[tuple[str, str]]:
+        mesh = f", {self.dp_replicate} replicas x {self.dp_shard}" if self.dp_replicate > 1 else ""
+        return [("fsdp sharding", f"{self.sharding}{mesh}")]
 
 
 def preset_name(sharding: str, offload: str) -> str:
@@ -67,6 +83,7 @@ class FSDPBackend(BackendSpec):
                            "8-bit weights are int8 with per-row scales and do not shard",
              "offload": "FSDP2's CPU offload moves parameters, gradients and optimizer states together"})
     presets = PRESETS
+    plan_part_type = FSDPPart
     trainer_holds_weights = False
 
     # -- planning ---------------------------------------------------------------------------------
@@ -125,8 +142,9 @@ class FSDPBackend(BackendSpec):
     def cpu_spread(self, dist) -> CpuSpread:
         sharding, offload, preset = cpu_settings(dist)
         # tensor parallel: the recipe pins it; every tp ranks hold one model replica's shards
-        return CpuSpread(preset=preset, offload=offload, fsdp_sharding=sharding,
-                         tensor_parallel=dist.pinned_size("tensor_parallel") or 1)
+        tp = dist.pinned_size("tensor_parallel") or 1
+        return CpuSpread(preset=preset, offload=offload, fsdp_sharding=sharding, tensor_parallel=tp,
+                         part=FSDPPart(sharding))
 
     def matches_pins(self, layout, dist) -> bool:
         # pinned replicas shard inside each replica: hybrid sharding, whatever fsdp_sharding says
@@ -134,6 +152,9 @@ class FSDPBackend(BackendSpec):
         return layout.fsdp_sharding == dist.fsdp_sharding or (replicas and layout.dp_replicate > 1)
 
     def shards_weights(self, layout) -> bool:
+        return True
+
+    def plan_shards_weights(self, plan) -> bool:
         return True
 
     def model_states(self, w, layout, part, trainable, frozen_bytes) -> float:
@@ -151,10 +172,9 @@ class FSDPBackend(BackendSpec):
     def precision(self, w) -> str:
         return f"fp32 sharded weights, gradients and optimizer states; {w.dtype} compute on gathered copies"
 
-    def plan_part(self, layout) -> dict:
+    def plan_part(self, layout) -> FSDPPart:
         # the sharding the chosen layout was sized with is the one this backend runs
-        return {"fsdp_sharding": layout.fsdp_sharding, "dp_replicate": layout.dp_replicate,
-                "dp_shard": layout.data_parallel // max(1, layout.dp_replicate)}
+        return FSDPPart(layout.fsdp_sharding, layout.dp_replicate, layout.data_parallel // max(1, layout.dp_replicate))
 
     # -- running ----------------------------------------------------------------------------------
 
@@ -192,7 +212,7 @@ class FSDPBackend(BackendSpec):
         if p.get("transformer_cls_names_to_wrap"):
             fsdp["fsdp_transformer_layer_cls_to_wrap"] = ",".join(p["transformer_cls_names_to_wrap"])
         out = {"distributed_type": "FSDP", "fsdp_config": fsdp}
-        if self._hybrid(plan) and plan.extra.dp_replicate <= 1:  # a plan without the mesh sizes
+        if self._hybrid(plan) and plan.backend_part.dp_replicate <= 1:  # a plan without the mesh sizes
             out["parallelism_config"] = {"parallelism_config_dp_replicate_size": plan.nodes,
                                          "parallelism_config_dp_shard_size": plan.gpus_per_node}
         else:
@@ -247,7 +267,7 @@ class FSDPBackend(BackendSpec):
         ckpt = ("activation_checkpointing" if "activation_checkpointing" in TrainingArguments.__dataclass_fields__
                 else "gradient_checkpointing")
         kwargs = {"fsdp": True, "fsdp_config": config, ckpt: False, **_cpu_kwargs(ctx.plan)}
-        if self._hybrid(ctx.plan) and ctx.plan.extra.dp_replicate <= 1:  # a plan without the mesh sizes
+        if self._hybrid(ctx.plan) and ctx.plan.backend_part.dp_replicate <= 1:  # a plan without the mesh sizes
             from accelerate import ParallelismConfig
 
             kwargs["parallelism_config"] = ParallelismConfig(dp_replicate_size=ctx.plan.nodes,

@@ -84,6 +84,7 @@ class MegatronBackend(BackendSpec):
     trainer_holds_weights = False
     torch_allocates_gradients = False
     sequence_parallel = True
+    preset_names_sizes = True
     # Megatron-Bridge trains packed rows one per micro batch (`components.megatron_data`); a pinned
     # micro batch other than 1 is refused with the recipe (`config.schema.megatron_fields`).
     fixed_micro_batch = 1
@@ -112,7 +113,7 @@ class MegatronBackend(BackendSpec):
                        + ("; optimizer on the CPU" if offload != "none" else ""))
                 layout = Layout(NAME, f"tp{tp}_pp{pp}{suffix}", data_parallel=g // (tp * pp), tensor_parallel=tp,
                                 pipeline_parallel=pp, offload=offload, nodes=hw.nodes,
-                                gpus_per_node=hw.gpus_per_node, preset_names_sizes=True)
+                                gpus_per_node=hw.gpus_per_node)
                 out.append(Candidate(layout, 4 if offload == "none" else 5, why))
         return out
 

@@ -26,22 +26,22 @@ from typing import Any
 
 def sizes(plan) -> dict[str, int]:
     """The plan's mesh: replicate x shard x tensor x context = world size (FSDP plans; 1s otherwise)."""
-    x = plan.extra
-    if plan.backend != "fsdp":
+    part = plan.backend_part
+    if not hasattr(part, "dp_shard"):  # a backend without a device mesh of its own
         return {"dp_replicate": 1, "dp_shard": plan.data_parallel, "tp": 1, "cp": 1}
-    replicate = max(1, x.dp_replicate)
-    shard = x.dp_shard if x.dp_shard > 1 else plan.data_parallel // replicate
-    return {"dp_replicate": replicate, "dp_shard": shard, "tp": plan.tensor_parallel, "cp": x.context_parallel}
+    replicate = max(1, part.dp_replicate)
+    shard = part.dp_shard if part.dp_shard > 1 else plan.data_parallel // replicate
+    return {"dp_replicate": replicate, "dp_shard": shard, "tp": plan.tensor_parallel, "cp": plan.extra.context_parallel}
 
 
 def tensor_parallel(plan) -> bool:
     """Whether the model is loaded sharded with its tensor-parallel plan."""
-    return plan.backend == "fsdp" and plan.tensor_parallel > 1
+    return hasattr(plan.backend_part, "dp_shard") and plan.tensor_parallel > 1
 
 
 def context_parallel(plan) -> bool:
     """Whether sequences are split over GPUs (ring attention)."""
-    return plan.backend == "fsdp" and plan.extra.context_parallel > 1
+    return hasattr(plan.backend_part, "dp_shard") and plan.extra.context_parallel > 1
 
 
 def parallelism_config_kwargs(plan) -> dict[str, Any] | None:

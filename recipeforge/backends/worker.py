@@ -17,7 +17,7 @@ from recipeforge.errors import RecipeError
 
 # Plan fields every rank must agree on (memory figures may differ by a node's probed RAM).
 AGREE = ("backend", "preset", "device", "world_size", "data_parallel", "tensor_parallel", "pipeline_parallel",
-         "micro_batch_size", "gradient_accumulation", "global_batch_size", "zero_stage", "offload")
+         "micro_batch_size", "gradient_accumulation", "global_batch_size", "offload", "backend_part")
 
 
 def read_plan(path: Path):
@@ -32,11 +32,13 @@ def read_plan(path: Path):
 
 def plan_from_dict(raw: dict):
     """A `Plan` from its `to_dict()` form."""
+    from recipeforge.plan.memory import spec_of
     from recipeforge.plan.types import Choice, Plan, PlanExtras
 
     raw = dict(raw)
     raw["reasons"] = {k: Choice(**v) if isinstance(v, dict) else v for k, v in raw.get("reasons", {}).items()}
     raw["extra"] = PlanExtras.from_dict(raw.get("extra"))
+    raw["backend_part"] = spec_of(raw["backend"]).part_from_dict(raw.get("backend_part") or {})
     return Plan(**raw)
 
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from recipeforge.plan.hardware import Hardware
     from recipeforge.plan.memory import Layout
     from recipeforge.plan.train_phase import Gathered
-    from recipeforge.plan.types import Choice
+    from recipeforge.plan.types import BackendPart, Choice
     from recipeforge.plan.workload import Workload
 
 
@@ -53,11 +53,13 @@ class CpuSpread:
     offload: str = "none"
     fsdp_sharding: str | None = None
     tensor_parallel: int = 1
-    reasons: tuple[tuple[str, Any, str], ...] = ()  # (plan reason key, value, why)
+    part: Any = None                   # the plan's `BackendPart` (None: the base, no settings)
 
 
 class PlannerSpec:
     """The planning methods of a backend spec, with the defaults of a full replica per process."""
+
+    plan_part_type: type | None = None  # the `BackendPart` subclass its `plan_part` returns (None: the base)
 
     name: str = ""
     capabilities: BackendCapabilities
@@ -73,6 +75,8 @@ class PlannerSpec:
     sequence_parallel: bool = False
     # The only micro batch this backend trains with (None: the planner chooses).
     fixed_micro_batch: int | None = None
+    # Its preset names say the parallel sizes (tp2_pp4): labels and the plan table need not repeat them.
+    preset_names_sizes: bool = False
     # Whether the run writes backend.json (what really ran) for this backend.
     reports_runtime: bool = True
     # Whether its checkpoints carry fp32 master weights beside the optimizer states (disk estimate).
@@ -151,9 +155,30 @@ class PlannerSpec:
         """This backend's own entries in the plan's reasons (parallel sizes it chose, ...)."""
         return {}
 
-    def plan_part(self, layout: "Layout") -> dict[str, Any]:
-        """This backend's fields of the plan's extra section (``PlanExtras``)."""
-        return {}
+    def plan_part(self, layout: "Layout") -> "BackendPart":
+        """This backend's own settings for the plan (`plan.types.BackendPart`, or its subclass)."""
+        from recipeforge.plan.types import BackendPart
+
+        return BackendPart()
+
+    def part_from_dict(self, raw: dict[str, Any]) -> "BackendPart":
+        """The plan part of a plan.json (the form `plan_part` writes); an unknown key is an error."""
+        from dataclasses import fields
+
+        from recipeforge.errors import RecipeError
+        from recipeforge.plan.types import BackendPart
+
+        kind = self.plan_part_type or BackendPart
+        unknown = sorted(set(raw) - {f.name for f in fields(kind)})
+        if unknown:
+            raise RecipeError(f"the plan's backend_part has keys backend {self.name} does not know: "
+                              f"{', '.join(unknown)}", hint="plan again with this recipeforge version "
+                                                             "(`recipeforge train` rewrites plan.json)")
+        return kind(**raw)
+
+    def plan_shards_weights(self, plan) -> bool:
+        """`shards_weights` for a finished plan, as a training process sees it."""
+        return False
 
     def recipe_refusals(self, recipe) -> list[tuple[str, str]]:
         """(key, message) for recipe settings this backend cannot run, beyond its capability record."""

@@ -66,7 +66,6 @@ class Layout:
     gpus_per_node: int = 1
     context_parallel: int = 1       # sequence split (FSDP2 + PyTorch context parallel)
     dp_replicate: int = 1           # FSDP2 replicas (hybrid sharding); data_parallel = replicate x shard
-    preset_names_sizes: bool = False  # the preset's name says the parallel sizes (tp2_pp4), the label need not
 
     @property
     def world_size(self) -> int:
@@ -75,7 +74,7 @@ class Layout:
     @property
     def label(self) -> str:
         base = f"{self.backend} {self.preset}" if self.preset else self.backend
-        if not self.preset_names_sizes:
+        if not spec_of(self.backend).preset_names_sizes:  # Megatron's tp2_pp4 says them already
             base += (f" tp{self.tensor_parallel}" if self.tensor_parallel > 1 else "") + \
                 (f" cp{self.context_parallel}" if self.context_parallel > 1 else "")
         return base

@@ -278,7 +278,6 @@ def _build_plan(recipe, w: Workload, hw: Hardware, ev: Evaluation, decision: Dec
         warnings=warnings,
         context_parallel=layout.context_parallel,
         activations=terms,
-        **spec.plan_part(layout),
     )
     return Plan(
         backend=layout.backend, preset=layout.preset, device=device,
@@ -289,7 +288,7 @@ def _build_plan(recipe, w: Workload, hw: Hardware, ev: Evaluation, decision: Dec
         pipeline_parallel=layout.pipeline_parallel, micro_batch_size=ev.micro_batch,
         gradient_accumulation=ev.accumulation,
         global_batch_size=ev.micro_batch * ev.accumulation * layout.data_parallel,
-        gradient_checkpointing=ev.checkpointing, zero_stage=layout.zero_stage, offload=layout.offload,
+        gradient_checkpointing=ev.checkpointing, offload=layout.offload, backend_part=spec.plan_part(layout),
         memory_gb=ev.memory.gb(), reasons=reasons, extra=extra)
 
 

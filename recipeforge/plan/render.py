@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from recipeforge.credentials import redact_credentials
-from recipeforge.plan.memory import COMPONENTS
+from recipeforge.plan.memory import COMPONENTS, spec_of
 from recipeforge.plan.models import human_count
 from recipeforge.plan.types import Plan
 
@@ -30,7 +30,7 @@ def render_plan(plan: Plan) -> str:
     lines: list[str] = []
     where = x.hardware.get("spec", plan.device)
     preset = f" ({plan.preset})" if plan.preset else ""
-    if x.fsdp_sharding is not None and (plan.tensor_parallel > 1 or x.context_parallel > 1):
+    if not spec_of(plan.backend).preset_names_sizes and (plan.tensor_parallel > 1 or x.context_parallel > 1):
         preset += " with " + " x ".join(f"{name} parallel {n}" for name, n in
                                         (("tensor", plan.tensor_parallel), ("context", x.context_parallel)) if n > 1)
     lines.append(f"Plan: {plan.backend}{preset} on {where}")
@@ -56,7 +56,7 @@ def render_plan(plan: Plan) -> str:
                   f"{plan.data_parallel} = global {plan.global_batch_size}"),
         ("sequence length", str(x.sequence_len or "")),
         ("gradient checkpointing", "on" if plan.gradient_checkpointing else "off"),
-        ("zero stage", "-" if plan.zero_stage is None else str(plan.zero_stage)),
+        *plan.backend_part.rows(),
         ("offload", plan.offload),
     ]))
     lines.append("")

@@ -38,11 +38,8 @@ class PlanExtras:
     cpu_memory_gb: float = 0.0             # host RAM per node for offloaded states
     runners_up: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    fsdp_sharding: str | None = None       # FSDP: full_shard | shard_grad_op | hybrid_shard (None: not FSDP)
     processes_per_node: int | None = None  # CPU runs: gloo processes per node (GPU runs: one per GPU)
     context_parallel: int = 1              # GPUs each sequence is split over (ring attention; FSDP2)
-    dp_replicate: int = 1                  # FSDP2 replicas (hybrid sharding): ParallelismConfig.dp_replicate_size
-    dp_shard: int = 1                      # GPUs a replica shards over: ParallelismConfig.dp_shard_size
     activations: str = ""                  # the activation-memory terms of the chosen layout, for the report
     plugins: list[dict[str, Any]] = field(default_factory=list)  # plugin components the recipe uses
 
@@ -58,6 +55,17 @@ class PlanExtras:
 
 
 _EXTRA_FIELDS = frozenset(f.name for f in fields(PlanExtras))
+
+
+@dataclass(frozen=True)
+class BackendPart:
+    """A backend's own settings in a plan, which only that backend reads (DeepSpeed's ZeRO stage,
+    FSDP2's sharding and mesh). Each backend spec names its subclass (`PlannerSpec.plan_part_type`);
+    this base, with no fields, is the part of a backend that has none."""
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(label, value) rows for the plan's text table."""
+        return []
 
 
 @dataclass(frozen=True)
@@ -77,8 +85,8 @@ class Plan:
     gradient_accumulation: int
     global_batch_size: int        # micro_batch_size * gradient_accumulation * data_parallel
     gradient_checkpointing: bool
-    zero_stage: int | None
     offload: str                  # "none" | "optimizer" | "optimizer+params"
+    backend_part: BackendPart = field(default_factory=BackendPart)  # the backend's own settings
     memory_gb: dict[str, float] = field(default_factory=dict)   # per-GPU estimate by component
     reasons: dict[str, Choice] = field(default_factory=dict)    # per decision
     extra: PlanExtras = field(default_factory=PlanExtras)

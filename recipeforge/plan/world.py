@@ -23,7 +23,7 @@ from recipeforge.plan.memory import spec_of
 from recipeforge.plan.parallel_layouts import runs_device_mesh
 from recipeforge.plan.policy import cpu_backends
 from recipeforge.plan.trust import annotate_plan
-from recipeforge.plan.types import Choice, Plan
+from recipeforge.plan.types import BackendPart, Choice, Plan
 
 
 def plan_for_world(recipe, *, nnodes: int | None = None, nproc_per_node: int | None = None,
@@ -139,13 +139,14 @@ def _spread(base: Plan, recipe, *, nodes: int, per_node: int) -> Plan:
                                     ("auto: ZeRO-2 (memory is not the constraint on the CPU)" if zero is not None
                                      else "not DeepSpeed")))
     reasons["offload"] = Choice(offload, "recipe pins it" if offload != "none" else "not needed")
-    extra = replace(base.extra, processes_per_node=per_node, fsdp_sharding=sharding,
+    extra = replace(base.extra, processes_per_node=per_node,
                     warnings=[*base.extra.warnings,
                               "memory figures are the one-process estimate; sharding only lowers them"])
     return replace(base, backend=backend, preset=preset, nodes=nodes, gpus_per_node=0, world_size=world,
                    data_parallel=dp, tensor_parallel=tp, pipeline_parallel=1, micro_batch_size=micro,
                    gradient_accumulation=accumulation, global_batch_size=micro * accumulation * dp,
-                   zero_stage=zero, offload=offload, reasons=reasons, extra=extra)
+                   offload=offload, backend_part=spread.part if spread.part is not None else BackendPart(),
+                   reasons=reasons, extra=extra)
 
 
 def _spreading_backend(planned: str, world: int) -> str:

@@ -360,12 +360,9 @@ class TrainerStage:
         return resolve_dtype("bf16", plan.device) if str(resolved) == "torch.float32" else resolved
 
     def _weights_sharded(self) -> bool:
-        from recipeforge.plan.memory import Layout
         from recipeforge.stages.precision import backend_spec
 
-        plan = self.ctx.plan
-        return backend_spec(plan).shards_weights(Layout(plan.backend, plan.preset, zero_stage=plan.zero_stage,
-                                                        offload=plan.offload))
+        return backend_spec(self.ctx.plan).plan_shards_weights(self.ctx.plan)
 
     def _load_sharded(self, name: str, common: dict, random_init: bool):
         """The model loaded sharded by the backend's loader. A random-init model is written to

@@ -35,7 +35,7 @@ def test_qlora_on_zero3_partitions_the_4bit_base_and_learns(tiny, tmp_path):
     assert proc.returncode == 0, f"--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-6000:]}"
 
     plan = json.loads((run / "plan.json").read_text())
-    assert (plan["backend"], plan["zero_stage"], plan["world_size"]) == ("deepspeed", 3, 2)
+    assert (plan["backend"], plan["backend_part"]["zero_stage"], plan["world_size"]) == ("deepspeed", 3, 2)
     seen = json.loads((run / "backend.json").read_text())["observed"]
     assert (seen["engine"], seen["zero_stage"], seen["num_processes"]) == ("DeepSpeedEngine", 3, 2)
     # every decoder linear is a 4-bit weight, and each process holds half of every one of them

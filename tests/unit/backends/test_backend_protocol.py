@@ -53,7 +53,7 @@ def test_each_backend_checks_the_plan(load):
     # by the backend for a plan made elsewhere.
     fsdp_recipe = load("tiny/sft-full", "train.micro_batch_size=auto", "distributed.backend=fsdp").recipe
     fsdp = plan_for_world(fsdp_recipe, nproc_per_node=2)
-    assert (fsdp.backend, fsdp.preset, fsdp.extra.fsdp_sharding, fsdp.world_size) == ("fsdp", "fsdp_full_shard",
+    assert (fsdp.backend, fsdp.preset, fsdp.backend_part.sharding, fsdp.world_size) == ("fsdp", "fsdp_full_shard",
                                                                                        "full_shard", 2)
     get_backend("fsdp").check(fsdp, fsdp_recipe)
     assert get_backend("fsdp").launcher(fsdp) == "accelerate"

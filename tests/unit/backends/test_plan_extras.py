@@ -30,10 +30,10 @@ def _fsdp_plan(load, sharding: str):
 @pytest.mark.parametrize("sharding", ["full_shard", "shard_grad_op", "hybrid_shard"])
 def test_the_sharding_the_plan_chose_is_the_one_that_runs(load, sharding):
     plan, recipe = _fsdp_plan(load, sharding)
-    assert plan.extra.fsdp_sharding == sharding
+    assert plan.backend_part.sharding == sharding
     # what the launch and every worker read: the plan.json form
     plan = plan_from_dict(json.loads(json.dumps(plan.to_dict())))
-    assert plan.to_dict()["extra"]["fsdp_sharding"] == sharding
+    assert plan.to_dict()["backend_part"]["sharding"] == sharding
     section = get_backend("fsdp").accelerate_config(plan, recipe, run_dir=None)
     assert section["fsdp_config"]["fsdp_reshard_after_forward"] is (sharding != "shard_grad_op")
     assert ("parallelism_config" in section) is (sharding == "hybrid_shard")
@@ -91,7 +91,25 @@ def test_extras_are_fields_not_a_bag():
     assert not hasattr(extras, "get") and not hasattr(extras, "__getitem__")  # no string-keyed access
     with pytest.raises(AttributeError):
         extras.fsdp_shard  # type: ignore[attr-defined]  # a misspelt field fails where it is read
-    assert extras.dtype == "bf16" and extras.fsdp_sharding is None
+    assert extras.dtype == "bf16" and not hasattr(extras, "fsdp_sharding")  # FSDP's own part holds it
     with pytest.raises(RecipeError, match="unknown keys: bogus"):
         PlanExtras.from_dict({"dtype": "bf16", "bogus": 1})
     assert replace(extras, processes_per_node=2).processes_per_node == 2
+
+
+def test_each_backend_reads_its_own_typed_part_of_the_plan():
+    from recipeforge.backends.deepspeed import ZeroPart
+    from recipeforge.backends.fsdp import FSDPPart
+    from recipeforge.config import load_recipe
+    from recipeforge.plan.types import BackendPart
+
+    for backend, kind in (("deepspeed", ZeroPart), ("fsdp", FSDPPart), ("ddp", BackendPart)):
+        recipe = load_recipe("examples/yaml/dpo-llama3-8b-lora.yaml", [f"distributed.backend={backend}"]).recipe
+        plan = make_plan(recipe, parse_hardware("8xH100-80GB"))
+        assert type(plan.backend_part) is kind
+        again = plan_from_dict(json.loads(json.dumps(plan.to_dict())))  # as a worker reads plan.json
+        assert again.backend_part == plan.backend_part and again == plan
+    raw = plan.to_dict()
+    raw["backend_part"] = {"zero_stage": 3}  # DeepSpeed's field in a DDP plan
+    with pytest.raises(RecipeError, match="backend ddp does not know: zero_stage"):
+        plan_from_dict(raw)

@@ -58,10 +58,10 @@ def test_deepspeed_pin_on_cpu_plans_zero(load):
     recipe = load(TINY, "train.micro_batch_size=auto", "distributed.backend=deepspeed",
                   "distributed.zero_stage=3").recipe
     plan = plan_for_world(recipe, nproc_per_node=2)
-    assert (plan.backend, plan.preset, plan.zero_stage, plan.offload) == ("deepspeed", "zero3", 3, "none")
+    assert (plan.backend, plan.preset, plan.backend_part.zero_stage, plan.offload) == ("deepspeed", "zero3", 3, "none")
     offload = plan_for_world(load(TINY, "train.micro_batch_size=auto", "distributed.backend=deepspeed",
                                   "distributed.preset=zero2_offload").recipe, nproc_per_node=2)
-    assert (offload.zero_stage, offload.offload, offload.preset) == (2, "optimizer", "zero2_offload")
+    assert (offload.backend_part.zero_stage, offload.offload, offload.preset) == (2, "optimizer", "zero2_offload")
     one = plan_for_world(recipe)  # one CPU process under DeepSpeed is still DeepSpeed
     assert (one.backend, one.world_size) == ("deepspeed", 1)
 

@@ -51,7 +51,7 @@ def test_32k_context_needs_context_parallel_on_8xh100(recipe):
     p = plan(recipe("meta-llama/Llama-3.1-8B", **LONG, distributed={"backend": "fsdp"}), "8xH100-80GB")
     assert p.backend == "fsdp" and p.extra.context_parallel > 1 and p.tensor_parallel == 1
     assert p.world_size == 8 and p.data_parallel * p.extra.context_parallel == 8
-    assert p.extra.dp_shard * p.extra.dp_replicate == p.data_parallel
+    assert p.backend_part.dp_shard * p.backend_part.dp_replicate == p.data_parallel
     # FSDP alone was evaluated first and did not fit: the reason says so with its numbers
     assert "fsdp fsdp_full_shard needs" in p.reasons["backend"].reason or any(
         r["label"] == "fsdp fsdp_full_shard" and not r["fits"] for r in p.extra.runners_up)
@@ -95,11 +95,11 @@ def test_the_parallel_examples_plan_on_their_hardware(name, spec):
 def test_pinned_sizes_are_used_as_given(recipe):
     p = plan(recipe("meta-llama/Llama-3.1-8B", **LONG, distributed={"backend": "fsdp", "context_parallel": 4}),
              "8xH100-80GB")
-    assert (p.extra.context_parallel, p.data_parallel, p.extra.dp_shard) == (4, 2, 2)
+    assert (p.extra.context_parallel, p.data_parallel, p.backend_part.dp_shard) == (4, 2, 2)
     assert p.reasons["context_parallel"].reason == "recipe pins it"
     p = plan(recipe("meta-llama/Llama-3.1-8B", distributed={"backend": "fsdp", "tensor_parallel": 2,
                                                             "data_parallel_replicate": 2}), "2x8xH100-80GB")
-    assert (p.tensor_parallel, p.extra.dp_replicate, p.extra.dp_shard, p.data_parallel) == (2, 2, 4, 8)
+    assert (p.tensor_parallel, p.backend_part.dp_replicate, p.backend_part.dp_shard, p.data_parallel) == (2, 2, 4, 8)
 
 
 # ----------------------------------------------------------------------------- activation model

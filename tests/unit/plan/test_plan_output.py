@@ -62,7 +62,7 @@ def test_deepspeed_config_is_consistent(recipe):
     assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] \
         * p.data_parallel == r.train.global_batch_size
     zero = cfg["zero_optimization"]
-    assert zero["stage"] == p.zero_stage
+    assert zero["stage"] == p.backend_part.zero_stage
     assert ("offload_optimizer" in zero) == (p.offload != "none")
     assert ("offload_param" in zero) == (p.offload == "optimizer+params")
     assert cfg["bf16"]["enabled"] and not cfg["fp16"]["enabled"]

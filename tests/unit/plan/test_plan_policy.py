@@ -40,7 +40,7 @@ def test_full_finetune_8b_on_8x80_is_sharded_data_parallel(recipe):
 
 def test_full_finetune_70b_on_16x80_is_zero3_or_fsdp(recipe):
     p = plan(recipe("meta-llama/Llama-3.1-70B"), "2x8xH100-80GB")
-    assert (p.backend, p.zero_stage) in (("deepspeed", 3), ("fsdp", None))
+    assert (p.backend, getattr(p.backend_part, "zero_stage", None)) in (("deepspeed", 3), ("fsdp", None))
     assert p.preset in ("zero3", "zero3_offload", "zero3_offload_params", "fsdp_full_shard", "fsdp_full_shard_offload")
     # offload only because every GPU-only layout was evaluated and does not fit
     if p.offload != "none":
@@ -131,7 +131,7 @@ def test_auto_checkpointing_turns_on_only_when_needed(recipe):
 def test_pinned_backend_wins(recipe):
     p = plan(recipe("meta-llama/Llama-3.1-8B", distributed={"backend": "deepspeed", "zero_stage": 3}),
              "8xH100-80GB")
-    assert (p.backend, p.zero_stage, p.preset) == ("deepspeed", 3, "zero3")
+    assert (p.backend, p.backend_part.zero_stage, p.preset) == ("deepspeed", 3, "zero3")
     assert "recipe pins" in p.reasons["backend"].reason
 
 
@@ -188,9 +188,9 @@ def test_auto_passes_over_a_missing_package_on_this_machine(recipe, monkeypatch)
 def test_pins_on_cpu(recipe):
     assert plan(recipe("tiny:llama", distributed={"backend": "ddp"}), "cpu").backend == "ddp"
     ds = plan(recipe("tiny:llama", distributed={"backend": "deepspeed"}), "cpu")
-    assert (ds.backend, ds.zero_stage, ds.preset) == ("deepspeed", 2, "zero2")  # ZeRO over gloo
+    assert (ds.backend, ds.backend_part.zero_stage, ds.preset) == ("deepspeed", 2, "zero2")  # ZeRO over gloo
     fsdp = plan(recipe("tiny:llama", distributed={"backend": "fsdp"}), "cpu")  # FSDP2 over gloo
-    assert (fsdp.backend, fsdp.preset, fsdp.extra.fsdp_sharding) == ("fsdp", "fsdp_full_shard", "full_shard")
+    assert (fsdp.backend, fsdp.preset, fsdp.backend_part.sharding) == ("fsdp", "fsdp_full_shard", "full_shard")
     with pytest.raises(RecipeError, match="needs CUDA GPUs"):
         plan(recipe("tiny:llama", distributed={"backend": "megatron"}), "cpu")
 
