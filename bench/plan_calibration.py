@@ -112,7 +112,7 @@ def _memory_model_only(path: Path, measure: str) -> float | None:
     if not isinstance(t.micro_batch_size, int) or not isinstance(t.gradient_checkpointing, bool):
         return None
     layout = Layout(preset.backend, preset.name, data_parallel=hw.num_gpus, zero_stage=preset.zero_stage,
-                    offload=preset.offload, fsdp_sharding=getattr(preset, "fsdp_sharding", None) or "full_shard",
+                    offload=preset.offload, fsdp_sharding=preset.sharding or "full_shard",
                     nodes=hw.nodes, gpus_per_node=hw.gpus_per_node)
     accumulation = max(1, t.global_batch_size // (t.micro_batch_size * hw.num_gpus))
     mem = estimate(w, layout, t.micro_batch_size, t.gradient_checkpointing, accumulation=accumulation,

@@ -138,9 +138,8 @@ def _train_launching(loaded, plan, opts: LaunchOptions, overwrite: bool, force: 
     # Tokenize here, before any worker exists: a worker waiting for another's tokenization inside a
     # collective would run into the process-group timeout. The workers then read the cache.
     build_before_launch(loaded, log=_log)
-    prepare = getattr(backend, "prepare_launch", None)  # Megatron: HF -> Megatron conversion, one process
-    if prepare is not None and cluster.is_main_node:
-        prepare(loaded, plan, run, log=_log)
+    if cluster.is_main_node:
+        backend.prepare_launch(loaded, plan, run, log=_log)  # e.g. Megatron's checkpoint conversion
     marker = run.root / USER_ERROR
     marker.unlink(missing_ok=True)
     from recipeforge.outputs import run_lock
@@ -159,9 +158,8 @@ def _train_launching(loaded, plan, opts: LaunchOptions, overwrite: bool, force: 
             # A mistake in the recipe or data that only a worker could see: still a user error (exit 2).
             raise RecipeError(marker.read_text().strip() or "a worker reported a problem in the recipe")
         raise LaunchFailed(code)
-    finish = getattr(backend, "finish_launch", None)  # Megatron: export to final/ (+ merge), one process
-    if finish is not None and cluster.is_main_node:
-        finish(loaded, plan, run, log=_log)
+    if cluster.is_main_node:
+        backend.finish_launch(loaded, plan, run, log=_log)  # e.g. Megatron's export to final/
     if cluster.is_main_node:
         _push_to_hub(loaded, run.root)
     return run.root
@@ -351,7 +349,7 @@ def _run(loaded, plan, run, backend, dist, resume_from) -> None:
     if dist.is_main:
         # A backend exporting final/ after the job (Megatron) merges there (`finish_launch`).
         if ctx.recipe.output.merge_adapter and ctx.recipe.adapter.type != "none" \
-                and not getattr(backend, "exports_after_job", False):
+                and not backend.exports_after_job:
             from recipeforge.outputs.export import merge_adapter
 
             merge_adapter(run.root)

@@ -68,6 +68,8 @@ class BackendSpec(PlannerSpec):
     offers its layouts to the planner (`candidates`) and overrides what it does differently."""
 
     name = ""
+    # final/ (and a LoRA merge) are written after the job by `finish_launch`, not by the workers.
+    exports_after_job = False
 
     @property
     def stages(self) -> tuple[str, ...]:
@@ -109,6 +111,12 @@ class BackendSpec(PlannerSpec):
     def launch_env(self, plan: "Plan") -> dict[str, str]:
         """Environment variables the workers need beyond the launcher's own."""
         return {}
+
+    def prepare_launch(self, loaded, plan: "Plan", run, *, log=print) -> None:
+        """Run once in the launching process (on the main node) before any worker starts."""
+
+    def finish_launch(self, loaded, plan: "Plan", run, *, log=print) -> None:
+        """Run once in the launching process (on the main node) after the workers succeeded."""
 
     # -- inside each worker -----------------------------------------------------------------------
     def runner(self, stage: str) -> str | None:

@@ -11,9 +11,12 @@ Order (all GPUs of the target are used; see docs/planner.md for the reasoning):
 5. offload: ZeRO-2 + optimizer offload, ZeRO-3 + optimizer offload, FSDP2 CPU offload,
    ZeRO-3 + optimizer and parameter offload
 
-Within a tier the backend that needs no extra package comes first; when planning for this machine,
-a layout whose package is not installed is passed over while an installed one fits. A pinned
-backend, preset, ZeRO stage, offload or parallel size restricts the list to matching layouts.
+Each registered backend spec offers its own layouts with their tier (`PlannerSpec.candidates`); the
+list above is what the built-ins offer, and a plugin backend slots its layouts in by tier (the
+zero_redundancy plugin: after DDP). Within a tier the backend that needs no extra package comes
+first; when planning for this machine, a layout whose package is not installed is passed over while
+an installed one fits. A pinned backend, preset, ZeRO stage, offload or parallel size restricts the
+list to matching layouts.
 """
 
 from __future__ import annotations

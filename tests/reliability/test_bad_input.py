@@ -144,7 +144,7 @@ CASES = [
     case("unknown-reward", GRPO + "grpo: {rewards: [{name: lenght}]}\n", where="r.yaml:8:19",
          message="unknown reward 'lenght'", hint="did you mean 'length'?"),
     case("unknown-backend", OK, args=("validate", "r.yaml", "distributed.backend=megatorn"),
-         where="<cli distributed.backend=megatorn>", message="must be one of", hint="did you mean 'megatron'?"),
+         where="<cli distributed.backend=megatorn>", message="unknown backend 'megatorn'", hint="did you mean 'megatron'?"),
     # -- command-line arguments and run directories
     case("resume-not-a-checkpoint", OK + "output: {resume: /nope}\n", args=("train", "r.yaml"), where="r.yaml:8:10",
          message="cannot resume from '/nope': not a complete checkpoint directory"),
