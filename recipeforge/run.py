@@ -237,6 +237,11 @@ def _run_worker(loaded, dist, *, overwrite: bool, force: bool) -> Path:
     from recipeforge.plan.world import check_world, plan_for_world
     from recipeforge.stages.base import _log
 
+    import signal
+
+    from recipeforge.backends.parent_death import end_with_parent
+
+    end_with_parent(signal.SIGTERM)  # the launcher gone: save at the next step boundary and end
     recipe = loaded.recipe
     plan_file = os.environ.get(PLAN_ENV)
     if plan_file:

@@ -201,11 +201,15 @@ def run_launcher(spec: LaunchSpec, *, log=None, pass_fds: Sequence[int] = ()) ->
 
 
 def _ignore_stop_signals() -> None:
-    """In the launcher's process, before exec: stop signals ignored (dispositions that survive exec)."""
+    """In the launcher's process, before exec: stop signals ignored (dispositions that survive exec),
+    and SIGHUP when this process dies: the launcher then stops its workers (`backends.parent_death`)."""
     import signal
+
+    from recipeforge.backends.parent_death import end_with_parent
 
     for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
+    end_with_parent(signal.SIGHUP)
 
 
 def _signal_tree(pid: int, sig: int, *, recursive: bool = False, include_root: bool = True) -> None:

@@ -1,4 +1,4 @@
-"""Stopping a run on request: SIGTERM, SIGUSR1 or Ctrl-C save a checkpoint and exit with code 75.
+"""Stopping a run on request: SIGTERM, SIGUSR1, SIGHUP or Ctrl-C save a checkpoint and exit with code 75.
 
 Schedulers preempt with SIGTERM (Slurm, Kubernetes, cloud spot instances), and Slurm can send a signal
 ahead of the time limit (``--signal=B:USR1@120``). Every training process installs a handler that only
@@ -7,7 +7,8 @@ is all-reduced once per optimizer step (one int, MAX), so every rank decides to 
 and DDP/DeepSpeed collectives never wait for a rank that left. At that step the trainer saves a
 checkpoint through the usual crash-safe path (staged, manifest, marker, published), then the run stops
 without writing final/ and exits with `EXIT_PREEMPTED` (75, EX_TEMPFAIL: "try again"). Running the same
-command again resumes from that checkpoint.
+command again resumes from that checkpoint. SIGHUP is what a launched worker gets when the command that
+launched it dies (`backends.parent_death`), and what a run gets when its terminal closes.
 
 A signal before the first step stops at once (nothing new to save); one during or after the last step
 lets the run finish normally. Ctrl-C: the first one stops like SIGTERM, a second one aborts without
@@ -22,7 +23,7 @@ import signal
 from pathlib import Path
 
 EXIT_PREEMPTED = 75                 # EX_TEMPFAIL (sysexits.h): stopped early, re-run to continue
-STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT", "SIGHUP")
 RECORD = ".preempted.json"          # a worker's report for the command that launched it
 
 _state: dict = {"signal": 0, "previous": {}}
