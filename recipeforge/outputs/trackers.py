@@ -11,7 +11,11 @@ environment variables. Here only the trackers the recipe names run, on the main 
 - MLflow also gets plan.json and resolved_recipe.yaml as artifacts when the run starts; without a
   tracking URI its runs go to a file store in the run directory (RUN/mlruns);
 - each tracker's run is finished when training ends (or fails), inside the training call: before
-  the final save, the merge and the end of the process group.
+  the final save, the merge and the end of the process group;
+- a resumed run continues the tracker run it started (RUN/trackers.json keeps each tracker's run id
+  and the recipe it was started with): W&B resumes the same id, MLflow reopens the same run, the step
+  axis goes on from the checkpoint's step, and a recipe changed since (`--force`) is said in the
+  tracker (W&B summary, MLflow tags) key by key.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any, Callable
 from recipeforge.errors import RecipeError
 
 MAX_PARAM_LENGTH = 6000  # MLflow refuses longer parameter values
+RECORD = "trackers.json"  # the tracker runs a run directory started, for resuming them
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -89,6 +94,46 @@ def tracker_callbacks(recipe, run, *, run_name: str | None, is_main: bool, wandb
     return out
 
 
+def read_record(run) -> dict:
+    """RUN/trackers.json: {tracker: {"id": ..., "recipe": {flat recipe it started with}, ...}}."""
+    import json
+
+    try:
+        return json.loads((run.root / RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def remember(run, tracker: str, entry: dict) -> None:
+    """Record `tracker`'s run in RUN/trackers.json (atomically: a crash leaves the old record)."""
+    import json
+
+    record = read_record(run)
+    record[tracker] = entry
+    path = run.root / RECORD
+    tmp = path.with_name(f"{RECORD}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def changes(before: dict, after: dict) -> dict[str, str]:
+    """``key: "old -> new"`` for every flat recipe key whose value differs (added and removed keys too)."""
+    out = {}
+    for key in sorted(set(before) | set(after)):
+        old, new = before.get(key, "(unset)"), after.get(key, "(unset)")
+        if _param_value(old) != _param_value(new):
+            out[key] = f"{_param_value(old)} -> {_param_value(new)}"
+    return out
+
+
+def resumed_entry(run, tracker: str, state) -> dict | None:
+    """The recorded run of `tracker` when this training call resumes a checkpoint (else None)."""
+    if not getattr(state, "global_step", 0):
+        return None
+    entry = read_record(run).get(tracker)
+    return entry if isinstance(entry, dict) and entry.get("id") else None
+
+
 class TrackerFailure:
     """A tracker that failed mid-run stops logging, with one warning: metrics.jsonl keeps every record,
     and a tracker server going away must not cost the run its remaining steps and checkpoints."""
@@ -149,10 +194,10 @@ def _wandb_callback(cfg, run, run_name: str):
             self.failure = TrackerFailure("W&B")
 
         def on_train_begin(self, args, state, control, **kwargs):
-            if self.wb_run is None and not self.failure.run("starting the run", self._start):
+            if self.wb_run is None and not self.failure.run("starting the run", lambda: self._start(state)):
                 self.env.restore()
 
-        def _start(self) -> None:
+        def _start(self, state) -> None:
             import wandb
 
             root = run.root / "wandb"
@@ -162,9 +207,21 @@ def _wandb_callback(cfg, run, run_name: str):
             self.env.set({"WANDB_DIR": str(root), "WANDB_CACHE_DIR": str(root / "cache"),
                           "WANDB_CONFIG_DIR": str(root / "config"), "WANDB_DATA_DIR": str(root / "data"),
                           "WANDB_ARTIFACT_DIR": str(root / "artifacts")})
-            self.wb_run = wandb.init(project=cfg.project, entity=cfg.entity, name=run_name,
-                                     tags=list(cfg.tags) or None, mode=cfg.mode, dir=str(root),
-                                     config=read_resolved(run))
+            recipe = read_resolved(run)
+            earlier = resumed_entry(run, "wandb", state)
+            if earlier is None:
+                self.wb_run = wandb.init(project=cfg.project, entity=cfg.entity, name=run_name,
+                                         tags=list(cfg.tags) or None, mode=cfg.mode, dir=str(root), config=recipe)
+            else:  # the same W&B run goes on, its step axis from the checkpoint's step
+                self.wb_run = wandb.init(project=cfg.project, entity=cfg.entity, name=run_name,
+                                         tags=list(cfg.tags) or None, mode=cfg.mode, dir=str(root),
+                                         id=earlier["id"], resume="allow")
+                changed = changes(earlier.get("recipe", {}), flatten(recipe))
+                self.wb_run.config.update(recipe, allow_val_change=True)
+                self.wb_run.summary["recipeforge/resumed_at_step"] = state.global_step
+                if changed:
+                    self.wb_run.summary["recipeforge/changed_on_resume"] = changed
+            remember(run, "wandb", {"id": self.wb_run.id, "project": cfg.project, "recipe": flatten(recipe)})
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if self.wb_run is not None and logs:
@@ -200,10 +257,10 @@ def _mlflow_callback(cfg, run, run_name: str):
             self.failure = TrackerFailure("MLflow")
 
         def on_train_begin(self, args, state, control, **kwargs):
-            if self.run_id is None and not self.failure.run("starting the run", self._start):
+            if self.run_id is None and not self.failure.run("starting the run", lambda: self._start(state)):
                 self.env.restore()
 
-        def _start(self) -> None:
+        def _start(self, state) -> None:
             from mlflow import MlflowClient
             from mlflow.entities import Param
 
@@ -219,18 +276,41 @@ def _mlflow_callback(cfg, run, run_name: str):
                                                           ("MLFLOW_HTTP_REQUEST_TIMEOUT", "30"))
                           if name not in os.environ})
             self.client = MlflowClient(tracking_uri=uri)
+            recipe = flatten(read_resolved(run))
+            earlier = resumed_entry(run, "mlflow", state)
+            if earlier is not None and earlier.get("tracking_uri") == uri:
+                self._reopen(earlier, recipe, state.global_step)
+                remember(run, "mlflow", {**earlier, "recipe": {**earlier.get("recipe", {}), **recipe}})
+                return
             experiment = self.client.get_experiment_by_name(cfg.experiment)
             experiment_id = (experiment.experiment_id if experiment is not None
                              else self.client.create_experiment(cfg.experiment))
             created = self.client.create_run(experiment_id, run_name=run_name,
                                              tags={"recipeforge.run_dir": str(run.root)})
             self.run_id = created.info.run_id
-            params = [Param(k, _param_value(v)) for k, v in flatten(read_resolved(run)).items()]
+            remember(run, "mlflow", {"id": self.run_id, "tracking_uri": uri, "recipe": recipe})
+            params = [Param(k, _param_value(v)) for k, v in recipe.items()]
             for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
                 self.client.log_batch(self.run_id, params=params[i:i + 100])
             for path in (run.plan, run.resolved_recipe):
                 if path.is_file():
                     self.client.log_artifact(self.run_id, str(path))
+
+        def _reopen(self, earlier: dict, recipe: dict, step: int) -> None:
+            """The recorded MLflow run, running again: parameters it lacks are added (a logged
+            parameter cannot change), and what changed since it started is set as tags."""
+            from mlflow.entities import Param, RunTag
+
+            self.run_id = earlier["id"]
+            self.client.update_run(self.run_id, status="RUNNING")
+            before = earlier.get("recipe", {})
+            added = [Param(k, _param_value(v)) for k, v in recipe.items() if k not in before]
+            changed = changes({k: v for k, v in before.items()}, recipe)
+            tags = [RunTag("recipeforge.resumed_at_step", str(step))]
+            tags += [RunTag(f"recipeforge.changed.{k}"[:250], v[:5000]) for k, v in changed.items() if k in before]
+            for i in range(0, len(added), 100):
+                self.client.log_batch(self.run_id, params=added[i:i + 100])
+            self.client.log_batch(self.run_id, tags=tags)
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if self.run_id is None or not logs:

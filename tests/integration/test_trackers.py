@@ -131,3 +131,55 @@ def test_mlflow_file_store_gets_the_recipe_metrics_and_run_files(tiny, tmp_path,
     assert {"plan.json", "resolved_recipe.yaml"} <= artifacts
     local = Path(client.download_artifacts(found.info.run_id, "plan.json", str(tmp_path)))
     assert json.loads(local.read_text()) == json.loads((run / "plan.json").read_text())
+
+
+def _resume_after_a_kill(tiny, run: Path, *overrides: str, force: bool = False) -> None:
+    """What a run killed after its step-3 checkpoint leaves (no step-6 checkpoint, no final/), resumed."""
+    import shutil
+
+    from recipeforge.run import train
+
+    shutil.rmtree(run / "checkpoints" / "checkpoint-6")
+    shutil.rmtree(run / "final")
+    train(tiny.load("pretrain", run, *overrides), force=force)
+
+
+@needs_mlflow
+def test_a_resumed_run_continues_its_mlflow_run_and_says_what_changed(tiny, tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    store = tmp_path / "mlruns"
+    args = ("train.max_steps=6", "train.logging_steps=1", "output.save_steps=3", f"logging.mlflow.tracking_uri=file:{store}",
+            "logging.mlflow.experiment=resumed")
+    run = tiny.train("pretrain", tmp_path / "run", *args)
+    _resume_after_a_kill(tiny, run, *args, "train.learning_rate=0.002", force=True)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri=f"file:{store}")
+    (found,) = client.search_runs([client.get_experiment_by_name("resumed").experiment_id])  # one run
+    assert found.info.status == "FINISHED"
+    tags = found.data.tags
+    assert tags["recipeforge.resumed_at_step"] == "3"
+    assert tags["recipeforge.changed.train.learning_rate"] == "0.003 -> 0.002"
+    assert found.data.params["train.learning_rate"] == "0.003"  # as it started; the tag says what changed
+    history = client.get_metric_history(found.info.run_id, "loss")
+    assert sorted({m.step for m in history}) == [1, 2, 3, 4, 5, 6]  # the step axis goes on
+    assert json.loads((run / "trackers.json").read_text())["mlflow"]["id"] == found.info.run_id
+
+
+@needs_wandb
+def test_a_resumed_run_continues_its_wandb_run(tiny, tmp_path):
+    args = ("train.max_steps=6", "train.logging_steps=1", "output.save_steps=3", "logging.wandb.project=tiny",
+            "logging.wandb.mode=offline")
+    run = tiny.train("pretrain", tmp_path / "run", *args)
+    first_id = json.loads((run / "trackers.json").read_text())["wandb"]["id"]
+    _resume_after_a_kill(tiny, run, *args)
+    runs = sorted((run / "wandb").rglob("offline-run-*"))
+    assert len(runs) == 2 and all(r.name.endswith(f"-{first_id}") for r in runs)  # one W&B run, resumed
+    later = [f for f in runs[1].glob("run-*.wandb")]
+    losses = {}
+    for r in _wandb_records(later[0]):
+        if r.WhichOneof("record_type") == "history":
+            row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+            if "loss" in row:
+                losses[row["_step"]] = row["loss"]
+    assert sorted(losses) == [4, 5, 6]  # the resumed part logs from the checkpoint's step on
