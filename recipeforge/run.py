@@ -343,6 +343,11 @@ def _run(loaded, plan, run, backend, dist, resume_from) -> None:
                        save_final=backend.save_final)
     from recipeforge.outputs.library_warnings import warnings_to_run_dir
 
+    if plan.device != "cuda":
+        from recipeforge.backends.launch import cpu_engine_env
+
+        os.environ.update(cpu_engine_env())
+
     warnings_to_run_dir(run.root)
     if dist.world_size > 1:
         from recipeforge.backends import worker as w

@@ -81,6 +81,7 @@ def launch_spec(plan, recipe, *, recipe_path: str, overrides: Sequence[str], run
     if plan.device != "cuda":
         # Several CPU processes on one machine: split the cores instead of each taking all of them.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // per_node)))
+        env.update(cpu_engine_env())
     worker = ["-m", "recipeforge", *(["--debug"] if debug else []), "train", str(recipe_path), *overrides]
     if launcher == "accelerate":
         cfg_path = where / "accelerate_config.yaml"
@@ -143,6 +144,12 @@ def _launcher(script: str, module: str) -> list[str]:
 # (torchrun/accelerate read PET_SIGNALS_TO_HANDLE for their --signals-to-handle option.)
 LAUNCHER_ENV = {"PET_SIGNALS_TO_HANDLE": "SIGHUP,SIGQUIT", "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGHUP,SIGQUIT"}
 FORWARD_EVERY_S = 5.0   # a worker still importing ignores the signal; it is sent again until it exits
+
+
+def cpu_engine_env() -> dict[str, str]:
+    """Environment for a CPU run: DeepSpeed told its accelerator is the CPU (unless the user said
+    otherwise), so it does not probe for GPUs and print that it found none on every import."""
+    return {} if "DS_ACCELERATOR" in os.environ else {"DS_ACCELERATOR": "cpu"}
 
 
 def run_launcher(spec: LaunchSpec, *, log=None, pass_fds: Sequence[int] = ()) -> int:

@@ -256,6 +256,27 @@ def optimisation(conv) -> None:
     for src in ("eval_strategy", "save_strategy", "evaluation_strategy"):
         if conv.get(src) is not None:
             conv.note(src, "no counterpart; steps when train.eval_steps / output.save_steps are set, else epochs")
+    loss_watchdog(conv)
+
+
+def loss_watchdog(conv) -> None:
+    """Axolotl's loss watchdog (stop after `patience` logged losses above an absolute threshold) as
+    train.divergence, which stops after `spike_patience` losses above `spike_factor` times the running
+    median: the threshold becomes a factor of the loss at the start, as Axolotl's docs size it."""
+    threshold, patience = conv.get("loss_watchdog_threshold"), conv.get("loss_watchdog_patience")
+    if threshold is None:
+        if patience is not None:
+            conv.note("loss_watchdog_patience", "ignored without loss_watchdog_threshold (as Axolotl does)")
+        return
+    threshold = num(threshold, float, "loss_watchdog_threshold")
+    conv.put("train.divergence.on_spike", "stop", "loss_watchdog_threshold")
+    conv.put("train.divergence.spike_factor", 2.0, "loss_watchdog_threshold")
+    conv.note("loss_watchdog_threshold", f"an absolute loss ({threshold:g}) in Axolotl; train.divergence stops on "
+                                         "a loss above spike_factor 2.0 x the running median (Axolotl's advice: "
+                                         "about 2 x the starting loss), and on any NaN loss")
+    if patience is not None:
+        conv.put("train.divergence.spike_patience", num(patience, int, "loss_watchdog_patience"),
+                 "loss_watchdog_patience")
 
 
 def unfrozen(conv) -> None:

@@ -409,3 +409,16 @@ def test_reward_model_true_is_the_reward_stage():
     assert "one output" in conv.notes["num_labels"] and "trains a reward model" in conv.notes["rl"]
     conv = convert_config({**base, "reward_model": False})
     assert conv.recipe["stage"] == "sft" and "reward_model" in conv.mapped
+
+
+def test_the_loss_watchdog_becomes_the_divergence_stop(tmp_path):
+    config = yaml.safe_load((ROOT / "tests/data/axolotl/sft-lora-alpaca.yaml").read_text())
+    config.update(loss_watchdog_threshold=5.0, loss_watchdog_patience=4)
+    source = tmp_path / "watchdog.yaml"
+    source.write_text(yaml.safe_dump(config))
+    conv, loaded = convert_and_load(source, tmp_path)
+    d = loaded.recipe.train.divergence
+    assert (d.on_spike, d.spike_factor, d.spike_patience, d.stop_on_nan) == ("stop", 2.0, 4, True)
+    assert conv.mapped["loss_watchdog_patience"] == "train.divergence.spike_patience"
+    assert "absolute loss (5)" in conv.notes["loss_watchdog_threshold"]
+    assert "loss_watchdog_patience" not in conv.notes  # mapped, not reported as lost
