@@ -319,6 +319,8 @@ def cmd_train(args) -> int:
                          strict=args.strict,
                          debug=args.debug or os.environ.get("RECIPEFORGE_DEBUG", "") not in ("", "0"))
     from recipeforge.outputs.hub import PushFailed
+    from recipeforge.backends.launch import launched_worker
+    from recipeforge.stages.base import DistInfo
     from recipeforge.stages.preemption import EXIT_PREEMPTED, Preempted
 
     try:
@@ -332,9 +334,9 @@ def cmd_train(args) -> int:
         print(f"error: {scrub(exc.render())}", file=sys.stderr)
         return EXIT_PUSH_FAILED
     except Preempted as stop:
-        if os.environ.get("RECIPEFORGE_PLAN"):
+        if launched_worker():
             return 0  # a launched worker: the launching command reports (and exits 75)
-        if int(os.environ.get("RANK", "0")) == 0:
+        if DistInfo.from_env().is_main:
             import shlex
 
             from recipeforge.credentials import redact_credentials
@@ -345,7 +347,7 @@ def cmd_train(args) -> int:
         return EXIT_PREEMPTED
     if run_dir is None:  # --dry-run printed the launch
         return 0
-    if os.environ.get("RECIPEFORGE_PLAN") or int(os.environ.get("RANK", "0")) != 0:
+    if launched_worker() or not DistInfo.from_env().is_main:
         return 0  # a worker: the launching command (or, launched directly, rank 0) reports
     learned = ", ".join(f"{k} {v['first']:.4g} -> {v['last']:.4g}" for k, v in summary(run_dir).items())
     print(f"run written to {run_dir}" + (f" ({learned})" if learned else ""))

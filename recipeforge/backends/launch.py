@@ -146,6 +146,11 @@ LAUNCHER_ENV = {"PET_SIGNALS_TO_HANDLE": "SIGHUP,SIGQUIT", "TORCHELASTIC_SIGNALS
 FORWARD_EVERY_S = 5.0   # a worker still importing ignores the signal; it is sent again until it exits
 
 
+def launched_worker() -> bool:
+    """Whether this process is a worker `recipeforge train` launched (it reads the plan written for it)."""
+    return bool(os.environ.get(PLAN_ENV))
+
+
 def cpu_engine_env() -> dict[str, str]:
     """Environment for a CPU run: DeepSpeed told its accelerator is the CPU (unless the user said
     otherwise), so it does not probe for GPUs and print that it found none on every import."""

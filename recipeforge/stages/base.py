@@ -135,7 +135,6 @@ class TrainerStage:
 
         self.token_rate = TokenRate()  # tokens/s in every training record, once the trainer counts
         self.has_eval = False
-        self._saved_env: dict[str, str | None] = {}
         self.trackers: list = []  # W&B / MLflow callbacks (`outputs.trackers`), finished by `train`
 
     # --- the protocol -------------------------------------------------------------------------
@@ -213,7 +212,6 @@ class TrainerStage:
             # Tracker runs end here, before the final save and the end of the process group (a W&B run
             # left to the interpreter's exit would be torn down after the group is gone).
             close_all(self.trackers, failed=failed)
-            self._restore_env()
         return metrics
 
     def save(self) -> Path:
@@ -522,25 +520,30 @@ class TrainerStage:
         kwargs.update(self.kernels.trainer_kwargs)
         return kwargs
 
+    def frozen_reference(self, name: str):
+        """The frozen reference model of a preference stage: None when TRL derives it (adapters: the
+        base with adapters disabled), else the starting model loaded again (`auto`), or the model
+        `<stage>.reference` names."""
+        if name == "auto":
+            if self.recipe.adapter.type != "none":
+                return None
+            # Same name and seed: for tiny models an identical random init, else the same checkpoint.
+            ref = self.load_model(for_reference=True)
+        else:
+            from recipeforge.components.models import load_model
+
+            m = self.recipe.model
+            ref = load_model(name, self.tokenizer, device=self.ctx.plan.device, dtype=m.dtype,
+                             attn_implementation=m.attn_implementation, trust_remote_code=m.trust_remote_code,
+                             seed=self.recipe.train.seed, location=self.ctx.locate((self.stage, "reference")))
+        ref.requires_grad_(False)
+        return ref.eval()
+
     def _run_name(self) -> str | None:
         """The run's name for trackers and training_args.bin: never one read from a secret variable."""
         r = self.recipe
         return public(self.ctx.loaded, ("name",), r.name) \
             or (self.ctx.loaded.path.stem if getattr(self.ctx.loaded, "path", None) else None)
-
-    def _set_env(self, env: dict[str, str]) -> None:
-        """Tracker settings travel by environment variables; they are put back after training."""
-        for k, v in env.items():
-            self._saved_env.setdefault(k, os.environ.get(k))
-            os.environ[k] = v
-
-    def _restore_env(self) -> None:
-        for k, v in self._saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        self._saved_env.clear()
 
     def _evaluated_at(self, step: int) -> bool:
         return any(h.get("step") == step and any(k.startswith("eval_") for k in h)

@@ -23,22 +23,8 @@ class DPOStage(TrainerStage):
         self.prepare_rows("preference", max_prompt_length=self.recipe.dpo.max_prompt_length)
 
     def reference_model(self):
-        """None when TRL can derive the reference itself (adapters), else a loaded model."""
-        d = self.recipe.dpo
-        if d.reference == "auto":
-            if self.recipe.adapter.type != "none":
-                return None
-            # Same name and seed: for tiny models an identical random init, else the same checkpoint.
-            ref = self.load_model(for_reference=True)
-        else:
-            from recipeforge.components.models import load_model
-
-            m = self.recipe.model
-            ref = load_model(d.reference, self.tokenizer, device=self.ctx.plan.device, dtype=m.dtype,
-                             attn_implementation=m.attn_implementation, trust_remote_code=m.trust_remote_code,
-                             seed=self.recipe.train.seed, location=self.ctx.locate(("dpo", "reference")))
-        ref.requires_grad_(False)
-        return ref.eval()
+        """The frozen reference model (`TrainerStage.frozen_reference` of `dpo.reference`)."""
+        return self.frozen_reference(self.recipe.dpo.reference)
 
     def build_trainer(self):
         from recipeforge.outputs.atomic import crash_safe

@@ -103,20 +103,5 @@ class PreferenceTrainerStage(TrainerStage):
                                        **self.trainer_arguments())
 
     def reference_model(self):
-        """The frozen reference model: None when TRL derives it (adapters: the base with adapters
-        disabled), else the starting model loaded again, or the model `<stage>.reference` names."""
-        name = self.section.reference
-        if name == "auto":
-            if self.recipe.adapter.type != "none":
-                return None
-            # Same name and seed: for tiny models an identical random init, else the same checkpoint.
-            ref = self.load_model(for_reference=True)
-        else:
-            from recipeforge.components.models import load_model
-
-            m = self.recipe.model
-            ref = load_model(name, self.tokenizer, device=self.ctx.plan.device, dtype=m.dtype,
-                             attn_implementation=m.attn_implementation, trust_remote_code=m.trust_remote_code,
-                             seed=self.recipe.train.seed, location=self.ctx.locate((self.stage, "reference")))
-        ref.requires_grad_(False)
-        return ref.eval()
+        """The frozen reference model (`TrainerStage.frozen_reference` of `<stage>.reference`)."""
+        return self.frozen_reference(self.section.reference)
