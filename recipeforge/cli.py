@@ -319,7 +319,7 @@ def cmd_train(args) -> int:
                          strict=args.strict,
                          debug=args.debug or os.environ.get("RECIPEFORGE_DEBUG", "") not in ("", "0"))
     from recipeforge.outputs.hub import PushFailed
-    from recipeforge.backends.launch import launched_worker
+    from recipeforge.backends.worker_spec import launched_worker
     from recipeforge.stages.base import DistInfo
     from recipeforge.stages.preemption import EXIT_PREEMPTED, Preempted
 

@@ -52,7 +52,7 @@ def train(loaded, *, overwrite: bool = False, force: bool = False, plan=None,
     here; more are started through the backend's launcher, each worker reading the plan written
     before launch. Inside a launched worker (RANK/WORLD_SIZE set) this runs that worker.
     """
-    from recipeforge.backends.launch import PLAN_ENV
+    from recipeforge.backends.worker_spec import launched_worker
     from recipeforge.stages.base import DistInfo
 
     from recipeforge.outputs import run_lock
@@ -64,7 +64,7 @@ def train(loaded, *, overwrite: bool = False, force: bool = False, plan=None,
 
     library_warnings.route_library_warnings(dist.rank)  # library warnings: RUN/logs/warnings.log, not the console
     try:
-        if dist.world_size > 1 or os.environ.get(PLAN_ENV):
+        if dist.world_size > 1 or launched_worker():
             preemption.install()  # as early as possible: a stop request during setup is kept
             return _train_worker(loaded, dist, overwrite=overwrite, force=force)
         return _train_launching(loaded, plan, launch or LaunchOptions(), overwrite, force)
@@ -140,23 +140,20 @@ def _train_launching(loaded, plan, opts: LaunchOptions, overwrite: bool, force: 
     build_before_launch(loaded, log=_log)
     if cluster.is_main_node:
         backend.prepare_launch(loaded, plan, run, log=_log)  # e.g. Megatron's checkpoint conversion
-    marker = run.root / USER_ERROR
-    marker.unlink(missing_ok=True)
+    from recipeforge.backends.worker_spec import OutcomeKind, read_outcome
     from recipeforge.outputs import run_lock
-    from recipeforge.stages import preemption
+    from recipeforge.stages.preemption import Preempted
 
-    stopped = spec.plan_path.parent / preemption.RECORD  # left by the workers when a signal stopped them
-    stopped.unlink(missing_ok=True)
+    spec.outcome_path.unlink(missing_ok=True)  # an earlier launch's
     lock = run_lock.held(run.root)
     code = run_launcher(spec, log=_log, pass_fds=(lock.fd,) if lock is not None else ())
-    stop = preemption.read_record(stopped)
-    if stop is not None:
-        stopped.unlink(missing_ok=True)
-        raise stop
+    outcome = read_outcome(spec.outcome_path)
+    if outcome is not None and outcome.kind == OutcomeKind.PREEMPTED:
+        raise Preempted.from_dict(outcome.preempted or {})
     if code != 0:
-        if cluster.is_main_node and marker.is_file():
+        if outcome is not None and outcome.kind == OutcomeKind.USER_ERROR:
             # A mistake in the recipe or data that only a worker could see: still a user error (exit 2).
-            raise RecipeError(marker.read_text().strip() or "a worker reported a problem in the recipe")
+            raise RecipeError(outcome.message or "a worker reported a problem in the recipe")
         raise LaunchFailed(code)
     if cluster.is_main_node:
         backend.finish_launch(loaded, plan, run, log=_log)  # e.g. Megatron's export to final/
@@ -188,65 +185,56 @@ def _train_here(loaded, plan, run, backend, overwrite: bool, force: bool) -> Pat
     return run.root
 
 
-USER_ERROR = ".user_error"  # a worker's RecipeError, for the launching command to report as one
-
-
 def _train_worker(loaded, dist, *, overwrite: bool, force: bool) -> Path:
-    """One rank of a launched job (see `_run_worker`); rank 0 leaves a user error for the launching
-    command, which then exits as for any recipe mistake."""
+    """One rank of a launched job (see `_run_worker`). When `recipeforge train` launched it, how the
+    job ended goes back as a typed `Outcome` next to the worker spec: a preemption (first local
+    rank), or a user error (rank 0; out of memory from any rank), which the launching command then
+    reports as for any recipe mistake."""
+    from recipeforge.backends.worker_spec import Outcome, OutcomeKind, current_spec, write_outcome
     from recipeforge.stages.preemption import Preempted
 
+    spec = current_spec()
     try:
-        return _run_worker(loaded, dist, overwrite=overwrite, force=force)
+        return _run_worker(loaded, dist, spec, overwrite=overwrite, force=force)
     except Preempted as stop:
         # Every rank stopped at the same step: leave the process group together, then report.
         from recipeforge.backends import worker as w
-        from recipeforge.stages.preemption import write_record
 
         w.finish()
-        if dist.local_rank == 0:
-            write_record(stop)
+        if spec is not None and dist.local_rank == 0:
+            write_outcome(spec, Outcome(OutcomeKind.PREEMPTED.value, stop.describe(), stop.to_dict(), dist.rank))
         raise
     except RecipeError as exc:
         from recipeforge.plan.oom import OutOfMemory
 
         # Rank 0 reports recipe mistakes; running out of memory can happen on any rank.
-        if (dist.is_main or isinstance(exc, OutOfMemory)) and os.environ.get("RECIPEFORGE_RUN_DIR"):
-            try:
-                from recipeforge.errors import locate_problems
+        if spec is not None and (dist.is_main or isinstance(exc, OutOfMemory)):
+            from recipeforge.errors import locate_problems
 
-                located = locate_problems(exc, loaded.tree.locate) if getattr(loaded, "tree", None) else exc
-                marker = Path(os.environ["RECIPEFORGE_RUN_DIR"]) / USER_ERROR
-                tmp = marker.with_name(f"{USER_ERROR}.{os.getpid()}.tmp")  # ranks may report at once
-                tmp.write_text(located.render() + "\n")
-                os.replace(tmp, marker)
-            except OSError:
-                pass
+            located = locate_problems(exc, loaded.tree.locate) if getattr(loaded, "tree", None) else exc
+            write_outcome(spec, Outcome(OutcomeKind.USER_ERROR.value, located.render(), rank=dist.rank))
         raise
 
 
-def _run_worker(loaded, dist, *, overwrite: bool, force: bool) -> Path:
-    """One rank of a launched job. Started by `recipeforge train`, it reads the plan named by
-    RECIPEFORGE_PLAN (the run directory is ready). Started directly by a launcher, rank 0 plans for the
+def _run_worker(loaded, dist, spec, *, overwrite: bool, force: bool) -> Path:
+    """One rank of a launched job. Started by `recipeforge train`, it runs the plan its `spec` names
+    (the run directory is ready). Started directly by a launcher (no spec), rank 0 plans for the
     launcher's world and prepares the run directory while the others wait."""
+    import signal
+
     from recipeforge.backends import get_backend
     from recipeforge.backends import worker as w
-    from recipeforge.backends.launch import PLAN_ENV, RUN_DIR_ENV
+    from recipeforge.backends.parent_death import end_with_parent
     from recipeforge.outputs import checkpoint
     from recipeforge.outputs.run_dir import RunDir, default_run_dir
     from recipeforge.plan.world import check_world, plan_for_world
     from recipeforge.stages.base import _log
 
-    import signal
-
-    from recipeforge.backends.parent_death import end_with_parent
-
     end_with_parent(signal.SIGTERM)  # the launcher gone: save at the next step boundary and end
     recipe = loaded.recipe
-    plan_file = os.environ.get(PLAN_ENV)
-    if plan_file:
-        plan = w.read_plan(Path(plan_file))
-        run = RunDir(Path(os.environ.get(RUN_DIR_ENV) or default_run_dir(recipe, Path(loaded.path))).absolute())
+    if spec is not None:
+        plan = w.read_plan(Path(spec.plan))
+        run = RunDir(Path(spec.run_dir).absolute())
         w.init_process_group(plan.device, recipe.distributed.timeout_minutes)
         plan = w.agreed_plan(plan)
     else:
@@ -265,7 +253,7 @@ def _run_worker(loaded, dist, *, overwrite: bool, force: bool) -> Path:
     w.finish()
     if dist.is_main:
         _log(f"done: {run.root}")
-        if not plan_file:  # launched directly (torchrun -m recipeforge): no launching command pushes
+        if spec is None:  # launched directly (torchrun -m recipeforge): no launching command pushes
             _push_to_hub(loaded, run.root)
     return run.root
 

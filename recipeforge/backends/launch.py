@@ -7,9 +7,11 @@ writes the plan and the launcher's files, then starts the real launcher, one per
         --main_process_port P] -m recipeforge train RECIPE [key=value ...]
     torchrun --nnodes N --nproc_per_node G --node_rank R --master_addr A --master_port P -m recipeforge train ...
 
-Each worker finds ``RECIPEFORGE_PLAN`` (the plan this launch was made for) in its environment and
-never plans again. The main node writes into the run directory; the other nodes keep their copies in
-a node-local directory, so no node ever writes what another one reads.
+Each worker finds the path of its `worker_spec.WorkerSpec` (``worker.json``: the plan this launch was
+made for, the run directory, where to leave its outcome) in its environment and never plans again;
+that path is the only value that travels by environment. The main node writes into the run
+directory; the other nodes keep their copies in a node-local directory, so no node ever writes what
+another one reads.
 """
 
 from __future__ import annotations
@@ -19,15 +21,14 @@ import os
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 from recipeforge.backends.cluster import ClusterSpec
+from recipeforge.backends.worker_spec import OUTCOME_NAME, SPEC_ENV, SPEC_NAME, WorkerSpec
 from recipeforge.plan.world import processes_per_node
 
-PLAN_ENV = "RECIPEFORGE_PLAN"          # path of the plan a launched worker runs
-RUN_DIR_ENV = "RECIPEFORGE_RUN_DIR"    # the run directory the launching command prepared
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,12 @@ class LaunchSpec:
     env: dict[str, str]                             # added to the inherited environment
     files: dict[Path, str] = field(default_factory=dict)   # written before the launcher starts
     plan_path: Path | None = None
+    spec_path: Path | None = None                   # the workers' `WorkerSpec`
+
+    @property
+    def outcome_path(self) -> Path | None:
+        """Where the workers leave their `Outcome` (next to their spec)."""
+        return self.spec_path.with_name(OUTCOME_NAME) if self.spec_path is not None else None
 
     def render(self) -> str:
         """The dry-run text: command, environment, then every generated file with its content."""
@@ -76,7 +83,10 @@ def launch_spec(plan, recipe, *, recipe_path: str, overrides: Sequence[str], run
     files: dict[Path, str] = {plan_path: json.dumps(plan.to_dict(), indent=2, default=str) + "\n"}
     for name, text in backend.launch_files(plan, recipe).items():
         files[where / name] = text
-    env = {PLAN_ENV: str(plan_path), RUN_DIR_ENV: str(run_dir), **backend.launch_env(plan)}
+    spec_path = where / SPEC_NAME
+    spec = WorkerSpec(plan=str(plan_path), run_dir=str(run_dir), outcome=str(where / OUTCOME_NAME))
+    files[spec_path] = json.dumps(asdict(spec), indent=2) + "\n"
+    env = {SPEC_ENV: str(spec_path), **backend.launch_env(plan)}
     per_node = processes_per_node(plan)
     if plan.device != "cuda":
         # Several CPU processes on one machine: split the cores instead of each taking all of them.
@@ -103,7 +113,7 @@ def launch_spec(plan, recipe, *, recipe_path: str, overrides: Sequence[str], run
         command += worker
     else:
         command = [sys.executable, *worker]
-    return LaunchSpec(launcher, command, env, files, plan_path)
+    return LaunchSpec(launcher, command, env, files, plan_path, spec_path)
 
 
 def accelerate_config_text(plan, backend_section: dict) -> str:
@@ -144,11 +154,6 @@ def _launcher(script: str, module: str) -> list[str]:
 # (torchrun/accelerate read PET_SIGNALS_TO_HANDLE for their --signals-to-handle option.)
 LAUNCHER_ENV = {"PET_SIGNALS_TO_HANDLE": "SIGHUP,SIGQUIT", "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGHUP,SIGQUIT"}
 FORWARD_EVERY_S = 5.0   # a worker still importing ignores the signal; it is sent again until it exits
-
-
-def launched_worker() -> bool:
-    """Whether this process is a worker `recipeforge train` launched (it reads the plan written for it)."""
-    return bool(os.environ.get(PLAN_ENV))
 
 
 def cpu_engine_env() -> dict[str, str]:

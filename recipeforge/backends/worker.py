@@ -1,6 +1,7 @@
 """Inside a launched worker: the process group, the plan every rank agrees on, and barriers.
 
-A worker started by `recipeforge train`'s launcher reads the plan file named by ``RECIPEFORGE_PLAN``.
+A worker started by `recipeforge train`'s launcher reads the plan file its worker spec names
+(`worker_spec.WorkerSpec`).
 A worker started directly (``torchrun -m recipeforge train x.yaml``) has no plan yet: rank 0 plans for
 the launcher's world and sends its plan to the others, so every rank runs rank 0's plan. Either way
 rank 0's plan is broadcast and compared, so nodes that disagree stop with a clear error instead of

@@ -17,14 +17,12 @@ saving (the newest published checkpoint is kept; crash safety covers the rest).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from pathlib import Path
 
 EXIT_PREEMPTED = 75                 # EX_TEMPFAIL (sysexits.h): stopped early, re-run to continue
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT", "SIGHUP")
-RECORD = ".preempted.json"          # a worker's report for the command that launched it
 
 _state: dict = {"signal": 0, "previous": {}}
 
@@ -180,32 +178,3 @@ def raise_if_stopped(trainer) -> None:
         stop = cb.preempted() if hasattr(cb, "preempted") else None
         if stop is not None:
             raise stop
-
-
-# --- the worker side of a launched job -----------------------------------------------------------
-
-def record_path() -> Path | None:
-    """Where a launched worker leaves its report: next to the plan file of its node."""
-    plan = os.environ.get("RECIPEFORGE_PLAN")
-    return Path(plan).parent / RECORD if plan else None
-
-
-def write_record(stop: Preempted) -> None:
-    """Leave `stop` for the launching command (atomically; first local rank only)."""
-    path = record_path()
-    if path is None:
-        return
-    tmp = path.with_name(f"{RECORD}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(stop.to_dict()) + "\n")
-        os.replace(tmp, path)
-    except OSError:
-        pass
-
-
-def read_record(path: Path) -> Preempted | None:
-    """The preemption a launched job reported, if any."""
-    try:
-        return Preempted.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, AttributeError):
-        return None

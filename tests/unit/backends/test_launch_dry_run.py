@@ -52,10 +52,14 @@ def test_deepspeed_dry_run_for_two_nodes_of_eight_gpus(tmp_path, capsys, monkeyp
     assert command[4:10] == ["--machine_rank", "1", "--main_process_ip", "10.1.2.3", "--main_process_port", "29555"]
     assert command[10:] == ["-m", "recipeforge", "train", str(RECIPE), f"output.dir={run}",
                             "distributed.preset=zero3_offload"]
-    assert env["RECIPEFORGE_PLAN"] == str(run / "plan.json") and env["RECIPEFORGE_RUN_DIR"] == str(run)
+    spec_path, spec_text = files["worker.json"]  # the one value passed by environment is its path
+    spec = json.loads(spec_text)
+    assert env["RECIPEFORGE_WORKER_SPEC"] == str(spec_path) and spec["version"] == 1
+    assert (spec["plan"], spec["run_dir"]) == (str(files["plan.json"][0]), str(run))
+    assert not any(k.startswith("RECIPEFORGE_") for k in env if k != "RECIPEFORGE_WORKER_SPEC")
     # DeepSpeed's JIT-built extension is cached per machine, not per run
     assert env["TORCH_EXTENSIONS_DIR"] == extensions_dir() and "OMP_NUM_THREADS" not in env
-    assert set(files) == {"plan.json", "deepspeed.json", "accelerate_config.yaml"}
+    assert set(files) == {"plan.json", "worker.json", "deepspeed.json", "accelerate_config.yaml"}
 
     acc = yaml.safe_load(files["accelerate_config.yaml"][1])
     assert acc["distributed_type"] == "DEEPSPEED"
