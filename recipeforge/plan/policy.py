@@ -104,6 +104,11 @@ def cpu_backends(dist) -> list[str]:
         return [dist.backend]
     if dist.preset:
         return [get_preset(dist.preset).backend]
+    return auto_cpu_backends()
+
+
+def auto_cpu_backends() -> list[str]:
+    """The backends that offer themselves for a CPU run in auto mode, in their `cpu_preference` order."""
     specs = backend_specs()
     offered = [n for n, spec in specs.items() if getattr(spec, "cpu_preference", None) is not None]
     return sorted(offered, key=lambda n: specs[n].cpu_preference)

@@ -21,7 +21,7 @@ from recipeforge.plan.hardware import hardware_for
 from recipeforge.plan.plan import make_plan
 from recipeforge.plan.memory import spec_of
 from recipeforge.plan.parallel_layouts import runs_device_mesh
-from recipeforge.plan.policy import cpu_backends
+from recipeforge.plan.policy import auto_cpu_backends
 from recipeforge.plan.trust import annotate_plan
 from recipeforge.plan.types import BackendPart, Choice, Plan
 
@@ -158,11 +158,7 @@ def _spreading_backend(planned: str, world: int) -> str:
 
     if runs(planned):
         return planned
-    return next(n for n in cpu_backends(_AUTO) if runs(n))
-
-
-class _AUTO:  # the distributed section of a recipe that pins nothing
-    backend, preset = "auto", None
+    return next(n for n in auto_cpu_backends() if runs(n))
 
 
 def processes_per_node(plan: Plan) -> int:

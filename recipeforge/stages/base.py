@@ -358,9 +358,9 @@ class TrainerStage:
         return resolve_dtype("bf16", plan.device) if str(resolved) == "torch.float32" else resolved
 
     def _weights_sharded(self) -> bool:
-        from recipeforge.stages.precision import backend_spec
+        from recipeforge.plan.memory import spec_of
 
-        return backend_spec(self.ctx.plan).plan_shards_weights(self.ctx.plan)
+        return spec_of(self.ctx.plan.backend).plan_shards_weights(self.ctx.plan)
 
     def _load_sharded(self, name: str, common: dict, random_init: bool):
         """The model loaded sharded by the backend's loader. A random-init model is written to

@@ -8,15 +8,7 @@ import importlib
 import importlib.util
 
 from recipeforge.errors import RecipeError
-
-
-
-def backend_spec(plan):
-    """The spec of the plan's backend, for the planning traits a process acts on (whether the trainer
-    holds the weights itself, whether they are sharded); never its launching or worker methods."""
-    from recipeforge.registry import registry_for
-
-    return registry_for("backends").get(plan.backend, key="distributed.backend")
+from recipeforge.plan.memory import spec_of
 
 
 def precision_of(plan) -> str | None:
@@ -34,7 +26,7 @@ def loads_fp32_masters(plan, adapter_type: str, compute_dtype: str) -> bool:
         return False
     if compute_dtype == "torch.float16":
         return True  # fp16 weights cannot be trained with fp16 mixed precision, on any backend
-    return compute_dtype == "torch.bfloat16" and backend_spec(plan).trainer_holds_weights \
+    return compute_dtype == "torch.bfloat16" and spec_of(plan.backend).trainer_holds_weights \
         and precision_of(plan) == "mixed"
 
 
