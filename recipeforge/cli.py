@@ -310,6 +310,8 @@ def _launch_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_train(args) -> int:
+    from recipeforge.outputs.console import verbose
+    from recipeforge.registry import code_trust
     from recipeforge.run import LaunchFailed, LaunchOptions, summary, train
 
     loaded = _load(args)
@@ -317,7 +319,8 @@ def cmd_train(args) -> int:
                          nproc_per_node=args.nproc_per_node, nnodes=args.nnodes, node_rank=args.node_rank,
                          master_addr=args.master_addr, master_port=args.master_port, dry_run=args.dry_run,
                          strict=args.strict,
-                         debug=args.debug or os.environ.get("RECIPEFORGE_DEBUG", "") not in ("", "0"))
+                         debug=args.debug or os.environ.get("RECIPEFORGE_DEBUG", "") not in ("", "0"),
+                         verbose=verbose(), trust_code=code_trust()[0])
     from recipeforge.outputs.hub import PushFailed
     from recipeforge.backends.worker_spec import launched_worker
     from recipeforge.stages.base import DistInfo

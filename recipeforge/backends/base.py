@@ -23,15 +23,20 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 from recipeforge.capabilities import BackendCapabilities, check_plan
 from recipeforge.errors import RecipeError
 from recipeforge.plan.backend_spec import PlannerSpec
+from recipeforge.stages.context import StageContext, WorkerHooks
 
 if TYPE_CHECKING:
+    from recipeforge.config.pipeline import LoadedRecipe
+    from recipeforge.config.schema import Recipe
+    from recipeforge.outputs.run_dir import RunDir
     from recipeforge.plan.types import Plan
-    from recipeforge.stages.base import StageContext
+
+Log = Callable[[str], None]
 
 
 @runtime_checkable
@@ -41,24 +46,32 @@ class Backend(Protocol):
 
     name: str
     capabilities: BackendCapabilities
+    exports_after_job: bool
+    reports_runtime: bool
 
-    def check(self, plan: "Plan", recipe) -> None: ...
+    def check(self, plan: "Plan", recipe: "Recipe") -> None: ...
 
     def launcher(self, plan: "Plan") -> str: ...
 
-    def accelerate_config(self, plan: "Plan", recipe, run_dir: Path) -> dict: ...
+    def accelerate_config(self, plan: "Plan", recipe: "Recipe", run_dir: Path) -> dict[str, Any]: ...
 
-    def launch_files(self, plan: "Plan", recipe) -> dict[str, str]: ...
+    def launch_files(self, plan: "Plan", recipe: "Recipe") -> dict[str, str]: ...
 
     def launch_env(self, plan: "Plan") -> dict[str, str]: ...
 
-    def setup_worker(self, ctx: "StageContext") -> None: ...
+    def prepare_launch(self, loaded: "LoadedRecipe", plan: "Plan", run: "RunDir", *, log: Log = print) -> None: ...
 
-    def trainer_kwargs(self, ctx: "StageContext") -> dict: ...
+    def finish_launch(self, loaded: "LoadedRecipe", plan: "Plan", run: "RunDir", *, log: Log = print) -> None: ...
 
-    def save_final(self, ctx: "StageContext", trainer, model, tokenizer) -> Path | None: ...
+    def runner(self, stage: str) -> str | None: ...
 
-    def runtime_report(self, trainer) -> dict: ...
+    def setup_worker(self, ctx: StageContext) -> WorkerHooks: ...
+
+    def trainer_kwargs(self, ctx: StageContext) -> dict[str, Any]: ...
+
+    def save_final(self, ctx: StageContext, trainer: Any, model: Any, tokenizer: Any) -> Path | None: ...
+
+    def runtime_report(self, trainer: Any) -> dict[str, Any]: ...
 
 
 class BackendSpec(PlannerSpec):
@@ -77,14 +90,14 @@ class BackendSpec(PlannerSpec):
         return self.capabilities.stages
 
     # -- before launch ----------------------------------------------------------------------------
-    def check(self, plan: "Plan", recipe) -> None:
+    def check(self, plan: "Plan", recipe: "Recipe") -> None:
         """Refuse a plan this backend cannot run, with the reason and what to do instead."""
         if plan.backend != self.name:
             raise RecipeError(f"the plan uses backend {plan.backend}, not {self.name}", key="distributed.backend")
         self.check_supported(plan, recipe)
         self.check_installed()
 
-    def check_supported(self, plan: "Plan", recipe) -> None:
+    def check_supported(self, plan: "Plan", recipe: "Recipe") -> None:
         """Refuse what the capability record does not run (stage, device, adapter, offload, ...)."""
         check_plan(self.capabilities, plan, recipe)
 
@@ -100,11 +113,11 @@ class BackendSpec(PlannerSpec):
         process trains)."""
         return "accelerate" if plan.world_size > 1 else "none"
 
-    def accelerate_config(self, plan: "Plan", recipe, run_dir: Path) -> dict:
+    def accelerate_config(self, plan: "Plan", recipe: "Recipe", run_dir: Path) -> dict[str, Any]:
         """This backend's part of the accelerate config file (distributed type and plugin section)."""
         return {"distributed_type": "MULTI_GPU"}
 
-    def launch_files(self, plan: "Plan", recipe) -> dict[str, str]:
+    def launch_files(self, plan: "Plan", recipe: "Recipe") -> dict[str, str]:
         """Extra files to write into the run directory before launch: name -> text."""
         return {}
 
@@ -112,10 +125,10 @@ class BackendSpec(PlannerSpec):
         """Environment variables the workers need beyond the launcher's own."""
         return {}
 
-    def prepare_launch(self, loaded, plan: "Plan", run, *, log=print) -> None:
+    def prepare_launch(self, loaded: "LoadedRecipe", plan: "Plan", run: "RunDir", *, log: Log = print) -> None:
         """Run once in the launching process (on the main node) before any worker starts."""
 
-    def finish_launch(self, loaded, plan: "Plan", run, *, log=print) -> None:
+    def finish_launch(self, loaded: "LoadedRecipe", plan: "Plan", run: "RunDir", *, log: Log = print) -> None:
         """Run once in the launching process (on the main node) after the workers succeeded."""
 
     # -- inside each worker -----------------------------------------------------------------------
@@ -124,14 +137,16 @@ class BackendSpec(PlannerSpec):
         else None (the stage's own runner)."""
         return None
 
-    def setup_worker(self, ctx: "StageContext") -> None:
-        """Run before the model is loaded and before the trainer arguments are built."""
+    def setup_worker(self, ctx: StageContext) -> WorkerHooks:
+        """Run before the model is loaded and before the trainer arguments are built; returns how the
+        stage loads the model when this backend loads it its own way (sharded), else no hooks."""
+        return WorkerHooks()
 
-    def trainer_kwargs(self, ctx: "StageContext") -> dict:
+    def trainer_kwargs(self, ctx: StageContext) -> dict[str, Any]:
         """Trainer arguments this backend needs (override the stage's and the common ones)."""
         return {}
 
-    def save_final(self, ctx: "StageContext", trainer, model, tokenizer) -> Path | None:
+    def save_final(self, ctx: StageContext, trainer: Any, model: Any, tokenizer: Any) -> Path | None:
         """Write final/ on the main process; every process calls this (gathering may be collective)."""
         from recipeforge.outputs.export import save_pretrained_atomic
 
@@ -139,12 +154,12 @@ class BackendSpec(PlannerSpec):
             save_pretrained_atomic(model, tokenizer, ctx.run.final)
         return ctx.run.final
 
-    def runtime_report(self, trainer) -> dict:
+    def runtime_report(self, trainer: Any) -> dict[str, Any]:
         """What really ran, seen from inside the worker: backend.json in the run directory."""
         return common_report(trainer)
 
 
-def common_report(trainer) -> dict:
+def common_report(trainer: Any) -> dict[str, Any]:
     """The report every backend starts from: distributed type, processes, process group, wrapper, device."""
     import torch.distributed as dist
 
@@ -159,7 +174,7 @@ def common_report(trainer) -> dict:
     }
 
 
-def full_state_dict_save(ctx, model, tokenizer, state_dict: dict[str, Any] | None) -> Path:
+def full_state_dict_save(ctx: StageContext, model: Any, tokenizer: Any, state_dict: dict[str, Any] | None) -> Path:
     """Write final/ from a gathered full state dict (main process only), atomically."""
     from recipeforge.outputs.export import save_pretrained_atomic
 
@@ -168,4 +183,5 @@ def full_state_dict_save(ctx, model, tokenizer, state_dict: dict[str, Any] | Non
         return out
     if state_dict is None:
         raise RuntimeError("gathering the sharded weights returned nothing on the main process")
-    return save_pretrained_atomic(model, tokenizer, out, state_dict=state_dict)
+    saved: Path = save_pretrained_atomic(model, tokenizer, out, state_dict=state_dict)
+    return saved

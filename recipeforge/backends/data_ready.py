@@ -38,15 +38,13 @@ def build_before_launch(loaded, *, log: Callable[[str], None]) -> dict | None:
     `recipeforge preprocess` does; returns the data statistics, or None for stages whose trainer
     tokenizes itself (DPO, GRPO)."""
     from recipeforge.stages import runner_class
-    from recipeforge.stages.base import StageContext
+    from recipeforge.stages.base import RecipeContext
     from recipeforge.stages.lm import LMStage
 
     cls = runner_class(loaded.recipe.stage)
     if not issubclass(cls, LMStage):
         return None
-    runner = cls(StageContext(loaded=loaded, plan=None, run=None, log=log))
-    _prepare(runner)
-    return dict(runner.data_stats)
+    return dict(_prepare(cls(RecipeContext(loaded=loaded, log=log))).stats)
 
 
 def prepare_on_first_rank(make_runner: Callable[[], object], dist_info, *, broadcast: Callable,
@@ -90,12 +88,12 @@ def wait_for(done: Path, failed: Path, *, builder: int, log: Callable[[str], Non
         time.sleep(poll)
 
 
-def _prepare(runner) -> None:
+def _prepare(runner):
+    """The runner's tokenizer and data (`TrainerStage.prepare`), after any injected delay."""
     delay = injected_delay()
     if delay:
         time.sleep(delay)
-    runner.tokenizer = runner.load_tokenizer()
-    runner.prepare_data()
+    return runner.prepare()
 
 
 def injected_delay(environ=os.environ) -> float:

@@ -22,6 +22,7 @@ from recipeforge.plan.backend_spec import Candidate, CpuSpread
 from recipeforge.plan.estimators import deepspeed_zero3_mem_needs, zero_model_states
 from recipeforge.plan.memory import BUFFER_FACTOR, Layout, assign_trainable, optimizer_state_bytes
 from recipeforge.plan.types import BackendPart
+from recipeforge.stages.context import WorkerHooks
 
 
 def extensions_dir() -> str:
@@ -167,7 +168,7 @@ class DeepSpeedBackend(BackendSpec):
     def launch_env(self, plan) -> dict[str, str]:
         return {"TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR") or extensions_dir()}
 
-    def setup_worker(self, ctx) -> None:
+    def setup_worker(self, ctx) -> WorkerHooks:
         """Accelerate's state for DeepSpeed (see the module); under ZeRO-3 a checkpoint loads straight
         into partitions: through zero.Init, or, for a 4-bit QLoRA base, shard by shard
         (`quantized_loading`)."""
@@ -184,15 +185,16 @@ class DeepSpeedBackend(BackendSpec):
             from recipeforge.backends import quantized_loading
 
             record: dict = {}
-            ctx.load_sharded = quantized_loading.loader(ctx, record)
-            ctx.prepare_trainer = quantized_loading.partition_and_fill(ctx, record)
-        elif zero3 and not _random_init(ctx.recipe):
+            return WorkerHooks(load_sharded=quantized_loading.loader(ctx, record),
+                               prepare_trainer=quantized_loading.partition_and_fill(ctx, record))
+        if zero3 and not _random_init(ctx.recipe):
             # Checkpoints load straight into ZeRO-3 partitions (zero.Init) instead of whole on every
             # process. A random-init model is built whole (the same weights as on one process, for the
             # same seed) and partitioned when the engine starts.
             from transformers.integrations import HfDeepSpeedConfig
 
             self._hf_config = HfDeepSpeedConfig(self.config(ctx.plan, ctx.recipe))  # kept alive: a weakref
+        return WorkerHooks()
 
     def trainer_kwargs(self, ctx) -> dict:
         return {"deepspeed": self.config(ctx.plan, ctx.recipe), "use_cpu": False,

@@ -24,6 +24,7 @@ from recipeforge.plan.memory import (Layout, assign_trainable, foreach_temp, opt
                                      quantized_bytes_per_param)
 from recipeforge.plan.train_phase import Gathered
 from recipeforge.plan.types import BackendPart
+from recipeforge.stages.context import WorkerHooks
 
 NAME = "fsdp"
 
@@ -219,7 +220,7 @@ class FSDPBackend(BackendSpec):
             out.update(parallelism.accelerate_parallelism_section(plan))
         return out
 
-    def setup_worker(self, ctx) -> None:
+    def setup_worker(self, ctx) -> WorkerHooks:
         """On the CPU, the process state Accelerate turns into FSDP (see the module); with tensor
         parallelism, the stage loads the model sharded (`parallelism.load_tensor_parallel`); a 4-bit
         QLoRA base is loaded shard by shard (`quantized_loading`)."""
@@ -236,14 +237,15 @@ class FSDPBackend(BackendSpec):
                                                         attn_implementation=attn_implementation,
                                                         revision=revision, trust_remote_code=trust_remote_code)
 
-            ctx.load_sharded = load_sharded
-        elif ctx.recipe.adapter.type == "qlora" and ctx.recipe.adapter.quant.bits == 4:
+            return WorkerHooks(load_sharded=load_sharded)
+        if ctx.recipe.adapter.type == "qlora" and ctx.recipe.adapter.quant.bits == 4:
             # No process loads the whole 4-bit base: placeholders now, shards after `fully_shard`.
             from recipeforge.backends import quantized_loading
 
             record: dict = {}
-            ctx.load_sharded = quantized_loading.loader(ctx, record)
-            ctx.prepare_trainer = quantized_loading.shard_and_fill(ctx, record)
+            return WorkerHooks(load_sharded=quantized_loading.loader(ctx, record),
+                               prepare_trainer=quantized_loading.shard_and_fill(ctx, record))
+        return WorkerHooks()
 
     def trainer_kwargs(self, ctx) -> dict:
         from transformers import TrainingArguments

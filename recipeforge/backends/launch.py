@@ -70,9 +70,12 @@ class LaunchSpec:
 
 
 def launch_spec(plan, recipe, *, recipe_path: str, overrides: Sequence[str], run_dir: Path,
-                cluster: ClusterSpec, files_dir: Path | None = None, debug: bool = False) -> LaunchSpec:
+                cluster: ClusterSpec, files_dir: Path | None = None, debug: bool = False, verbose: bool = False,
+                trust_code: bool = False) -> LaunchSpec:
     """The launch of `plan` on this node. `files_dir` is where this node's launch files go: the run
-    directory on the main node (default), a node-local directory on the others."""
+    directory on the main node (default), a node-local directory on the others. `debug`, `verbose`
+    and `trust_code` are the launching command's flags, which its workers get on their command line
+    (never through the environment)."""
     from recipeforge.backends import get_backend
 
     backend = get_backend(plan.backend)
@@ -92,7 +95,8 @@ def launch_spec(plan, recipe, *, recipe_path: str, overrides: Sequence[str], run
         # Several CPU processes on one machine: split the cores instead of each taking all of them.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // per_node)))
         env.update(cpu_engine_env())
-    worker = ["-m", "recipeforge", *(["--debug"] if debug else []), "train", str(recipe_path), *overrides]
+    flags = [flag for flag, on in (("--debug", debug), ("--verbose", verbose), ("--trust-code", trust_code)) if on]
+    worker = ["-m", "recipeforge", *flags, "train", str(recipe_path), *overrides]
     if launcher == "accelerate":
         cfg_path = where / "accelerate_config.yaml"
         files[cfg_path] = accelerate_config_text(plan, backend.accelerate_config(plan, recipe, where))

@@ -13,15 +13,19 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from recipeforge.errors import RecipeError
+
+if TYPE_CHECKING:
+    from recipeforge.plan.types import Plan
 
 # Plan fields every rank must agree on (memory figures may differ by a node's probed RAM).
 AGREE = ("backend", "preset", "device", "world_size", "data_parallel", "tensor_parallel", "pipeline_parallel",
          "micro_batch_size", "gradient_accumulation", "global_batch_size", "offload", "backend_part")
 
 
-def read_plan(path: Path):
+def read_plan(path: Path) -> "Plan":
     """A `Plan` from its JSON file."""
     try:
         raw = json.loads(Path(path).read_text())
@@ -31,7 +35,7 @@ def read_plan(path: Path):
     return plan_from_dict(raw)
 
 
-def plan_from_dict(raw: dict):
+def plan_from_dict(raw: dict[str, Any]) -> "Plan":
     """A `Plan` from its `to_dict()` form."""
     from recipeforge.plan.memory import spec_of
     from recipeforge.plan.types import Choice, Plan, PlanExtras
@@ -129,7 +133,7 @@ def on_main(fn, dist_info, *, local: bool = False):
     return result
 
 
-def agreed_plan(plan):
+def agreed_plan(plan: "Plan | None") -> "Plan":
     """Rank 0's plan on every rank; a rank whose own plan differs in a training-relevant field raises."""
     mine = plan.to_dict() if plan is not None else None
     ref = broadcast(mine)

@@ -3,10 +3,10 @@
 - `WorkerSpec` (``worker.json``, written before launch next to this node's plan): the plan to run,
   the run directory, and where to leave the outcome. Its path is the one value that travels by
   environment (``RECIPEFORGE_WORKER_SPEC``), beside what torchrun/accelerate set themselves.
-- `Outcome` (``outcome.json``, written by a worker): how the job ended when it did not simply finish:
-  preempted (the stop's signal, step and checkpoint), or a user error (a mistake in the recipe or the
-  data only a worker could see, out-of-memory with the plan's numbers, a diverged loss), with the
-  message the launching command prints. The launching command maps it to the exit code (75, 2).
+- `Outcome` (``outcome.json``, written by a worker): how the job ended: finished, preempted (the
+  stop's signal, step and checkpoint), a user error (a mistake in the recipe or the data only a worker
+  could see), a diverged loss, or out of memory with the plan's numbers, with the message the
+  launching command prints. The launching command maps it to the exit code (0, 75, 2).
 
 Both carry a version; a record from another version is refused with the hint to re-run.
 """
@@ -33,7 +33,14 @@ class OutcomeKind(Names):
 
     FINISHED = "finished"
     PREEMPTED = "preempted"
-    USER_ERROR = "user_error"
+    USER_ERROR = "user_error"          # a mistake in the recipe or the data only a worker could see
+    DIVERGED = "diverged"              # the loss went NaN/inf or grew past train.divergence's limit
+    OUT_OF_MEMORY = "out_of_memory"    # with the plan's numbers and what would fit
+
+    @classmethod
+    def user_errors(cls) -> tuple["OutcomeKind", ...]:
+        """The kinds the launching command reports as a user error (exit 2)."""
+        return (cls.USER_ERROR, cls.DIVERGED, cls.OUT_OF_MEMORY)
 
 
 @dataclass(frozen=True)
@@ -100,14 +107,14 @@ def read_outcome(path: Path) -> Outcome | None:
         return None
 
 
-def _write_json(path: Path, data: dict) -> None:
+def _write_json(path: Path, data: dict[str, Any]) -> None:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
     os.replace(tmp, path)
 
 
-def _read_json(path: Path, what: str) -> dict:
+def _read_json(path: Path, what: str) -> dict[str, Any]:
     try:
         raw = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:

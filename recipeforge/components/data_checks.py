@@ -2,7 +2,7 @@
 
 The planner only knows the recipe, so it can refuse an absurd gradient accumulation
 (`check_plan_numbers`). Whether one optimizer step fits the data, how many passes `max_steps` makes
-and whether warmup ends before the run does need the row count, so `check_runner_numbers` runs once
+and whether warmup ends before the run does need the row count, so `check_data_numbers` runs once
 the data is prepared (packed sequences counted after packing) and before anything trains.
 
 Refused (exit 2): a step that needs more rows than the data has (the trainer would silently take
@@ -13,8 +13,9 @@ that repeats the data many times, and warmup that takes more than half of the ru
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
+from recipeforge.components.prepared import PreparedData
 from recipeforge.errors import RecipeError
 
 MAX_ACCUMULATION = 65536      # forward/backward passes per optimizer step; more is a typo, not a plan
@@ -34,34 +35,24 @@ def check_plan_numbers(plan) -> None:
                  f"typically 8 to 2048")
 
 
-def train_sequences(runner) -> tuple[int, str]:
-    """How many training examples the prepared data holds, and what one is called."""
-    data = getattr(runner, "data", None)
-    if data is not None and getattr(data, "train", None) is not None:
-        return len(data.train), "packed sequences" if data.packed else "sequences"
-    rows = getattr(runner, "train_rows", None)
-    return (len(rows) if rows is not None else 0), "prompts" if runner.recipe.stage == "grpo" else "rows"
-
-
-def check_runner_numbers(runner) -> None:
-    """Check the recipe's batch, steps and warmup against `runner`'s prepared training data."""
-    recipe, plan = runner.recipe, runner.ctx.plan
-    rows, unit = train_sequences(runner)
+def check_data_numbers(recipe: Any, plan: Any, data: PreparedData,
+                       log: Callable[[str], None] = lambda message: None) -> None:
+    """Check the recipe's batch, steps and warmup against the prepared training `data` (`plan` is
+    None for `recipeforge preprocess`, which checks against the recipe's own global batch)."""
+    rows = len(data.train) if data.train is not None else 0
     if rows <= 0:
         return
-    dist = getattr(runner.ctx, "dist", None)
-    log = runner.ctx.log if dist is None or dist.is_main else (lambda message: None)
     if plan is not None:
-        check_numbers(recipe, rows, unit, global_batch=plan.global_batch_size, micro=plan.micro_batch_size,
+        check_numbers(recipe, rows, data.unit, global_batch=plan.global_batch_size, micro=plan.micro_batch_size,
                       accumulation=plan.gradient_accumulation, data_parallel=plan.data_parallel, log=log)
-    else:  # preprocess: no plan, the recipe's own global batch
-        check_numbers(recipe, rows, unit, global_batch=recipe.train.global_batch_size, log=log)
+    else:
+        check_numbers(recipe, rows, data.unit, global_batch=recipe.train.global_batch_size, log=log)
 
 
 def check_numbers(recipe, rows: int, unit: str, *, global_batch: int, micro: int | None = None,
                   accumulation: int | None = None, data_parallel: int = 1,
                   log: Callable[[str], None] = lambda message: None) -> None:
-    """The checks of `check_runner_numbers` on plain numbers (see the module docstring)."""
+    """The checks of `check_data_numbers` on plain numbers (see the module docstring)."""
     t = recipe.train
     generations = recipe.grpo.num_generations if recipe.stage == "grpo" else 1
     per_step = max(1, global_batch // generations)

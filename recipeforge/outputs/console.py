@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import TextIO
+from typing import Callable, TextIO
 
 VERBOSE_ENV = "RECIPEFORGE_VERBOSE"
 PLAIN_INTERVAL_ENV = "RECIPEFORGE_PROGRESS_INTERVAL"
@@ -139,7 +139,7 @@ class TokenRate:
     """A metrics log source: the job's trained tokens so far (`num_tokens`) and tokens per second
     since the previous training record, from the `TokenCount` set once the trainer is built."""
 
-    def __init__(self, clock=time.monotonic):
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
         self.counter: TokenCount | None = None
         self.clock = clock
         self._last: tuple[float, float] | None = None

@@ -22,7 +22,9 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 from recipeforge.errors import RecipeError
 
@@ -310,10 +312,10 @@ def _left_behind(root: Path) -> str:
     return kept + ("" if (root / "final").is_dir() else ", final/ was not written")
 
 
-def reports_write_errors(func):
+def reports_write_errors(func: F) -> F:
     """Decorate a function that writes a run (it takes the `RunDir`): failed writes become `write_failure`s."""
     @functools.wraps(func)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
         except Exception as exc:
@@ -323,4 +325,4 @@ def reports_write_errors(func):
             if failure is None:
                 raise
             raise failure from None
-    return wrapper
+    return wrapper  # type: ignore[return-value]  # the same signature as `func`

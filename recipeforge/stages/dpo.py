@@ -19,8 +19,8 @@ class DPOStage(TrainerStage):
     stage = "dpo"
     trainer_class = "trl.DPOTrainer"
 
-    def prepare_data(self) -> None:
-        self.prepare_rows("preference", max_prompt_length=self.recipe.dpo.max_prompt_length)
+    def prepare_data(self):
+        return self.prepare_rows("preference", max_prompt_length=self.recipe.dpo.max_prompt_length)
 
     def reference_model(self):
         """The frozen reference model (`TrainerStage.frozen_reference` of `dpo.reference`)."""

@@ -19,23 +19,26 @@ class GRPOStage(TrainerStage):
     stage = "grpo"
     trainer_class = "trl.GRPOTrainer"
 
-    def prepare_data(self) -> None:
+    def prepare_data(self):
         from recipeforge.components.rewards import RewardContext, build_rewards
         from recipeforge.components.rollout import rollout_arguments
+        from recipeforge.stages.base import StageContext
 
-        self.prepare_rows("prompt", max_prompt_length=self.recipe.grpo.max_prompt_length)
+        data = self.prepare_rows("prompt", max_prompt_length=self.recipe.grpo.max_prompt_length, unit="prompts")
         # Generation appends to the right end of the prompt, so prompts are padded on the left.
         self.tokenizer.padding_side = "left"
         # Rewards and the rollout engine are checked here, before the model loads: recipe mistakes
         # (an unknown reward, a column the data lacks) surface within seconds.
         g = self.recipe.grpo
-        self.device = device = self.ctx.plan.device if self.ctx.plan is not None else "cpu"
-        columns = tuple(c for c in self.train_rows.column_names if c != "prompt")
+        # Data prepared alone (`recipeforge preprocess`) has no plan: the checks assume a CPU.
+        self.device = device = self.ctx.plan.device if isinstance(self.ctx, StageContext) else "cpu"
+        columns = tuple(c for c in data.train.column_names if c != "prompt")
         self.rewards = build_rewards(g.rewards, RewardContext(tokenizer=self.tokenizer, columns=columns,
                                                               device=device, allow_code=self.recipe.allow_code),
                                      locate=self.ctx.locate)
         self.rollout_kwargs = rollout_arguments(g.rollout, device,
                                                 location=self.ctx.locate(("grpo", "rollout", "engine")))
+        return data
 
     def needs_base_on_disk(self) -> bool:
         # With a KL term and no adapter, TRL loads the reference model by the policy's name; an

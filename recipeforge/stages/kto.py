@@ -59,40 +59,28 @@ class KTOStage(PreferenceTrainerStage):
     method = "KTO"
     trainer_class = "trl.KTOTrainer"
 
-    def prepare_data(self) -> None:
-        from recipeforge.components.data import format_rows, load_split, truncate_prompts
-        from recipeforge.components.formats import RenderOptions
-        from recipeforge.components.tokenizer import set_chat_template
+    def prepare_data(self):
+        from recipeforge.stages.rows import prepare_rows
 
-        self._check_micro_batch()
         data, seed = self.recipe.data, self.recipe.train.seed
-        set_chat_template(self.tokenizer, data.chat_template, required=False,
-                          location=self.ctx.locate(("data", "chat_template")))
-        opts = RenderOptions(self.tokenizer)
-        train, evaluation, stats = load_split(
-            data, ("unpaired", "preference"), seed=seed, base_dir=self.ctx.base_dir, locate=self.ctx.locate,
-            transform=lambda ds, fmt: unpaired_rows(format_rows(ds, opts), fmt))
-        check_labels(train, data, self.ctx.locate)
-        stats["desirable_rows"] = sum(train["label"])
-        stats["undesirable_rows"] = len(train) - stats["desirable_rows"]
-        max_prompt = self.section.max_prompt_length
-        if max_prompt:
-            train, stats["prompts_truncated"] = truncate_prompts(train, self.tokenizer, max_prompt)
-            if evaluation is not None:
-                evaluation, _ = truncate_prompts(evaluation, self.tokenizer, max_prompt)
-        if data.shuffle:  # the trainer samples in order (see the module docstring)
-            train = train.shuffle(seed=seed)
-        if isinstance(train[0]["prompt"], list) and not getattr(self.tokenizer, "chat_template", None):
-            set_chat_template(self.tokenizer, data.chat_template, required=True,
-                              location=self.ctx.locate(("data", "chat_template")))
-        self.train_rows, self.eval_rows = train, evaluation
-        self.has_eval = evaluation is not None
-        self.data_stats = stats
-        self.ctx.log("data: " + ", ".join(f"{k}={v}" for k, v in stats.items()))
+
+        def finish(train, stats):
+            check_labels(train, data, self.ctx.locate)
+            stats["desirable_rows"] = sum(train["label"])
+            stats["undesirable_rows"] = len(train) - stats["desirable_rows"]
+            # The trainer samples in order (see the module docstring): shuffled once here.
+            return train.shuffle(seed=seed) if data.shuffle else train
+
+        return prepare_rows(self.ctx, self.tokenizer, ("unpaired", "preference"),
+                            max_prompt_length=self.section.max_prompt_length, reshape=unpaired_rows, finish=finish)
+
+    def check(self) -> None:
+        super().check()
+        self._check_micro_batch()
 
     def _check_micro_batch(self) -> None:
-        plan = self.ctx.plan
-        if plan is not None and plan.micro_batch_size < 2:
+        plan = self.context.plan
+        if plan.micro_batch_size < 2:
             raise RecipeError(f"KTO needs micro batches of 2 or more rows (its KL estimate pairs each prompt with "
                               f"another row's completion); the plan has {plan.micro_batch_size}",
                               key="train.micro_batch_size", location=self.ctx.locate(("train", "micro_batch_size")),

@@ -7,6 +7,7 @@ processing, a step costs what the model's forward and backward cost.
 
 from __future__ import annotations
 
+from recipeforge.components.prepared import PreparedData
 from recipeforge.stages.base import TrainerStage
 
 
@@ -15,7 +16,7 @@ class LMStage(TrainerStage):
 
     trainer_class = "transformers.Trainer"
 
-    def prepare_data(self) -> None:
+    def prepare_data(self) -> PreparedData:
         from recipeforge.components.formats import get_format
         from recipeforge.components.lm_data import prepare_lm_data
         from recipeforge.components.tokenizer import set_chat_template
@@ -25,20 +26,15 @@ class LMStage(TrainerStage):
         conversational = any(get_format(s.format).conversational({}) for s in specs)
         set_chat_template(self.tokenizer, data.chat_template, required=conversational,
                           location=self.ctx.locate(("data", "chat_template")))
-        self.data = prepare_lm_data(self.recipe, self.tokenizer, base_dir=self.ctx.base_dir, locate=self.ctx.locate)
-        self.has_eval = self.data.eval is not None
-        self.data_stats = dict(self.data.stats)
-        self.ctx.log("data: " + ", ".join(f"{k}={v}" for k, v in self.data_stats.items()))
+        lm = prepare_lm_data(self.recipe, self.tokenizer, base_dir=self.ctx.base_dir, locate=self.ctx.locate)
+        return PreparedData(train=lm.train, eval=lm.eval, stats=dict(lm.stats), packed=lm.packed,
+                            unit="packed sequences" if lm.packed else "sequences",
+                            fingerprint=lm.fingerprint, cache_path=lm.cache_path)
 
-    def load_model(self, *, for_reference: bool = False):
-        from recipeforge.components.adapters import apply_lora
-
+    def load_model(self):
         model = super().load_model()
         if self.recipe.adapter.type != "none":
-            model = apply_lora(model, self.recipe.adapter, seed=self.recipe.train.seed,
-                               gradient_checkpointing=self.ctx.plan.gradient_checkpointing,
-                               trainable_dtype=self.sharded_trainable_dtype(),
-                               trainable_tokens=self.trainable_tokens(model))
+            model = self.builder.with_lora(model)
         # With a KV cache the models skip building the packed (block-diagonal) mask; training needs none.
         model.config.use_cache = False
         return model
@@ -49,8 +45,9 @@ class LMStage(TrainerStage):
 
         from recipeforge.components.collate import LMCollator, pad_multiple
 
-        collator = LMCollator(self.tokenizer.pad_token_id, packed=self.data.packed,
-                              pad_to_multiple_of=None if self.data.packed else pad_multiple(self.ctx.plan.device))
+        data = self.prepared
+        collator = LMCollator(self.tokenizer.pad_token_id, packed=data.packed,
+                              pad_to_multiple_of=None if data.packed else pad_multiple(self.context.plan.device))
         self.collator = collator
         self.extra_log_sources.append(collator.counter.take)
 
@@ -62,6 +59,6 @@ class LMStage(TrainerStage):
 
         # Our collator needs the position_ids/labels columns as they are: no column pruning.
         args = self.training_arguments(TrainingArguments, remove_unused_columns=False)
-        return crash_safe(Trainer)(model=self.model, args=args, data_collator=collator, train_dataset=self.data.train,
-                       eval_dataset=self.data.eval, processing_class=self.tokenizer,
+        return crash_safe(Trainer)(model=self.model, args=args, data_collator=collator, train_dataset=data.train,
+                       eval_dataset=data.eval, processing_class=self.tokenizer,
                        callbacks=self.callbacks() + [ForgetEvalBatches()])

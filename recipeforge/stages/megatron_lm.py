@@ -41,11 +41,10 @@ class MegatronLMStage(LMStage):
     def setup(self) -> None:
         """Tokenizer and data (the shared step), Megatron's data files (main process), then the
         configuration on every rank."""
-        from recipeforge.components.data_checks import check_runner_numbers
+        from recipeforge.components.data_checks import check_data_numbers
 
-        self.tokenizer = self.load_tokenizer()
-        self.prepare_data()
-        check_runner_numbers(self)
+        check_data_numbers(self.recipe, self.ctx.plan, self.prepare(), log=self.ctx.log if self.ctx.dist.is_main
+                           else (lambda message: None))
         if self.ctx.dist.is_main:
             self.write_data()
         self.ctx.barrier()  # every rank calls it: the files exist before anyone reads them
@@ -61,10 +60,10 @@ class MegatronLMStage(LMStage):
         from recipeforge.components.megatron_data import write_megatron_data
 
         tok = self.tokenizer
-        info = write_megatron_data(self.data, self.data_dir, vocab_size=len(tok), eos_id=tok.eos_token_id)
+        info = write_megatron_data(self.prepared, self.data_dir, vocab_size=len(tok), eos_id=tok.eos_token_id)
         tok.save_pretrained(str(self.data_dir / "tokenizer"))
         dropped = info["training"].get("targets_dropped_after_eos", 0)
-        self.data_stats["megatron_targets_dropped_after_eos"] = dropped
+        self.data = self.prepared.with_stats(megatron_targets_dropped_after_eos=dropped)
         if dropped:
             # Megatron-Bridge's packed collate function masks every position whose input is EOS.
             self.ctx.log(f"megatron: {dropped} trained tokens follow an EOS token ({tok.eos_token!r}); "

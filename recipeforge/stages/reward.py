@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from recipeforge.components.prepared import PreparedData
 from recipeforge.errors import RecipeError
 from recipeforge.stages.base import TrainerStage
 
@@ -29,7 +30,7 @@ class RewardStage(TrainerStage):
     trainer_class = "trl.RewardTrainer"
     num_labels = 1  # one score per sequence
 
-    def prepare_data(self) -> None:
+    def prepare_data(self) -> PreparedData:
         from recipeforge.components.data import format_rows, load_split
         from recipeforge.components.formats import RenderOptions
         from recipeforge.components.tokenizer import set_chat_template
@@ -68,10 +69,7 @@ class RewardStage(TrainerStage):
         stats.update({k: v for k, v in counts.items() if v})
         if "margin" in train.column_names:
             stats["margin"] = "from the data"
-        self.train_rows, self.eval_rows = train, evaluation
-        self.has_eval = evaluation is not None
-        self.data_stats = stats
-        self.ctx.log("data: " + ", ".join(f"{k}={v}" for k, v in stats.items()))
+        return PreparedData(train=train, eval=evaluation, stats=stats)
 
     def peft_config(self):
         """LoRA for sequence classification, with the score head trained in full (it starts random)."""

@@ -67,8 +67,8 @@ class PreferenceTrainerStage(TrainerStage):
     def section(self):
         return getattr(self.recipe, self.stage)
 
-    def prepare_data(self) -> None:
-        self.prepare_rows("preference", max_prompt_length=self.section.max_prompt_length)
+    def prepare_data(self):
+        return self.prepare_rows("preference", max_prompt_length=self.section.max_prompt_length)
 
     def method_arguments(self) -> dict:
         """The stage's own config fields (beta, loss, weights)."""

@@ -25,14 +25,14 @@ class _Runner:
     def __init__(self, fail=None, delay=0.0):
         self.fail, self.delay, self.tokenizer, self.data_stats = fail, delay, None, {}
 
-    def load_tokenizer(self):
-        return "tokenizer"
-
-    def prepare_data(self):
+    def prepare(self):
+        """What `TrainerStage.prepare` does: the tokenizer, then the data."""
+        self.tokenizer = "tokenizer"
         time.sleep(self.delay)
         if self.fail is not None:
             raise self.fail
         self.data_stats = {"cache": "miss"}
+        return self.data_stats
 
 
 def _two_ranks(runner, monkeypatch, tmp_path):

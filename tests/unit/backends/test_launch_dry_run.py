@@ -187,3 +187,27 @@ def test_launchers_belong_to_this_python(monkeypatch, tmp_path):
     assert _launcher("torchrun", "torch.distributed.run") == [str(python), "-m", "torch.distributed.run"]
     (python.parent / "accelerate").write_text("")
     assert _launcher("accelerate", "accelerate.commands.launch") == [str(python.parent / "accelerate"), "launch"]
+
+
+@pytest.mark.parametrize("backend", ["ddp", "deepspeed", "fsdp"])
+def test_workers_get_the_spec_path_and_the_command_line_flags_nothing_else(tmp_path, capsys, monkeypatch, backend):
+    """Launcher -> workers: the spec's path is the one recipeforge value in the environment; the
+    launching command's --debug/--verbose/--trust-code reach the workers on their command line."""
+    for name in ("RECIPEFORGE_DEBUG", "RECIPEFORGE_VERBOSE", "RECIPEFORGE_TRUST_CODE"):
+        monkeypatch.delenv(name, raising=False)
+    recipe = ROOT / "examples" / "yaml" / "tiny" / "sft-full.yaml"
+    code = main(["--debug", "--verbose", "--trust-code", "train", str(recipe), f"output.dir={tmp_path / 'run'}",
+                 f"distributed.backend={backend}", "train.micro_batch_size=auto", "--nproc-per-node", "2",
+                 "--dry-run"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    lines = out.splitlines()
+    command = shlex.split(lines[lines.index("# command") + 1])
+    start = command.index("recipeforge")
+    assert command[start + 1:start + 5] == ["--debug", "--verbose", "--trust-code", "train"]
+    env_at = lines.index("# environment (added to the current one)") + 1
+    env = dict(line.split("=", 1) for line in lines[env_at:lines.index("", env_at)])
+    assert [k for k in env if k.startswith("RECIPEFORGE_")] == ["RECIPEFORGE_WORKER_SPEC"]
+    spec_text = out.split(f"# file {env['RECIPEFORGE_WORKER_SPEC']}\n", 1)[1].split("\n# file", 1)[0]
+    spec = json.loads(spec_text)
+    assert set(spec) == {"plan", "run_dir", "outcome", "version"}

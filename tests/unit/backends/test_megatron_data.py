@@ -12,12 +12,11 @@ from recipeforge.components.megatron_data import (PackedRow, hf_targets, megatro
 
 def _hf_data(load, name, tmp_path, *overrides):
     from recipeforge.stages import runner_class
-    from recipeforge.stages.base import StageContext
+    from recipeforge.stages.base import RecipeContext
 
     loaded = load(name, f"data.cache_dir={tmp_path / 'cache'}", *overrides)
-    runner = runner_class(loaded.recipe.stage)(StageContext(loaded=loaded, plan=None, run=None))
-    runner.tokenizer = runner.load_tokenizer()
-    runner.prepare_data()
+    runner = runner_class(loaded.recipe.stage)(RecipeContext(loaded=loaded))
+    runner.prepare()
     return runner.data, runner.tokenizer
 
 

@@ -89,9 +89,8 @@ def test_trainer_arguments_for_context_and_tensor_parallel():
     kwargs = backend.trainer_kwargs(SimpleNamespace(plan=plan, recipe=recipe))
     assert "fsdp" not in kwargs and kwargs["save_only_model"] is True  # the model is sharded at load
     assert (kwargs["parallelism_config"].tp_size, kwargs["parallelism_config"].dp_shard_size) == (2, 16)
-    ctx = SimpleNamespace(plan=plan, recipe=recipe, load_sharded=None)
-    backend.setup_worker(ctx)
-    assert callable(ctx.load_sharded)  # the stage loads the model through the tensor-parallel loader
+    hooks = backend.setup_worker(SimpleNamespace(plan=plan, recipe=recipe))
+    assert callable(hooks.load_sharded)  # the stage loads the model through the tensor-parallel loader
 
 
 @pytest.mark.parametrize("path, flags, expect", [

@@ -131,7 +131,7 @@ def test_every_run_directory_gets_its_lock_file(recipe):
     from recipeforge.outputs import run_lock
     from recipeforge.outputs.run_dir import RunDir
     from recipeforge.plan.world import plan_for_world
-    from recipeforge.run import _prepare_run
+    from recipeforge.run.run_directory import prepare_run as _prepare_run
 
     loaded = load_recipe(recipe)
     run = RunDir(recipe.parent / "run")
@@ -202,7 +202,7 @@ def test_a_runs_lock_file_trains_into_that_run(recipe):
     from recipeforge.outputs import run_lock
     from recipeforge.outputs.run_dir import RunDir
     from recipeforge.plan.world import plan_for_world
-    from recipeforge.run import _prepare_run
+    from recipeforge.run.run_directory import prepare_run as _prepare_run
 
     loaded = load_recipe(recipe)
     run = RunDir(recipe.parent / "run")

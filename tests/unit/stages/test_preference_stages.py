@@ -13,7 +13,7 @@ from recipeforge.config import load_recipe
 from recipeforge.errors import RecipeError
 from recipeforge.outputs.run_dir import RunDir
 from recipeforge.stages import runner_class
-from recipeforge.stages.base import StageContext
+from recipeforge.stages.base import RecipeContext, StageContext
 
 TINY = Path(__file__).resolve().parents[3] / "examples" / "yaml" / "tiny"
 
@@ -24,7 +24,8 @@ def _runner(name, tmp_path, *overrides, plan=True):
 
     path = name if isinstance(name, Path) else TINY / f"{name}.yaml"
     loaded = load_recipe(path, overrides=[f"data.cache_dir={tmp_path / 'cache'}", *overrides])
-    ctx = StageContext(loaded=loaded, plan=make_plan(loaded.recipe) if plan else None, run=RunDir(tmp_path / "run"))
+    ctx = (StageContext(loaded=loaded, plan=make_plan(loaded.recipe), run=RunDir(tmp_path / "run")) if plan
+           else RecipeContext(loaded=loaded))
     runner = runner_class(loaded.recipe.stage)(ctx)
     runner.kernels = apply_kernels(loaded.recipe.kernels, "cpu")
     runner.tokenizer = runner.load_tokenizer()
@@ -84,12 +85,12 @@ def test_cpo_label_smoothing_needs_a_sigmoid_loss(tmp_path):
 
 def test_kto_reads_unpaired_rows_and_unpairs_preference_pairs(tmp_path):
     runner = _runner("kto", tmp_path, "data.val_size=0", "data.shuffle=false")
-    runner.prepare_data()
+    runner.data = runner.prepare_data()
     assert runner.data_stats["desirable_rows"] == runner.data_stats["undesirable_rows"] == 48
     pref = TINY.parents[1] / "data" / "preference.jsonl"
     runner = _runner("kto", tmp_path, "data.val_size=0", "data.shuffle=false",
                      f"data.datasets=[{{path: {pref}, format: preference}}]")
-    runner.prepare_data()
+    runner.data = runner.prepare_data()
     rows = runner.train_rows
     first = json.loads(pref.read_text().splitlines()[0])
     assert len(rows) == 96 and rows.column_names == ["prompt", "completion", "label"]
@@ -113,7 +114,7 @@ def test_kto_row_errors_name_dataset_row_and_column(tmp_path, rows, message):
                       f"    - path: {data}\n      format: unpaired\n")
     runner = _runner(recipe, tmp_path)
     with pytest.raises(RecipeError) as err:
-        runner.prepare_data()
+        runner.data = runner.prepare_data()
     p = err.value.problems[0]
     assert p.key == "data.datasets[1]" and message.replace("row 2", "row 5") in p.message and str(data) in p.message
     assert (Path(p.location.file), p.location.line) == (recipe, 7)  # the dataset's `path:` line
@@ -124,7 +125,7 @@ def test_kto_needs_both_kinds_of_rows(tmp_path, label, word):
     data = _jsonl(tmp_path / "one.jsonl", [{"prompt": "q", "completion": f"a{i}", "label": label} for i in range(8)])
     runner = _runner("kto", tmp_path, "data.val_size=0", f"data.datasets=[{{path: {data}, format: unpaired}}]")
     with pytest.raises(RecipeError) as err:
-        runner.prepare_data()
+        runner.data = runner.prepare_data()
     p = err.value.problems[0]
     assert p.key == "data.datasets[0]" and f"every training row is {word}" in p.message
     assert f"label {str(not label).lower()}" in p.hint
@@ -133,7 +134,7 @@ def test_kto_needs_both_kinds_of_rows(tmp_path, label, word):
 def test_kto_refuses_micro_batches_of_one(tmp_path):
     runner = _runner("kto", tmp_path, "train.micro_batch_size=1")
     with pytest.raises(RecipeError) as err:
-        runner.prepare_data()
+        runner.check()
     p = err.value.problems[0]
     assert p.key == "train.micro_batch_size" and "2 or more" in p.message and p.location is not None
 

@@ -12,7 +12,7 @@ import pytest
 from recipeforge.config import load_recipe
 from recipeforge.errors import RecipeError
 from recipeforge.stages import runner_class
-from recipeforge.stages.base import StageContext
+from recipeforge.stages.base import RecipeContext
 from recipeforge.stages.reward import RewardStage
 
 
@@ -34,9 +34,8 @@ def _prepared(tmp_path, *files: Path, extra: str = ""):
         data:
           datasets:
         """) + datasets + "\n" + extra)
-    runner = runner_class("reward")(StageContext(loaded=load_recipe(recipe), plan=None, run=None))
-    runner.tokenizer = runner.load_tokenizer()
-    runner.prepare_data()
+    runner = runner_class("reward")(RecipeContext(loaded=load_recipe(recipe)))
+    runner.prepare()
     return runner
 
 
@@ -72,9 +71,8 @@ def test_a_margin_column_reaches_the_trainer(tmp_path):
     assert "margin" not in runner.train_rows.column_names  # not mapped: not a margin
     recipe.write_text(recipe.read_text().replace("format: preference}", "format: preference, columns: {margin: "
                                                                         "score_gap}}"))
-    runner = runner_class("reward")(StageContext(loaded=load_recipe(recipe), plan=None, run=None))
-    runner.tokenizer = runner.load_tokenizer()
-    runner.prepare_data()
+    runner = runner_class("reward")(RecipeContext(loaded=load_recipe(recipe)))
+    runner.prepare()
     assert list(runner.train_rows["margin"]) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
     assert runner.data_stats["margin"] == "from the data"
 

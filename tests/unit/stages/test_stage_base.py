@@ -23,7 +23,9 @@ def _stage(tmp_path, *overrides, backend_kwargs=None, has_eval=False):
     ctx = StageContext(loaded=loaded, plan=make_plan(loaded.recipe), run=RunDir(tmp_path / "run"),
                        backend_kwargs=backend_kwargs or {})
     stage = TrainerStage(ctx)
-    stage.has_eval = has_eval
+    from recipeforge.components.prepared import PreparedData
+
+    stage.data = PreparedData(train=[], eval=[] if has_eval else None)
     from recipeforge.components.kernels import apply_kernels
 
     stage.kernels = apply_kernels(loaded.recipe.kernels, ctx.plan.device)

@@ -20,10 +20,13 @@ the entry point ``zero_redundancy`` of the group ``recipeforge.backends``:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from recipeforge.backends.ddp import DDPBackend
 from recipeforge.capabilities import BackendCapabilities
 from recipeforge.plan.backend_spec import Candidate
 from recipeforge.plan.memory import Layout, replica_states
+from recipeforge.stages.context import WorkerHooks
 
 __all__ = ["ZeroRedundancyBackend", "install_zero_redundancy"]
 __version__ = "0.1.0"
@@ -60,10 +63,9 @@ class ZeroRedundancyBackend(DDPBackend):
                               optimizer_shards=layout.data_parallel)
 
     # -- inside each worker -----------------------------------------------------------------------
-    def setup_worker(self, ctx) -> None:
+    def setup_worker(self, ctx) -> WorkerHooks:
         """Once the trainer exists, its optimizer is created sharded (`install_zero_redundancy`)."""
-        super().setup_worker(ctx)
-        ctx.prepare_trainer = install_zero_redundancy
+        return replace(super().setup_worker(ctx), prepare_trainer=install_zero_redundancy)
 
     def runtime_report(self, trainer) -> dict:
         report = super().runtime_report(trainer)

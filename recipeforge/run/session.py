@@ -1,0 +1,121 @@
+"""One process running the stage: its immutable context built, the stage set up, trained and saved,
+and the main process's files written after (merged weights, loss plot, model card, backend.json)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from recipeforge.backends import worker as w
+from recipeforge.backends.base import Backend
+from recipeforge.config.pipeline import LoadedRecipe
+from recipeforge.log import log
+from recipeforge.outputs.preflight import reports_write_errors
+from recipeforge.outputs.run_dir import RunDir
+from recipeforge.plan.types import Plan
+from recipeforge.run.run_directory import resolved_for_run
+from recipeforge.stages.base import DistInfo, StageContext, TrainerStage
+
+
+@reports_write_errors
+def run_stage(loaded: LoadedRecipe, plan: Plan, run: RunDir, backend: Backend, dist: DistInfo,
+              resume_from: Path | None) -> None:
+    """Run the stage on `backend` in this process (one rank, or the only process)."""
+    from recipeforge.outputs.library_warnings import warnings_to_run_dir
+
+    if plan.device != "cuda":
+        from recipeforge.backends.launch import cpu_engine_env
+
+        os.environ.update(cpu_engine_env())
+    warnings_to_run_dir(run.root)
+    ctx = stage_context(loaded, plan, run, backend, dist, resume_from)
+    runner = trained_runner(ctx, backend)
+    if dist.is_main:
+        write_results(ctx, runner, backend)
+
+
+def stage_context(loaded: LoadedRecipe, plan: Plan, run: RunDir, backend: Backend, dist: DistInfo,
+                  resume_from: Path | None) -> StageContext:
+    """The one context of this worker: the backend sets itself up on a first one (`setup_worker`),
+    and its hooks and trainer arguments complete the context the stage gets."""
+    ctx = StageContext(loaded=loaded, plan=plan, run=run, resume_from=resume_from, dist=dist,
+                       save_final=backend.save_final, barrier=w.barrier if dist.world_size > 1 else _no_wait)
+    hooks = backend.setup_worker(ctx)
+    ctx = replace(ctx, hooks=hooks)
+    return replace(ctx, backend_kwargs=dict(backend.trainer_kwargs(ctx)))
+
+
+def _no_wait() -> None:
+    """One process: nobody to wait for."""
+
+
+def trained_runner(ctx: StageContext, backend: Backend) -> Any:
+    """The stage's runner, set up, trained and saved; running out of memory is answered with the
+    plan's numbers and what would fit, as any recipe that does not fit is."""
+    from recipeforge.outputs.metrics import MetricsWriter
+    from recipeforge.stages import runner_class
+    from recipeforge.stages.oom import is_out_of_memory, out_of_memory_error
+
+    make_runner = runner_class(ctx.recipe.stage, backend.runner(ctx.recipe.stage))
+    if ctx.dist.world_size > 1:
+        # One process per machine tokenizes and caches the data first (a cache hit when `recipeforge
+        # train` built it before launching); the others poll for it outside any collective, then read it.
+        from recipeforge.backends.data_ready import prepare_on_first_rank
+
+        prepare_on_first_rank(lambda: make_runner(ctx), ctx.dist, broadcast=w.broadcast, barrier=w.barrier,
+                              log=ctx.log)
+    runner = make_runner(ctx)
+    try:
+        runner.setup()
+        if ctx.dist.is_main and runner.data_stats:
+            MetricsWriter(ctx.run.metrics).write({"split": "data", "step": 0, **runner.data_stats})
+        runner.train()
+        if ctx.dist.is_main and backend.reports_runtime:
+            write_backend_report(ctx, runner, backend)
+        runner.save()
+    except Exception as exc:
+        if not is_out_of_memory(exc):
+            raise
+        raise out_of_memory_error(ctx, runner, exc) from None
+    return runner
+
+
+def write_results(ctx: StageContext, runner: TrainerStage, backend: Backend) -> None:
+    """The main process's files after training: merged weights, loss.png and the model card."""
+    from recipeforge.outputs.model_card import write_model_card
+    from recipeforge.outputs.report import write_loss_plot
+
+    # A backend exporting final/ after the job (Megatron) merges there (`finish_launch`).
+    if ctx.recipe.output.merge_adapter and ctx.recipe.adapter.type != "none" and not backend.exports_after_job:
+        from recipeforge.outputs.export import merge_adapter
+
+        merge_adapter(ctx.run.root)
+    write_loss_plot(ctx.run.root, log=ctx.log)  # loss.png, which the model card shows
+    write_model_card(ctx.run.readme, recipe=ctx.recipe, recipe_data=resolved_for_run(ctx.loaded, ctx.run),
+                     plan=ctx.plan, data_stats=runner.data_stats, run_dir=ctx.run.root,
+                     adapter=ctx.recipe.adapter.type != "none")
+
+
+def write_backend_report(ctx: StageContext, runner: TrainerStage, backend: Backend) -> None:
+    """backend.json: what ran, observed from inside the (main) worker, next to what was planned."""
+    from recipeforge.outputs.run_dir import _atomic_write
+
+    report = {"planned": {"backend": ctx.plan.backend, "preset": ctx.plan.preset, "world_size": ctx.plan.world_size,
+                          "backend_part": asdict(ctx.plan.backend_part)},
+              "observed": backend.runtime_report(runner.trainer) if runner.trainer is not None else {}}
+    _atomic_write(ctx.run.root / "backend.json", json.dumps(report, indent=2, default=str) + "\n")
+
+
+def push_to_hub(loaded: LoadedRecipe, run_root: Path) -> None:
+    """`output.push_to_hub`: upload the saved model once the run is complete (`outputs.hub`). A failed
+    upload raises `outputs.hub.PushFailed`; the run directory is already complete then."""
+    hub = loaded.recipe.output.push_to_hub
+    if hub is None:
+        return
+    from recipeforge.outputs.hub import push
+
+    log(f"pushing the model to the Hub: {hub.repo_id}")
+    log(f"pushed: {push(run_root, hub.repo_id, private=hub.private, log=log)}")

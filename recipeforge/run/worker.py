@@ -1,0 +1,97 @@
+"""The worker side of a run: one rank of a launched job.
+
+Started by `recipeforge train`, a worker reads its `WorkerSpec` (the plan, the run directory, where
+its outcome goes), runs the stage and leaves a typed `Outcome`. Started directly by a launcher
+(``torchrun -m recipeforge train ...``, ``accelerate launch -m recipeforge train ...``: no spec), rank 0
+plans for the launcher's world and prepares the run directory while the others wait.
+"""
+
+from __future__ import annotations
+
+import signal
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from recipeforge.backends import get_backend
+from recipeforge.backends import worker as w
+from recipeforge.backends.parent_death import end_with_parent
+from recipeforge.backends.worker_spec import Outcome, OutcomeKind, WorkerSpec, current_spec, write_outcome
+from recipeforge.config.pipeline import LoadedRecipe
+from recipeforge.errors import RecipeError, locate_problems
+from recipeforge.log import log
+from recipeforge.outputs import checkpoint
+from recipeforge.outputs.run_dir import RunDir, default_run_dir
+from recipeforge.plan.types import Plan
+from recipeforge.plan.world import check_world, plan_for_world
+from recipeforge.run.run_directory import prepare_run
+from recipeforge.run.session import push_to_hub, run_stage
+from recipeforge.stages.base import DistInfo
+from recipeforge.stages.preemption import Preempted
+
+
+def run_worker(loaded: LoadedRecipe, dist: DistInfo, *, overwrite: bool, force: bool) -> Path:
+    """Run this rank of the job; returns the run directory."""
+    spec = current_spec()
+    with reported_outcome(spec, dist, loaded):
+        end_with_parent(signal.SIGTERM)  # the launcher gone: save at the next step boundary and end
+        if spec is not None:
+            plan, run = launched_plan(spec, loaded)
+        else:
+            plan, run = plan_among_workers(loaded, dist, overwrite=overwrite, force=force)
+        check_world(plan, dist.world_size)
+        backend = get_backend(plan.backend)
+        backend.check(plan, loaded.recipe)
+        resume_from = checkpoint.resume_checkpoint(loaded.recipe.output.resume, run.checkpoints)
+        run_stage(loaded, plan, run, backend, dist, resume_from)
+        w.finish()
+    if dist.is_main:
+        log(f"done: {run.root}")
+        if spec is None:  # launched directly (torchrun -m recipeforge): no launching command pushes
+            push_to_hub(loaded, run.root)
+    return run.root
+
+
+def launched_plan(spec: WorkerSpec, loaded: LoadedRecipe) -> tuple[Plan, RunDir]:
+    """The plan the launching command wrote, agreed by every rank, and its run directory (ready)."""
+    plan = w.read_plan(Path(spec.plan))
+    w.init_process_group(plan.device, loaded.recipe.distributed.timeout_minutes)
+    return w.agreed_plan(plan), RunDir(Path(spec.run_dir).absolute())
+
+
+def plan_among_workers(loaded: LoadedRecipe, dist: DistInfo, *, overwrite: bool, force: bool) -> tuple[Plan, RunDir]:
+    """No launching command: rank 0 plans for the launcher's world and prepares the run directory."""
+    recipe = loaded.recipe
+    run = RunDir(default_run_dir(recipe, Path(loaded.path)).absolute())
+    w.init_process_group(w.worker_device(recipe), recipe.distributed.timeout_minutes)
+    nnodes, per_node = w.launched_world()
+    plan = w.agreed_plan(w.on_main(lambda: plan_for_world(recipe, nnodes=nnodes, nproc_per_node=per_node), dist))
+    check_world(plan, dist.world_size)
+    w.on_main(lambda: prepare_run(loaded, plan, run, overwrite=overwrite, force=force), dist)
+    return plan, run
+
+
+@contextmanager
+def reported_outcome(spec: WorkerSpec | None, dist: DistInfo, loaded: LoadedRecipe) -> Iterator[None]:
+    """How the job ended, left next to the spec for the launching command: finished (rank 0),
+    preempted (first local rank, after every rank left the process group together), a user error
+    (rank 0), out of memory or a diverged loss (any rank)."""
+    from recipeforge.plan.oom import OutOfMemory
+    from recipeforge.stages.divergence import Diverged
+
+    try:
+        yield
+    except Preempted as stop:
+        w.finish()  # every rank stopped at the same step
+        if spec is not None and dist.local_rank == 0:
+            write_outcome(spec, Outcome(OutcomeKind.PREEMPTED.value, stop.describe(), stop.to_dict(), dist.rank))
+        raise
+    except RecipeError as exc:
+        kind = (OutcomeKind.OUT_OF_MEMORY if isinstance(exc, OutOfMemory)
+                else OutcomeKind.DIVERGED if isinstance(exc, Diverged) else OutcomeKind.USER_ERROR)
+        if spec is not None and (dist.is_main or kind != OutcomeKind.USER_ERROR):
+            located = locate_problems(exc, loaded.tree.locate)
+            write_outcome(spec, Outcome(kind.value, located.render(), rank=dist.rank))
+        raise
+    if spec is not None and dist.is_main:
+        write_outcome(spec, Outcome(OutcomeKind.FINISHED.value, rank=dist.rank))
