@@ -59,15 +59,14 @@ def trained_runner(ctx: StageContext, backend: Backend) -> Any:
     from recipeforge.stages import runner_class
     from recipeforge.stages.oom import is_out_of_memory, out_of_memory_error
 
-    make_runner = runner_class(ctx.recipe.stage, backend.runner(ctx.recipe.stage))
+    runner = runner_class(ctx.recipe.stage, backend.runner(ctx.recipe.stage))(ctx)
     if ctx.dist.world_size > 1:
         # One process per machine tokenizes and caches the data first (a cache hit when `recipeforge
-        # train` built it before launching); the others poll for it outside any collective, then read it.
+        # train` built it before launching); the others poll for it outside any collective, then read it
+        # in `setup`.
         from recipeforge.backends.data_ready import prepare_on_first_rank
 
-        prepare_on_first_rank(lambda: make_runner(ctx), ctx.dist, broadcast=w.broadcast, barrier=w.barrier,
-                              log=ctx.log)
-    runner = make_runner(ctx)
+        prepare_on_first_rank(lambda: runner, ctx.dist, broadcast=w.broadcast, barrier=w.barrier, log=ctx.log)
     try:
         runner.setup()
         if ctx.dist.is_main and runner.data_stats:

@@ -87,7 +87,7 @@ class TrainerStage:
         ctx = self.context
         self.check()  # before anything loads
         self.kernels = apply_kernels(self.recipe.kernels, ctx.plan.device, log=ctx.log)
-        data = self.prepare()
+        data = self.data or self.prepare()  # prepared already on a machine's first rank (`backends.data_ready`)
         # Batch, steps and warmup against the data, before the model loads.
         check_data_numbers(self.recipe, ctx.plan, data, log=ctx.log if ctx.dist.is_main else quiet)
         self.model = self.load_model()

@@ -18,6 +18,7 @@ class GRPOStage(TrainerStage):
 
     stage = "grpo"
     trainer_class = "trl.GRPOTrainer"
+    server = None  # the generation server this run started (server mode with launch: true)
 
     def prepare_data(self):
         from recipeforge.components.rewards import RewardContext, build_rewards
@@ -73,7 +74,7 @@ class GRPOStage(TrainerStage):
 
     def stop_rollout_server(self) -> None:
         """Stop the generation server this run started, if any (idempotent)."""
-        server, self.server = getattr(self, "server", None), None
+        server, self.server = self.server, None
         if server is not None:
             server.stop()
 

@@ -43,7 +43,7 @@ class MegatronLMStage(LMStage):
         configuration on every rank."""
         from recipeforge.components.data_checks import check_data_numbers
 
-        check_data_numbers(self.recipe, self.ctx.plan, self.prepare(), log=self.ctx.log if self.ctx.dist.is_main
+        check_data_numbers(self.recipe, self.ctx.plan, self.data or self.prepare(), log=self.ctx.log if self.ctx.dist.is_main
                            else (lambda message: None))
         if self.ctx.dist.is_main:
             self.write_data()

@@ -30,15 +30,14 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 def out_of_memory_error(ctx, runner, exc: BaseException) -> RecipeError:
-    """The user error for `exc` raised while `runner` trained `ctx`'s plan."""
+    """The user error for `exc` raised while `runner` trained `ctx`'s plan (a `StageContext`); the step
+    is the trainer's, when the trainer was built."""
     from recipeforge.outputs import checkpoint
     from recipeforge.plan.oom import explain_oom
 
     capacity, peak = _device_memory(str(exc))
-    trainer = getattr(runner, "trainer", None)
-    state = getattr(trainer, "state", None)
-    step = getattr(state, "global_step", None) if state is not None else None
-    newest = checkpoint.newest_complete(ctx.run.checkpoints) if ctx.run is not None else None
+    step = runner.trainer.state.global_step if runner.trainer is not None else None
+    newest = checkpoint.newest_complete(ctx.run.checkpoints)
     return explain_oom(ctx.recipe, ctx.plan, step=step, capacity_bytes=capacity, peak_bytes=peak,
                        checkpoint=str(newest.relative_to(ctx.run.root)) if newest is not None else None)
 
