@@ -91,9 +91,15 @@ def launched_worker() -> bool:
 
 def write_outcome(spec: WorkerSpec, outcome: Outcome) -> None:
     """Leave `outcome` for the launching command (atomically; ranks may report at once, the last one
-    written is read). A failure to write is not worth hiding the job's own error for."""
+    written is read)."""
+    write_outcome_file(Path(spec.outcome), outcome)
+
+
+def write_outcome_file(path: Path, outcome: Outcome) -> None:
+    """Write `outcome` to `path` atomically. A failure to write is not worth hiding the job's own error
+    for."""
     try:
-        _write_json(Path(spec.outcome), asdict(outcome))
+        _write_json(path, asdict(outcome))
     except OSError:
         pass
 

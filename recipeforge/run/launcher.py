@@ -8,6 +8,7 @@ hook). With one process and no launcher, the run trains in this process (`train_
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from recipeforge.backends import get_backend
@@ -15,7 +16,7 @@ from recipeforge.backends.base import Backend
 from recipeforge.backends.cluster import ClusterSpec, detect_cluster
 from recipeforge.backends.data_ready import build_before_launch
 from recipeforge.backends.launch import LaunchSpec, launch_spec, run_launcher
-from recipeforge.backends.worker_spec import OUTCOME_NAME, OutcomeKind, read_outcome
+from recipeforge.backends.worker_spec import OUTCOME_NAME, Outcome, OutcomeKind, read_outcome, write_outcome_file
 from recipeforge.config.pipeline import LoadedRecipe
 from recipeforge.errors import RecipeError
 from recipeforge.log import log
@@ -123,7 +124,8 @@ def plan_line(plan: Plan) -> str:
 
 def start_workers(spec: LaunchSpec, run: RunDir) -> None:
     """Start the launcher and wait for it; the workers' outcome decides the result: preempted (exit
-    75), a user error only a worker could see (exit 2), another failure (`LaunchFailed`)."""
+    75), a user error only a worker could see (exit 2), another failure (`LaunchFailed`). A worker that
+    ended badly after the run finished (every rank saved and left the process group) is a warning."""
     outcome_path = spec.outcome_path or run.root / OUTCOME_NAME
     outcome_path.unlink(missing_ok=True)  # an earlier launch's
     lock = run_lock.held(run.root)
@@ -131,10 +133,23 @@ def start_workers(spec: LaunchSpec, run: RunDir) -> None:
     outcome = read_outcome(outcome_path)
     if outcome is not None and outcome.kind == OutcomeKind.PREEMPTED:
         raise preemption.Preempted.from_dict(outcome.preempted or {})
+    if code != 0 and outcome is not None and outcome.kind == OutcomeKind.FINISHED:
+        warn_unclean_exit(outcome_path, outcome, code)
+        return
     if code != 0:
         if outcome is not None and outcome.kind in OutcomeKind.user_errors():
             raise RecipeError(outcome.message or "a worker reported a problem in the recipe")
         raise LaunchFailed(code)
+
+
+def warn_unclean_exit(outcome_path: Path, outcome: Outcome, code: int) -> None:
+    """A worker exited with an error after the run finished: final/ is complete (every rank saved
+    and left the process group before rank 0 wrote `finished`), so the run stands, but the exit is
+    said on the console and kept in the outcome rather than passed over."""
+    message = (f"a worker exited with code {code} after the run finished (final/ was saved by then, so the run "
+               f"is complete); its output is above")
+    log(f"warning: {message}")
+    write_outcome_file(outcome_path, replace(outcome, message=message))
 
 
 def train_here(loaded: LoadedRecipe, plan: Plan, run: RunDir, backend: Backend, *, overwrite: bool,

@@ -4,6 +4,10 @@ Started by `recipeforge train`, a worker reads its `WorkerSpec` (the plan, the r
 its outcome goes), runs the stage and leaves a typed `Outcome`. Started directly by a launcher
 (``torchrun -m recipeforge train ...``, ``accelerate launch -m recipeforge train ...``: no spec), rank 0
 plans for the launcher's world and prepares the run directory while the others wait.
+
+`RECIPEFORGE_FAULT=exit:<rank>` kills that rank once the run has finished (after its outcome is
+written), so the launching command's answer to a worker that ends badly after the final save can be
+tested.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from recipeforge.config.pipeline import LoadedRecipe
 from recipeforge.errors import RecipeError, locate_problems
 from recipeforge.log import log
 from recipeforge.outputs import checkpoint
+from recipeforge.outputs.atomic import maybe_fault
 from recipeforge.outputs.run_dir import RunDir, default_run_dir
 from recipeforge.plan.types import Plan
 from recipeforge.plan.world import check_world, plan_for_world
@@ -45,6 +50,7 @@ def run_worker(loaded: LoadedRecipe, dist: DistInfo, *, overwrite: bool, force: 
         resume_from = checkpoint.resume_checkpoint(loaded.recipe.output.resume, run.checkpoints)
         run_stage(loaded, plan, run, backend, dist, resume_from)
         w.finish()
+    maybe_fault("exit", dist.rank)  # tests: a worker killed after the run finished
     if dist.is_main:
         log(f"done: {run.root}")
         if spec is None:  # launched directly (torchrun -m recipeforge): no launching command pushes
