@@ -250,59 +250,12 @@ def load_split(data, stage_kinds: tuple[str, ...], *, seed: int, base_dir: Path 
     """
     import datasets
 
-    seen: set[bytes] = set()  # row digests of the training rows so far (data.dedup: across datasets)
-    dropped_duplicates = 0
-
-    def read(section: str, specs) -> list:
-        nonlocal dropped_duplicates
-        parts = []
-        for i, spec in enumerate(specs):
-            ref = DatasetRef(spec, section, i)
-            fmt = get_format(spec.format, key=f"{ref.key}.format", location=locate(ref.path_key + ("format",)))
-            if fmt.kind not in stage_kinds:
-                raise RecipeError(f"format '{fmt.name}' does not fit this stage", key=f"{ref.key}.format",
-                                  location=locate(ref.path_key + ("format",)))
-            ds = load_raw(ref, base_dir=base_dir, locate=locate)
-            if getattr(spec, "messages", None) is not None:  # field mappings: to OpenAI messages first
-                from recipeforge.components.messages import apply_message_fields
-
-                ds = apply_message_fields(ds, spec.messages, key=f"{ref.key}.messages",
-                                          where=locate(ref.path_key + ("messages",)))
-            ds = remap_and_check(ds, ref, fmt, locate=locate)
-            keep = None if fmt.kind == "prompt" else [c for c in ds.column_names if c in fmt.required + fmt.optional]
-            if keep is not None:
-                ds = ds.select_columns(keep)
-            # Fingerprints derived from the dataset's own: `datasets` would otherwise hash both new columns.
-            ds = ds.add_column("_row", list(range(1, len(ds) + 1)), new_fingerprint=derived_fingerprint(ds, "_row"))
-            ds = ds.add_column("_format", [fmt.name] * len(ds), new_fingerprint=derived_fingerprint(ds, fmt.name))
-            dedup = spec.dedup if getattr(spec, "dedup", None) is not None else getattr(data, "dedup", False)
-            if section == "datasets" and dedup:
-                from recipeforge.components.dedup import drop_duplicates
-
-                # A dataset's own `dedup: true` compares its rows among themselves; `data.dedup` across datasets.
-                ds, n = drop_duplicates(ds, seen if getattr(data, "dedup", False) else set())
-                dropped_duplicates += n
-            if spec.max_samples and spec.max_samples < len(ds):
-                ds = ds.shuffle(seed=seed).select(range(spec.max_samples))
-            try:
-                ds = transform(ds, fmt)
-            except RecipeError as exc:  # row problems: say which dataset the row is in
-                where = locate(ref.path_key + ("path",))
-                raise RecipeError([Problem(f"{spec.path}: {p.message}" if p.key is None else p.message,
-                                           p.location or where, p.key or ref.key, p.hint)
-                                   for p in exc.problems]) from None
-            if len(ds) == 0:
-                raise RecipeError(f"dataset '{spec.path}' has no usable rows", key=f"{ref.key}.path",
-                                  location=locate(ref.path_key + ("path",)),
-                                  hint="check data.sequence_len and data.truncation (rows may all be too long)")
-            parts.append(ds)
-        return parts
-
+    reader = _SplitReader(data, stage_kinds, seed=seed, base_dir=base_dir, transform=transform, locate=locate)
     stats: dict[str, Any] = {}
-    train_parts = read("datasets", data.datasets)
+    train_parts = reader.read("datasets", data.datasets)
     evaluation = None
     if data.eval_datasets:
-        evaluation = _concat(read("eval_datasets", data.eval_datasets))
+        evaluation = _concat(reader.read("eval_datasets", data.eval_datasets))
     elif data.val_size:
         train_parts, eval_parts = _hold_out(train_parts, data.val_size, seed, locate)
         evaluation = _concat(eval_parts)
@@ -313,10 +266,90 @@ def load_split(data, stage_kinds: tuple[str, ...], *, seed: int, base_dir: Path 
         train = _concat(train_parts)
     stats["train_rows"] = len(train)
     if data.dedup or any(getattr(s, "dedup", None) for s in data.datasets):
-        stats["duplicates_dropped"] = dropped_duplicates
+        stats["duplicates_dropped"] = reader.dropped_duplicates
     stats["eval_rows"] = len(evaluation) if evaluation is not None else 0
     assert isinstance(train, datasets.Dataset)
     return train, evaluation, stats
+
+
+class _SplitReader:
+    """Reads the datasets of one `data:` section for `load_split`, one at a time: format, columns,
+    duplicates, sample cap, the stage's transform. It keeps what spans datasets: the row digests seen
+    so far (``data.dedup`` compares across datasets) and how many duplicates were dropped."""
+
+    def __init__(self, data, stage_kinds: tuple[str, ...], *, seed: int, base_dir: Path | None,
+                 transform: Callable[[Any, Format], Any], locate: Locate):
+        self.data, self.stage_kinds, self.seed, self.base_dir = data, stage_kinds, seed, base_dir
+        self.transform, self.locate = transform, locate
+        self.seen: set[bytes] = set()  # row digests of the training rows so far (data.dedup: across datasets)
+        self.dropped_duplicates = 0
+
+    def read(self, section: str, specs) -> list:
+        """The datasets of `section` ("datasets" or "eval_datasets"), each ready to concatenate."""
+        return [self._read_one(DatasetRef(spec, section, i)) for i, spec in enumerate(specs)]
+
+    def _read_one(self, ref: DatasetRef):
+        """One dataset entry, read and transformed; refused when no row is left."""
+        spec, locate = ref.spec, self.locate
+        fmt = self._format(ref)
+        ds = self._columns(ref, fmt)
+        ds = self._dedup(ds, ref)
+        if spec.max_samples and spec.max_samples < len(ds):
+            ds = ds.shuffle(seed=self.seed).select(range(spec.max_samples))
+        ds = self._transform(ds, ref, fmt)
+        if len(ds) == 0:
+            raise RecipeError(f"dataset '{spec.path}' has no usable rows", key=f"{ref.key}.path",
+                              location=locate(ref.path_key + ("path",)),
+                              hint="check data.sequence_len and data.truncation (rows may all be too long)")
+        return ds
+
+    def _format(self, ref: DatasetRef) -> Format:
+        """The dataset's format, which must be one this stage trains on."""
+        fmt = get_format(ref.spec.format, key=f"{ref.key}.format", location=self.locate(ref.path_key + ("format",)))
+        if fmt.kind not in self.stage_kinds:
+            raise RecipeError(f"format '{fmt.name}' does not fit this stage", key=f"{ref.key}.format",
+                              location=self.locate(ref.path_key + ("format",)))
+        return fmt
+
+    def _columns(self, ref: DatasetRef, fmt: Format):
+        """The raw rows in the format's columns, with ``_row`` and ``_format`` added."""
+        spec, locate = ref.spec, self.locate
+        ds = load_raw(ref, base_dir=self.base_dir, locate=locate)
+        if getattr(spec, "messages", None) is not None:  # field mappings: to OpenAI messages first
+            from recipeforge.components.messages import apply_message_fields
+
+            ds = apply_message_fields(ds, spec.messages, key=f"{ref.key}.messages",
+                                      where=locate(ref.path_key + ("messages",)))
+        ds = remap_and_check(ds, ref, fmt, locate=locate)
+        keep = None if fmt.kind == "prompt" else [c for c in ds.column_names if c in fmt.required + fmt.optional]
+        if keep is not None:
+            ds = ds.select_columns(keep)
+        # Fingerprints derived from the dataset's own: `datasets` would otherwise hash both new columns.
+        ds = ds.add_column("_row", list(range(1, len(ds) + 1)), new_fingerprint=derived_fingerprint(ds, "_row"))
+        return ds.add_column("_format", [fmt.name] * len(ds), new_fingerprint=derived_fingerprint(ds, fmt.name))
+
+    def _dedup(self, ds, ref: DatasetRef):
+        """Training rows without duplicates, when the dataset or the data section asks for it."""
+        spec, data = ref.spec, self.data
+        dedup = spec.dedup if getattr(spec, "dedup", None) is not None else getattr(data, "dedup", False)
+        if ref.section != "datasets" or not dedup:
+            return ds
+        from recipeforge.components.dedup import drop_duplicates
+
+        # A dataset's own `dedup: true` compares its rows among themselves; `data.dedup` across datasets.
+        ds, n = drop_duplicates(ds, self.seen if getattr(data, "dedup", False) else set())
+        self.dropped_duplicates += n
+        return ds
+
+    def _transform(self, ds, ref: DatasetRef, fmt: Format):
+        """The stage's transform, its row problems said with the dataset they are in."""
+        try:
+            return self.transform(ds, fmt)
+        except RecipeError as exc:  # row problems: say which dataset the row is in
+            where = self.locate(ref.path_key + ("path",))
+            raise RecipeError([Problem(f"{ref.spec.path}: {p.message}" if p.key is None else p.message,
+                                       p.location or where, p.key or ref.key, p.hint)
+                               for p in exc.problems]) from None
 
 
 def derived_fingerprint(ds, step: str) -> str:

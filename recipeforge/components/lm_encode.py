@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from recipeforge.components.chat_templates import GENERATION_TAG
@@ -74,31 +74,53 @@ def available_cores() -> int:
 
 def encode_rows(columns: dict[str, list], fmt: Format, tokenizer, options: EncodeOptions) -> Encoded:
     """Token ids, labels and status of a chunk of rows of one format (columns as lists, with ``_row``)."""
-    import numpy as np
-
-    from recipeforge.components.chat_masks import span_token_ranges, template_of
     from recipeforge.components.tokenizer import special_prefix_ids
 
     prefix = tuple(special_prefix_ids(tokenizer))  # also resets the backend's truncation/padding, as a call does
     opts = RenderOptions(tokenizer, train_on_inputs=options.train_on_inputs, prefix_ids=prefix,
                          eos_token=tokenizer.eos_token, eot_tokens=tuple(options.eot_tokens))
     backend = getattr(tokenizer, "backend_tokenizer", None)
+    texts, rows = _plan(columns, fmt, opts, backend)
+    encodings = _encode(tokenizer, backend, texts)
+    layout = _lay_out(rows, encodings, backend)
+    flat, labels, before = _label(layout)
+    return _cut(flat, labels, before, layout.row_start, layout.row_len, options)
+
+
+def _plan(columns: dict[str, list], fmt: Format, opts: RenderOptions, backend) -> tuple[list, list]:
+    """Texts to tokenize and per-row parts (see `_plan_rows`): chat rows whose template has generation
+    blocks rendered for the whole chunk at once when the tokenizer is fast, else row by row."""
+    from recipeforge.components.chat_masks import template_of
+
+    tokenizer = opts.tokenizer
     template = template_of(tokenizer) if fmt.to_messages is not None else None
     # Chat rows through a template with generation blocks: rendered here, tokenized whole with the other texts.
     whole_chats = (template is not None and GENERATION_TAG.search(template) is not None and backend is not None
                    and getattr(tokenizer, "is_fast", False))
-    texts, rows = None, None
     if whole_chats:
         try:
-            texts, rows = _plan_chats(columns, fmt, opts, template)
+            return _plan_chats(columns, fmt, opts, template)
         except Exception:  # a malformed row: the row-by-row pass below names it, as the reference does
             pass
-    if rows is None:
-        texts, rows = _plan_rows(columns, fmt, opts, template if whole_chats else None)
-    encodings = _encode(tokenizer, backend, texts)
-    pieces: list[list[int]] = []
-    trained_from, trained_to = [], []  # token ranges with labels, in positions of the chunk's flat ids
-    row_start, row_len = [], []
+    return _plan_rows(columns, fmt, opts, template if whole_chats else None)
+
+
+@dataclass
+class _Layout:
+    """A chunk's pieces of token ids end to end: where each row starts and how long it is, and the token
+    ranges with labels (positions in the chunk's flat ids)."""
+
+    pieces: list = field(default_factory=list)
+    trained_from: list = field(default_factory=list)
+    trained_to: list = field(default_factory=list)
+    row_start: list = field(default_factory=list)
+    row_len: list = field(default_factory=list)
+    total: int = 0
+
+
+def _lay_out(rows: list, encodings: list, backend) -> _Layout:
+    """Each row's parts put end to end, with the token ranges of their trained parts."""
+    out = _Layout()
     pos = 0
     for parts in rows:
         start = pos
@@ -109,30 +131,45 @@ def encode_rows(columns: dict[str, list], fmt: Format, tokenizer, options: Encod
             else:
                 enc, ids = None, piece
             n = len(ids)
-            pieces.append(ids)
-            if trained is True:
-                ranges = [(0, n)]
-            elif trained is False:
-                ranges = []
-            else:
-                ranges = span_token_ranges(enc, trained)
-                if ranges is None:  # a token without offsets: mark token by token as the reference does
-                    ranges = _ranges_from_offsets(enc.offsets, trained)
-            for a, b in ranges:
-                trained_from.append(pos + a)
-                trained_to.append(pos + b)
+            out.pieces.append(ids)
+            for a, b in _trained_ranges(enc, trained, n):
+                out.trained_from.append(pos + a)
+                out.trained_to.append(pos + b)
             pos += n
-        row_start.append(start)
-        row_len.append(pos - start)
+        out.row_start.append(start)
+        out.row_len.append(pos - start)
+    out.total = pos
+    return out
 
-    flat = np.fromiter(itertools.chain.from_iterable(pieces), dtype=np.int32, count=pos)
-    edges = np.bincount(np.asarray(trained_from, dtype=np.int64), minlength=pos + 1)[: pos + 1] - \
-        np.bincount(np.asarray(trained_to, dtype=np.int64), minlength=pos + 1)[: pos + 1]
+
+def _trained_ranges(enc, trained, n: int) -> list[tuple[int, int]]:
+    """Token ranges of a piece of `n` tokens that get labels: all, none, or those of character spans."""
+    from recipeforge.components.chat_masks import span_token_ranges
+
+    if trained is True:
+        return [(0, n)]
+    if trained is False:
+        return []
+    ranges = span_token_ranges(enc, trained)
+    if ranges is None:  # a token without offsets: mark token by token as the reference does
+        ranges = _ranges_from_offsets(enc.offsets, trained)
+    return ranges
+
+
+def _label(layout: _Layout):
+    """The flat ids, their labels (IGNORE outside the trained ranges) and the count of trained tokens
+    before each position."""
+    import numpy as np
+
+    pos = layout.total
+    flat = np.fromiter(itertools.chain.from_iterable(layout.pieces), dtype=np.int32, count=pos)
+    edges = np.bincount(np.asarray(layout.trained_from, dtype=np.int64), minlength=pos + 1)[: pos + 1] - \
+        np.bincount(np.asarray(layout.trained_to, dtype=np.int64), minlength=pos + 1)[: pos + 1]
     is_trained = np.cumsum(edges)[:pos] > 0
     labels = np.where(is_trained, flat, np.int32(IGNORE)).astype(np.int32)
     # Trained tokens before each position, to find rows with no target left without a per-token pass.
     before = np.concatenate(([0], np.cumsum(is_trained, dtype=np.int64)))
-    return _cut(flat, labels, before, row_start, row_len, options)
+    return flat, labels, before
 
 
 def _plan_chats(columns: dict[str, list], fmt: Format, opts: RenderOptions, template: str) -> tuple[list, list]:

@@ -206,11 +206,7 @@ def _load_model(name_or_path: str, tokenizer, *, device: str, dtype: str = "auto
     torch_dtype = resolve_dtype(dtype, device)
     attn = resolve_attn_implementation(attn_implementation, device, location=location)
     if random_config is not None:
-        vocab = random_config.get("vocab_size")
-        if isinstance(vocab, int) and len(tokenizer) > vocab:
-            raise RecipeError(f"the tokenizer has {len(tokenizer)} tokens, more than the {vocab} rows of the "
-                              f"embedding in the config of '{name_or_path}'", key="model.tokenizer", location=location,
-                              hint="use the model's own tokenizer, or a config with a larger vocab_size")
+        _check_random_vocab(name_or_path, tokenizer, random_config, location=location)
         return build_random_model(random_config, tokenizer, name=name_or_path, seed=seed, dtype=torch_dtype,
                                   attn_implementation=attn, max_position_embeddings=max_position_embeddings,
                                   num_labels=num_labels)
@@ -220,20 +216,47 @@ def _load_model(name_or_path: str, tokenizer, *, device: str, dtype: str = "auto
                                 max_position_embeddings=max_position_embeddings, location=location,
                                 num_labels=num_labels)
     loader = plugin_loader(name_or_path)
-    if loader is not None and num_labels is not None:
+    if loader is not None:
+        return _load_from_plugin(loader, name_or_path, tokenizer, num_labels=num_labels, location=location,
+                                 device=device, dtype=torch_dtype, attn_implementation=attn, seed=seed,
+                                 revision=revision, trust_remote_code=trust_remote_code,
+                                 max_position_embeddings=max_position_embeddings,
+                                 quantization_config=quantization_config)
+    return _load_pretrained(name_or_path, tokenizer, device=device, dtype=torch_dtype, attn_implementation=attn,
+                            revision=revision, trust_remote_code=trust_remote_code,
+                            max_position_embeddings=max_position_embeddings,
+                            quantization_config=quantization_config, num_labels=num_labels, location=location)
+
+
+def _check_random_vocab(name_or_path: str, tokenizer, random_config: dict, *, location: Location | None) -> None:
+    """Refuse a tokenizer with more tokens than the random-init config has embedding rows."""
+    vocab = random_config.get("vocab_size")
+    if isinstance(vocab, int) and len(tokenizer) > vocab:
+        raise RecipeError(f"the tokenizer has {len(tokenizer)} tokens, more than the {vocab} rows of the "
+                          f"embedding in the config of '{name_or_path}'", key="model.tokenizer", location=location,
+                          hint="use the model's own tokenizer, or a config with a larger vocab_size")
+
+
+def _load_from_plugin(loader: Callable[..., Any], name_or_path: str, tokenizer, *, num_labels: int | None,
+                      location: Location | None, **kwargs):
+    """The model a plugin's loader builds (`kwargs`: the loader's keyword arguments, see `ModelEntry`)."""
+    if num_labels is not None:
         raise RecipeError(f"model '{name_or_path}' comes from a plugin loader, which builds causal LMs; this stage "
                           f"needs a sequence-classification head", key="model.name_or_path", location=location,
                           hint="use a local directory or hub id (loaded with AutoModelForSequenceClassification)")
-    if loader is not None:
-        model = loader(name_or_path, tokenizer, device=device, dtype=torch_dtype, attn_implementation=attn,
-                       seed=seed, revision=revision, trust_remote_code=trust_remote_code,
-                       max_position_embeddings=max_position_embeddings, quantization_config=quantization_config)
-        _sync_generation_config(model, tokenizer)
-        return model
+    model = loader(name_or_path, tokenizer, **kwargs)
+    _sync_generation_config(model, tokenizer)
+    return model
+
+
+def _load_pretrained(name_or_path: str, tokenizer, *, device: str, dtype, attn_implementation: str,
+                     revision: str | None, trust_remote_code: bool, max_position_embeddings: int | None,
+                     quantization_config: Any, num_labels: int | None, location: Location | None):
+    """A local directory or hub id through transformers' auto classes, its embeddings grown to the tokenizer."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     auto = AutoModelForCausalLM if num_labels is None else AutoModelForSequenceClassification
-    kwargs: dict[str, Any] = {"dtype": torch_dtype, "attn_implementation": attn, "revision": revision,
+    kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": attn_implementation, "revision": revision,
                               "trust_remote_code": trust_remote_code}
     if num_labels is not None:
         kwargs["num_labels"] = num_labels
@@ -243,8 +266,18 @@ def _load_model(name_or_path: str, tokenizer, *, device: str, dtype: str = "auto
         kwargs["quantization_config"] = quantization_config
         # 4-bit weights cannot move between devices after loading; place them where they train.
         kwargs["device_map"] = quantized_device_map(device)
+    model = _from_pretrained(auto, name_or_path, kwargs, location=location)
+    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+        model.resize_token_embeddings(len(tokenizer))
+    _sync_generation_config(model, tokenizer)
+    return model
+
+
+def _from_pretrained(auto, name_or_path: str, kwargs: dict[str, Any], *, location: Location | None):
+    """`auto.from_pretrained`, with what went wrong (a missing or unreadable model, code it may not run)
+    said as a `RecipeError` at `model.name_or_path`."""
     try:
-        model = auto.from_pretrained(name_or_path, **kwargs)
+        return auto.from_pretrained(name_or_path, **kwargs)
     except OSError as exc:
         where = "local directory" if Path(name_or_path).expanduser().exists() else "model"
         raise RecipeError(f"cannot load {where} '{name_or_path}': {_first_line(exc)}", key="model.name_or_path",
@@ -252,20 +285,18 @@ def _load_model(name_or_path: str, tokenizer, *, device: str, dtype: str = "auto
                           hint="give a directory with config.json and weights, a hub id reachable from this "
                                "machine, or tiny:llama for an offline model") from None
     except ValueError as exc:
-        msg = _first_line(exc)
-        if "trust_remote_code" in str(exc):
-            hint = "set model.trust_remote_code: true if you trust this model's code"
-        elif "does not recognize this architecture" in str(exc):
-            hint = ("this transformers version has no such model type: upgrade transformers, or set "
-                    "model.trust_remote_code: true for a model that ships its own code")
-        else:
-            hint = None
-        raise RecipeError(f"cannot load model '{name_or_path}': {msg}", key="model.name_or_path",
-                          location=location, hint=hint) from None
-    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
-        model.resize_token_embeddings(len(tokenizer))
-    _sync_generation_config(model, tokenizer)
-    return model
+        raise RecipeError(f"cannot load model '{name_or_path}': {_first_line(exc)}", key="model.name_or_path",
+                          location=location, hint=_load_error_hint(exc)) from None
+
+
+def _load_error_hint(exc: ValueError) -> str | None:
+    """What to do about a ValueError of `from_pretrained`: code the model ships, or an unknown architecture."""
+    if "trust_remote_code" in str(exc):
+        return "set model.trust_remote_code: true if you trust this model's code"
+    if "does not recognize this architecture" in str(exc):
+        return ("this transformers version has no such model type: upgrade transformers, or set "
+                "model.trust_remote_code: true for a model that ships its own code")
+    return None
 
 
 def _sync_generation_config(model, tokenizer) -> None:

@@ -90,69 +90,81 @@ def rotate(directory: Path, limit: int | None, keep: Path | None = None) -> list
     return removed
 
 
+class _CrashSafeCheckpoints:
+    """The checkpoint hooks `crash_safe` puts in front of a trainer class (a mixin: `super()` is the trainer).
+
+    A save goes to the staging directory; once every rank's files are on disk, rank 0 publishes it
+    (`_publish`), and every rank waits for that before training goes on. Kept at module level rather
+    than built inside `crash_safe`: the hooks are the same for every trainer class, only the base differs.
+    """
+
+    _rf_staging_root: str | None = None
+    _rf_fault: tuple[str, int] | None = None  # RECIPEFORGE_FAULT, read once per train() call
+
+    def _get_output_dir(self, trial):
+        # While `_save_checkpoint` runs, the Trainer's own save writes under the staging directory.
+        return self._rf_staging_root or super()._get_output_dir(trial)
+
+    def train(self, *args, **kwargs):
+        self._rf_fault = _fault_point()  # not per step: the step hook below is free when unset
+        return super().train(*args, **kwargs)
+
+    def training_step(self, *args, **kwargs):
+        if self._rf_fault is not None:
+            maybe_fault("step", self.state.global_step)
+            maybe_fail_oom(self.state.global_step)
+        return super().training_step(*args, **kwargs)
+
+    def _save_optimizer_and_scheduler(self, output_dir):
+        maybe_fault("save-partial", self.state.global_step)
+        return super()._save_optimizer_and_scheduler(output_dir)
+
+    def _save_checkpoint(self, model, trial):
+        root = Path(super()._get_output_dir(trial))
+        staging = root / STAGING
+        name = f"{PREFIX}{self.state.global_step}"
+        if self.args.should_save:
+            shutil.rmtree(staging / name, ignore_errors=True)  # a leftover of a killed save
+        self.accelerator.wait_for_everyone()
+        self._rf_staging_root = str(staging)
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._rf_staging_root = None
+        self.accelerator.wait_for_everyone()  # every rank's shards are on disk
+        if self.args.should_save:
+            self._publish(root, staging / name, root / name)
+        self.accelerator.wait_for_everyone()
+
+    def _publish(self, root: Path, staged: Path, final: Path) -> None:
+        step = self.state.global_step
+        best = self.state.best_model_checkpoint
+        if best and Path(best).parent.name == STAGING:  # the Trainer saw the staged path
+            self.state.best_model_checkpoint = str(root / Path(best).name)
+            self.state.save_to_json(str(staged / "trainer_state.json"))
+        maybe_fault("save-staged", step)
+        # Every rank's files are on disk: list them with sizes and hashes (verified on resume).
+        write_manifest(staged, skip=(MARKER, MARKER + ".tmp"))
+        write_marker(staged, step, manifest=MANIFEST)
+        if final.exists():  # the same step saved again after a resume
+            shutil.rmtree(final)
+        os.replace(staged, final)
+        _fsync_dir(root)
+        try:
+            staged.parent.rmdir()  # only when empty; never hides anything
+        except OSError:
+            pass
+        maybe_fault("save-published", step)
+        keep = Path(self.state.best_model_checkpoint) if self.state.best_model_checkpoint else None
+        rotate(root, self.args.save_total_limit, keep)
+
+
 @lru_cache(maxsize=None)
 def crash_safe(trainer_cls: type) -> type:
     """`trainer_cls` with staged, atomically published checkpoints (one subclass per trainer class)."""
 
-    class CrashSafeCheckpoints(trainer_cls):  # type: ignore[misc, valid-type]
-        _rf_staging_root: str | None = None
-        _rf_fault: tuple[str, int] | None = None  # RECIPEFORGE_FAULT, read once per train() call
-
-        def _get_output_dir(self, trial):
-            return self._rf_staging_root or super()._get_output_dir(trial)
-
-        def train(self, *args, **kwargs):
-            self._rf_fault = _fault_point()  # not per step: the step hook below is free when unset
-            return super().train(*args, **kwargs)
-
-        def training_step(self, *args, **kwargs):
-            if self._rf_fault is not None:
-                maybe_fault("step", self.state.global_step)
-                maybe_fail_oom(self.state.global_step)
-            return super().training_step(*args, **kwargs)
-
-        def _save_optimizer_and_scheduler(self, output_dir):
-            maybe_fault("save-partial", self.state.global_step)
-            return super()._save_optimizer_and_scheduler(output_dir)
-
-        def _save_checkpoint(self, model, trial):
-            root = Path(super()._get_output_dir(trial))
-            staging = root / STAGING
-            name = f"{PREFIX}{self.state.global_step}"
-            if self.args.should_save:
-                shutil.rmtree(staging / name, ignore_errors=True)  # a leftover of a killed save
-            self.accelerator.wait_for_everyone()
-            self._rf_staging_root = str(staging)
-            try:
-                super()._save_checkpoint(model, trial)
-            finally:
-                self._rf_staging_root = None
-            self.accelerator.wait_for_everyone()  # every rank's shards are on disk
-            if self.args.should_save:
-                self._publish(root, staging / name, root / name)
-            self.accelerator.wait_for_everyone()
-
-        def _publish(self, root: Path, staged: Path, final: Path) -> None:
-            step = self.state.global_step
-            best = self.state.best_model_checkpoint
-            if best and Path(best).parent.name == STAGING:  # the Trainer saw the staged path
-                self.state.best_model_checkpoint = str(root / Path(best).name)
-                self.state.save_to_json(str(staged / "trainer_state.json"))
-            maybe_fault("save-staged", step)
-            # Every rank's files are on disk: list them with sizes and hashes (verified on resume).
-            write_manifest(staged, skip=(MARKER, MARKER + ".tmp"))
-            write_marker(staged, step, manifest=MANIFEST)
-            if final.exists():  # the same step saved again after a resume
-                shutil.rmtree(final)
-            os.replace(staged, final)
-            _fsync_dir(root)
-            try:
-                staged.parent.rmdir()  # only when empty; never hides anything
-            except OSError:
-                pass
-            maybe_fault("save-published", step)
-            keep = Path(self.state.best_model_checkpoint) if self.state.best_model_checkpoint else None
-            rotate(root, self.args.save_total_limit, keep)
+    class CrashSafeCheckpoints(_CrashSafeCheckpoints, trainer_cls):  # type: ignore[misc, valid-type]
+        pass
 
     CrashSafeCheckpoints.__name__ = CrashSafeCheckpoints.__qualname__ = f"CrashSafe{trainer_cls.__name__}"
     return CrashSafeCheckpoints

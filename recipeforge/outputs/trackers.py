@@ -244,103 +244,128 @@ def _wandb_callback(cfg, run, run_name: str):
     return WandbTracker()
 
 
+class _MlflowTracking:
+    """One MLflow run per training call, through an explicit client (no global active run).
+
+    The trainer-callback half comes from `_mlflow_callback`, which imports transformers: this module
+    stays importable without it.
+    """
+
+    def __init__(self, cfg, run, run_name: str):
+        self.cfg, self.run, self.run_name = cfg, run, run_name
+        self.client = None
+        self.run_id: str | None = None
+        self.env = _ScopedEnv()
+        self.failure = TrackerFailure("MLflow")
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.run_id is None and not self.failure.run("starting the run", lambda: self._start(state)):
+            self.env.restore()
+
+    def _start(self, state) -> None:
+        from mlflow import MlflowClient
+
+        uri = self._tracking_uri()
+        self._set_environment(uri)
+        self.client = MlflowClient(tracking_uri=uri)
+        recipe = flatten(read_resolved(self.run))
+        earlier = resumed_entry(self.run, "mlflow", state)
+        if earlier is not None and earlier.get("tracking_uri") == uri:
+            self._reopen(earlier, recipe, state.global_step)
+            remember(self.run, "mlflow", {**earlier, "recipe": {**earlier.get("recipe", {}), **recipe}})
+            return
+        self._create(uri, recipe)
+
+    def _tracking_uri(self) -> str:
+        """The recipe's tracking URI, else MLFLOW_TRACKING_URI, else a file store in the run directory."""
+        # Without a tracking URI (recipe or MLFLOW_TRACKING_URI): a file store in the run directory,
+        # like W&B's offline files (MLflow's own default, sqlite, needs the full mlflow package).
+        return self.cfg.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"file:{self.run.root / 'mlruns'}"
+
+    def _set_environment(self, uri: str) -> None:
+        """MLflow's settings for this run, read by the client from the environment (put back at close)."""
+        if uri.startswith("file:") or "://" not in uri:
+            # MLflow 3 refuses its file store unless asked for it; the recipe asked for it.
+            self.env.set({"MLFLOW_ALLOW_FILE_STORE": "true"})
+        # MLflow retries a failing request 7 times with exponential backoff (minutes per call); a
+        # server that went away then costs a few seconds, not the run's time (the user's own settings win).
+        self.env.set({name: value for name, value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2"),
+                                                      ("MLFLOW_HTTP_REQUEST_TIMEOUT", "30"))
+                      if name not in os.environ})
+
+    def _create(self, uri: str, recipe: dict) -> None:
+        """A new MLflow run in the recipe's experiment: recorded for resuming, then the recipe as its
+        parameters and plan.json and resolved_recipe.yaml as its artifacts."""
+        from mlflow.entities import Param
+
+        experiment = self.client.get_experiment_by_name(self.cfg.experiment)
+        experiment_id = (experiment.experiment_id if experiment is not None
+                         else self.client.create_experiment(self.cfg.experiment))
+        created = self.client.create_run(experiment_id, run_name=self.run_name,
+                                         tags={"recipeforge.run_dir": str(self.run.root)})
+        self.run_id = created.info.run_id
+        remember(self.run, "mlflow", {"id": self.run_id, "tracking_uri": uri, "recipe": recipe})
+        self._log_params([Param(k, _param_value(v)) for k, v in recipe.items()])
+        for path in (self.run.plan, self.run.resolved_recipe):
+            if path.is_file():
+                self.client.log_artifact(self.run_id, str(path))
+
+    def _reopen(self, earlier: dict, recipe: dict, step: int) -> None:
+        """The recorded MLflow run, running again: parameters it lacks are added (a logged
+        parameter cannot change), and what changed since it started is set as tags."""
+        from mlflow.entities import Param, RunTag
+
+        self.run_id = earlier["id"]
+        self.client.update_run(self.run_id, status="RUNNING")
+        before = earlier.get("recipe", {})
+        added = [Param(k, _param_value(v)) for k, v in recipe.items() if k not in before]
+        changed = changes({k: v for k, v in before.items()}, recipe)
+        tags = [RunTag("recipeforge.resumed_at_step", str(step))]
+        tags += [RunTag(f"recipeforge.changed.{k}"[:250], v[:5000]) for k, v in changed.items() if k in before]
+        self._log_params(added)
+        self.client.log_batch(self.run_id, tags=tags)
+
+    def _log_params(self, params: list) -> None:
+        for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
+            self.client.log_batch(self.run_id, params=params[i:i + 100])
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.run_id is None or not logs:
+            return
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(_metric_name(k), float(v), now, state.global_step)
+                   for k, v in numeric_metrics(logs).items()]
+        if metrics:
+            self.failure.run("logging", lambda: self.client.log_batch(self.run_id, metrics=metrics))
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.close(failed=False)
+
+    def close(self, *, failed: bool) -> None:
+        """Mark the MLflow run finished (or failed); later calls do nothing."""
+        if self.run_id is None:
+            return
+        run_id, self.run_id = self.run_id, None
+        try:
+            self.failure.stopped = False  # marking the run ended is worth a try after a failed log call
+            self.failure.run("ending the run",
+                             lambda: self.client.set_terminated(run_id, status="FAILED" if failed else "FINISHED"))
+        finally:
+            self.env.restore()
+
+
 def _mlflow_callback(cfg, run, run_name: str):
     from transformers import TrainerCallback
 
-    class MlflowTracker(TrainerCallback):
+    # The tracking lives in `_MlflowTracking`, first in the order so its hooks replace the callback's no-ops.
+    class MlflowTracker(_MlflowTracking, TrainerCallback):
         """One MLflow run per training call, through an explicit client (no global active run)."""
 
-        def __init__(self):
-            self.client = None
-            self.run_id: str | None = None
-            self.env = _ScopedEnv()
-            self.failure = TrackerFailure("MLflow")
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            if self.run_id is None and not self.failure.run("starting the run", lambda: self._start(state)):
-                self.env.restore()
-
-        def _start(self, state) -> None:
-            from mlflow import MlflowClient
-            from mlflow.entities import Param
-
-            # Without a tracking URI (recipe or MLFLOW_TRACKING_URI): a file store in the run directory,
-            # like W&B's offline files (MLflow's own default, sqlite, needs the full mlflow package).
-            uri = cfg.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"file:{run.root / 'mlruns'}"
-            if uri.startswith("file:") or "://" not in uri:
-                # MLflow 3 refuses its file store unless asked for it; the recipe asked for it.
-                self.env.set({"MLFLOW_ALLOW_FILE_STORE": "true"})
-            # MLflow retries a failing request 7 times with exponential backoff (minutes per call); a
-            # server that went away then costs a few seconds, not the run's time (the user's own settings win).
-            self.env.set({name: value for name, value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2"),
-                                                          ("MLFLOW_HTTP_REQUEST_TIMEOUT", "30"))
-                          if name not in os.environ})
-            self.client = MlflowClient(tracking_uri=uri)
-            recipe = flatten(read_resolved(run))
-            earlier = resumed_entry(run, "mlflow", state)
-            if earlier is not None and earlier.get("tracking_uri") == uri:
-                self._reopen(earlier, recipe, state.global_step)
-                remember(run, "mlflow", {**earlier, "recipe": {**earlier.get("recipe", {}), **recipe}})
-                return
-            experiment = self.client.get_experiment_by_name(cfg.experiment)
-            experiment_id = (experiment.experiment_id if experiment is not None
-                             else self.client.create_experiment(cfg.experiment))
-            created = self.client.create_run(experiment_id, run_name=run_name,
-                                             tags={"recipeforge.run_dir": str(run.root)})
-            self.run_id = created.info.run_id
-            remember(run, "mlflow", {"id": self.run_id, "tracking_uri": uri, "recipe": recipe})
-            params = [Param(k, _param_value(v)) for k, v in recipe.items()]
-            for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
-                self.client.log_batch(self.run_id, params=params[i:i + 100])
-            for path in (run.plan, run.resolved_recipe):
-                if path.is_file():
-                    self.client.log_artifact(self.run_id, str(path))
-
-        def _reopen(self, earlier: dict, recipe: dict, step: int) -> None:
-            """The recorded MLflow run, running again: parameters it lacks are added (a logged
-            parameter cannot change), and what changed since it started is set as tags."""
-            from mlflow.entities import Param, RunTag
-
-            self.run_id = earlier["id"]
-            self.client.update_run(self.run_id, status="RUNNING")
-            before = earlier.get("recipe", {})
-            added = [Param(k, _param_value(v)) for k, v in recipe.items() if k not in before]
-            changed = changes({k: v for k, v in before.items()}, recipe)
-            tags = [RunTag("recipeforge.resumed_at_step", str(step))]
-            tags += [RunTag(f"recipeforge.changed.{k}"[:250], v[:5000]) for k, v in changed.items() if k in before]
-            for i in range(0, len(added), 100):
-                self.client.log_batch(self.run_id, params=added[i:i + 100])
-            self.client.log_batch(self.run_id, tags=tags)
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if self.run_id is None or not logs:
-                return
-            import time
-
-            from mlflow.entities import Metric
-
-            now = int(time.time() * 1000)
-            metrics = [Metric(_metric_name(k), float(v), now, state.global_step)
-                       for k, v in numeric_metrics(logs).items()]
-            if metrics:
-                self.failure.run("logging", lambda: self.client.log_batch(self.run_id, metrics=metrics))
-
-        def on_train_end(self, args, state, control, **kwargs):
-            self.close(failed=False)
-
-        def close(self, *, failed: bool) -> None:
-            """Mark the MLflow run finished (or failed); later calls do nothing."""
-            if self.run_id is None:
-                return
-            run_id, self.run_id = self.run_id, None
-            try:
-                self.failure.stopped = False  # marking the run ended is worth a try after a failed log call
-                self.failure.run("ending the run",
-                                 lambda: self.client.set_terminated(run_id, status="FAILED" if failed else "FINISHED"))
-            finally:
-                self.env.restore()
-
-    return MlflowTracker()
+    return MlflowTracker(cfg, run, run_name)
 
 
 def _param_value(v: Any) -> str:
