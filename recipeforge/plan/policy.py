@@ -22,7 +22,7 @@ list to matching layouts.
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from recipeforge.capabilities import Refusal, backend_specs, capabilities_of, parallel_key, refusals
 from recipeforge.plan.backend_spec import Candidate
@@ -236,6 +236,30 @@ def evaluate(c: Candidate, w: Workload, hw: Hardware, train, headroom: float) ->
     return ev
 
 
+def within_band(ev: Evaluation, w: Workload, hw: Hardware, train, headroom: float) -> tuple[Evaluation, str] | None:
+    """`ev` (a layout that does not fit with the usual margin; its smallest estimate) planned after
+    all when the low end of the estimate's accuracy band fits the device (the whole GPU, or the host's
+    RAM for a CPU run), with the warning that says so. None when even that end does not fit, or when
+    host RAM or the batch arithmetic stands in the way (not a question of the estimate's accuracy)."""
+    from recipeforge.plan.accuracy import accuracy_band
+
+    if ev.memory.total <= ev.limit or ev.memory.cpu_per_node > ev.cpu_limit or headroom <= 0:
+        return None
+    if _batch_problem(train.global_batch_size, ev.micro_batch, ev.layout.data_parallel):
+        return None
+    capacity = ev.limit / headroom
+    band = accuracy_band(w, ev.layout)
+    low = ev.memory.total * (1 - band)
+    if low > capacity:
+        return None
+    unit, where = ("GPU", "GPU") if hw.device == "cuda" else ("process", "host RAM")
+    return replace(ev, fits=True, problem=""), (
+        f"tight fit: the estimate is {ev.memory.total / GIB:.1f} GB per {unit} (±{band:.0%}), above the "
+        f"{headroom:.0%} of the {capacity / GIB:.1f} GB {where} the planner fills by default "
+        f"({ev.limit / GIB:.1f} GB, distributed.memory_headroom); the low end of the band, {low / GIB:.1f} GB, "
+        f"fits. Watch the first steps' memory, or lower data.sequence_len to leave the margin")
+
+
 def _batch_problem(global_batch: int, micro: int, dp: int) -> str:
     if global_batch % (micro * dp):
         return (f"global batch {global_batch} is not a multiple of micro batch {micro} x {dp} "
@@ -260,13 +284,23 @@ def decide(w: Workload, hw: Hardware, dist, train) -> Decision:
     missing here carries a warning naming the extra to install."""
     evaluations = [evaluate(c, w, hw, train, dist.memory_headroom) for c in candidate_list(w, hw, dist)]
     fitting = [e for e in evaluations if e.fits]
+    warnings: list[str] = []
     if not fitting:
-        return Decision(None, evaluations)
+        # Nothing leaves the margin `memory_headroom` keeps: the first layout whose estimate could still
+        # fit within the estimate's accuracy band is planned, with a warning that says by how much.
+        for i, ev in enumerate(evaluations):
+            tight = within_band(ev, w, hw, train, dist.memory_headroom)
+            if tight is not None:
+                evaluations[i] = tight[0]
+                fitting = [tight[0]]
+                warnings.append(tight[1])
+                break
+        else:
+            return Decision(None, evaluations)
     chosen = fitting[0]
     if dist.backend == "auto" and hw.source == "probe":
         runnable = [e for e in fitting if backend_installed(e.layout.backend)]
         chosen = runnable[0] if runnable else chosen
-    warnings: list[str] = []
     if not backend_installed(chosen.layout.backend):
         warnings.append(f"{chosen.layout.backend} is not installed here: {install_hint(chosen.layout.backend)}")
     return Decision(chosen, evaluations, warnings)

@@ -51,7 +51,9 @@ class DistributedConfig(Section):
     fsdp_sharding: Literal["full_shard", "hybrid_shard", "shard_grad_op"] = Field(
         "full_shard", description="FSDP sharding strategy.")
     memory_headroom: float = Field(
-        0.9, gt=0, le=1, description="Share of GPU memory the planner may fill.")
+        0.9, gt=0, le=1, description="Share of GPU memory the planner fills without a warning. When no layout fits under it, the first "
+                    "whose estimate could still fit within its accuracy band (the band's low end under the whole GPU) "
+                    "is planned with a warning (`tight fit`); only beyond that is the recipe refused.")
     timeout_minutes: float = Field(
         60.0, gt=0,
         description="How long a process waits for the others at a collective (a barrier, a gradient "
