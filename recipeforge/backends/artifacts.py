@@ -92,7 +92,10 @@ def fsdp_plugin_config(plan: Plan, recipe) -> dict:
         "reshard_after_forward": sharding != "shard_grad_op",
         "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
         "transformer_cls_names_to_wrap": [layer_class] if layer_class else None,
-        "activation_checkpointing": plan.gradient_checkpointing,
+        # FSDP's own checkpointing is whole layers; selective or every-N-th checkpointing is the
+        # runner's, inside each wrapped layer (`stages.checkpointing`)
+        "activation_checkpointing": plan.gradient_checkpointing and plan.checkpoint_mode == "full"
+        and plan.checkpoint_every == 1,
         "cpu_offload": plan.offload != "none",
         "state_dict_type": "SHARDED_STATE_DICT",
         "cpu_ram_efficient_loading": True,
@@ -111,9 +114,7 @@ def megatron_parallel_settings(plan: Plan, recipe) -> dict:
             "pipeline_model_parallel_size": plan.pipeline_parallel,
             "context_parallel_size": 1,
             "sequence_parallel": plan.tensor_parallel > 1,
-            "recompute_granularity": "full" if plan.gradient_checkpointing else None,
-            "recompute_method": "uniform" if plan.gradient_checkpointing else None,
-            "recompute_num_layers": 1 if plan.gradient_checkpointing else None,
+            **megatron_recompute(plan),
         },
         "train": {"micro_batch_size": plan.micro_batch_size, "global_batch_size": plan.global_batch_size},
         "optimizer": {
@@ -127,3 +128,19 @@ def megatron_parallel_settings(plan: Plan, recipe) -> dict:
         "ddp": {"use_distributed_optimizer": True, "grad_reduce_in_fp32": True},
         "data_parallel_size": plan.data_parallel,
     }
+
+
+def megatron_recompute(plan: Plan) -> dict:
+    """Megatron's recomputation for the plan's checkpointing: every layer recomputed whole (`full`,
+    `uniform`, one layer per chunk), only its attention and activation functions (`selective`, no
+    method), or whole but only for some layers (`block`: the first ceil(layers / N) of each pipeline
+    stage, as many as checkpointing every N-th layer covers)."""
+    if not plan.gradient_checkpointing:
+        return {"recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None}
+    if plan.checkpoint_mode == "selective":
+        return {"recompute_granularity": "selective", "recompute_method": None, "recompute_num_layers": None}
+    if plan.checkpoint_every > 1:
+        layers = int(plan.extra.model.get("layers") or 0) // max(1, plan.pipeline_parallel)
+        return {"recompute_granularity": "full", "recompute_method": "block",
+                "recompute_num_layers": max(1, -(-layers // plan.checkpoint_every))}
+    return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}

@@ -155,19 +155,47 @@ def activation_split(w: Workload, tokens: int, *, layers: int, checkpointing: bo
     # the residual stream between layers: fp32 when fp32 weights run under autocast
     layer_input = (4 if fp32_weights else c) * h / whole_div
     local = tokens / context_parallel
-    if checkpointing:
-        # checkpointed layers also take the boolean block-diagonal mask as an input: one per sequence
+    recomputed = per_layer
+    if checkpointing and w.checkpoint_mode == "selective":
+        # each layer keeps its input and what the policy saves; the backward recomputes the rest of one layer
+        saved = selective_saved_bytes(w) / (t if sequence_parallel else 1)
         mask = w.seq_len if w.attention_mask else 0
-        stored = local * (layers * layer_input + mask)
+        stored = local * (layers * (layer_input + saved) + mask)
+        recomputed = max(0.0, per_layer - saved)
+    elif checkpointing:
+        # checkpointed layers also take the boolean block-diagonal mask as an input: one per sequence;
+        # with checkpoint_every N, the layers in between keep all their activations
+        mask = w.seq_len if w.attention_mask else 0
+        checkpointed = -(-layers // max(1, w.checkpoint_every))
+        stored = local * (checkpointed * layer_input + (layers - checkpointed) * per_layer + mask)
     else:
         stored = local * layers * per_layer
-    return Activations(stored=stored, recomputed=local * per_layer if checkpointing else 0.0,
+    return Activations(stored=stored, recomputed=local * recomputed if checkpointing else 0.0,
                        layer=0.0 if checkpointing else local * per_layer,
                        outside=local * _outside_bytes(w, fp32_weights) / whole_div,
                        norm_backward=0.0 if w.fused_kernels else local * _NORM_BACKWARD_FP32 * 4 * h / whole_div,
                        incoming=local * (4 if fp32_weights else c) * h / whole_div,
                        working=local * layer_working_bytes(w, tensor_parallel),
                        mlp_backward=local * mlp_backward_bytes(w, tensor_parallel))
+
+
+def selective_saved_bytes(w: Workload) -> float:
+    """Per token and layer, what selective checkpointing keeps besides the layer's input
+    (`stages.checkpointing`: torchtitan's policy): the outputs of every second matrix multiply in call
+    order (the layer's linears, and with LoRA each adapted linear's lora_A and lora_B right after its
+    base), and the attention kernel's output with its fp32 log-sum-exp per head. The MLP of an MoE
+    layer runs its experts as batched matmuls, counted once per routed copy."""
+    m, c = w.model, w.compute_bytes
+    adapted = {lin.name for lin in w.lora_linears}
+    outputs: list[float] = []
+    for lin in m.layer_linears():
+        copies = m.experts_per_token if lin.name.startswith("experts.") else 1
+        outputs.append(c * lin.out_features * copies)
+        if lin.name in adapted:
+            outputs += [c * w.lora_rank, c * lin.out_features]
+    matmuls = sum(out for i, out in enumerate(outputs) if i % 2 == 0)
+    attention = c * m.q_dim + 4 * m.num_heads
+    return matmuls + attention
 
 
 def layer_working_bytes(w: Workload, tensor_parallel: int = 1) -> float:
@@ -248,7 +276,14 @@ def activation_terms(w: Workload, tokens: int, *, layers: int, checkpointing: bo
         out.append(f"tensor parallel {tensor_parallel} divides " + (
             "every tensor (sequence parallel)" if sequence_parallel else
             "attention and MLP; norms and layer inputs stay whole on each rank"))
-    if checkpointing:
+    if checkpointing and w.checkpoint_mode == "selective":
+        out.append(f"selective recomputation keeps {(4 if fp32_weights else c) * m.hidden_size} B per token of layer "
+                   f"input and {selective_saved_bytes(w) / 1024:.1f} KiB of matmul and attention outputs per layer "
+                   f"over {layers} layers, and recomputes the rest of one layer while it runs backward")
+    elif checkpointing and w.checkpoint_every > 1:
+        out.append(f"recomputation of every {w.checkpoint_every}th layer ({-(-layers // w.checkpoint_every)} of "
+                   f"{layers}) keeps their inputs; the others keep all their activations")
+    elif checkpointing:
         out.append(f"recomputation keeps {(4 if fp32_weights else c) * m.hidden_size} B per token per layer input "
                    f"over {layers} layers plus one layer in full while it runs backward")
     return "; ".join(out)

@@ -288,7 +288,8 @@ def _build_plan(recipe, w: Workload, hw: Hardware, ev: Evaluation, decision: Dec
         pipeline_parallel=layout.pipeline_parallel, micro_batch_size=ev.micro_batch,
         gradient_accumulation=ev.accumulation,
         global_batch_size=ev.micro_batch * ev.accumulation * layout.data_parallel,
-        gradient_checkpointing=ev.checkpointing, offload=layout.offload, backend_part=spec.plan_part(layout),
+        gradient_checkpointing=ev.checkpointing, checkpoint_mode=w.checkpoint_mode, checkpoint_every=w.checkpoint_every,
+        offload=layout.offload, backend_part=spec.plan_part(layout),
         memory_gb=ev.memory.gb(), reasons=reasons, extra=extra)
 
 
@@ -318,8 +319,10 @@ def _micro_reason(train, ev: Evaluation) -> str:
 
 
 def _ckpt_reason(train, ev: Evaluation) -> str:
+    if train.gradient_checkpointing == "selective":
+        return "recipe sets it: selective (matmul and attention outputs kept, the rest recomputed)"
     if isinstance(train.gradient_checkpointing, bool):
-        return "recipe sets it"
+        return "recipe sets it" + (f": every {train.checkpoint_every}th layer" if train.checkpoint_every > 1 else "")
     if not ev.checkpointing:
         return "auto: off, the step fits without recomputation"
     without = [t for t in ev.tried if not t[1]]

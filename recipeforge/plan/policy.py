@@ -209,7 +209,9 @@ def evaluate(c: Candidate, w: Workload, hw: Hardware, train, headroom: float) ->
     else:
         cap = min(MICRO_BATCH_CAP, per_rank) if per_rank else 1
         micros = [b for b in range(cap, 0, -1) if per_rank and per_rank % b == 0] or [1]
-    ckpts = [train.gradient_checkpointing] if isinstance(train.gradient_checkpointing, bool) else [False, True]
+    # `selective` is checkpointing too (its own activation term, `plan.activations`); `auto` tries without first
+    ckpts = [True] if train.gradient_checkpointing == "selective" else \
+        [train.gradient_checkpointing] if isinstance(train.gradient_checkpointing, bool) else [False, True]
 
     tried: list[tuple[int, bool, float]] = []
     best: tuple[float, int, bool, MemoryEstimate] | None = None

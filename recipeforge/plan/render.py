@@ -55,7 +55,7 @@ def render_plan(plan: Plan) -> str:
         ("batch", f"micro {plan.micro_batch_size} x accumulation {plan.gradient_accumulation} x data "
                   f"{plan.data_parallel} = global {plan.global_batch_size}"),
         ("sequence length", str(x.sequence_len or "")),
-        ("gradient checkpointing", "on" if plan.gradient_checkpointing else "off"),
+        ("gradient checkpointing", checkpointing_label(plan)),
         *plan.backend_part.rows(),
         ("offload", plan.offload),
     ]))
@@ -140,3 +140,12 @@ def _value(value) -> str:
 def _table(rows: list[tuple[str, str]], indent: str = "") -> str:
     width = max((len(k) for k, _ in rows), default=0)
     return "\n".join(f"{indent}{k:<{width}}  {v}" for k, v in rows)
+
+
+def checkpointing_label(plan: Plan) -> str:
+    """``off``, ``on``, ``selective`` or ``every 4th layer``."""
+    if not plan.gradient_checkpointing:
+        return "off"
+    if plan.checkpoint_mode == "selective":
+        return "selective"
+    return f"every {plan.checkpoint_every}th layer" if plan.checkpoint_every > 1 else "on"

@@ -86,6 +86,10 @@ class Plan:
     global_batch_size: int        # micro_batch_size * gradient_accumulation * data_parallel
     gradient_checkpointing: bool
     offload: str                  # "none" | "optimizer" | "optimizer+params"
+    # With gradient_checkpointing: "full" (a layer's input kept, the rest recomputed) or "selective"
+    # (matmul and attention outputs kept); `checkpoint_every` N: full checkpointing of every N-th layer.
+    checkpoint_mode: str = "full"
+    checkpoint_every: int = 1
     backend_part: BackendPart = field(default_factory=BackendPart)  # the backend's own settings
     memory_gb: dict[str, float] = field(default_factory=dict)   # per-GPU estimate by component
     reasons: dict[str, Choice] = field(default_factory=dict)    # per decision

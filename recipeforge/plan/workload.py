@@ -68,6 +68,8 @@ class Workload:
     attn_implementation: str = "auto"  # the recipe's model.attn_implementation (context parallel needs sdpa)
     packing: bool = False             # data.packing (context parallel cannot mask packed samples apart)
     attention_mask: bool = False      # sdpa with a dense mask in every layer (packed rows; `sdpa_masks_packed_rows`)
+    checkpoint_mode: str = "full"     # with checkpointing: "full" or "selective" (train.gradient_checkpointing)
+    checkpoint_every: int = 1         # full checkpointing of every N-th layer (train.checkpoint_every)
     # Backends that recipe settings outside the capability record rule out: (backend, key, message).
     setting_refusals: tuple[tuple[str, str, str], ...] = ()
     notes: tuple[str, ...] = field(default=())
@@ -196,7 +198,9 @@ def build_workload(recipe, model: ModelSpec, hardware: Hardware) -> Workload:
         attn_implementation=recipe.model.attn_implementation, packing=bool(recipe.data.packing),
         attention_mask=masked,
         setting_refusals=_setting_refusals(recipe), unfrozen_params=unfrozen,
-        activation_offloading=recipe.train.activation_offloading and hardware.device == "cuda")
+        activation_offloading=recipe.train.activation_offloading and hardware.device == "cuda",
+        checkpoint_mode="selective" if recipe.train.gradient_checkpointing == "selective" else "full",
+        checkpoint_every=recipe.train.checkpoint_every)
 
 
 def sdpa_masks_packed_rows(attn_implementation: str, packing: bool, device: str) -> bool:

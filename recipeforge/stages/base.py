@@ -20,7 +20,8 @@ from recipeforge.components.prepared import PreparedData
 from recipeforge.config.secrets import public
 from recipeforge.errors import RecipeError
 from recipeforge.stages.context import DistInfo, RecipeContext, StageContext, WorkerHooks, quiet
-from recipeforge.stages.trainer_args import BNB_OPTIMIZERS, OPTIMIZERS, SCHEDULERS, RunFacts, trainer_arguments
+from recipeforge.stages.trainer_args import (BNB_OPTIMIZERS, OPTIMIZERS, SCHEDULERS, RunFacts, runner_checkpoints,
+                                             trainer_arguments)
 
 if TYPE_CHECKING:
     from recipeforge.stages.model_builder import ModelBuilder
@@ -91,6 +92,11 @@ class TrainerStage:
         # Batch, steps and warmup against the data, before the model loads.
         check_data_numbers(self.recipe, ctx.plan, data, log=ctx.log if ctx.dist.is_main else quiet)
         self.model = self.load_model()
+        if runner_checkpoints(ctx.plan):  # selective, or every N-th layer (`stages.checkpointing`)
+            from recipeforge.stages.checkpointing import SELECTIVE, enable_checkpointing
+
+            enable_checkpointing(self.model, selective=ctx.plan.checkpoint_mode == SELECTIVE,
+                                 every=ctx.plan.checkpoint_every)
         ctx.barrier()  # rank 0 may have written base_model/, which trainers load by path
         self.trainer = self.build_trainer_explained()
         self.finish_trainer()

@@ -75,8 +75,15 @@ def trainer_arguments(recipe: Any, plan: Any, facts: RunFacts) -> dict[str, Any]
         "dataloader_num_workers": 0,
         "train_sampling_strategy": "random" if recipe.data.shuffle else "sequential",
         "push_to_hub": False,
-        facts.checkpointing_field: bool(plan.gradient_checkpointing),
+        # Selective and every-N-th-layer checkpointing are enabled on the model by the runner
+        # (`stages.checkpointing`); the Trainer's switch covers plain checkpointing of every layer.
+        facts.checkpointing_field: bool(plan.gradient_checkpointing) and not runner_checkpoints(plan),
     }
+
+
+def runner_checkpoints(plan: Any) -> bool:
+    """Whether the plan's checkpointing is one the runner enables itself (selective, or every N-th layer)."""
+    return bool(plan.gradient_checkpointing) and (plan.checkpoint_mode != "full" or plan.checkpoint_every > 1)
 
 
 def _batching(plan: Any, t: Any) -> dict[str, Any]:

@@ -63,8 +63,16 @@ class TrainConfig(Section):
     adam_beta1: float = Field(0.9, ge=0, lt=1, description="Adam beta1.")
     adam_beta2: float = Field(0.999, ge=0, lt=1, description="Adam beta2.")
     max_grad_norm: Optional[float] = Field(1.0, gt=0, description="Gradient clipping norm (null: no clipping).")
-    gradient_checkpointing: Union[Literal["auto"], bool] = Field(
-        "auto", description="Recompute activations in the backward pass; `auto`: on when the planner needs the memory.")
+    gradient_checkpointing: Union[Literal["auto", "selective"], bool] = Field(
+        "auto", description="Recompute activations in the backward pass; `auto`: on when the planner needs the memory. "
+                            "`true` checkpoints each decoder layer whole (its input kept, everything else recomputed); "
+                            "`selective` keeps the outputs of the matrix multiplies (every second one) and of "
+                            "attention and recomputes the rest (torch's selective activation checkpointing, "
+                            "torchtitan's policy; Megatron's `recompute_granularity: selective`): less recomputation "
+                            "for more memory.")
+    checkpoint_every: int = Field(
+        1, ge=1, description="With `gradient_checkpointing: true`: checkpoint every N-th decoder layer (layers 0, N, "
+                             "2N, ...) and let the others keep their activations; 1 checkpoints every layer.")
     activation_offloading: bool = Field(
         False, description="Move the activations saved for backward to pinned host memory during the forward "
                            "pass and back for backward (TRL's activation offloading; GPU runs of pretrain, sft, "
@@ -94,6 +102,15 @@ class TrainConfig(Section):
                           "e.g. `^model.embed_tokens.weight$[32000:]`. Every other parameter is frozen; the "
                           "planner counts gradients and optimizer states for the selected ones only. A pattern "
                           "that selects nothing is an error. Needs `adapter.type: none` (null: train all).")
+
+    @field_validator("checkpoint_every")
+    @classmethod
+    def _every_needs_full_checkpointing(cls, value, info: ValidationInfo):
+        if value > 1 and info.data.get("gradient_checkpointing") is not True:
+            raise ValueError(f"checkpoint_every: {value} picks which layers full checkpointing covers, and "
+                             f"train.gradient_checkpointing is {info.data.get('gradient_checkpointing')!r}; set "
+                             f"train.gradient_checkpointing: true, or checkpoint_every: 1")
+        return value
 
     @field_validator("unfrozen_parameters")
     @classmethod
