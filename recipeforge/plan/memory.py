@@ -179,18 +179,7 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
     trainable = w.trainable_params()
     mp = layout.tensor_parallel * layout.pipeline_parallel
 
-    # ---- frozen base weights (adapters) or the trained weights (full fine-tune)
-    if w.full_finetune:
-        # train.unfrozen_parameters: the frozen rest keeps its 16-bit weights only (0 when all train)
-        frozen_bytes = (psi - trainable) * c
-    elif w.adapter == "qlora":
-        # peft's prepare_model_for_kbit_training keeps the non-quantized weights in fp32; a sharded base
-        # (ZeRO-3, FSDP) keeps them in the compute dtype, the 4-bit weights' storage dtype
-        frozen_bytes = quantized_model_bytes(w, 4 if not _shards_weights(layout) else c)
-    else:
-        frozen_bytes = psi * c
-
-    cpu = spec_of(layout.backend).model_states(w, layout, part, trainable, frozen_bytes)
+    cpu = spec_of(layout.backend).model_states(w, layout, part, trainable, _frozen_bytes(w, layout, trainable))
 
     # ---- reference model (DPO, GRPO with a KL term): frozen 16-bit copy, sharded like the weights
     if w.reference_model:
@@ -204,21 +193,53 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
         cpu += host * layout.gpus_per_node
         notes.append(offload_note(part["activations"], host, GIB))
 
-    # ---- GRPO rollout
-    if w.rollout is not None and w.rollout.colocated:
-        if w.rollout.engine == "hf":
-            # TRL generates the completions of all accumulation steps at once
-            part["kv_cache"] = kv_cache_bytes(w, micro_batch * accumulation)
-            if _shards_weights(layout):
-                part["generation_params"] = psi * c / mp  # the whole model is gathered to generate
-        elif w.rollout.reserves_memory:
-            part["rollout_engine"] = w.rollout.gpu_memory_utilization * gpu_memory
-            notes.append(f"{w.rollout.engine} reserves {w.rollout.gpu_memory_utilization:.0%} of each GPU")
-        else:
-            notes.append(f"the memory of rollout engine {w.rollout.engine} is not estimated")
-
+    _book_rollout(w, layout, part, notes, micro_batch * accumulation, gpu_memory)
     part["runtime"] = (CUDA_RUNTIME + (NCCL_BUFFERS if layout.world_size > 1 else 0.0)) if gpu_memory else 0.0
+    _book_paged_optimizer(w, layout, part, notes)
+    total = _phase_peak(w, layout, part, accumulation)
+    load_peak = _book_quantized_load(w, layout, part, notes)
+    if load_peak > total:  # loading is the peak: nothing else exists yet
+        notes.append(f"loading the quantized model whole ({part['quantized_load'] / GIB:.1f} GB per GPU) is "
+                     "the peak, before it is sharded")
+        part["allocator_reserve"] = 0.0
+        total = load_peak
+    return MemoryEstimate(components=part, total=total, cpu_per_node=cpu, notes=tuple(notes), train_peak=peak.name)
 
+
+def _frozen_bytes(w: Workload, layout: Layout, trainable: float) -> float:
+    """Frozen base weights (adapters), or the frozen rest of the trained weights (full fine-tune)."""
+    psi, c = w.model.total_params(), w.compute_bytes
+    if w.full_finetune:
+        # train.unfrozen_parameters: the frozen rest keeps its 16-bit weights only (0 when all train)
+        return (psi - trainable) * c
+    if w.adapter == "qlora":
+        # peft's prepare_model_for_kbit_training keeps the non-quantized weights in fp32; a sharded base
+        # (ZeRO-3, FSDP) keeps them in the compute dtype, the 4-bit weights' storage dtype
+        return quantized_model_bytes(w, 4 if not _shards_weights(layout) else c)
+    return psi * c
+
+
+def _book_rollout(w: Workload, layout: Layout, part: dict[str, float], notes: list[str], samples: int,
+                  gpu_memory: float) -> None:
+    """GRPO rollout on the training GPUs: the KV cache of `samples` sequences or the engine's reserve."""
+    if w.rollout is None or not w.rollout.colocated:
+        return
+    if w.rollout.engine == "hf":
+        # TRL generates the completions of all accumulation steps at once
+        part["kv_cache"] = kv_cache_bytes(w, samples)
+        if _shards_weights(layout):
+            # the whole model is gathered to generate
+            mp = layout.tensor_parallel * layout.pipeline_parallel
+            part["generation_params"] = w.model.total_params() * w.compute_bytes / mp
+    elif w.rollout.reserves_memory:
+        part["rollout_engine"] = w.rollout.gpu_memory_utilization * gpu_memory
+        notes.append(f"{w.rollout.engine} reserves {w.rollout.gpu_memory_utilization:.0%} of each GPU")
+    else:
+        notes.append(f"the memory of rollout engine {w.rollout.engine} is not estimated")
+
+
+def _book_paged_optimizer(w: Workload, layout: Layout, part: dict[str, float], notes: list[str]) -> None:
+    """Move paged optimizer states from the persistent part to the optimizer step."""
     if w.optimizer in PAGED_OPTIMIZERS and part["optimizer"] and layout.offload == "none":
         # bitsandbytes allocates paged states in CUDA unified memory: they are paged in for step()
         # and out again under pressure, so only the optimizer step needs them on the GPU
@@ -226,6 +247,9 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
         notes.append(f"paged optimizer states ({part['paged_optimizer'] / GIB:.1f} GB) are resident for the "
                      "optimizer step only")
 
+
+def _phase_peak(w: Workload, layout: Layout, part: dict[str, float], accumulation: int) -> float:
+    """Persistent memory plus the largest phase plus the allocator's reserve (which it books)."""
     # torch-owned gradients are allocated in backward and freed by zero_grad(set_to_none=True)
     deferred = (spec_of(layout.backend).torch_allocates_gradients and w.full_finetune
                 and layout.offload == "none")
@@ -235,30 +259,28 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
     step = sum(part[k] for k in OPTIMIZER_PHASE) + (grads if deferred else 0.0)
     generation = sum(part[k] for k in GENERATION_PHASE)
     peak_phase = max(train, step, generation)
-    load_peak = 0.0
-    if w.adapter == "qlora" and _shards_weights(layout):
-        if loads_quantized_shards(w, layout):
-            # `backends.quantized_loading`: each process reads the checkpoint one tensor at a time,
-            # quantizes it and keeps its shard; the shards are the weights term already
-            part["quantized_load"] = tensor_in_flight_bytes(w, c)
-            load_peak = part["runtime"] + part["weights"] + part["quantized_load"]
-            notes.append(f"the 4-bit base loads shard by shard: each GPU holds its shard and at most "
-                         f"{part['quantized_load'] / GIB:.1f} GB of one checkpoint tensor in flight")
-        else:
-            # transformers loads a quantized checkpoint whole onto every GPU (no zero.Init, no rank-0
-            # loading for quantized models); ZeRO-3 partitions it only when the engine starts
-            part["quantized_load"] = quantized_model_bytes(w, c)
-            load_peak = part["runtime"] + part["quantized_load"]
     transient = max(sum(part[k] for k in TRAIN_PHASE), sum(part[k] for k in GENERATION_PHASE),
                     part["optimizer_step"])
     part["allocator_reserve"] = ALLOCATOR_SLACK * transient
-    total = persistent + peak_phase + part["allocator_reserve"]
-    if load_peak > total:  # loading is the peak: nothing else exists yet
-        notes.append(f"loading the quantized model whole ({part['quantized_load'] / GIB:.1f} GB per GPU) is "
-                     "the peak, before it is sharded")
-        part["allocator_reserve"] = 0.0
-        total = load_peak
-    return MemoryEstimate(components=part, total=total, cpu_per_node=cpu, notes=tuple(notes), train_peak=peak.name)
+    return persistent + peak_phase + part["allocator_reserve"]
+
+
+def _book_quantized_load(w: Workload, layout: Layout, part: dict[str, float], notes: list[str]) -> float:
+    """The peak while a sharded QLoRA base loads (0 where loading is not a candidate peak)."""
+    if not (w.adapter == "qlora" and _shards_weights(layout)):
+        return 0.0
+    c = w.compute_bytes
+    if loads_quantized_shards(w, layout):
+        # `backends.quantized_loading`: each process reads the checkpoint one tensor at a time,
+        # quantizes it and keeps its shard; the shards are the weights term already
+        part["quantized_load"] = tensor_in_flight_bytes(w, c)
+        notes.append(f"the 4-bit base loads shard by shard: each GPU holds its shard and at most "
+                     f"{part['quantized_load'] / GIB:.1f} GB of one checkpoint tensor in flight")
+        return part["runtime"] + part["weights"] + part["quantized_load"]
+    # transformers loads a quantized checkpoint whole onto every GPU (no zero.Init, no rank-0
+    # loading for quantized models); ZeRO-3 partitions it only when the engine starts
+    part["quantized_load"] = quantized_model_bytes(w, c)
+    return part["runtime"] + part["quantized_load"]
 
 
 def _train_peak(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,

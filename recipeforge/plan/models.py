@@ -338,40 +338,17 @@ def spec_from_config(config: dict, name: str = "") -> ModelSpec:
     """A `ModelSpec` from a transformers ``config.json`` dict. Multimodal configs contribute their
     ``text_config``; unknown model types are counted as Llama-style decoders (noted in `notes`)."""
     notes: list[str] = []
-    cfg = dict(config)
-    if isinstance(cfg.get("text_config"), dict):
-        text = dict(cfg["text_config"])
-        text.setdefault("tie_word_embeddings", cfg.get("tie_word_embeddings", text.get("tie_word_embeddings")))
-        cfg = text
-        notes.append("counted the language model only (text_config); vision/audio towers are not included")
-    model_type = str(cfg.get("model_type", "llama"))
-    if model_type == "gemma3":
-        model_type = "gemma3_text"
-    if model_type not in DECODER_LAYER_CLASS:
-        notes.append(f"model_type '{model_type}' is counted as a Llama-style decoder")
-
+    cfg = _language_config(config, notes)
+    model_type = _model_type(cfg, notes)
     if model_type == "gpt2":
-        hidden = _req(cfg, "n_embd", name)
-        heads = _req(cfg, "n_head", name)
-        return ModelSpec(
-            model_type="gpt2", vocab_size=_req(cfg, "vocab_size", name), hidden_size=hidden,
-            intermediate_size=cfg.get("n_inner") or 4 * hidden, num_layers=_req(cfg, "n_layer", name),
-            num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads,
-            tie_embeddings=cfg.get("tie_word_embeddings", True),
-            max_position_embeddings=cfg.get("n_positions", 1024), name=name, notes=tuple(notes))
+        return _gpt2_spec(cfg, name, notes)
 
     hidden = _req(cfg, "hidden_size", name)
     heads = _req(cfg, "num_attention_heads", name)
     layers = _req(cfg, "num_hidden_layers", name)
     kv_heads = cfg.get("num_key_value_heads") or heads
     head_dim = cfg.get("head_dim") or hidden // heads
-    experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0)
-    moe_i = cfg.get("moe_intermediate_size") or (cfg.get("intermediate_size") if experts else 0)
-    # Shared experts: Qwen2-MoE gives their width (and gates them), DeepSeek a count of expert-wide MLPs.
-    shared = int(cfg.get("shared_expert_intermediate_size") or 0)
-    shared_gate = shared > 0
-    if not shared and cfg.get("n_shared_experts"):
-        shared = int(cfg["n_shared_experts"]) * int(moe_i or 0)
+    experts, moe_i, shared, shared_gate = _moe_sizes(cfg)
     mla = {}
     if cfg.get("kv_lora_rank"):
         # DeepSeek MLA: a query/key head is its no-rope part plus its rotary part; keys and values
@@ -396,6 +373,52 @@ def spec_from_config(config: dict, name: str = "") -> ModelSpec:
         attention_bias=attention_bias and model_type not in _QKV_BIAS and model_type not in _CLASSIC,
         mlp_bias=bool(cfg.get("mlp_bias", False)) and model_type not in _CLASSIC, **mla,
         max_position_embeddings=int(cfg.get("max_position_embeddings") or 0), name=name, notes=tuple(notes))
+
+
+def _language_config(config: dict, notes: list[str]) -> dict:
+    """The language model's config: a multimodal config's ``text_config``, else the config itself."""
+    cfg = dict(config)
+    if isinstance(cfg.get("text_config"), dict):
+        text = dict(cfg["text_config"])
+        text.setdefault("tie_word_embeddings", cfg.get("tie_word_embeddings", text.get("tie_word_embeddings")))
+        cfg = text
+        notes.append("counted the language model only (text_config); vision/audio towers are not included")
+    return cfg
+
+
+def _model_type(cfg: dict, notes: list[str]) -> str:
+    """The config's model type as the planner counts it (Gemma 3's text model for ``gemma3``)."""
+    model_type = str(cfg.get("model_type", "llama"))
+    if model_type == "gemma3":
+        model_type = "gemma3_text"
+    if model_type not in DECODER_LAYER_CLASS:
+        notes.append(f"model_type '{model_type}' is counted as a Llama-style decoder")
+    return model_type
+
+
+def _gpt2_spec(cfg: dict, name: str, notes: list[str]) -> ModelSpec:
+    """GPT-2 names its sizes differently (n_embd, n_head, n_layer, n_inner, n_positions)."""
+    hidden = _req(cfg, "n_embd", name)
+    heads = _req(cfg, "n_head", name)
+    return ModelSpec(
+        model_type="gpt2", vocab_size=_req(cfg, "vocab_size", name), hidden_size=hidden,
+        intermediate_size=cfg.get("n_inner") or 4 * hidden, num_layers=_req(cfg, "n_layer", name),
+        num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads,
+        tie_embeddings=cfg.get("tie_word_embeddings", True),
+        max_position_embeddings=cfg.get("n_positions", 1024), name=name, notes=tuple(notes))
+
+
+def _moe_sizes(cfg: dict) -> tuple[int, object, int, bool]:
+    """(routed experts, expert MLP width, shared-expert width, whether shared experts are gated);
+    0 experts for a dense model."""
+    experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0)
+    moe_i = cfg.get("moe_intermediate_size") or (cfg.get("intermediate_size") if experts else 0)
+    # Shared experts: Qwen2-MoE gives their width (and gates them), DeepSeek a count of expert-wide MLPs.
+    shared = int(cfg.get("shared_expert_intermediate_size") or 0)
+    shared_gate = shared > 0
+    if not shared and cfg.get("n_shared_experts"):
+        shared = int(cfg["n_shared_experts"]) * int(moe_i or 0)
+    return experts, moe_i, shared, shared_gate
 
 
 def _dense_layers(cfg: dict, layers: int) -> tuple[int, ...]:

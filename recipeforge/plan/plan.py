@@ -199,86 +199,19 @@ def _more_gpus(recipe, w: Workload, hw: Hardware, auto) -> str | None:
 
 def _build_plan(recipe, w: Workload, hw: Hardware, ev: Evaluation, decision: Decision, model_source: str) -> Plan:
     layout = ev.layout
-    dist, train = recipe.distributed, recipe.train
     device = hw.device
-    gpus_used = layout.nodes * layout.gpus_per_node if device == "cuda" else 0
     limit_gb = ev.limit / GIB
-    reasons: dict[str, Choice] = {}
-    pins = _pinned(recipe)
-
-    where = {"--hardware": "from --hardware", "recipe": "from the recipe's hardware: section",
-             "probe": "probed on this machine"}
-    reasons["hardware"] = Choice(hw.describe(), where[hw.source])
-    active = f"; {human_count(w.model.active_params())} active per token" if w.model.is_moe else ""
-    head = (f"; a {w.model.num_labels}-output sequence-classification head in place of the LM head"
-            if w.model.num_labels else "")
-    reasons["model"] = Choice(f"{human_count(w.model.total_params())} params",
-                              f"counted from {model_source}{active}{head}")
-    reasons["dtype"] = Choice(w.dtype, "recipe sets it" if recipe.model.dtype != "auto" else
-                              ("auto: fp32 on the CPU" if device == "cpu" else
-                               f"auto: {hw.accelerator.name} {'supports' if hw.accelerator.bf16 else 'lacks'} bf16"))
-    backend_reason = _backend_reason(ev, decision, pins, limit_gb)
-    reasons["backend"] = Choice(layout.backend, backend_reason)
-    reasons["preset"] = Choice(layout.preset, ev.candidate.why)
     spec = spec_of(layout.backend)
-    reasons.update(spec.plan_reasons(layout, dist, w))
-    reasons["data_parallel"] = Choice(layout.data_parallel, f"{gpus_used or 1} process(es) / model-parallel size "
-                                      f"{layout.world_size // max(1, layout.data_parallel)}")
-    tokens = ev.micro_batch * w.sequences_per_sample * w.seq_len
-    terms = activation_terms(w, tokens, layers=w.model.num_layers, checkpointing=ev.checkpointing,
-                             tensor_parallel=layout.tensor_parallel, context_parallel=layout.context_parallel,
-                             sequence_parallel=spec.sequence_parallel,
-                             fp32_weights=autocast_fp32_weights(w, layout))
-    if ev.memory.train_peak:  # the memory table shows the train phase at this moment
-        terms += f"; the train phase peaks at {ev.memory.train_peak}"
-    reasons.update(parallel_reasons(layout, dist, w, ev.memory.components.get("activations", 0.0) / GIB, terms))
-    reasons["micro_batch_size"] = Choice(ev.micro_batch, _micro_reason(train, ev))
-    reasons["gradient_accumulation"] = Choice(
-        ev.accumulation, f"global batch {train.global_batch_size} / (micro batch {ev.micro_batch} x "
-                         f"{layout.data_parallel} data-parallel rank(s))")
-    reasons["gradient_checkpointing"] = Choice(ev.checkpointing, _ckpt_reason(train, ev))
-    reasons["zero_stage"] = Choice(layout.zero_stage, "recipe pins it" if dist.zero_stage != "auto" else
-                                   ("from the preset" if layout.zero_stage is not None else "not DeepSpeed"))
-    reasons["offload"] = Choice(layout.offload, "recipe pins it" if dist.offload != "auto" else
-                                ("needed: nothing fits on the GPUs alone" if layout.offload != "none"
-                                 else "not needed"))
-    capacity = hw.gpu_memory_gb if device == "cuda" else hw.host_ram_gb()[0]
-    reasons["memory"] = Choice(round(ev.memory.total / GIB, 2),
-                               f"peak per {'GPU' if device == 'cuda' else 'process'}, limit {limit_gb:.1f} GB "
-                               f"({dist.memory_headroom:.0%} of {capacity:.1f} GB)")
-    if device == "cuda":
-        band = accuracy_band(w, layout)
-        levers = sensitivity(w, layout, ev.micro_batch, ev.checkpointing, ev.accumulation,
-                             hw.gpu_memory_gb * GIB, ev.memory)
-        reasons["memory_accuracy"] = Choice(
-            f"±{band:.0%}", "expected accuracy of the peak (calibrated against published measurements; it "
-                            "counts the CUDA context and the allocator's reserve, as nvidia-smi does)"
-                            + ("; most sensitive to: " + "; ".join(levers) if levers else ""))
-
-    warnings = list(decision.warnings)
-    if layout.offload != "none":
-        ram, known = hw.host_ram_gb()
-        if not known:
-            warnings.append(f"host RAM of the target is unknown; offload assumes {ram:.0f} GB per node and needs "
-                            f"{ev.memory.cpu_per_node / GIB:.0f} GB")
-    warnings.extend(w.notes)
-    warnings.extend(ev.memory.notes)
-
-    extra = PlanExtras(
-        hardware=hw.to_dict(),
-        model={**w.model.summary(), "source": model_source, "trainable_params": w.trainable_params(),
-               "decoder_layer_class": w.model.decoder_layer_class},
-        dtype=w.dtype,
-        precision=_precision(spec, w),
-        attention=w.attention,
-        sequence_len=w.seq_len,
-        memory_limit_gb=round(limit_gb, 2),
-        cpu_memory_gb=round(ev.memory.cpu_per_node / GIB, 1),
-        runners_up=_runners_up(ev, decision),
-        warnings=warnings,
-        context_parallel=layout.context_parallel,
-        activations=terms,
-    )
+    terms = _activation_terms(w, ev, spec)
+    # The insertion order of `reasons` is the order the text and JSON forms print them in.
+    reasons: dict[str, Choice] = {}
+    reasons.update(_source_reasons(recipe, w, hw, model_source))
+    reasons.update(_layout_reasons(recipe, w, hw, ev, decision, spec, limit_gb))
+    reasons.update(parallel_reasons(layout, recipe.distributed, w,
+                                    ev.memory.components.get("activations", 0.0) / GIB, terms))
+    reasons.update(_step_reasons(recipe, ev))
+    reasons.update(_memory_reasons(recipe, w, hw, ev, limit_gb))
+    extra = _plan_extras(w, hw, ev, decision, spec, model_source, limit_gb, terms)
     return Plan(
         backend=layout.backend, preset=layout.preset, device=device,
         nodes=layout.nodes if device == "cuda" else 1,
@@ -291,6 +224,119 @@ def _build_plan(recipe, w: Workload, hw: Hardware, ev: Evaluation, decision: Dec
         gradient_checkpointing=ev.checkpointing, checkpoint_mode=w.checkpoint_mode, checkpoint_every=w.checkpoint_every,
         offload=layout.offload, backend_part=spec.plan_part(layout),
         memory_gb=ev.memory.gb(), reasons=reasons, extra=extra)
+
+
+def _source_reasons(recipe, w: Workload, hw: Hardware, model_source: str) -> dict[str, Choice]:
+    """Where the hardware, the model's size and the dtype came from."""
+    reasons: dict[str, Choice] = {}
+    where = {"--hardware": "from --hardware", "recipe": "from the recipe's hardware: section",
+             "probe": "probed on this machine"}
+    reasons["hardware"] = Choice(hw.describe(), where[hw.source])
+    active = f"; {human_count(w.model.active_params())} active per token" if w.model.is_moe else ""
+    head = (f"; a {w.model.num_labels}-output sequence-classification head in place of the LM head"
+            if w.model.num_labels else "")
+    reasons["model"] = Choice(f"{human_count(w.model.total_params())} params",
+                              f"counted from {model_source}{active}{head}")
+    reasons["dtype"] = Choice(w.dtype, "recipe sets it" if recipe.model.dtype != "auto" else
+                              ("auto: fp32 on the CPU" if hw.device == "cpu" else
+                               f"auto: {hw.accelerator.name} {'supports' if hw.accelerator.bf16 else 'lacks'} bf16"))
+    return reasons
+
+
+def _layout_reasons(recipe, w: Workload, hw: Hardware, ev: Evaluation, decision: Decision, spec,
+                    limit_gb: float) -> dict[str, Choice]:
+    """Why this backend and preset, the backend's own reasons, and the data-parallel size."""
+    layout = ev.layout
+    gpus_used = layout.nodes * layout.gpus_per_node if hw.device == "cuda" else 0
+    reasons: dict[str, Choice] = {}
+    reasons["backend"] = Choice(layout.backend, _backend_reason(ev, decision, _pinned(recipe), limit_gb))
+    reasons["preset"] = Choice(layout.preset, ev.candidate.why)
+    reasons.update(spec.plan_reasons(layout, recipe.distributed, w))
+    reasons["data_parallel"] = Choice(layout.data_parallel, f"{gpus_used or 1} process(es) / model-parallel size "
+                                      f"{layout.world_size // max(1, layout.data_parallel)}")
+    return reasons
+
+
+def _activation_terms(w: Workload, ev: Evaluation, spec) -> str:
+    """The activation estimate's terms for one micro batch on the chosen layout."""
+    layout = ev.layout
+    tokens = ev.micro_batch * w.sequences_per_sample * w.seq_len
+    terms = activation_terms(w, tokens, layers=w.model.num_layers, checkpointing=ev.checkpointing,
+                             tensor_parallel=layout.tensor_parallel, context_parallel=layout.context_parallel,
+                             sequence_parallel=spec.sequence_parallel,
+                             fp32_weights=autocast_fp32_weights(w, layout))
+    if ev.memory.train_peak:  # the memory table shows the train phase at this moment
+        terms += f"; the train phase peaks at {ev.memory.train_peak}"
+    return terms
+
+
+def _step_reasons(recipe, ev: Evaluation) -> dict[str, Choice]:
+    """Batch split, checkpointing, ZeRO stage and offload of the chosen step."""
+    layout = ev.layout
+    dist, train = recipe.distributed, recipe.train
+    reasons: dict[str, Choice] = {}
+    reasons["micro_batch_size"] = Choice(ev.micro_batch, _micro_reason(train, ev))
+    reasons["gradient_accumulation"] = Choice(
+        ev.accumulation, f"global batch {train.global_batch_size} / (micro batch {ev.micro_batch} x "
+                         f"{layout.data_parallel} data-parallel rank(s))")
+    reasons["gradient_checkpointing"] = Choice(ev.checkpointing, _ckpt_reason(train, ev))
+    reasons["zero_stage"] = Choice(layout.zero_stage, "recipe pins it" if dist.zero_stage != "auto" else
+                                   ("from the preset" if layout.zero_stage is not None else "not DeepSpeed"))
+    reasons["offload"] = Choice(layout.offload, "recipe pins it" if dist.offload != "auto" else
+                                ("needed: nothing fits on the GPUs alone" if layout.offload != "none"
+                                 else "not needed"))
+    return reasons
+
+
+def _memory_reasons(recipe, w: Workload, hw: Hardware, ev: Evaluation, limit_gb: float) -> dict[str, Choice]:
+    """The peak against its limit and, on GPUs, how accurate that peak is expected to be."""
+    layout = ev.layout
+    device = hw.device
+    reasons: dict[str, Choice] = {}
+    capacity = hw.gpu_memory_gb if device == "cuda" else hw.host_ram_gb()[0]
+    reasons["memory"] = Choice(round(ev.memory.total / GIB, 2),
+                               f"peak per {'GPU' if device == 'cuda' else 'process'}, limit {limit_gb:.1f} GB "
+                               f"({recipe.distributed.memory_headroom:.0%} of {capacity:.1f} GB)")
+    if device == "cuda":
+        band = accuracy_band(w, layout)
+        levers = sensitivity(w, layout, ev.micro_batch, ev.checkpointing, ev.accumulation,
+                             hw.gpu_memory_gb * GIB, ev.memory)
+        reasons["memory_accuracy"] = Choice(
+            f"±{band:.0%}", "expected accuracy of the peak (calibrated against published measurements; it "
+                            "counts the CUDA context and the allocator's reserve, as nvidia-smi does)"
+                            + ("; most sensitive to: " + "; ".join(levers) if levers else ""))
+    return reasons
+
+
+def _plan_warnings(w: Workload, hw: Hardware, ev: Evaluation, decision: Decision) -> list[str]:
+    warnings = list(decision.warnings)
+    if ev.layout.offload != "none":
+        ram, known = hw.host_ram_gb()
+        if not known:
+            warnings.append(f"host RAM of the target is unknown; offload assumes {ram:.0f} GB per node and needs "
+                            f"{ev.memory.cpu_per_node / GIB:.0f} GB")
+    warnings.extend(w.notes)
+    warnings.extend(ev.memory.notes)
+    return warnings
+
+
+def _plan_extras(w: Workload, hw: Hardware, ev: Evaluation, decision: Decision, spec, model_source: str,
+                 limit_gb: float, terms: str) -> PlanExtras:
+    return PlanExtras(
+        hardware=hw.to_dict(),
+        model={**w.model.summary(), "source": model_source, "trainable_params": w.trainable_params(),
+               "decoder_layer_class": w.model.decoder_layer_class},
+        dtype=w.dtype,
+        precision=_precision(spec, w),
+        attention=w.attention,
+        sequence_len=w.seq_len,
+        memory_limit_gb=round(limit_gb, 2),
+        cpu_memory_gb=round(ev.memory.cpu_per_node / GIB, 1),
+        runners_up=_runners_up(ev, decision),
+        warnings=_plan_warnings(w, hw, ev, decision),
+        context_parallel=ev.layout.context_parallel,
+        activations=terms,
+    )
 
 
 def _backend_reason(ev: Evaluation, decision: Decision, pins: list[str], limit_gb: float) -> str:

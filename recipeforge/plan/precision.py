@@ -52,6 +52,17 @@ def choose_precision(recipe, w: Workload, device: str, decide: Callable[[Workloa
     pure = pinned in PURE
     if pure:
         _check_pure(recipe, w, pinned)
+    settled = _settled_precision(w, device, pinned, decide)
+    if settled is not None:
+        return settled
+    if pure:
+        return _pinned_pure(w, pinned, decide)
+    return _auto_precision(w, decide)
+
+
+def _settled_precision(w: Workload, device: str, pinned: str, decide: Callable[[Workload], object]):
+    """The choice where the dtype, an adapter, the CPU or a pinned `mixed` leaves no other (None where
+    pure bf16 is still possible on a GPU)."""
     if w.dtype == "fp32":
         return w, decide(w), Choice("fp32", "model.dtype fp32: weights, gradients and optimizer states in fp32, "
                                             "no autocast")
@@ -67,21 +78,30 @@ def choose_precision(recipe, w: Workload, device: str, decide: Callable[[Workloa
             raise RecipeError("train.precision mixed needs a GPU: the Trainer has no bf16 autocast on the CPU",
                               key="train.precision",
                               hint="set model.dtype: fp32 for full precision on the CPU, or train.precision: pure_bf16")
-        mode = pinned if pure else "pure_bf16"
+        mode = pinned if pinned in PURE else "pure_bf16"
         return w, decide(w), Choice(mode, "bf16 weights train as they are on the CPU (no autocast there)")
     if pinned == "mixed":
         return mixed_w, decide(mixed_w), Choice("mixed", "recipe sets it: fp32 master weights, gradients and "
                                                          "AdamW states; bf16 autocast compute")
-    if pure:
-        decision = decide(w)
-        chosen = getattr(decision, "chosen", None)
-        if chosen is not None and not holds_weights(chosen.layout):
-            raise RecipeError(f"train.precision {pinned} applies to one GPU or DDP, and this plan runs "
-                              f"{chosen.layout.label}, which keeps fp32 master weights itself",
-                              key="train.precision",
-                              hint=f"set train.precision: auto, or distributed.backend: {_replica_backends()}")
-        sr = " with stochastically rounded updates (torchao AdamW)" if pinned == "pure_bf16_sr" else ""
-        return w, decision, Choice(pinned, f"recipe sets it: bf16 weights, gradients and AdamW states{sr}")
+    return None
+
+
+def _pinned_pure(w: Workload, pinned: str, decide: Callable[[Workload], object]):
+    """A pinned pure bf16 precision on a GPU; refused where the chosen layout keeps fp32 master weights."""
+    decision = decide(w)
+    chosen = getattr(decision, "chosen", None)
+    if chosen is not None and not holds_weights(chosen.layout):
+        raise RecipeError(f"train.precision {pinned} applies to one GPU or DDP, and this plan runs "
+                          f"{chosen.layout.label}, which keeps fp32 master weights itself",
+                          key="train.precision",
+                          hint=f"set train.precision: auto, or distributed.backend: {_replica_backends()}")
+    sr = " with stochastically rounded updates (torchao AdamW)" if pinned == "pure_bf16_sr" else ""
+    return w, decision, Choice(pinned, f"recipe sets it: bf16 weights, gradients and AdamW states{sr}")
+
+
+def _auto_precision(w: Workload, decide: Callable[[Workload], object]):
+    """`auto` for bf16 full fine-tuning on a GPU: mixed where it fits on the GPUs, else pure bf16."""
+    mixed_w = replace(w, fp32_master=True)
     # auto: fp32 master weights whenever some layout holds them without offload
     mixed_decision = decide(mixed_w)
     chosen = getattr(mixed_decision, "chosen", None)

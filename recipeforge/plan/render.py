@@ -25,6 +25,22 @@ def render_plan(plan: Plan) -> str:
     """A plain-text report: the choice, sizes, batch split, memory per GPU by component, every
     decision with its reason (with `plan.trust.annotate_plan`: whether the recipe may import code, and
     why), the plugin components used, the runners-up and warnings."""
+    lines: list[str] = _head_lines(plan)
+    lines.append("")
+    lines.append(_layout_table(plan))
+    lines.append("")
+    lines.extend(_memory_lines(plan))
+    lines.append("")
+    lines.extend(_decision_lines(plan))
+    lines.extend(_plugin_lines(plan))
+    lines.extend(_runner_lines(plan))
+    lines.extend(_warning_lines(plan))
+    # Names and reasons may quote recipe values (a model id, a server URL): never with a password.
+    return redact_credentials("\n".join(lines))
+
+
+def _head_lines(plan: Plan) -> list[str]:
+    """The backend on its hardware, the model and its size, the precision and the compute per step."""
     x = plan.extra
     model = x.model
     lines: list[str] = []
@@ -46,8 +62,13 @@ def render_plan(plan: Plan) -> str:
     compute = _compute_line(plan)
     if compute:
         lines.append(compute)
-    lines.append("")
-    lines.append(_table([
+    return lines
+
+
+def _layout_table(plan: Plan) -> str:
+    """Processes, parallel sizes, the batch split and the backend's own rows."""
+    x = plan.extra
+    return _table([
         ("processes", f"{plan.world_size} ({plan.nodes} node(s) x {plan.gpus_per_node} GPU(s))" if plan.device == "cuda"
          else "1 (CPU)"),
         ("parallel", f"data {plan.data_parallel} x tensor {plan.tensor_parallel} x pipeline {plan.pipeline_parallel}"
@@ -58,8 +79,13 @@ def render_plan(plan: Plan) -> str:
         ("gradient checkpointing", checkpointing_label(plan)),
         *plan.backend_part.rows(),
         ("offload", plan.offload),
-    ]))
-    lines.append("")
+    ])
+
+
+def _memory_lines(plan: Plan) -> list[str]:
+    """The memory table by component, its accuracy and the host RAM offload needs."""
+    x = plan.extra
+    lines: list[str] = []
     unit = "GPU" if plan.device == "cuda" else "process"
     lines.append(f"Memory per {unit} (GB = GiB; limit {x.memory_limit_gb:.1f}):")
     rows = [(_LABELS.get(k, k), f"{plan.memory_gb[k]:8.2f}") for k in COMPONENTS if plan.memory_gb.get(k)]
@@ -71,32 +97,43 @@ def render_plan(plan: Plan) -> str:
         lines.append(f"  expected accuracy {accuracy.value}" + _sensitive(accuracy.reason))
     if x.cpu_memory_gb:
         lines.append(f"  host RAM per node for offloaded states: {x.cpu_memory_gb:.0f} GB")
-    lines.append("")
-    lines.append("Decisions:")
+    return lines
+
+
+def _decision_lines(plan: Plan) -> list[str]:
+    lines = ["Decisions:"]
     for name, choice in plan.reasons.items():
         if name == "memory_accuracy":
             continue  # printed under the memory table
         lines.append(f"  {name:<22} {_value(choice.value):<16} {choice.reason}")
-    plugins = x.plugins
-    if plugins:
-        lines.append("")
-        lines.append("Plugins used:")
-        lines.extend(f"  {p['group']:<28} {p['name']:<24} {p['distribution']} {p.get('version') or ''}".rstrip()
-                     for p in plugins)
-    runners = x.runners_up
-    if runners:
-        lines.append("")
-        lines.append("Runners-up:")
-        for r in runners:
-            label = r.get("label") or (r["backend"] + (f" {r['preset']}" if r.get("preset") else ""))
-            lines.append(f"  {label:<32} {r['memory_gb']:8.2f} GB  {r['why']}")
-    warnings = x.warnings
-    if warnings:
-        lines.append("")
-        lines.append("Warnings:")
-        lines.extend(f"  - {w}" for w in warnings)
-    # Names and reasons may quote recipe values (a model id, a server URL): never with a password.
-    return redact_credentials("\n".join(lines))
+    return lines
+
+
+def _plugin_lines(plan: Plan) -> list[str]:
+    plugins = plan.extra.plugins
+    if not plugins:
+        return []
+    return ["", "Plugins used:",
+            *(f"  {p['group']:<28} {p['name']:<24} {p['distribution']} {p.get('version') or ''}".rstrip()
+              for p in plugins)]
+
+
+def _runner_lines(plan: Plan) -> list[str]:
+    runners = plan.extra.runners_up
+    if not runners:
+        return []
+    lines = ["", "Runners-up:"]
+    for r in runners:
+        label = r.get("label") or (r["backend"] + (f" {r['preset']}" if r.get("preset") else ""))
+        lines.append(f"  {label:<32} {r['memory_gb']:8.2f} GB  {r['why']}")
+    return lines
+
+
+def _warning_lines(plan: Plan) -> list[str]:
+    warnings = plan.extra.warnings
+    if not warnings:
+        return []
+    return ["", "Warnings:", *(f"  - {w}" for w in warnings)]
 
 
 def _compute_line(plan: Plan) -> str:

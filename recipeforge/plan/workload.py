@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from recipeforge.stage_specs import Stage
 from recipeforge.plan.hardware import Hardware
@@ -130,6 +131,42 @@ def build_workload(recipe, model: ModelSpec, hardware: Hardware) -> Workload:
     attention = "eager" if recipe.model.attn_implementation == "eager" else "fused"
     masked = attention == "fused" and sdpa_masks_packed_rows(recipe.model.attn_implementation,
                                                              bool(recipe.data.packing), hardware.device)
+    shape = _stage_shape(recipe, model, notes)
+    model = shape.model
+    lora_linears, save_params = _adapter_params(model, adapter, notes)
+    unfrozen = _unfrozen_params(recipe, model, notes)
+    fused_loss, fused_kernels = _liger_flags(recipe, model)
+    return Workload(
+        model=model, stage=recipe.stage, dtype=dtype, adapter=adapter.type, optimizer=recipe.train.optimizer,
+        attention=attention, seq_len=shape.seq_len, logit_tokens=shape.logit_tokens,
+        sequences_per_sample=shape.sequences_per_sample,
+        lora_rank=adapter.r if adapter.type != "none" else 0, lora_linears=lora_linears,
+        lora_dropout=adapter.dropout, lora_dora=adapter.use_dora, modules_to_save_params=save_params,
+        quant_bits=adapter.quant.bits, double_quant=adapter.quant.double_quant,
+        reference_model=shape.reference_model,
+        rollout=shape.rollout, fused_loss=fused_loss, fused_kernels=fused_kernels, notes=tuple(notes),
+        attn_implementation=recipe.model.attn_implementation, packing=bool(recipe.data.packing),
+        attention_mask=masked,
+        setting_refusals=_setting_refusals(recipe), unfrozen_params=unfrozen,
+        activation_offloading=recipe.train.activation_offloading and hardware.device == "cuda",
+        checkpoint_mode="selective" if recipe.train.gradient_checkpointing == "selective" else "full",
+        checkpoint_every=recipe.train.checkpoint_every)
+
+
+class _StageShape(NamedTuple):
+    """What the stage makes of one sample: its sequences, their tokens, a reference model, a rollout."""
+
+    model: ModelSpec
+    seq_len: int
+    logit_tokens: int
+    sequences_per_sample: int
+    reference_model: bool
+    rollout: Rollout | None
+
+
+def _stage_shape(recipe, model: ModelSpec, notes: list[str]) -> _StageShape:
+    """The stage's `_StageShape`; appends to `notes` what the estimate assumes for it."""
+    adapter = recipe.adapter
     seq = recipe.data.sequence_len
     logit_tokens, per_sample, reference, rollout = seq, 1, False, None
 
@@ -160,7 +197,11 @@ def build_workload(recipe, model: ModelSpec, hardware: Hardware) -> Workload:
         rollout = Rollout(engine=r.engine, colocated=r.mode == "colocate",
                           gpu_memory_utilization=r.gpu_memory_utilization, prompt_len=prompt,
                           completion_len=g.max_completion_length, reserves_memory=_engine_reserves(r.engine))
+    return _StageShape(model, seq, logit_tokens, per_sample, reference, rollout)
 
+
+def _adapter_params(model: ModelSpec, adapter, notes: list[str]) -> tuple[tuple[Linear, ...], int]:
+    """The linears a LoRA adapter targets and the parameters its `modules_to_save` train in full."""
     lora_linears: tuple[Linear, ...] = ()
     save_params = 0
     if adapter.type != "none":
@@ -175,32 +216,28 @@ def build_workload(recipe, model: ModelSpec, hardware: Hardware) -> Workload:
                 save_params += model.vocab_size * model.hidden_size
         if model.num_labels:
             save_params += model.head_params()  # the new score head trains in full next to the adapters
+    return lora_linears, save_params
 
-    unfrozen = None
-    if recipe.train.unfrozen_parameters:
-        from recipeforge.plan.unfrozen import check_adapter, unfrozen_count
 
-        check_adapter(recipe.train.unfrozen_parameters, adapter.type)
-        unfrozen, found = unfrozen_count(model, list(recipe.train.unfrozen_parameters))
-        notes.extend(found)
+def _unfrozen_params(recipe, model: ModelSpec, notes: list[str]) -> int | None:
+    """The parameters train.unfrozen_parameters selects (None: all of them train)."""
+    if not recipe.train.unfrozen_parameters:
+        return None
+    from recipeforge.plan.unfrozen import check_adapter, unfrozen_count
 
+    check_adapter(recipe.train.unfrozen_parameters, recipe.adapter.type)
+    unfrozen, found = unfrozen_count(model, list(recipe.train.unfrozen_parameters))
+    notes.extend(found)
+    return unfrozen
+
+
+def _liger_flags(recipe, model: ModelSpec) -> tuple[bool, bool]:
+    """(fused_loss, fused_kernels) from the recipe's liger kernel settings."""
     liger = recipe.kernels.get("liger")
     fused_loss = liger is not None and liger.get("fused_linear_cross_entropy") is not False \
         and not liger.get("cross_entropy") and not model.num_labels  # a score head has no cross-entropy
     fused_kernels = liger is not None and not (liger.get("rms_norm") is False and liger.get("swiglu") is False)
-    return Workload(
-        model=model, stage=recipe.stage, dtype=dtype, adapter=adapter.type, optimizer=recipe.train.optimizer,
-        attention=attention, seq_len=seq, logit_tokens=logit_tokens, sequences_per_sample=per_sample,
-        lora_rank=adapter.r if adapter.type != "none" else 0, lora_linears=lora_linears,
-        lora_dropout=adapter.dropout, lora_dora=adapter.use_dora, modules_to_save_params=save_params,
-        quant_bits=adapter.quant.bits, double_quant=adapter.quant.double_quant, reference_model=reference,
-        rollout=rollout, fused_loss=fused_loss, fused_kernels=fused_kernels, notes=tuple(notes),
-        attn_implementation=recipe.model.attn_implementation, packing=bool(recipe.data.packing),
-        attention_mask=masked,
-        setting_refusals=_setting_refusals(recipe), unfrozen_params=unfrozen,
-        activation_offloading=recipe.train.activation_offloading and hardware.device == "cuda",
-        checkpoint_mode="selective" if recipe.train.gradient_checkpointing == "selective" else "full",
-        checkpoint_every=recipe.train.checkpoint_every)
+    return fused_loss, fused_kernels
 
 
 def sdpa_masks_packed_rows(attn_implementation: str, packing: bool, device: str) -> bool:

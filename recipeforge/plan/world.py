@@ -82,14 +82,34 @@ def _gpu_target(hw, nnodes: int | None, nproc_per_node: int | None):
 
 
 def _spread(base: Plan, recipe, *, nodes: int, per_node: int) -> Plan:
-    d, t = recipe.distributed, recipe.train
+    d = recipe.distributed
     world = nodes * per_node
     # auto: the one-process plan's backend when it runs several processes (e.g. DeepSpeed for a pinned
     # offload), else the first CPU backend that does (replicas: DDP)
     backend = d.backend if d.backend != "auto" else _spreading_backend(base.backend, world)
     spread = spec_of(backend).cpu_spread(d)
-    preset, zero, offload, sharding = spread.preset, spread.zero_stage, spread.offload, spread.fsdp_sharding
     tp = spread.tensor_parallel
+    dp = _cpu_data_parallel(d, backend, world, tp)
+    micro, micro_reason, accumulation = _cpu_batch_split(recipe.train, base, dp)
+    where = f"{world} CPU processes ({nodes} node(s) x {per_node}, gloo)"
+    reasons = _spread_reasons(base, recipe, backend, spread, where, dp)
+    reasons["micro_batch_size"] = Choice(micro, micro_reason)
+    reasons["gradient_accumulation"] = Choice(accumulation, f"global batch {recipe.train.global_batch_size} / "
+                                                            f"(micro batch {micro} x {dp} data-parallel ranks)")
+    reasons.update(_spread_state_reasons(d, spread))
+    extra = replace(base.extra, processes_per_node=per_node,
+                    warnings=[*base.extra.warnings,
+                              "memory figures are the one-process estimate; sharding only lowers them"])
+    return replace(base, backend=backend, preset=spread.preset, nodes=nodes, gpus_per_node=0, world_size=world,
+                   data_parallel=dp, tensor_parallel=tp, pipeline_parallel=1, micro_batch_size=micro,
+                   gradient_accumulation=accumulation, global_batch_size=micro * accumulation * dp,
+                   offload=spread.offload, backend_part=spread.part if spread.part is not None else BackendPart(),
+                   reasons=reasons, extra=extra)
+
+
+def _cpu_data_parallel(d, backend: str, world: int, tp: int) -> int:
+    """The data-parallel size of a CPU job of `world` processes in groups of `tp` tensor-parallel
+    ranks; refuses a tensor-parallel or pinned shard size that does not fit that world."""
     if world % tp:
         raise RecipeError(f"tensor_parallel {tp} does not divide the {world} processes",
                           key="distributed.tensor_parallel",
@@ -100,6 +120,11 @@ def _spread(base: Plan, recipe, *, nodes: int, per_node: int) -> Plan:
         raise RecipeError(f"data_parallel_shard {shard} is not the {dp} data-parallel processes of this CPU job",
                           key="distributed.data_parallel_shard",
                           hint=f"on the CPU every data-parallel process shards the model: set it to auto or {dp}")
+    return dp
+
+
+def _cpu_batch_split(t, base: Plan, dp: int) -> tuple[int, str, int]:
+    """(micro batch, its reason, gradient accumulation) of the global batch over `dp` processes."""
     global_batch = t.global_batch_size
     if global_batch % dp:
         raise RecipeError(f"global batch {global_batch} cannot be split over {dp} data-parallel processes",
@@ -118,8 +143,14 @@ def _spread(base: Plan, recipe, *, nodes: int, per_node: int) -> Plan:
         micro = max(b for b in range(1, min(per_rank, base.micro_batch_size) + 1) if per_rank % b == 0)
         micro_reason = (f"auto: largest divisor of the per-process batch {per_rank} that is at most the "
                         f"single-process choice {base.micro_batch_size}")
-    accumulation = per_rank // micro
-    where = f"{world} CPU processes ({nodes} node(s) x {per_node}, gloo)"
+    return micro, micro_reason, per_rank // micro
+
+
+def _spread_reasons(base: Plan, recipe, backend: str, spread, where: str, dp: int) -> dict[str, Choice]:
+    """The one-process plan's reasons with the backend, preset and parallel sizes of the CPU job."""
+    d = recipe.distributed
+    preset, tp = spread.preset, spread.tensor_parallel
+    # Replacing a key keeps its place: the reasons print in the one-process plan's order.
     reasons = dict(base.reasons)
     reasons["backend"] = Choice(backend, f"recipe pins it; {where}" if d.backend == backend
                                 else f"auto: replicas on {where}")
@@ -128,9 +159,13 @@ def _spread(base: Plan, recipe, *, nodes: int, per_node: int) -> Plan:
                                       + (f", in groups of {tp} tensor-parallel ranks" if tp > 1 else ""))
     if tp > 1:
         reasons["tensor_parallel"] = Choice(tp, "recipe pins it (transformers' tensor-parallel plan, gloo)")
-    reasons["micro_batch_size"] = Choice(micro, micro_reason)
-    reasons["gradient_accumulation"] = Choice(accumulation, f"global batch {global_batch} / (micro batch {micro} x "
-                                                            f"{dp} data-parallel ranks)")
+    return reasons
+
+
+def _spread_state_reasons(d, spread) -> dict[str, Choice]:
+    """Sharding, ZeRO stage and offload of the CPU job's backend."""
+    zero, offload, sharding = spread.zero_stage, spread.offload, spread.fsdp_sharding
+    reasons: dict[str, Choice] = {}
     if sharding is not None:
         reasons["fsdp_sharding"] = Choice(sharding, "from the preset" if d.preset else
                                           "recipe's distributed.fsdp_sharding (hybrid is full sharding on one machine)")
@@ -139,14 +174,7 @@ def _spread(base: Plan, recipe, *, nodes: int, per_node: int) -> Plan:
                                     ("auto: ZeRO-2 (memory is not the constraint on the CPU)" if zero is not None
                                      else "not DeepSpeed")))
     reasons["offload"] = Choice(offload, "recipe pins it" if offload != "none" else "not needed")
-    extra = replace(base.extra, processes_per_node=per_node,
-                    warnings=[*base.extra.warnings,
-                              "memory figures are the one-process estimate; sharding only lowers them"])
-    return replace(base, backend=backend, preset=preset, nodes=nodes, gpus_per_node=0, world_size=world,
-                   data_parallel=dp, tensor_parallel=tp, pipeline_parallel=1, micro_batch_size=micro,
-                   gradient_accumulation=accumulation, global_batch_size=micro * accumulation * dp,
-                   offload=offload, backend_part=spread.part if spread.part is not None else BackendPart(),
-                   reasons=reasons, extra=extra)
+    return reasons
 
 
 def _spreading_backend(planned: str, world: int) -> str:
