@@ -45,10 +45,12 @@ class Case:
     micro_batch: int = 1
     sequence_len: int = 2048
     world: int = 1         # > 1: FSDP2 (full sharding, bf16 compute) over this many ranks
+    selective: bool = False  # with checkpointing: selective (train.gradient_checkpointing: selective)
 
     @property
     def name(self) -> str:
-        return (f"{self.model.split('/')[-1]} {self.method}{' ckpt' if self.checkpointing else ''}"
+        ckpt = (" selective" if self.selective else " ckpt") if self.checkpointing else ""
+        return (f"{self.model.split('/')[-1]} {self.method}{ckpt}"
                 + (f" fsdp{self.world}" if self.world > 1 else ""))
 
 
@@ -69,6 +71,8 @@ class Result:
 CASES = [Case(m, method, ckpt) for m in ("meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-7B")
          for method in ("full", "lora") for ckpt in (False, True)]
 FSDP_CASES = [Case("meta-llama/Llama-3.1-70B", "full", True, world=8)]
+# Selective activation checkpointing (`stages.checkpointing`, torchtitan's policy) on the same shapes.
+SELECTIVE_CASES = [Case("meta-llama/Llama-3.1-8B", method, True, selective=True) for method in ("full", "lora")]
 TERMS = ("weights", "gradients", "optimizer", "model_states", "train_phase")
 
 
@@ -88,7 +92,8 @@ def plan_terms(case: Case, layers: int | None) -> dict:
               "data": {"datasets": [{"path": str(DATA), "format": "text"}], "sequence_len": case.sequence_len,
                        "packing": True},
               "train": {"global_batch_size": case.micro_batch, "micro_batch_size": case.micro_batch,
-                        "gradient_checkpointing": case.checkpointing, "optimizer": "adamw"},
+                        "gradient_checkpointing": "selective" if case.selective else case.checkpointing,
+                        "optimizer": "adamw"},
               "distributed": {"backend": "single"} if case.world == 1 else
               {"backend": "fsdp", "preset": "fsdp_full_shard", "offload": "none"}}
     if case.method == "lora":
@@ -221,7 +226,11 @@ def tracker_terms(case: Case, layers: int | None) -> dict:
                                                         target_modules="all-linear"))
             finally:
                 torch.nn.Module.to = to
-        if case.checkpointing:
+        if case.checkpointing and case.selective:
+            from recipeforge.stages.checkpointing import enable_checkpointing
+
+            enable_checkpointing(model, selective=True)  # as the run enables it
+        elif case.checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.enable_input_require_grads() if case.method == "lora" else None
         model.config.use_cache = False
@@ -295,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--no-fsdp", action="store_true", help="leave out the FSDP2 case (minutes at 70B)")
     args = parser.parse_args(argv)
-    results = run(CASES + ([] if args.no_fsdp else FSDP_CASES), 2 if args.small else None)
+    results = run(CASES + SELECTIVE_CASES + ([] if args.no_fsdp else FSDP_CASES), 2 if args.small else None)
     if args.json:
         print(json.dumps([asdict(r) | {"errors": {t: r.error(t) for t in TERMS}} for r in results], indent=2))
     else:

@@ -63,3 +63,15 @@ def test_fsdp2_matches_the_tracker(bench):
     for term in ("weights", "gradients", "optimizer", "model_states", "train_phase"):
         assert abs(r.error(term)) <= TOLERANCE, (term, r.planner, r.tracker)
     assert not dist.is_initialized()
+
+
+def test_selective_checkpointing_matches_the_tracker(bench, results):
+    """`train.gradient_checkpointing: selective`: the tracker runs the policy the run uses
+    (`stages.checkpointing`); the planner's own activation term lands on it, and what it keeps lies
+    between full recomputation and none."""
+    selective = {r.case: r for r in bench.run(bench.SELECTIVE_CASES, layers=2)}
+    for name, r in selective.items():
+        assert abs(r.error("train_phase")) <= TOLERANCE, (name, r.planner, r.tracker)
+    full, none = results["Llama-3.1-8B full ckpt"], results["Llama-3.1-8B full"]
+    kept = selective["Llama-3.1-8B full selective"].tracker["train_phase"]
+    assert full.tracker["train_phase"] < kept < none.tracker["train_phase"]

@@ -132,6 +132,7 @@ FIELDS: dict[str, Field] = {
     "train.adam_beta2": mapped("optimizer.adam_beta2"),
     "train.max_grad_norm": mapped("optimizer.clip_grad"),
     "train.gradient_checkpointing": mapped("model.recompute_granularity / recompute_method / recompute_num_layers"),
+    "train.checkpoint_every": mapped("model.recompute_method: block, recompute_num_layers"),
     "train.activation_offloading": refused(
         f"the megatron backend does not switch on Megatron-Core's activation CPU offloading; it applies on {HF}"),
     "train.precision": mapped(

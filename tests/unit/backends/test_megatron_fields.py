@@ -88,3 +88,24 @@ def test_lora_extras_are_refused(load):
                                    "distributed": base.distributed.model_copy(update={"offload": "optimizer"})})
     assert {k for k, _ in megatron_problems(both)} >= {"adapter.use_rslora", "distributed.offload",
                                                         "train.micro_batch_size"}
+
+
+def test_megatron_recomputes_as_the_plan_checkpoints():
+    """Full, selective and every-N-th-layer checkpointing as Megatron's recompute settings."""
+
+    from types import SimpleNamespace
+
+    from recipeforge.backends.artifacts import megatron_recompute
+
+    plan = SimpleNamespace(gradient_checkpointing=True, checkpoint_mode="full", checkpoint_every=1,
+                           pipeline_parallel=2, extra=SimpleNamespace(model={"layers": 32}))
+    assert megatron_recompute(plan) == {"recompute_granularity": "full", "recompute_method": "uniform",
+                                        "recompute_num_layers": 1}
+    plan.checkpoint_mode = "selective"
+    assert megatron_recompute(plan)["recompute_granularity"] == "selective"
+    plan.checkpoint_mode, plan.checkpoint_every = "full", 4
+    # 16 layers per pipeline stage, every 4th checkpointed: the first 4 of each stage recomputed
+    assert megatron_recompute(plan) == {"recompute_granularity": "full", "recompute_method": "block",
+                                        "recompute_num_layers": 4}
+    plan.gradient_checkpointing = False
+    assert megatron_recompute(plan)["recompute_granularity"] is None
