@@ -9,7 +9,10 @@ different things, so each is compared with the matching part of the estimate
 - ``reserved``: torch's max_memory_reserved (the allocator's segments, no CUDA context);
 - ``device``: what nvidia-smi shows (reserved + CUDA context and NCCL buffers).
 
-    python bench/plan_calibration.py [--json | --markdown]
+    python bench/plan_calibration.py [--json | --markdown] [--set published | heldout]
+
+`--set heldout` evaluates tests/plan/published_heldout/ instead: figures gathered the same way but
+kept out of calibration, to check the fitted model on runs it was not fitted to.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = ROOT / "tests" / "plan" / "published"
+HELDOUT = ROOT / "tests" / "plan" / "published_heldout"
+SETS = {"published": PUBLISHED, "heldout": HELDOUT}
 BAND = 0.15
 GB = 1e9
 GIB = 2 ** 30
@@ -62,15 +67,17 @@ def _header(path: Path) -> tuple[dict, str, str]:
     return meta, source, setting
 
 
-def evaluate(paths=None) -> list[Row]:
-    """Plan every published recipe on its own hardware and compare with the published figure."""
+def evaluate(paths=None, folder: Path | str | None = None) -> list[Row]:
+    """Plan every published recipe on its own hardware and compare with the published figure.
+
+    `paths`: the recipes to evaluate; else every recipe in `folder` (default: tests/plan/published/)."""
     from recipeforge.config import load_recipe
     from recipeforge.errors import RecipeError
     from recipeforge.plan import hardware_for, make_plan
     from recipeforge.plan.memory import measured_view
 
     rows = []
-    for path in sorted(paths or PUBLISHED.glob("*.yaml")):
+    for path in sorted(paths or Path(folder or PUBLISHED).glob("*.yaml")):
         meta, source, setting = _header(path)
         published = float(meta["published"]) * (GB / GIB if meta["unit"] == "GB" else 1.0)
         excluded = meta.get("excluded", "")
@@ -130,8 +137,21 @@ def aggregate(rows: list[Row]) -> dict:
             "refused": [r.name for r in used if r.estimate_gib is None]}
 
 
+def _set_folder(argv: list[str]) -> Path:
+    """The folder `--set NAME` (or `--set=NAME`) names; tests/plan/published/ without it."""
+    name = "published"
+    for i, arg in enumerate(argv):
+        if arg == "--set" and i + 1 < len(argv):
+            name = argv[i + 1]
+        elif arg.startswith("--set="):
+            name = arg.split("=", 1)[1]
+    if name not in SETS:
+        raise SystemExit(f"unknown set {name!r}: one of {', '.join(SETS)}")
+    return SETS[name]
+
+
 def main(argv: list[str]) -> int:
-    rows = evaluate()
+    rows = evaluate(folder=_set_folder(argv))
     agg = aggregate(rows)
     if "--markdown" in argv:  # the table in docs/planner.md
         print("| case | source | setting as planned | measure | published GiB | estimate GiB | error |\n"
