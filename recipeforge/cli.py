@@ -155,6 +155,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="output directory (default: RUN_DIR/merged)")
     p.set_defaults(func=cmd_merge)
 
+    p = sub.add_parser("chat", help="talk to a finished run's model in the terminal (streamed replies)",
+                       description="Chat with final/ of a run (a LoRA adapter is loaded on its base, not merged), "
+                                   "through the chat template the run trained with. /reset forgets the "
+                                   "conversation, /exit leaves, a line of three double quotes starts and ends a "
+                                   "multi-line message, Ctrl-C stops a reply.")
+    p.add_argument("run_dir", help="run directory written by `recipeforge train`")
+    p.add_argument("--system", help="system prompt for the conversation")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="longest reply, in tokens (default 256)")
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature; 0 for greedy (default 0.7)")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="where the model runs (default: cuda when present)")
+    p.set_defaults(func=cmd_chat)
+
     p = sub.add_parser("push", help="upload a finished run's model and model card to the Hugging Face Hub",
                        description="Upload final/ (merged/ when the run merged its adapter) and the model card "
                                    "README.md; never checkpoints, optimizer states, logs or the run lock. The "
@@ -392,6 +404,34 @@ def cmd_merge(args) -> int:
 
     out = merge(Path(args.run_dir), Path(args.output) if args.output else None)
     print(f"merged model written to {out}")
+    return 0
+
+
+def cmd_chat(args) -> int:
+    from pathlib import Path
+
+    from recipeforge.outputs.chat import Sampling, chat, load_chat_model
+
+    if args.max_new_tokens < 1 or args.temperature < 0:
+        raise RecipeError("--max-new-tokens must be 1 or more and --temperature 0 or more",
+                          hint="e.g. --max-new-tokens 256 --temperature 0.7 (0: greedy)")
+    try:
+        import readline  # noqa: F401  line editing and history for input() on a terminal
+    except ImportError:
+        pass
+    from recipeforge.outputs import library_warnings
+
+    run_dir = Path(args.run_dir)
+    # Library noise (loading bars, deprecations) goes to the run's logs/warnings.log, as in training.
+    library_warnings.route_library_warnings(0)
+    try:
+        if (run_dir / "final").is_dir():
+            library_warnings.warnings_to_run_dir(run_dir)
+        model, tokenizer = load_chat_model(run_dir, device=args.device)
+        chat(model, tokenizer, system=args.system,
+             sampling=Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature))
+    finally:
+        library_warnings.stop_routing()
     return 0
 
 

@@ -1,0 +1,184 @@
+"""`recipeforge chat RUN_DIR`: talk to a finished run's model in the terminal.
+
+The model is the run's final/ (full weights, or the LoRA adapter on its base, loaded as an adapter:
+nothing is merged or written), with the tokenizer and chat template the run trained with. Replies
+stream token by token. The prompt understands:
+
+- ``/reset``: forget the conversation (the system prompt stays);
+- ``/exit`` (or Ctrl-D): leave;
+- a line holding only ``\"\"\"``: start a multi-line message, ended by another such line;
+- Ctrl-C while a reply streams: stop that reply and keep the conversation.
+
+A run whose tokenizer has no chat template (a pretraining run) continues the typed text instead.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, TextIO
+
+from recipeforge.errors import RecipeError
+
+BLOCK = '"""'
+COMMANDS = {"/reset": "forget the conversation", "/exit": "leave (or Ctrl-D)", "/help": "this list"}
+
+
+@dataclass
+class Conversation:
+    """The messages so far, after the optional system prompt."""
+
+    system: str | None = None
+    turns: list[dict[str, str]] = field(default_factory=list)
+
+    def messages(self) -> list[dict[str, str]]:
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + self.turns
+
+    def reset(self) -> None:
+        self.turns.clear()
+
+
+def load_chat_model(run_dir: Path, *, device: str | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) of a finished run: final/ as saved, an adapter on its base without merging.
+    A `RecipeError` when `run_dir` holds no final/ model."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    final = Path(run_dir) / "final"
+    if not (final / "config.json").is_file() and not (final / "adapter_config.json").is_file():
+        raise RecipeError(f"{run_dir} has no final/ model to chat with",
+                          hint="give the run directory of a finished `recipeforge train` (it writes final/)")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    tokenizer = AutoTokenizer.from_pretrained(str(final))
+    if (final / "adapter_config.json").is_file():
+        from peft import AutoPeftModelForCausalLM
+
+        model = AutoPeftModelForCausalLM.from_pretrained(str(final), dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(final), dtype=dtype)
+    return model.to(device).eval(), tokenizer
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How replies are generated: greedy when temperature is 0."""
+
+    max_new_tokens: int = 256
+    temperature: float = 0.7
+    top_p: float = 0.95
+
+    def generate_kwargs(self) -> dict[str, Any]:
+        if self.temperature <= 0:
+            return {"do_sample": False, "max_new_tokens": self.max_new_tokens}
+        return {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p,
+                "max_new_tokens": self.max_new_tokens}
+
+
+def stream_reply(model: Any, tokenizer: Any, prompt_ids: Any, sampling: Sampling,
+                 stop: threading.Event) -> Iterator[str]:
+    """The reply's text as it is generated (a generation thread feeds a streamer); `stop` set from
+    the caller ends the generation at the next token."""
+    from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+
+    class Stopped(StoppingCriteria):
+        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> bool:
+            return stop.is_set()
+
+    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    kwargs = {**sampling.generate_kwargs(), "input_ids": prompt_ids, "streamer": streamer, "pad_token_id": pad,
+              "attention_mask": prompt_ids.new_ones(prompt_ids.shape),
+              "stopping_criteria": StoppingCriteriaList([Stopped()])}
+    worker = threading.Thread(target=model.generate, kwargs=kwargs, daemon=True)
+    worker.start()
+    try:
+        yield from streamer
+    finally:
+        stop.set()
+        worker.join()
+
+
+def prompt_ids(tokenizer: Any, conversation: Conversation, text: str, device: Any) -> Any:
+    """Token ids of the next prompt: the conversation through the chat template with the generation
+    prompt added, or (no template) the typed text alone."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(conversation.messages(), add_generation_prompt=True,
+                                            return_tensors="pt", return_dict=True)["input_ids"]
+    else:
+        ids = tokenizer(text, return_tensors="pt")["input_ids"]
+    return ids.to(device)
+
+
+def read_message(read_line: Callable[[str], str]) -> str | None:
+    """The next message: one line, or the lines between two ``\"\"\"`` lines. None at end of input."""
+    try:
+        line = read_line(">>> ")
+    except EOFError:
+        return None
+    if line.strip() != BLOCK:
+        return line
+    lines: list[str] = []
+    while True:
+        try:
+            more = read_line("... ")
+        except EOFError:
+            return "\n".join(lines)
+        if more.strip() == BLOCK:
+            return "\n".join(lines)
+        lines.append(more)
+
+
+def chat(model: Any, tokenizer: Any, *, system: str | None = None, sampling: Sampling = Sampling(),
+         read_line: Callable[[str], str] = input, out: TextIO = sys.stdout) -> int:
+    """The interactive loop (see the module docstring); returns the number of replies given."""
+    conversation = Conversation(system=system)
+    templated = bool(getattr(tokenizer, "chat_template", None))
+    if not templated:
+        out.write("(this run's tokenizer has no chat template: each message is continued as plain text)\n")
+    out.write("type a message; /help lists the commands\n")
+    out.flush()
+    replies = 0
+    while True:
+        text = read_message(read_line)
+        if text is None or text.strip() == "/exit":
+            out.write("\n" if text is None else "")
+            return replies
+        command = text.strip()
+        if command == "/reset":
+            conversation.reset()
+            out.write("(conversation cleared)\n")
+            continue
+        if command == "/help":
+            out.write("".join(f"  {k:<8} {v}\n" for k, v in COMMANDS.items()) + f'  {BLOCK:<8} start and end a '
+                                                                                   "multi-line message\n")
+            continue
+        if not command:
+            continue
+        conversation.turns.append({"role": "user", "content": text})
+        reply = _reply(model, tokenizer, conversation, text, sampling, out)
+        if templated:
+            conversation.turns.append({"role": "assistant", "content": reply})
+        replies += 1
+
+
+def _reply(model: Any, tokenizer: Any, conversation: Conversation, text: str, sampling: Sampling,
+           out: TextIO) -> str:
+    """Stream one reply to `out`; Ctrl-C ends it early. Returns its text."""
+    ids = prompt_ids(tokenizer, conversation, text, model.device)
+    stop = threading.Event()
+    pieces: list[str] = []
+    try:
+        for piece in stream_reply(model, tokenizer, ids, sampling, stop):
+            pieces.append(piece)
+            out.write(piece)
+            out.flush()
+    except KeyboardInterrupt:
+        stop.set()
+        out.write(" [stopped]")
+    out.write("\n")
+    out.flush()
+    return "".join(pieces)
