@@ -10,7 +10,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from recipeforge import __version__
 from recipeforge.errors import RecipeError
@@ -27,6 +27,7 @@ def _recipe_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line: global flags, then each command's arguments (in the order --help lists them)."""
     parser = argparse.ArgumentParser(
         prog="recipeforge",
         description="Train LLMs from one declarative YAML recipe: validate it, plan the distributed "
@@ -45,7 +46,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="allow the recipe to import Python code by dotted path (e.g. a reward my_mod:f); "
                              "same as allow_code: true in the recipe")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _recipe_commands(sub)
+    _report_convert_schema_commands(sub)
+    _plan_train_commands(sub)
+    _launch_prepare_commands(sub)
+    _after_training_commands(sub)
+    return parser
 
+
+def _recipe_commands(sub: Any) -> None:
+    """The commands plugins, validate, resolve and diff: reading recipes."""
     p = sub.add_parser("plugins", help="list plugin components by group: name, distribution, version, status")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_plugins)
@@ -68,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("b", help="recipe file, lock file or run directory")
     p.set_defaults(func=cmd_diff)
 
+
+def _report_convert_schema_commands(sub: Any) -> None:
+    """The commands report, convert and schema."""
     p = sub.add_parser("report", help="charts of one or several runs (loss, learning rate, rewards, ...) in one "
                                       "self-contained HTML page",
                        description="Read metrics.jsonl, resolved_recipe.yaml and plan.json of each run (finished or "
@@ -93,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="write to this file instead of stdout")
     p.set_defaults(func=cmd_schema)
 
+
+def _plan_train_commands(sub: Any) -> None:
+    """The commands plan and train."""
     p = sub.add_parser("plan", help="choose backend, batch sizes and per-GPU memory for a recipe, with reasons")
     _recipe_args(p)
     p.add_argument("--hardware", help="plan for this hardware instead of this machine: 8xH100-80GB, "
@@ -125,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "hardware differ from its `lock:` (without it: a warning per difference)")
     p.set_defaults(func=cmd_train)
 
+
+def _launch_prepare_commands(sub: Any) -> None:
+    """The commands launch, preprocess and convert-checkpoint: before a run."""
     p = sub.add_parser("launch", help="write a cluster job script for a recipe (sbatch for Slurm)")
     _recipe_args(p)
     p.add_argument("--slurm", action="store_true", required=True,
@@ -150,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     _recipe_args(p)
     p.set_defaults(func=cmd_convert_checkpoint)
 
+
+def _after_training_commands(sub: Any) -> None:
+    """The commands merge, chat and push: what a finished run is used for."""
     p = sub.add_parser("merge", help="merge a run's LoRA adapter into its base model (safetensors)")
     p.add_argument("run_dir", help="run directory written by `recipeforge train`")
     p.add_argument("-o", "--output", help="output directory (default: RUN_DIR/merged)")
@@ -177,7 +199,6 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "or the run's output.push_to_hub.private)")
     p.add_argument("--dry-run", action="store_true", help="list the files that would be uploaded; upload nothing")
     p.set_defaults(func=cmd_push)
-    return parser
 
 
 # -- commands ---------------------------------------------------------------------------------------
