@@ -51,6 +51,7 @@ SECTIONS = {
     "tokenizer": ("megatron.bridge.training.config", "TokenizerConfig"),
     "rng": ("megatron.bridge.training.config", "RNGConfig"),
     "dist": ("megatron.bridge.training.config", "DistributedInitConfig"),
+    "rerun_state_machine": ("megatron.bridge.training.config", "RerunStateMachineConfig"),
     "peft": ("megatron.bridge.peft.lora", "LoRA"),
 }
 DATASETS = {"sft": ("megatron.bridge.data.builders", "GPTSFTDatasetConfig")}

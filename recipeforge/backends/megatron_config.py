@@ -56,7 +56,14 @@ def megatron_config(plan, recipe, *, run_dir: Path, data: dict, train_iters: int
         # Packed rows go one per micro batch (Megatron-Bridge requires it with offline packing; the
         # planner plans micro batch 1 for megatron), so a step sees the global batch of rows as elsewhere.
         "train": {"train_iters": train_iters, "global_batch_size": plan.global_batch_size,
-                  "micro_batch_size": 1},
+                  "micro_batch_size": 1,
+                  # SIGTERM (forwarded by the launcher on a stop request or preemption): Megatron saves a
+                  # checkpoint at the end of the iteration and leaves its loop; the stage reports the stop.
+                  "exit_signal_handler": True},
+        # The loss checked every step for NaN/inf, as the other backends' divergence watch does
+        # (train.divergence.stop_on_nan). Megatron's own spike check is not the recipe's (window,
+        # factor, patience), so it stays off and the recipe's spike keys are refused with this backend.
+        "rerun_state_machine": {"check_for_nan_in_loss": t.divergence.stop_on_nan, "check_for_spiky_loss": False},
         "validation": {"eval_interval": t.eval_steps or o.save_steps or train_iters,
                        "eval_iters": _eval_iters(data, plan.global_batch_size)},
         "optimizer": {**_optimizer(t), "lr": t.learning_rate,

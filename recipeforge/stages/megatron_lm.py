@@ -83,9 +83,23 @@ class MegatronLMStage(LMStage):
         from megatron.bridge.training.gpt_step import forward_step
 
         finetune(config=self.config, forward_step_func=forward_step)
+        stopped_at = last_saved_iteration(self.ctx.run.checkpoints)
+        if stopped_at is not None and stopped_at < self.train_iters:
+            # Megatron's signal handler saved this iteration and left its loop early: a stop request.
+            from recipeforge.stages.preemption import Preempted
+
+            raise Preempted("SIGTERM", stopped_at, self.ctx.run.checkpoints / f"iter_{stopped_at:07d}")
         return {"train_iters": self.train_iters}
 
     def save(self) -> Path:
         """The job's output is Megatron's checkpoint folder; final/ is exported from it after the job,
         in one process (`backends.megatron_convert.export_final`). Nothing collective here."""
         return self.ctx.run.checkpoints
+
+
+def last_saved_iteration(checkpoints: Path) -> int | None:
+    """The iteration of Megatron's newest checkpoint (its ``latest_checkpointed_iteration.txt``), if any."""
+    try:
+        return int((checkpoints / "latest_checkpointed_iteration.txt").read_text().strip())
+    except (OSError, ValueError):
+        return None

@@ -145,7 +145,7 @@ FIELDS: dict[str, Field] = {
     "train.load_best_model_at_end": refused(
         f"Megatron-Bridge exports the last checkpoint; train.load_best_model_at_end applies on {HF}"),
     "train.metric_for_best_model": ignored("used with train.load_best_model_at_end only, which is refused"),
-    "train.divergence.stop_on_nan": mapped("ddp.check_for_nan_in_grad"),
+    "train.divergence.stop_on_nan": mapped("ddp.check_for_nan_in_grad, rerun_state_machine.check_for_nan_in_loss"),
     "train.divergence.spike_factor": refused(f"the loss-spike watch is a trainer callback of {HF}"),
     "train.divergence.spike_window": refused(f"the loss-spike watch is a trainer callback of {HF}"),
     "train.divergence.spike_patience": refused(f"the loss-spike watch is a trainer callback of {HF}"),

@@ -111,3 +111,23 @@ def test_resume_never_and_trackers_reach_megatron(load, tmp_path):
     assert cfg["checkpoint"]["load"] is None and cfg["checkpoint"]["most_recent_k"] == 2
     lg = cfg["logger"]
     assert (lg["wandb_project"], lg["wandb_exp_name"], lg["mlflow_experiment"]) == ("p", "n", "e")
+
+
+@pytest.mark.parametrize("overrides, nan, spike", [((), True, False),
+                                                   (("train.divergence.stop_on_nan=false",), False, False)])
+def test_megatron_stops_on_signals_and_divergence_like_the_other_backends(load, tmp_path, overrides, nan, spike):
+    """SIGTERM: Megatron's own handler saves and leaves its loop (the stage then reports the stop);
+    the loss is checked for NaN as the recipe says; Megatron's own spike check (not the recipe's) stays off."""
+    loaded = load("pretrain-llama3-405b", *overrides)
+    cfg = megatron_config(make_plan(loaded.recipe), loaded.recipe, run_dir=tmp_path, data=_data(tmp_path),
+                          train_iters=10)
+    assert cfg["train"]["exit_signal_handler"] is True
+    assert cfg["rerun_state_machine"] == {"check_for_nan_in_loss": nan, "check_for_spiky_loss": spike}
+
+
+def test_a_loop_left_before_its_last_iteration_is_a_stop(tmp_path):
+    from recipeforge.stages.megatron_lm import last_saved_iteration
+
+    assert last_saved_iteration(tmp_path) is None
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("40\n")
+    assert last_saved_iteration(tmp_path) == 40
