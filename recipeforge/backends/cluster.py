@@ -62,7 +62,7 @@ def _check(spec: ClusterSpec) -> None:
 def _int(env: Mapping[str, str], *names: str, default: int) -> int:
     for name in names:
         value = env.get(name)
-        if value and value.strip().isdigit():
+        if value and value.strip().isdecimal():
             return int(value)
     return default
 

@@ -34,7 +34,7 @@ def check_bitsandbytes(device: str, *, what: str = "QLoRA", key: str = "adapter.
         return
     import bitsandbytes
 
-    version = tuple(int(p) for p in bitsandbytes.__version__.split(".")[:2] if p.isdigit())
+    version = tuple(int(p) for p in bitsandbytes.__version__.split(".")[:2] if p.isdecimal())
     if version < _BNB_CPU_MIN:
         raise RecipeError(f"{what} on CPU needs bitsandbytes >= {'.'.join(map(str, _BNB_CPU_MIN))} "
                           f"(installed: {bitsandbytes.__version__}); older releases need a CUDA GPU",

@@ -110,7 +110,7 @@ def _target(path: tuple, ref: str) -> tuple | None:
     for part in ref.replace("[", ".").replace("]", "").split("."):
         if part == "":
             return None
-        parts.append(int(part) if part.isdigit() else part)
+        parts.append(int(part) if part.isdecimal() else part)
     return base + tuple(parts)
 
 

@@ -29,7 +29,7 @@ def apply_env(tree: ConfigTree, environ: Mapping[str, str], sections: Iterable[s
         parts = name[len(ENV_PREFIX):].lower().split("__")
         if parts[0] not in sections or not all(parts):
             continue
-        path = tuple(int(p) if p.isdigit() else p for p in parts)
+        path = tuple(int(p) if p.isdecimal() else p for p in parts)
         loc = Location(f"<env {name}>")
         _set(tree, path, _parse_value(environ[name], loc), loc)
 
@@ -90,7 +90,7 @@ def _parse_path(dotted: str, arg: str) -> tuple:
     if not dotted or not all(p.strip() for p in parts) or any(0xD800 <= ord(c) <= 0xDFFF for c in dotted):
         raise RecipeError("bad key in override", location=_cli_location(arg),
                           hint="keys are dotted names such as train.learning_rate")
-    return tuple(int(p) if p.isdigit() else p for p in parts)
+    return tuple(int(p) if p.isdecimal() else p for p in parts)
 
 
 def _parse_value(raw: str, loc: Location):

@@ -34,7 +34,7 @@ FAULT_ENV = "RECIPEFORGE_FAULT"
 def _fault_point() -> tuple[str, int] | None:
     raw = os.environ.get(FAULT_ENV, "")
     point, _, step = raw.partition(":")
-    return (point, int(step)) if point and step.isdigit() else None
+    return (point, int(step)) if point and step.isdecimal() else None
 
 
 def maybe_fault(point: str, step: int) -> None:

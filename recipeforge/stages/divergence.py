@@ -123,7 +123,7 @@ def make_callback(config, *, stage: str, checkpoints: Path, log: Callable[[str],
 
 def _nan_fault_step() -> int | None:
     point, _, step = os.environ.get("RECIPEFORGE_FAULT", "").partition(":")
-    return int(step) if point == "nan" and step.isdigit() else None
+    return int(step) if point == "nan" and step.isdecimal() else None
 
 
 def _poison(model) -> None:

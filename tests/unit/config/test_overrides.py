@@ -50,3 +50,11 @@ def test_override_errors_in_validation_point_at_cli(write):
         load_recipe(path, ["adapter.r=0"])
     p = exc.value.problems[0]
     assert p.key == "adapter.r" and p.location.file == "<cli adapter.r=0>"
+
+
+def test_unicode_digits_in_an_override_key_are_a_user_error(write):
+    """'²' is a digit to str.isdigit() but not a number to int(): a key (an unknown one), not a crash."""
+    path = write("r.yaml", MINIMAL)
+    for arg in ("²=", "data.datasets.².path=x", "train.¹=1"):
+        with pytest.raises(RecipeError):
+            load_recipe(path, [arg])
