@@ -27,6 +27,18 @@ def _recipe_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `recipeforge` parser: the global flags, then the subcommands in the order `--help` lists them."""
+    parser = _root_parser()
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # Each adds its subcommands in turn: the order here is the order of the COMMAND list in `--help`.
+    for add_commands in (_add_inspect_commands, _add_convert_commands, _add_plan_command, _add_train_command,
+                         _add_launch_command, _add_prepare_commands, _add_run_dir_commands):
+        add_commands(sub)
+    return parser
+
+
+def _root_parser() -> argparse.ArgumentParser:
+    """The top-level parser with its description, exit-code epilog and global flags."""
     parser = argparse.ArgumentParser(
         prog="recipeforge",
         description="Train LLMs from one declarative YAML recipe: validate it, plan the distributed "
@@ -44,8 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trust-code", action="store_true",
                         help="allow the recipe to import Python code by dotted path (e.g. a reward my_mod:f); "
                              "same as allow_code: true in the recipe")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    return parser
 
+
+def _add_inspect_commands(sub) -> None:
+    """`plugins`, `validate`, `resolve`, `diff`, `report`: commands that read and print, training nothing."""
     p = sub.add_parser("plugins", help="list plugin components by group: name, distribution, version, status")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_plugins)
@@ -79,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="page to write (default: RUN_DIR/report.html for one run, ./report.html for several)")
     p.set_defaults(func=cmd_report)
 
+
+def _add_convert_commands(sub) -> None:
+    """`convert` (another tool's config as a recipe) and `schema` (the recipe format itself)."""
     p = sub.add_parser("convert", help="convert another tool's config to a recipe (axolotl)")
     p.add_argument("tool", choices=("axolotl",), help="the tool the config is written for")
     p.add_argument("config", help="the tool's YAML config")
@@ -93,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="write to this file instead of stdout")
     p.set_defaults(func=cmd_schema)
 
+
+def _add_plan_command(sub) -> None:
+    """`plan`: the planner's choices for a recipe, for this machine or the hardware named."""
     p = sub.add_parser("plan", help="choose backend, batch sizes and per-GPU memory for a recipe, with reasons")
     _recipe_args(p)
     p.add_argument("--hardware", help="plan for this hardware instead of this machine: 8xH100-80GB, "
@@ -103,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=cmd_plan)
 
+
+def _add_train_command(sub) -> None:
+    """`train`: plan and run a recipe, as the launching command or as a launched worker."""
     p = sub.add_parser("train", help="plan and run a recipe; writes the run directory",
                        description="Plan the recipe, then train in this process or start the backend's launcher "
                                    "(accelerate launch / torchrun) with the plan's process count. Also runs as a "
@@ -125,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "hardware differ from its `lock:` (without it: a warning per difference)")
     p.set_defaults(func=cmd_train)
 
+
+def _add_launch_command(sub) -> None:
+    """`launch`: a cluster job script (Slurm sbatch) for a recipe."""
     p = sub.add_parser("launch", help="write a cluster job script for a recipe (sbatch for Slurm)")
     _recipe_args(p)
     p.add_argument("--slurm", action="store_true", required=True,
@@ -141,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--master-port", type=int, help="rendezvous port on the first node (default 29500)")
     p.set_defaults(func=cmd_launch)
 
+
+def _add_prepare_commands(sub) -> None:
+    """`preprocess` and `convert-checkpoint`: work a run would otherwise do first, done ahead of it."""
     p = sub.add_parser("preprocess", help="tokenize and cache a recipe's datasets ahead of training")
     _recipe_args(p)
     p.set_defaults(func=cmd_preprocess)
@@ -150,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     _recipe_args(p)
     p.set_defaults(func=cmd_convert_checkpoint)
 
+
+def _add_run_dir_commands(sub) -> None:
+    """`merge` and `push`: commands on a run directory written by `train`."""
     p = sub.add_parser("merge", help="merge a run's LoRA adapter into its base model (safetensors)")
     p.add_argument("run_dir", help="run directory written by `recipeforge train`")
     p.add_argument("-o", "--output", help="output directory (default: RUN_DIR/merged)")
@@ -165,7 +198,6 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "or the run's output.push_to_hub.private)")
     p.add_argument("--dry-run", action="store_true", help="list the files that would be uploaded; upload nothing")
     p.set_defaults(func=cmd_push)
-    return parser
 
 
 # -- commands ---------------------------------------------------------------------------------------
