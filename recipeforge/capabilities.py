@@ -195,93 +195,179 @@ def refusals(caps: BackendCapabilities, *, stage: str | None = None, device: str
     `zero_stage`/`offload` may be ``auto``; a pinned offload mode then still needs a ZeRO stage that
     can do it, and QLoRA one that keeps 4-bit weights whole, so such pairs are refused as early as
     the recipe pins them."""
+    asked = _Asked(caps, all_capabilities(), stage=stage, device=device, adapter=adapter, quant_bits=quant_bits,
+                   offload=offload, zero_stage=zero_stage, optimizer=optimizer, cpu_processes=cpu_processes,
+                   model_parallel=model_parallel)
     out: list[Refusal] = []
-    n = caps.name
-    why = caps.why
-    backend_hint = "set distributed.backend: auto"
-    every = all_capabilities()
+    for check in _CHECKS:  # in this order: the first refusal is the one a backend's check() raises
+        out.extend(check(asked))
+    return out
 
-    def others(test) -> str:
-        names = [b for b in _supporting(every, test) if b != n]
-        return f"use backend: {_either(names)} (or auto)" if names else backend_hint
 
-    if stage is not None and stage not in caps.stages:
-        out.append(Refusal("distributed.backend", f"the {n} backend runs {_both(list(caps.stages))} only, not {stage}"
-                           + (f": {why['stages']}" if "stages" in why else ""), others(lambda c: stage in c.stages)))
+@dataclass(frozen=True)
+class _Asked:
+    """One `refusals` question: the record asked, every record (to name the backends that can), and
+    the facts (None, or ``auto`` where a fact allows it: not known yet)."""
+
+    caps: BackendCapabilities
+    every: Mapping[str, BackendCapabilities]
+    stage: str | None = None
+    device: str | None = None
+    adapter: str | None = None
+    quant_bits: int | None = None
+    offload: str | None = None
+    zero_stage: int | str | None = None
+    optimizer: str | None = None
+    cpu_processes: int | None = None
+    model_parallel: str | None = None
+
+    def others(self, test) -> str:
+        """The hint that names the other backends passing `test`, or auto when none does."""
+        names = [b for b in _supporting(self.every, test) if b != self.caps.name]
+        return f"use backend: {_either(names)} (or auto)" if names else "set distributed.backend: auto"
+
+    def zero_stage_known(self) -> bool:
+        """Whether a ZeRO stage is pinned (neither unknown nor ``auto``)."""
+        return self.zero_stage not in (None, "auto")
+
+
+def _stage_refusals(q: _Asked) -> list[Refusal]:
+    """A stage the backend does not run."""
+    caps, n, why, stage = q.caps, q.caps.name, q.caps.why, q.stage
+    if stage is None or stage in caps.stages:
+        return []
+    return [Refusal("distributed.backend", f"the {n} backend runs {_both(list(caps.stages))} only, not {stage}"
+                    + (f": {why['stages']}" if "stages" in why else ""), q.others(lambda c: stage in c.stages))]
+
+
+def _device_refusals(q: _Asked) -> list[Refusal]:
+    """A device the backend does not run on, or more CPU processes than it runs."""
+    caps, n, why, device, cpu_processes = q.caps, q.caps.name, q.caps.why, q.device, q.cpu_processes
     if device is not None and device not in caps.devices:
         where = "CUDA GPUs" if device == "cpu" else "the CPU"
-        out.append(Refusal("distributed.backend", f"the {n} backend needs {where}"
-                           + (f": {why['devices']}" if "devices" in why else ""),
-                           ("on the CPU " if device == "cpu" else "on GPUs ") + others(lambda c: device in c.devices)))
-    elif device == "cpu" and cpu_processes is not None and caps.max_cpu_processes is not None \
+        return [Refusal("distributed.backend", f"the {n} backend needs {where}"
+                        + (f": {why['devices']}" if "devices" in why else ""),
+                        ("on the CPU " if device == "cpu" else "on GPUs ") + q.others(lambda c: device in c.devices))]
+    if device == "cpu" and cpu_processes is not None and caps.max_cpu_processes is not None \
             and cpu_processes > caps.max_cpu_processes:
         runs = "one process" if caps.max_cpu_processes == 1 else f"at most {caps.max_cpu_processes} processes"
-        out.append(Refusal("distributed.backend", f"backend {n} runs {runs} on the CPU; {cpu_processes} "
-                           "processes were asked for",
-                           others(lambda c: "cpu" in c.devices and (c.max_cpu_processes is None
-                                                                       or c.max_cpu_processes >= cpu_processes)) + ", or drop --nproc-per-node"))
+        return [Refusal("distributed.backend", f"backend {n} runs {runs} on the CPU; {cpu_processes} "
+                        "processes were asked for",
+                        q.others(lambda c: "cpu" in c.devices and (c.max_cpu_processes is None
+                                                                    or c.max_cpu_processes >= cpu_processes))
+                        + ", or drop --nproc-per-node")]
+    return []
+
+
+def _adapter_refusals(q: _Asked) -> list[Refusal]:
+    """An adapter type the backend does not train, or a QLoRA base precision it does not load."""
+    caps, n, why, adapter, quant_bits = q.caps, q.caps.name, q.caps.why, q.adapter, q.quant_bits
     if adapter is not None and adapter not in caps.adapters:
         label = {"none": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA"}[adapter]
         fits = [a for a in caps.adapters if a != "none"]
-        out.append(Refusal("adapter.type", f"{label} is not supported on the {n} backend"
-                           + (f": {why['adapters']}" if "adapters" in why else ""),
-                           (f"use adapter.type: {_either(fits)}, or " if fits else "")
-                           + others(lambda c: adapter in c.adapters)))
-    elif adapter == "qlora" and quant_bits is not None and quant_bits not in caps.quantization_bits:
-        out.append(Refusal("adapter.quant.bits", f"the {n} backend runs QLoRA on {_either([str(b) for b in caps.quantization_bits])}-bit "
-                           f"bases, not {quant_bits}-bit" + (f": {why['quant_bits']}" if "quant_bits" in why else ""),
-                           f"set adapter.quant.bits: {caps.quantization_bits[0]}"))
+        return [Refusal("adapter.type", f"{label} is not supported on the {n} backend"
+                        + (f": {why['adapters']}" if "adapters" in why else ""),
+                        (f"use adapter.type: {_either(fits)}, or " if fits else "")
+                        + q.others(lambda c: adapter in c.adapters))]
+    if adapter == "qlora" and quant_bits is not None and quant_bits not in caps.quantization_bits:
+        return [Refusal("adapter.quant.bits", f"the {n} backend runs QLoRA on "
+                        f"{_either([str(b) for b in caps.quantization_bits])}-bit "
+                        f"bases, not {quant_bits}-bit" + (f": {why['quant_bits']}" if "quant_bits" in why else ""),
+                        f"set adapter.quant.bits: {caps.quantization_bits[0]}")]
+    return []
+
+
+def _parallel_refusals(q: _Asked) -> list[Refusal]:
+    """A parallel size above 1 the backend does not run (at all, or on the CPU)."""
+    caps, n, why, model_parallel = q.caps, q.caps.name, q.caps.why, q.model_parallel
     if model_parallel and model_parallel not in caps.parallel_sizes:
-        names = _either(_supporting(every, lambda c: model_parallel in c.parallel_sizes))
-        out.append(Refusal(f"distributed.{model_parallel}", f"{model_parallel} > 1 needs the {names} backend "
-                           f"(backend is {n})", others(lambda c: model_parallel in c.parallel_sizes)
-                           + ", or set it to 1 or auto"))
-    elif model_parallel and device == "cpu" and caps.cpu_parallel_sizes is not None \
+        names = _either(_supporting(q.every, lambda c: model_parallel in c.parallel_sizes))
+        return [Refusal(f"distributed.{model_parallel}", f"{model_parallel} > 1 needs the {names} backend "
+                        f"(backend is {n})", q.others(lambda c: model_parallel in c.parallel_sizes)
+                        + ", or set it to 1 or auto")]
+    if model_parallel and q.device == "cpu" and caps.cpu_parallel_sizes is not None \
             and model_parallel not in caps.cpu_parallel_sizes:
-        out.append(Refusal(f"distributed.{model_parallel}", f"the {n} backend runs no {model_parallel} > 1 on the CPU"
-                           + (f": {why['cpu_parallel']}" if "cpu_parallel" in why else ""),
-                           "set it to 1 or auto on the CPU"))
-    if zero_stage not in (None, "auto") and zero_stage not in caps.zero_stages:
-        out.append(Refusal("distributed.zero_stage", f"zero_stage applies to DeepSpeed, not to the {n} backend"
-                           if not caps.zero_stages else f"the {n} backend has no ZeRO stage {zero_stage}",
-                           "set distributed.backend: deepspeed, or remove zero_stage"))
-    if offload not in (None, "auto"):
-        if offload not in caps.offload:
-            can = [o for o in caps.offload if o != "none"]
-            what = (f"has no offload mode {offload} (it offloads {_either(can)})" if can
-                    else "cannot offload to CPU memory")
-            out.append(Refusal("distributed.offload", f"the {n} backend {what}"
-                               + (f": {why['offload']}" if "offload" in why else ""),
-                               (f"use offload: {_either(can)}, or " if can else "")
-                               + others(lambda c: offload in c.offload)))
-        elif device == "cpu" and caps.cpu_offload is not None and offload not in caps.cpu_offload:
-            out.append(Refusal("distributed.offload", f"the {n} backend cannot offload {offload} on the CPU"
-                               + (f": {why['cpu_offload']}" if "cpu_offload" in why else ""),
-                               "set offload: none on the CPU"))
-        elif offload != "none" and caps.offload_zero_stages:
-            stages = caps.offload_zero_stages.get(offload, ())
-            if zero_stage not in (None, "auto") and zero_stage not in stages:
-                out.append(Refusal("distributed.offload", f"offload {offload} needs ZeRO stage "
-                                   f"{_either([str(s) for s in stages])} (got {zero_stage}): {why['offload_zero']}",
-                                   f"set zero_stage: {stages[0]}, or another offload"))
-            elif adapter == "qlora" and caps.qlora_zero_stages and not set(stages) & set(caps.qlora_zero_stages) \
-                    and quant_bits is not None and quant_bits not in caps.sharded_quant_bits:
-                out.append(Refusal("distributed.offload", f"offload {offload} needs ZeRO stage "
-                                   f"{_either([str(s) for s in stages])}, and {why['qlora_zero']}",
-                                   f"set adapter.quant.bits: {caps.sharded_quant_bits[0]}, or offload: optimizer"))
-        if offload != "none" and offload in caps.offload and caps.offload_optimizers is not None \
-                and optimizer is not None and optimizer not in caps.offload_optimizers:
-            out.append(Refusal("train.optimizer", f"train.optimizer {optimizer} cannot be offloaded by the {n} backend: "
-                               f"{why['offload_optimizer']}",
-                               f"use optimizer: {caps.offload_optimizers[0]} with offload, or offload: none"))
-    if adapter == "qlora" and zero_stage not in (None, "auto") and caps.qlora_zero_stages \
+        return [Refusal(f"distributed.{model_parallel}", f"the {n} backend runs no {model_parallel} > 1 on the CPU"
+                        + (f": {why['cpu_parallel']}" if "cpu_parallel" in why else ""),
+                        "set it to 1 or auto on the CPU")]
+    return []
+
+
+def _zero_stage_refusals(q: _Asked) -> list[Refusal]:
+    """A pinned ZeRO stage the backend does not have (or any, on a backend that is not ZeRO)."""
+    caps, n, zero_stage = q.caps, q.caps.name, q.zero_stage
+    if not q.zero_stage_known() or zero_stage in caps.zero_stages:
+        return []
+    return [Refusal("distributed.zero_stage", f"zero_stage applies to DeepSpeed, not to the {n} backend"
+                    if not caps.zero_stages else f"the {n} backend has no ZeRO stage {zero_stage}",
+                    "set distributed.backend: deepspeed, or remove zero_stage")]
+
+
+def _offload_refusals(q: _Asked) -> list[Refusal]:
+    """A pinned offload mode the backend cannot run, and an optimizer its offloaded step cannot take."""
+    caps, n, why, offload, optimizer = q.caps, q.caps.name, q.caps.why, q.offload, q.optimizer
+    if offload in (None, "auto"):
+        return []
+    out = _offload_mode_refusals(q)
+    if offload != "none" and offload in caps.offload and caps.offload_optimizers is not None \
+            and optimizer is not None and optimizer not in caps.offload_optimizers:
+        out.append(Refusal("train.optimizer", f"train.optimizer {optimizer} cannot be offloaded by the {n} backend: "
+                           f"{why['offload_optimizer']}",
+                           f"use optimizer: {caps.offload_optimizers[0]} with offload, or offload: none"))
+    return out
+
+
+def _offload_mode_refusals(q: _Asked) -> list[Refusal]:
+    """An offload mode the backend lacks, lacks on the CPU, or lacks with the ZeRO stage or QLoRA asked."""
+    caps, n, why, offload = q.caps, q.caps.name, q.caps.why, q.offload
+    if offload not in caps.offload:
+        can = [o for o in caps.offload if o != "none"]
+        what = (f"has no offload mode {offload} (it offloads {_either(can)})" if can
+                else "cannot offload to CPU memory")
+        return [Refusal("distributed.offload", f"the {n} backend {what}"
+                        + (f": {why['offload']}" if "offload" in why else ""),
+                        (f"use offload: {_either(can)}, or " if can else "")
+                        + q.others(lambda c: offload in c.offload))]
+    if q.device == "cpu" and caps.cpu_offload is not None and offload not in caps.cpu_offload:
+        return [Refusal("distributed.offload", f"the {n} backend cannot offload {offload} on the CPU"
+                        + (f": {why['cpu_offload']}" if "cpu_offload" in why else ""),
+                        "set offload: none on the CPU")]
+    if offload != "none" and caps.offload_zero_stages:
+        return _offload_zero_refusals(q)
+    return []
+
+
+def _offload_zero_refusals(q: _Asked) -> list[Refusal]:
+    """An offload mode whose ZeRO stages exclude the pinned one, or cannot keep the QLoRA base whole."""
+    caps, why, offload, zero_stage, quant_bits = q.caps, q.caps.why, q.offload, q.zero_stage, q.quant_bits
+    stages = caps.offload_zero_stages.get(offload, ())
+    if q.zero_stage_known() and zero_stage not in stages:
+        return [Refusal("distributed.offload", f"offload {offload} needs ZeRO stage "
+                        f"{_either([str(s) for s in stages])} (got {zero_stage}): {why['offload_zero']}",
+                        f"set zero_stage: {stages[0]}, or another offload")]
+    if q.adapter == "qlora" and caps.qlora_zero_stages and not set(stages) & set(caps.qlora_zero_stages) \
+            and quant_bits is not None and quant_bits not in caps.sharded_quant_bits:
+        return [Refusal("distributed.offload", f"offload {offload} needs ZeRO stage "
+                        f"{_either([str(s) for s in stages])}, and {why['qlora_zero']}",
+                        f"set adapter.quant.bits: {caps.sharded_quant_bits[0]}, or offload: optimizer")]
+    return []
+
+
+def _qlora_zero_refusals(q: _Asked) -> list[Refusal]:
+    """A pinned ZeRO stage that would split a QLoRA base whose precision does not shard."""
+    caps, zero_stage, quant_bits = q.caps, q.zero_stage, q.quant_bits
+    if q.adapter == "qlora" and q.zero_stage_known() and caps.qlora_zero_stages \
             and zero_stage not in caps.qlora_zero_stages and quant_bits is not None \
             and quant_bits not in caps.sharded_quant_bits:
-        out.append(Refusal("adapter.quant.bits", f"{why['qlora_zero']} (zero_stage {zero_stage}, "
-                           f"{quant_bits}-bit base)",
-                           f"set adapter.quant.bits: {caps.sharded_quant_bits[0]}, or zero_stage: "
-                           f"{caps.qlora_zero_stages[-1]}"))
-    return out
+        return [Refusal("adapter.quant.bits", f"{caps.why['qlora_zero']} (zero_stage {zero_stage}, "
+                        f"{quant_bits}-bit base)",
+                        f"set adapter.quant.bits: {caps.sharded_quant_bits[0]}, or zero_stage: "
+                        f"{caps.qlora_zero_stages[-1]}")]
+    return []
+
+
+_CHECKS = (_stage_refusals, _device_refusals, _adapter_refusals, _parallel_refusals, _zero_stage_refusals,
+           _offload_refusals, _qlora_zero_refusals)
 
 
 def parallel_key(tensor_parallel, pipeline_parallel, context_parallel=1) -> str | None:

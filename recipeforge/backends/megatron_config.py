@@ -37,22 +37,30 @@ def megatron_config(plan, recipe, *, run_dir: Path, data: dict, train_iters: int
 
     if plan.backend != "megatron":
         raise RecipeError(f"the plan uses backend {plan.backend}, not megatron", key="distributed.backend")
-    r, t, o = recipe, recipe.train, recipe.output
+    t = recipe.train
     par = megatron_parallel_settings(plan, recipe)
     if t.optimizer == "sgd" and plan.offload != "none":
         raise RecipeError("Megatron-Core offloads Adam's states only; SGD cannot run with the optimizer on the CPU",
                           key="train.optimizer", hint="use adamw, or distributed.offload: none")
     dtype = (plan.extra.dtype or "bf16")
-    seq = r.data.sequence_len
     warmup = t.warmup_steps if t.warmup_steps is not None else int(round(t.warmup_ratio * train_iters))
-    model = {**{k: v for k, v in par["model"].items() if v is not None}, "seq_length": seq,
-             "bf16": dtype == "bf16", "fp16": dtype == "fp16",
-             "params_dtype": {"bf16": "bfloat16", "fp16": "float16"}.get(dtype, "float32"),
-             "pipeline_dtype": {"bf16": "bfloat16", "fp16": "float16"}.get(dtype) if plan.pipeline_parallel > 1
-             else None}
-    ckpt = run_dir / "checkpoints"
-    config: dict = {
-        "model": model,
+    config = _sections(plan, recipe, par, dtype=dtype, warmup=warmup, run_dir=run_dir, data=data,
+                       train_iters=train_iters, base_checkpoint=base_checkpoint)
+    if t.scheduler == "wsd":
+        _wsd_phases(config["scheduler"], train_iters, warmup, t.decay_ratio)
+    if t.gradient_checkpointing is False:
+        for key in ("recompute_granularity", "recompute_method", "recompute_num_layers"):
+            config["model"].pop(key, None)
+    return config
+
+
+def _sections(plan, recipe, par: dict, *, dtype: str, warmup: int, run_dir: Path, data: dict, train_iters: int,
+              base_checkpoint: Path | None) -> dict:
+    """Every `ConfigContainer` section, before the WSD phases and the recompute switch are applied."""
+    r, t, o = recipe, recipe.train, recipe.output
+    seq = r.data.sequence_len
+    return {
+        "model": _model(plan, par, dtype, seq),
         # Packed rows go one per micro batch (Megatron-Bridge requires it with offline packing; the
         # planner plans micro batch 1 for megatron), so a step sees the global batch of rows as elsewhere.
         "train": {"train_iters": train_iters, "global_batch_size": plan.global_batch_size,
@@ -66,21 +74,11 @@ def megatron_config(plan, recipe, *, run_dir: Path, data: dict, train_iters: int
         "rerun_state_machine": {"check_for_nan_in_loss": t.divergence.stop_on_nan, "check_for_spiky_loss": False},
         "validation": {"eval_interval": t.eval_steps or o.save_steps or train_iters,
                        "eval_iters": _eval_iters(data, plan.global_batch_size)},
-        "optimizer": {**_optimizer(t), "lr": t.learning_rate,
-                      "min_lr": 0.1 * t.learning_rate if t.scheduler == "cosine_with_min_lr" else 0.0,
-                      "weight_decay": t.weight_decay, "bf16": dtype == "bf16", "fp16": dtype == "fp16",
-                      **{k: v for k, v in par["optimizer"].items()}},
-        "scheduler": {"lr_decay_style": _DECAY[t.scheduler], "lr_warmup_iters": warmup, "lr_warmup_init": 0.0,
-                      "lr_decay_iters": train_iters, "override_opt_param_scheduler": True,
-                      "start_weight_decay": t.weight_decay, "end_weight_decay": t.weight_decay,
-                      "weight_decay_incr_style": "constant"},
+        "optimizer": _optimizer_section(t, par, dtype),
+        "scheduler": _scheduler(t, warmup, train_iters),
         "ddp": {**par["ddp"], "check_for_nan_in_grad": t.divergence.stop_on_nan, "overlap_grad_reduce": plan.data_parallel > 1,
                 "overlap_param_gather": plan.data_parallel > 1, "average_in_collective": True},
-        # output.resume: never starts from the converted base even when checkpoints exist.
-        "checkpoint": {"save": str(ckpt), "load": str(ckpt) if o.resume == "auto" else None,
-                       "save_interval": o.save_steps or train_iters, "most_recent_k": o.save_total_limit or -1,
-                       "ckpt_format": "torch_dist", "fully_parallel_save": True,
-                       "pretrained_checkpoint": str(base_checkpoint) if base_checkpoint else None},
+        "checkpoint": _checkpoint(o, run_dir, train_iters, base_checkpoint),
         "logger": _logger(r, run_dir),
         "dist": {"distributed_timeout_minutes": max(1, int(round(r.distributed.timeout_minutes)))},
         "tokenizer": {"tokenizer_type": "HuggingFaceTokenizer",
@@ -90,18 +88,52 @@ def megatron_config(plan, recipe, *, run_dir: Path, data: dict, train_iters: int
         "dataset": _dataset(data, seq, t.seed, max_samples=train_iters * plan.global_batch_size),
         "peft": _lora(recipe),
     }
-    if t.scheduler == "wsd":
-        # The same phases as the transformers trainers (`components.schedules`): Megatron's WSD holds
-        # the peak until the last `lr_wsd_decay_iters` iterations of `lr_decay_iters`.
-        from recipeforge.components.schedules import DECAY_TYPE, wsd_phases
 
-        phases = wsd_phases(train_iters, warmup, t.decay_ratio)
-        config["scheduler"].update(lr_warmup_iters=phases.warmup, lr_wsd_decay_iters=phases.decay,
-                                   lr_wsd_decay_style=DECAY_TYPE)
-    if t.gradient_checkpointing is False:
-        for key in ("recompute_granularity", "recompute_method", "recompute_num_layers"):
-            config["model"].pop(key, None)
-    return config
+
+def _model(plan, par: dict, dtype: str, seq: int) -> dict:
+    """The model section: the plan's parallel layout, the sequence length and the precision."""
+    return {**{k: v for k, v in par["model"].items() if v is not None}, "seq_length": seq,
+            "bf16": dtype == "bf16", "fp16": dtype == "fp16",
+            "params_dtype": {"bf16": "bfloat16", "fp16": "float16"}.get(dtype, "float32"),
+            "pipeline_dtype": {"bf16": "bfloat16", "fp16": "float16"}.get(dtype) if plan.pipeline_parallel > 1
+            else None}
+
+
+def _optimizer_section(t, par: dict, dtype: str) -> dict:
+    """The optimizer section: `_optimizer`'s choice, learning rate, weight decay, precision, sharding."""
+    return {**_optimizer(t), "lr": t.learning_rate,
+            "min_lr": 0.1 * t.learning_rate if t.scheduler == "cosine_with_min_lr" else 0.0,
+            "weight_decay": t.weight_decay, "bf16": dtype == "bf16", "fp16": dtype == "fp16",
+            **{k: v for k, v in par["optimizer"].items()}}
+
+
+def _scheduler(t, warmup: int, train_iters: int) -> dict:
+    """The scheduler section: decay style, warmup, and a constant weight decay."""
+    return {"lr_decay_style": _DECAY[t.scheduler], "lr_warmup_iters": warmup, "lr_warmup_init": 0.0,
+            "lr_decay_iters": train_iters, "override_opt_param_scheduler": True,
+            "start_weight_decay": t.weight_decay, "end_weight_decay": t.weight_decay,
+            "weight_decay_incr_style": "constant"}
+
+
+def _wsd_phases(scheduler: dict, train_iters: int, warmup: int, decay_ratio) -> None:
+    """Set the warmup-stable-decay phases in the scheduler section."""
+    # The same phases as the transformers trainers (`components.schedules`): Megatron's WSD holds
+    # the peak until the last `lr_wsd_decay_iters` iterations of `lr_decay_iters`.
+    from recipeforge.components.schedules import DECAY_TYPE, wsd_phases
+
+    phases = wsd_phases(train_iters, warmup, decay_ratio)
+    scheduler.update(lr_warmup_iters=phases.warmup, lr_wsd_decay_iters=phases.decay,
+                     lr_wsd_decay_style=DECAY_TYPE)
+
+
+def _checkpoint(o, run_dir: Path, train_iters: int, base_checkpoint: Path | None) -> dict:
+    """The checkpoint section: saves under RUN_DIR/checkpoints, resumed from there when output.resume is auto."""
+    ckpt = run_dir / "checkpoints"
+    # output.resume: never starts from the converted base even when checkpoints exist.
+    return {"save": str(ckpt), "load": str(ckpt) if o.resume == "auto" else None,
+            "save_interval": o.save_steps or train_iters, "most_recent_k": o.save_total_limit or -1,
+            "ckpt_format": "torch_dist", "fully_parallel_save": True,
+            "pretrained_checkpoint": str(base_checkpoint) if base_checkpoint else None}
 
 
 def _dataset(data: dict, seq: int, seed: int, *, max_samples: int) -> dict:

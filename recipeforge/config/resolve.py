@@ -8,6 +8,7 @@ environment variables read per key are kept so that secrets can be redacted from
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from typing import Any
 
 from recipeforge.config.tree import ConfigTree, leaves as tree_leaves
@@ -59,78 +60,114 @@ def resolve_interpolations(tree: ConfigTree, defaults: dict | None = None) -> tu
     leaves = [(p, v) for p, v in tree_leaves(tree.data) if _needs_resolving(v)]
     if not leaves:
         return tree, {}
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
 
     _register_env_resolver(OmegaConf)
+    out = tree.copy()
+    failures = _Failures(sane=tree.copy())
+    leaves = _parsed_leaves(tree, leaves, failures)
+    leaves = _bounded_leaves(tree, leaves, defaults or {}, failures)
+    try:
+        cfg = OmegaConf.create(_overlay(defaults or {}, failures.sane.data))
+    except OmegaConfBaseException as exc:
+        raise RecipeError(f"cannot interpolate this recipe: {_short(exc)}", location=tree.root) from None
+    env_refs = _resolve_leaves(tree, cfg, leaves, out, failures)
+    if failures.problems:
+        raise UnresolvedValues(failures.problems, out, failures.paths)
+    return out, env_refs
+
+
+@dataclass
+class _Failures:
+    """The keys that could not be resolved so far: a problem and the path of each, and `sane`, the tree
+    with the keys found before OmegaConf reads it set to None (so that it can read the rest)."""
+
+    sane: ConfigTree
+    problems: list[Problem] = field(default_factory=list)
+    paths: list[tuple] = field(default_factory=list)
+
+    def add(self, problem: Problem, path: tuple, *, blank: bool = False) -> None:
+        """Record `problem` at `path`; `blank` also sets the key to None in `sane`."""
+        self.problems.append(problem)
+        self.paths.append(path)
+        if blank:
+            self.sane.get(path[:-1])[path[-1]] = None
+
+    def without_failed(self, leaves: list) -> list:
+        """`leaves` less the keys that failed."""
+        return [(p, v) for p, v in leaves if p not in self.paths]
+
+
+def _parsed_leaves(tree: ConfigTree, leaves: list, failures: _Failures) -> list:
+    """The leaves whose interpolations parse; each other one is a failure."""
+    from omegaconf.errors import OmegaConfBaseException
     from omegaconf.grammar_parser import parse as parse_interpolation
 
-    out = tree.copy()
-    env_refs: dict[tuple, list[str]] = {}
-    problems: list[Problem] = []
-    failed: list[tuple] = []
     # Malformed interpolations would make OmegaConf reject the whole document: find them one by one.
-    sane = tree.copy()
     for path, raw in leaves:
         try:
             parse_interpolation(raw)
         except OmegaConfBaseException as exc:
-            problems.append(Problem(f"bad interpolation syntax in {raw!r}: {_short(exc)}", tree.locate(path),
-                                    format_key(path), hint="write ${section.key} or ${env:VAR,default}; "
-                                                           "a literal '${' is written '\\${'"))
-            failed.append(path)
-            sane.get(path[:-1])[path[-1]] = None
-    leaves = [(p, v) for p, v in leaves if p not in failed]
+            failures.add(Problem(f"bad interpolation syntax in {raw!r}: {_short(exc)}", tree.locate(path),
+                                 format_key(path), hint="write ${section.key} or ${env:VAR,default}; "
+                                                        "a literal '${' is written '\\${'"), path, blank=True)
+    return failures.without_failed(leaves)
+
+
+def _bounded_leaves(tree: ConfigTree, leaves: list, defaults: dict, failures: _Failures) -> list:
+    """The leaves within the interpolation limits; each other one is a failure."""
     # Chains, cycles, expansion size and resolvers are checked on the plain tree: OmegaConf would
     # recurse past Python's limit or build huge strings before it noticed.
     from recipeforge.config.interpolation_limits import check_interpolations
 
-    for problem in check_interpolations(tree, leaves, defaults or {}):
-        problems.append(problem)
+    for problem in check_interpolations(tree, leaves, defaults):
         path = next(p for p, _ in leaves if format_key(p) == problem.key)
-        failed.append(path)
-        sane.get(path[:-1])[path[-1]] = None
-    leaves = [(p, v) for p, v in leaves if p not in failed]
-    try:
-        cfg = OmegaConf.create(_overlay(defaults or {}, sane.data))
-    except OmegaConfBaseException as exc:
-        raise RecipeError(f"cannot interpolate this recipe: {_short(exc)}", location=tree.root) from None
+        failures.add(problem, path, blank=True)
+    return failures.without_failed(leaves)
+
+
+def _resolve_leaves(tree: ConfigTree, cfg: Any, leaves: list, out: ConfigTree, failures: _Failures) -> dict:
+    """Write each leaf's resolved value into `out`; returns the env variables each key read."""
+    env_refs: dict[tuple, list[str]] = {}
     for path, raw in leaves:
         _env_reads.clear()
-        try:
-            node: Any = cfg
-            for part in path[:-1]:
-                node = node[part]
-            value = node[path[-1]]
-            if isinstance(value, (DictConfig, ListConfig)):
-                value = OmegaConf.to_container(value, resolve=True, throw_on_missing=True)
-        except MissingMandatoryValue:
-            problems.append(Problem("required value is missing (???)", tree.locate(path), format_key(path),
-                                    hint=f"set it in the recipe or on the command line: {format_key(path)}=..."))
-            failed.append(path)
-            continue
-        except RecursionError:  # a limit above was not enough: still this key's problem, not a crash
-            problems.append(Problem("interpolation nests too deeply to resolve", tree.locate(path), format_key(path),
-                                    hint="refer to the key that holds the value directly"))
-            failed.append(path)
-            continue
-        except OmegaConfBaseException as exc:
-            problems.append(Problem(f"cannot resolve {raw!r}: {_short(exc)}", tree.locate(path), format_key(path),
-                                    hint="interpolations look like ${train.learning_rate} or ${env:VAR,default}"))
-            failed.append(path)
-            continue
-        if isinstance(value, str) and any(0xD800 <= ord(ch) <= 0xDFFF for ch in value):
+        value, problem = _resolve_leaf(tree, cfg, path, raw)
+        if problem is None and isinstance(value, str) and any(0xD800 <= ord(ch) <= 0xDFFF for ch in value):
             # Bytes that were not UTF-8 in an environment variable: no file or terminal could hold them.
-            problems.append(Problem(f"{', '.join(_env_reads) or 'the value'} is not UTF-8 text", tree.locate(path),
-                                    format_key(path), hint="set the variable to UTF-8 text"))
-            failed.append(path)
+            problem = Problem(f"{', '.join(_env_reads) or 'the value'} is not UTF-8 text", tree.locate(path),
+                              format_key(path), hint="set the variable to UTF-8 text")
+        if problem is not None:
+            failures.add(problem, path)
             continue
         if _env_reads:
             env_refs[path] = list(_env_reads)
         out.get(path[:-1])[path[-1]] = value
-    if problems:
-        raise UnresolvedValues(problems, out, failed)
-    return out, env_refs
+    return env_refs
+
+
+def _resolve_leaf(tree: ConfigTree, cfg: Any, path: tuple, raw: str) -> tuple[Any, Problem | None]:
+    """The value of `path` in `cfg` (containers resolved whole), or the problem that stopped it."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+    try:
+        node: Any = cfg
+        for part in path[:-1]:
+            node = node[part]
+        value = node[path[-1]]
+        if isinstance(value, (DictConfig, ListConfig)):
+            value = OmegaConf.to_container(value, resolve=True, throw_on_missing=True)
+    except MissingMandatoryValue:
+        return None, Problem("required value is missing (???)", tree.locate(path), format_key(path),
+                             hint=f"set it in the recipe or on the command line: {format_key(path)}=...")
+    except RecursionError:  # the limits (`_bounded_leaves`) were not enough: still this key's problem, not a crash
+        return None, Problem("interpolation nests too deeply to resolve", tree.locate(path), format_key(path),
+                             hint="refer to the key that holds the value directly")
+    except OmegaConfBaseException as exc:
+        return None, Problem(f"cannot resolve {raw!r}: {_short(exc)}", tree.locate(path), format_key(path),
+                             hint="interpolations look like ${train.learning_rate} or ${env:VAR,default}")
+    return value, None
 
 
 def _overlay(base: Any, over: Any) -> Any:

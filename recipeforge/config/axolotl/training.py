@@ -179,6 +179,21 @@ def adapter(conv) -> None:
 
 
 def optimisation(conv) -> None:
+    """Batch sizes, run length, hyperparameters, optimizer, scheduler, checkpointing and the loss watchdog."""
+    # The order of the steps is the order of the converted keys in the recipe and its report.
+    _batch_sizes(conv)
+    _run_length(conv)
+    _hyperparameters(conv)
+    _optimizer(conv)
+    unfrozen(conv)
+    _scheduler(conv)
+    _checkpointing(conv)
+    _eval_save_notes(conv)
+    loss_watchdog(conv)
+
+
+def _batch_sizes(conv) -> None:
+    """`micro_batch_size` x `gradient_accumulation_steps` x world size (or `batch_size`) as the global batch."""
     micro = conv.get("micro_batch_size")
     accum = num(conv.get("gradient_accumulation_steps", 1), int, "gradient_accumulation_steps")
     if micro is not None:
@@ -195,10 +210,18 @@ def optimisation(conv) -> None:
         conv.put("train.global_batch_size", num(conv.get("batch_size"), int, "batch_size"), "batch_size")
     if conv.get("batch_size") is not None and micro is not None:
         conv.note("batch_size", "ignored next to micro_batch_size (as Axolotl does)")
+
+
+def _run_length(conv) -> None:
+    """`num_epochs` and `max_steps`."""
     if conv.get("num_epochs") is not None:
         conv.put("train.epochs", num(conv.get("num_epochs"), float, "num_epochs"), "num_epochs")
     if conv.get("max_steps") is not None:
         conv.put("train.max_steps", num(conv.get("max_steps"), int, "max_steps"), "max_steps")
+
+
+def _hyperparameters(conv) -> None:
+    """The keys that keep their name under `train.` (learning rate, warmup, Adam betas, seed, logging, eval)."""
     for src, dst, cast in (("learning_rate", "learning_rate", float), ("weight_decay", "weight_decay", float),
                            ("warmup_steps", "warmup_steps", int), ("warmup_ratio", "warmup_ratio", float),
                            ("adam_beta1", "adam_beta1", float), ("adam_beta2", "adam_beta2", float),
@@ -215,13 +238,20 @@ def optimisation(conv) -> None:
             conv.put(f"train.{dst}", num(value, cast, src) if cast in (int, float) else cast(value), src)
     if conv.get("max_grad_norm") == 0:
         conv.put("train.max_grad_norm", None, "max_grad_norm")
+
+
+def _optimizer(conv) -> None:
+    """`optimizer` by its recipeforge name, or reported."""
     opt = conv.get("optimizer")
     if opt is not None:
         if opt in OPTIMIZERS:
             conv.put("train.optimizer", OPTIMIZERS[opt], "optimizer")
         else:
             conv.note("optimizer", f"'{opt}' has no counterpart; the recipe uses adamw")
-    unfrozen(conv)
+
+
+def _scheduler(conv) -> None:
+    """`lr_scheduler` by its recipeforge name, or reported; its tuning keys are reported."""
     sched = conv.get("lr_scheduler")
     if sched is not None:
         if sched in SCHEDULERS:
@@ -232,6 +262,10 @@ def optimisation(conv) -> None:
         if conv.get(src) is not None:
             conv.note(src, "no counterpart; train.scheduler decays as its name says (cosine_with_min_lr keeps "
                            "transformers' default floor)")
+
+
+def _checkpointing(conv) -> None:
+    """`gradient_checkpointing` and `activation_offloading` (to pinned host memory; disk is reported)."""
     gc = conv.get("gradient_checkpointing")
     if gc is not None:
         conv.put("train.gradient_checkpointing", bool(gc), "gradient_checkpointing")
@@ -249,6 +283,10 @@ def optimisation(conv) -> None:
         conv.put("train.activation_offloading", bool(offload), "activation_offloading")
     if conv.get("gradient_checkpointing_kwargs") is not None:
         conv.note("gradient_checkpointing_kwargs", "no counterpart; recipeforge checkpoints without reentrant")
+
+
+def _eval_save_notes(conv) -> None:
+    """Per-epoch counts and strategies of evaluation and saving: reported (recipeforge counts steps or epochs)."""
     for src in ("evals_per_epoch", "saves_per_epoch"):
         if conv.get(src) is not None:
             conv.note(src, "no counterpart; without eval_steps/save_steps recipeforge evaluates and saves at the "
@@ -256,7 +294,6 @@ def optimisation(conv) -> None:
     for src in ("eval_strategy", "save_strategy", "evaluation_strategy"):
         if conv.get(src) is not None:
             conv.note(src, "no counterpart; steps when train.eval_steps / output.save_steps are set, else epochs")
-    loss_watchdog(conv)
 
 
 def loss_watchdog(conv) -> None:
