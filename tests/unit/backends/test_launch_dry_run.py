@@ -194,7 +194,8 @@ def test_workers_get_the_spec_path_and_the_command_line_flags_nothing_else(tmp_p
     """Launcher -> workers: the spec's path is the one recipeforge value in the environment; the
     launching command's --debug/--verbose/--trust-code reach the workers on their command line."""
     for name in ("RECIPEFORGE_DEBUG", "RECIPEFORGE_VERBOSE", "RECIPEFORGE_TRUST_CODE"):
-        monkeypatch.delenv(name, raising=False)
+        # set (to "off") rather than deleted, so that monkeypatch restores them after `main` sets them
+        monkeypatch.setenv(name, "0")
     recipe = ROOT / "examples" / "yaml" / "tiny" / "sft-full.yaml"
     code = main(["--debug", "--verbose", "--trust-code", "train", str(recipe), f"output.dir={tmp_path / 'run'}",
                  f"distributed.backend={backend}", "train.micro_batch_size=auto", "--nproc-per-node", "2",
