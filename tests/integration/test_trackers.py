@@ -5,11 +5,10 @@ before the process group goes away)."""
 
 from __future__ import annotations
 
-import re
-
 import importlib.util
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
