@@ -134,10 +134,44 @@ def plan_json(recipe: Path, *extra: str) -> dict:
 
 
 def train(recipe: Path, run_dir: Path, *extra: str, timeout: float = 1800) -> tuple[subprocess.CompletedProcess, float]:
-    """`recipeforge train RECIPE output.dir=RUN_DIR --overwrite`, and its wall time."""
+    """`recipeforge train RECIPE output.dir=RUN_DIR --overwrite`, and its wall time. The run's whole
+    stderr is kept beside the run directory (RUN_DIR.stderr), which `prune` leaves alone."""
     start = time.perf_counter()
     proc = cli("train", str(recipe), f"output.dir={run_dir}", "--overwrite", *extra, timeout=timeout)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    run_dir.with_name(run_dir.name + ".stderr").write_text(proc.stderr or "")
     return proc, time.perf_counter() - start
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".distcp")
+
+
+def prune(run_dir: Path) -> int:
+    """Delete the weight files of a measured run (base model, checkpoints, final), keeping its logs,
+    plan and metrics: a suite of 8B runs would otherwise fill the machine's disk. Returns the bytes freed."""
+    freed = 0
+    for path in run_dir.rglob("*"):
+        if path.is_file() and path.name.endswith(WEIGHT_SUFFIXES):
+            freed += path.stat().st_size
+            path.unlink()
+    return freed
+
+
+class Budget:
+    """A wall-clock allowance for a series of cases: a case starts only while time is left (a GPU lent
+    for minutes must come back with results, not with a run killed halfway)."""
+
+    def __init__(self, seconds: float | None):
+        self.deadline = None if seconds is None else time.monotonic() + seconds
+
+    def left(self) -> bool:
+        return self.deadline is None or time.monotonic() < self.deadline
+
+
+def commit() -> str | None:
+    """The git commit of the checkout being measured (None outside a git checkout)."""
+    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
+    return proc.stdout.strip() or None
 
 
 def records(run_dir: Path, split: str | None = None) -> list[dict]:
@@ -204,7 +238,7 @@ def versions() -> dict[str, str]:
     """Versions of the packages a run depends on (absent ones left out)."""
     import importlib.metadata as md
 
-    out = {"python": sys.version.split()[0]}
+    out = {"python": sys.version.split()[0], "recipeforge_commit": commit() or "unknown"}
     for name in ("torch", "transformers", "accelerate", "peft", "trl", "datasets", "deepspeed", "bitsandbytes",
                  "liger-kernel", "recipeforge"):
         try:

@@ -117,9 +117,11 @@ def run_case(case: Case, out: Path, steps: int, smoke: bool) -> dict:
     proc, wall = common.train(recipe, run_dir)
     row["wall_s"] = round(wall, 1)
     if proc.returncode != 0:
+        common.prune(run_dir)
         return {**row, "status": f"train failed (exit {proc.returncode})", "why": common.tail(proc.stderr, 3000)}
     seq = min(case.seq, 256) if smoke else case.seq
     got = common.measured(run_dir, seq=seq, global_batch=case.global_batch)
+    common.prune(run_dir)
     row.update(got, status="ok")
     if got["measured_reserved_gb"] and row["plan_gb"]:
         row["plan_error"] = round(row["plan_gb"] / got["measured_reserved_gb"] - 1.0, 3)
@@ -158,19 +160,25 @@ def markdown(result: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="directory for runs, JSON and Markdown")
-    ap.add_argument("--cases", nargs="+", choices=[c.name for c in CASES], help="default: all")
+    ap.add_argument("--cases", nargs="+", choices=[c.name for c in CASES], help="default: all; run in the order given")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--pytest", action="store_true", help="also run `pytest -m gpu` and record its summary")
     ap.add_argument("--smoke", action="store_true", help="check the harness on a CPU with a tiny shape")
+    ap.add_argument("--budget-s", type=float, help="start no case after this many seconds (recorded as not run)")
     args = ap.parse_args(argv)
+    budget = common.Budget(args.budget_s)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    cases = [c for c in CASES if not args.cases or c.name in args.cases]
+    by_name = {c.name: c for c in CASES}
+    cases = [by_name[name] for name in args.cases] if args.cases else CASES  # in the order asked for
     date = datetime.date.today().isoformat()
     result = {**common.gpu_info(), "date": date, "versions": common.versions(), "steps": args.steps,
               "flop_convention": common.__doc__.split("FLOP convention (for MFU): ")[1].split("\n\n")[0].replace("\n", " "),
               "cases": []}
     for case in cases:
+        if not budget.left():
+            result["cases"].append({"case": case.name, "status": "skipped", "why": "not run: time budget spent"})
+            continue
         print(f"[suite] {case.name} ...", flush=True)
         row = run_case(case, out, args.steps, args.smoke)
         print(f"[suite] {case.name}: {row['status']} " + json.dumps({k: row.get(k) for k in (

@@ -89,8 +89,10 @@ def run_case(case: Case, out: Path, steps: int, smoke: bool) -> dict:
            "gradient_checkpointing": plan["gradient_checkpointing"]}
     proc, wall = common.train(recipe, out / "runs" / case.name)
     if proc.returncode != 0:
+        common.prune(out / "runs" / case.name)
         return {**row, "status": f"recipeforge failed (exit {proc.returncode})", "why": common.tail(proc.stderr, 3000)}
     got = common.measured(out / "runs" / case.name, seq=seq, global_batch=case.global_batch)
+    common.prune(out / "runs" / case.name)
     row.update(tokens_per_s=got["tokens_per_s"], loss_first=got["loss_first"], loss_last=got["loss_last"],
                measured_reserved_gb=got["measured_reserved_gb"], wall_s=round(wall, 1))
 
@@ -127,7 +129,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", nargs="+", choices=[c.name for c in CASES])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--smoke", action="store_true", help="check the harness on a CPU with a tiny shape")
+    ap.add_argument("--budget-s", type=float, help="start no case after this many seconds (recorded as not run)")
     args = ap.parse_args(argv)
+    budget = common.Budget(args.budget_s)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     info = common.gpu_info()
@@ -135,13 +139,16 @@ def main(argv=None) -> int:
     result = {"gpu": info["gpu"], "peak_tflops": info["peak_tflops"], "date": date, "sequence_len": 256 if args.smoke else SEQ,
               "versions": common.versions(), "steps": args.steps, "cases": []}
     for case in [c for c in CASES if not args.cases or c.name in args.cases]:
+        if not budget.left():
+            result["cases"].append({"case": case.name, "status": "skipped", "why": "not run: time budget spent"})
+            continue
         print(f"[throughput] {case.name} ...", flush=True)
         row = run_case(case, out, args.steps, args.smoke)
         print(f"[throughput] {case.name}: " + json.dumps({k: row.get(k) for k in (
             "status", "tokens_per_s", "trl_tokens_per_s", "ratio", "mfu")}), flush=True)
         result["cases"].append(row)
         (out / f"gpu-throughput-{date}.json").write_text(json.dumps(result, indent=2))
-    return 0 if all(r["status"] == "ok" for r in result["cases"]) else 1
+    return 0 if all(r["status"] in ("ok", "skipped") for r in result["cases"]) else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Every GPU check in one command, inside a fixed allowance of seconds, for a GPU machine lent for minutes:
+# `pytest -m gpu` beside the suite (bench/gpu/suite.py), then the throughput comparison with TRL
+# (bench/gpu/throughput.py) with what time is left. Results land in OUT before the allowance ends.
+#
+#   bash bench/gpu/lease.sh OUT SECONDS [--cases C ...] [--throughput C ...]
+#
+# Packages the machine lacks travel as wheels in .whl/ (see ../shared/gpu/wheels.sh); DeepSpeed ships as an
+# sdist, built in the background while the first cases run (its cases come late in the suite's order).
+# OUT receives: gpu-DATE.json/.md (suite), gpu-throughput-DATE.json, pytest-gpu.txt, lease.log and
+# logs.tar.gz (each run's stderr, plan and metrics; no weights).
+set -u
+out=$(realpath -m "${1:?OUT}"); total=${2:?SECONDS}; shift 2
+cases=(); tput=(3b-full 8b-lora)
+while [ $# -gt 0 ]; do
+  case $1 in
+    --cases) shift; while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do cases+=("$1"); shift; done ;;
+    --throughput) shift; tput=(); while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do tput+=("$1"); shift; done ;;
+    *) echo "unknown argument: $1" >&2; exit 2 ;;
+  esac
+done
+start=$(date +%s)
+left() { echo $(( total - ($(date +%s) - start) )); }
+work=/tmp/gpu-lease
+mkdir -p "$out" "$work"
+exec > >(tee "$out/lease.log") 2>&1
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:/tmp/site-ds:$PWD HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+fi
+if ls .whl/deepspeed-*.tar.gz >/dev/null 2>&1; then
+  (DS_BUILD_OPS=0 python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site-ds \
+     .whl/deepspeed-*.tar.gz > "$work/deepspeed-install.txt" 2>&1; echo "deepspeed install: exit $?") &
+fi
+[ -z "${LEASE_SMOKE:-}" ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, transformers, accelerate, peft, trl, datasets, pydantic, omegaconf; print('torch', torch.__version__, 'cuda', torch.version.cuda)" || exit 1
+echo "[lease] setup done at $(( $(date +%s) - start ))s"
+
+# pytest -m gpu trains tiny models only: beside the suite it costs the suite's timings little.
+(timeout $(( total * 6 / 10 )) python3 -m pytest -m gpu -q -p no:cacheprovider -o addopts="--import-mode=importlib" \
+   -rfEs --timeout 240 > "$out/pytest-gpu.txt" 2>&1; echo "[lease] pytest -m gpu: exit $? at $(( $(date +%s) - start ))s") &
+pytest_pid=$!
+
+smoke=(); [ -n "${LEASE_SMOKE:-}" ] && smoke=(--smoke)  # the script itself on a CPU, tiny shapes
+suite_args=("${smoke[@]}" --out "$work/suite" --steps 8 --budget-s $(( total * 45 / 100 )))
+[ ${#cases[@]} -gt 0 ] && suite_args+=(--cases "${cases[@]}")
+timeout $(( $(left) - 150 )) python3 bench/gpu/suite.py "${suite_args[@]}"
+echo "[lease] suite: exit $? at $(( $(date +%s) - start ))s"
+cp "$work"/suite/gpu-*.json "$work"/suite/gpu-*.md "$out"/ 2>/dev/null
+
+wait $pytest_pid
+if [ ${#tput[@]} -gt 0 ] && [ "$(left)" -gt 120 ]; then
+  timeout $(( $(left) - 25 )) python3 bench/gpu/throughput.py "${smoke[@]}" --out "$work/throughput" --steps 8 \
+    --budget-s $(( $(left) - 130 )) --cases "${tput[@]}"
+  echo "[lease] throughput: exit $? at $(( $(date +%s) - start ))s"
+  cp "$work"/throughput/gpu-throughput-*.json "$out"/ 2>/dev/null
+fi
+cp "$work/deepspeed-install.txt" "$work/suite/" 2>/dev/null
+(cd "$work" && tar czf "$out/logs.tar.gz" --exclude='*.safetensors' --exclude='*.bin' --exclude='*.pt' \
+   --exclude='data' --exclude='base_model' $(ls -d suite throughput 2>/dev/null)) 2>/dev/null
+echo "[lease] done at $(( $(date +%s) - start ))s"
