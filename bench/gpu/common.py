@@ -31,8 +31,8 @@ MODELS = REPO / "bench" / "gpu" / "models"
 WORDS = ("the a cow dog cat duck sheep says moo woof meow quack what does is of and to in on with one two three "
          "four five six seven eight nine ten answer question count add plus equals color red blue green apple "
          "banana cherry grape lemon fruit water sun moon tree house car road city world day night").split()
-# A small config for the CPU smoke check of the harness itself (same code path, seconds per case).
-SMOKE_CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 2048, "hidden_size": 64,
+# The sizes of the CPU smoke check of the harness itself (same code path, seconds per case).
+SMOKE_CONFIG = {"vocab_size": 2048, "hidden_size": 64,
                 "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
                 "max_position_embeddings": 4096, "tie_word_embeddings": False}
 
@@ -41,9 +41,13 @@ def model_dir(name: str, smoke: bool, out: Path) -> Path:
     """The directory holding the config.json of model `name` (the smoke config under --smoke)."""
     if not smoke:
         return MODELS / name
-    path = out / "smoke-model"
+    # The model's own config.json (special token ids, rope scaling and all) at the smoke check's sizes,
+    # so the smoke check reads the same fields the GPU run reads.
+    path = out / "smoke-models" / name
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(SMOKE_CONFIG))
+    config = {**json.loads((MODELS / name / "config.json").read_text()), **SMOKE_CONFIG}
+    config.pop("head_dim", None)
+    (path / "config.json").write_text(json.dumps(config))
     return path
 
 

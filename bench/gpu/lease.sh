@@ -33,13 +33,17 @@ if ls .whl/deepspeed-*.tar.gz >/dev/null 2>&1; then
   (DS_BUILD_OPS=0 python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site-ds \
      .whl/deepspeed-*.tar.gz > "$work/deepspeed-install.txt" 2>&1; echo "deepspeed install: exit $?") &
 fi
+# The plugins in this repository (kernels.liger comes from one), found through their entry points.
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site plugins/recipeforge-liger \
+  > "$work/plugins-install.txt" 2>&1 || echo "[lease] plugin install failed: $(tail -3 "$work/plugins-install.txt")"
 [ -z "${LEASE_SMOKE:-}" ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, transformers, accelerate, peft, trl, datasets, pydantic, omegaconf; print('torch', torch.__version__, 'cuda', torch.version.cuda)" || exit 1
 echo "[lease] setup done at $(( $(date +%s) - start ))s"
 
 # pytest -m gpu trains tiny models only: beside the suite it costs the suite's timings little.
-(timeout $(( total * 6 / 10 )) python3 -m pytest -m gpu -q -p no:cacheprovider -o addopts="--import-mode=importlib" \
-   -rfEs --timeout 240 > "$out/pytest-gpu.txt" 2>&1; echo "[lease] pytest -m gpu: exit $? at $(( $(date +%s) - start ))s") &
+# SIGINT at the allowance: pytest then still prints the failures it has seen.
+(timeout -s INT $(( total * 6 / 10 )) python3 -m pytest -m gpu -q -p no:cacheprovider -o addopts="--import-mode=importlib" \
+   -rfEs --tb=short --timeout 200 > "$out/pytest-gpu.txt" 2>&1; echo "[lease] pytest -m gpu: exit $? at $(( $(date +%s) - start ))s") &
 pytest_pid=$!
 
 smoke=(); [ -n "${LEASE_SMOKE:-}" ] && smoke=(--smoke)  # the script itself on a CPU, tiny shapes

@@ -110,7 +110,9 @@ def config_for(fields: dict, tokenizer, *, max_position_embeddings: int | None =
     # embeddings are resized (`vocab.fit_model`); the config cannot name it before.
     ids = {k: getattr(tokenizer, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
     ids = {k: (v if v is None or v < kwargs.get("vocab_size", v + 1) else None) for k, v in ids.items()}
-    return AutoConfig.for_model(model_type, **kwargs, **ids)
+    # A real config.json names its own special token ids; the tokenizer the run trains with wins.
+    kwargs.update(ids)
+    return AutoConfig.for_model(model_type, **kwargs)
 
 
 def build_tiny_model(arch: str, tokenizer, *, seed: int, dtype, attn_implementation: str,
