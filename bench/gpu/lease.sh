@@ -9,6 +9,11 @@
 # sdist, built in the background while the first cases run (its cases come late in the suite's order).
 # OUT receives: gpu-DATE.json/.md (suite), gpu-throughput-DATE.json, pytest-gpu.txt, lease.log and
 # logs.tar.gz (each run's stderr, plan and metrics; no weights).
+#
+# Sizing, as seen on an H200 (bench/results/gpu-2026-11-26-H200.json): a machine's start took from 30 s to
+# over 5 minutes of the lease; setup takes 20-30 s; a 1B case about 80 s; an 8B random-init case spends
+# minutes before its first step (CPU init, then the base written to base_model/ for LoRA and QLoRA), so
+# order the cases by what is least known and give one call everything the lease has left.
 set -u
 out=$(realpath -m "${1:?OUT}"); total=${2:?SECONDS}; shift 2
 cases=(); tput=(3b-full 8b-lora)

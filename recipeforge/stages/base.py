@@ -237,12 +237,17 @@ class TrainerStage:
     def load_model(self) -> Any:
         """The model the trainer gets: the base (`ModelBuilder.base`), with only the recipe's unfrozen
         parameters trainable in a partial full fine-tune."""
+        import time
+
         from recipeforge.stages.freezing import apply_unfrozen_parameters
 
+        started = time.perf_counter()
         model = self.builder.base()
         if self.recipe.train.unfrozen_parameters:
             apply_unfrozen_parameters(model, list(self.recipe.train.unfrozen_parameters),
                                       locate=self.ctx.locate, log=self.ctx.log)
+        # A full-size model takes minutes to build or read; the line says where a slow start went.
+        self.ctx.log(f"model: {self.recipe.model.name_or_path} ready in {time.perf_counter() - started:.1f}s")
         return model
 
     @property

@@ -8,6 +8,8 @@ reference copy of a preference stage, and LoRA on top when the stage (not its tr
 
 from __future__ import annotations
 
+import time
+
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -93,9 +95,13 @@ class ModelBuilder:
         from recipeforge.outputs.export import save_base_model
 
         run = self.ctx.run
+        started = time.perf_counter()
         base = load_model(self.ctx.recipe.model.name_or_path, self.tokenizer, **common)
+        built = time.perf_counter()
         if self.ctx.dist.is_main:
             save_base_model(base, self.tokenizer, run.base_model)
+            self.ctx.log(f"model: random init in {built - started:.1f}s, written to {run.base_model} in "
+                         f"{time.perf_counter() - built:.1f}s")
         if quant is not None:
             # Every rank loads the 4-bit base from the folder the first rank just wrote.
             self.ctx.barrier()

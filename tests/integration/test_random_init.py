@@ -11,10 +11,14 @@ from recipeforge.errors import RecipeError
 pytestmark = pytest.mark.slow
 
 # A small Qwen2-shaped model that is not one of the built-in tiny ones: a different width, depth and
-# vocabulary, so the run proves the config.json was read (the tiny tokenizer has 1024 tokens).
+# vocabulary, so the run proves the config.json was read (the tiny tokenizer has 1024 tokens). The other
+# fields are Qwen2.5's own config.json, special token ids included, as a user's file carries them.
 CONFIG = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": 1536, "hidden_size": 48,
           "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
-          "max_position_embeddings": 512, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+          "max_position_embeddings": 512, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+          "bos_token_id": 151643, "eos_token_id": 151643, "attention_dropout": 0.0, "hidden_act": "silu",
+          "initializer_range": 0.02, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 131072,
+          "use_sliding_window": False, "use_cache": True, "max_window_layers": 28, "transformers_version": "4.43.1"}
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +87,12 @@ def test_a_tokenizer_larger_than_the_embedding_is_refused(config_dir):
     with pytest.raises(RecipeError) as err:
         load_model(str(config_dir), tok, device="cpu", dtype="fp32", random_config={**CONFIG, "vocab_size": 512})
     assert err.value.problems[0].key == "model.tokenizer" and "1024 tokens" in str(err.value)
+
+
+def test_the_tokenizers_special_tokens_win_over_the_config_files(config_dir):
+    from recipeforge.components.models import load_model
+    from recipeforge.components.tokenizer import load_tokenizer
+
+    tok = load_tokenizer("tiny:llama")
+    model = load_model(str(config_dir), tok, device="cpu", dtype="fp32", seed=1, random_config=dict(CONFIG))
+    assert (model.config.bos_token_id, model.config.eos_token_id) == (tok.bos_token_id, tok.eos_token_id)
