@@ -1,8 +1,11 @@
-"""Test-suite wide settings: offline hub access and skipping `gpu` tests without CUDA."""
+"""Test-suite wide settings: offline hub access, skipping `gpu` tests without CUDA, and the `tiny`
+fixture (the tiny example recipes, trained in this process), handed out as a fixture rather than imported
+so test modules need no package structure; every test directory can use it."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -26,3 +29,46 @@ def pytest_collection_modifyitems(config, items):
         skip = pytest.mark.skip(reason="needs a CUDA GPU")
         for item in gpu_items:
             item.add_marker(skip)
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "examples" / "yaml" / "tiny"
+
+
+class Tiny:
+    """Load and train the tiny example recipes; read what the runs wrote."""
+
+    recipes = TINY
+
+    def __init__(self, cache_dir: Path):
+        self.cache_dir = cache_dir
+
+    def load(self, name: str, run_dir: Path, *overrides: str):
+        from recipeforge.config import load_recipe
+
+        path = name if str(name).endswith(".yaml") else TINY / f"{name}.yaml"
+        return load_recipe(path, overrides=[f"output.dir={run_dir}", f"data.cache_dir={self.cache_dir}",
+                                            "logging.progress_bar=false", *overrides])
+
+    def train(self, name: str, run_dir: Path, *overrides: str, overwrite: bool = True) -> Path:
+        from recipeforge.run import train
+
+        return train(self.load(name, run_dir, *overrides), overwrite=overwrite)
+
+    @staticmethod
+    def records(run_dir: Path, split: str | None = None) -> list[dict]:
+        from recipeforge.outputs.metrics import read_metrics
+
+        return [r for r in read_metrics(Path(run_dir) / "metrics.jsonl") if split is None or r.get("split") == split]
+
+    def values(self, run_dir: Path, key: str, split: str = "train") -> list[float]:
+        return [r[key] for r in self.records(run_dir, split) if r.get(key) is not None]
+
+    @staticmethod
+    def files(path: Path) -> set[str]:
+        """Relative paths of the plain files below `path`."""
+        return {str(p.relative_to(path)) for p in Path(path).rglob("*") if p.is_file()}
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory) -> Tiny:
+    return Tiny(tmp_path_factory.mktemp("tokenized-cache"))
