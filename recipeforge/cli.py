@@ -456,7 +456,7 @@ def _check_scheduler_flags(args) -> None:
     other, mode = (SLURM_FLAGS, "--slurm") if args.k8s else (K8S_FLAGS, "--k8s")
     given = [flag for flag, dest in other.items() if getattr(args, dest) not in (None, [])]
     if given:
-        raise RecipeError(f"{', '.join(given)} only apply to launch {mode}", key=given[0])
+        raise RecipeError(f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} for launch {mode} only")
 
 
 def _launch_k8s(args) -> int:

@@ -70,8 +70,8 @@ def parse_api(value: str) -> K8sApi:
     try:
         return K8sApi(value.strip().lower())
     except ValueError:
-        raise RecipeError(f"--k8s-api {value!r} is not a job kind this writes", key="--k8s-api",
-                          hint="use " + " or ".join(str(a) for a in K8sApi)) from None
+        raise RecipeError(f"{value!r} is not one of " + ", ".join(str(a) for a in K8sApi),
+                          key="--k8s-api") from None
 
 
 def job_name(text: str) -> str:
@@ -171,19 +171,17 @@ def k8s_manifests(loaded, *, recipe: str, options: K8sOptions, nproc_per_node: i
 
 
 def _check_options(options: K8sOptions) -> None:
+    # One line each, no hint: the flag's help says the rest.
     if not options.image.strip():
-        raise RecipeError("--k8s needs --image: the container image the pods run (with recipeforge installed)",
-                          key="--image", hint="e.g. --image ghcr.io/my-org/recipeforge:latest (docker/Dockerfile "
-                                              "builds one)")
+        raise RecipeError("needed with --k8s: the container image every pod runs, with recipeforge installed "
+                          "(docker/Dockerfile builds one)", key="--image")
     if not options.pvc.strip():
-        raise RecipeError("--k8s needs --pvc: the PersistentVolumeClaim that holds the run directory",
-                          key="--pvc", hint="a ReadWriteMany claim in the job's namespace, e.g. --pvc training-runs "
-                                            "(checkpoints must outlive a preempted pod)")
+        raise RecipeError("needed with --k8s: the PersistentVolumeClaim that keeps the run directory "
+                          "(checkpoints must outlive a preempted pod)", key="--pvc")
     if options.grace_period < 1:
-        raise RecipeError(f"--grace-period must be 1 second or more (got {options.grace_period})",
-                          key="--grace-period")
+        raise RecipeError(f"must be 1 second or more (got {options.grace_period})", key="--grace-period")
     if not 0 < options.port < 65536:
-        raise RecipeError(f"--master-port must be a TCP port (got {options.port})", key="--master-port")
+        raise RecipeError(f"must be a TCP port (got {options.port})", key="--master-port")
 
 
 def recipe_text(loaded) -> str:
