@@ -1,6 +1,6 @@
 """The `recipeforge` command line: parse arguments, call the library, render results and errors.
 
-Light paths (`--help`, `validate`, `resolve`, `schema`, `plan`) import neither torch nor
+Light paths (`--help`, `validate`, `resolve`, `schema`, `plan`, `launch`) import neither torch nor
 transformers; training imports them only inside the commands that train.
 """
 

@@ -18,14 +18,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recipeforge.backends.cluster import DEFAULT_PORT
-from recipeforge.backends.k8s_pod import (RUNS_DIR, PodShape, Rendezvous, container_env, pod_shape, resources,
-                                          train_command, volume_mounts, volumes)
+from recipeforge.backends.k8s_pod import (RECIPE_FILE, RUNS_DIR, PodShape, Rendezvous, container_env, pod_shape,
+                                          resources, train_command, volume_mounts, volumes)
 from recipeforge.backends.slurm import SIGNAL_LEAD_S
 from recipeforge.errors import RecipeError
 from recipeforge.stage_specs import Names
+
+if TYPE_CHECKING:
+    from recipeforge.config.pipeline import LoadedRecipe
 
 
 class K8sApi(Names):
@@ -93,8 +96,6 @@ def _metadata(name: str, options: K8sOptions, annotations: dict[str, str] | None
 
 def config_map(name: str, recipe_text: str, options: K8sOptions) -> dict[str, Any]:
     """The ConfigMap holding the resolved recipe, mounted read-only in every pod."""
-    from recipeforge.backends.k8s_pod import RECIPE_FILE
-
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(name, options),
             "data": {RECIPE_FILE: recipe_text}}
 
@@ -107,6 +108,8 @@ def trainjob(name: str, shape: PodShape, command: list[str], recipe_map: str, op
            "containers": [{"name": TRAINJOB_NODE, "volumeMounts": volume_mounts()}]}
     patch = {"manager": PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
         {"name": TRAINJOB_NODE, "template": {"spec": {"template": {"spec": pod}}}}]}}}}
+    # numProcPerNode (PyTorchJob: nprocPerNode) reaches the pod as PET_NPROC_PER_NODE, a default torchrun
+    # reads: the plan's count keeps it in agreement with what the pod's `recipeforge train` starts.
     trainer = {"image": options.image, "command": command, "env": container_env(), "numNodes": shape.nodes,
                "numProcPerNode": shape.processes, "resourcesPerNode": resources(shape)}
     return {"apiVersion": TRAINJOB_API, "kind": "TrainJob", "metadata": _metadata(name, options, annotations),
@@ -148,7 +151,7 @@ class Manifests:
     warnings: list[str]
 
 
-def k8s_manifests(loaded, *, recipe: str, options: K8sOptions, nproc_per_node: int | None = None) -> Manifests:
+def k8s_manifests(loaded: LoadedRecipe, *, recipe: str, options: K8sOptions, nproc_per_node: int | None = None) -> Manifests:
     """Plan `loaded` as `launch --slurm` does and build its ConfigMap and job."""
     from recipeforge.backends.slurm import layout_lines
     from recipeforge.config.secrets import public
@@ -184,7 +187,7 @@ def _check_options(options: K8sOptions) -> None:
         raise RecipeError(f"must be a TCP port (got {options.port})", key="--master-port")
 
 
-def recipe_text(loaded) -> str:
+def recipe_text(loaded: LoadedRecipe) -> str:
     """The resolved recipe for the ConfigMap. A recipe with secrets (values from secret environment
     variables, credentials written in it) is refused: a ConfigMap is readable by whoever can read the
     namespace, and the redacted copy would not run."""
@@ -198,7 +201,7 @@ def recipe_text(loaded) -> str:
     return dump_recipe(loaded)
 
 
-def local_paths(loaded) -> list[str]:
+def local_paths(loaded: LoadedRecipe) -> list[str]:
     """Warnings for datasets read from this machine's files: the pods see only the image and the claim."""
     base = Path(loaded.path).parent
     out = []
@@ -215,10 +218,11 @@ def render_documents(documents: list[dict[str, Any]], source: str) -> str:
     literal blocks so the ConfigMap reads like the recipe file."""
     import yaml
 
-    class _Dumper(yaml.SafeDumper):  # a subclass: the representer below stays out of PyYAML's global one
+    # A subclass: the representer below stays out of PyYAML's global SafeDumper.
+    class _Dumper(yaml.SafeDumper):  # type: ignore[misc]
         pass
 
-    def _text(dumper, value: str):
+    def _text(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
         return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
 
     _Dumper.add_representer(str, _text)

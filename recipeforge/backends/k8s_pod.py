@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recipeforge.stage_specs import Names
+
+if TYPE_CHECKING:
+    from recipeforge.plan.types import Plan
 
 RECIPE_DIR = "/etc/recipeforge"          # the ConfigMap's mount (read-only)
 RECIPE_FILE = "recipe.yaml"              # the ConfigMap's key: the resolved recipe
@@ -63,7 +66,7 @@ class PodShape:
     gpu_memory_gb: float       # the plan's peak per GPU (for the reader: a pod cannot request it)
 
 
-def pod_shape(plan) -> PodShape:
+def pod_shape(plan: Plan) -> PodShape:
     """The pod of `plan`: its nodes, its GPUs per node, and host memory for its processes plus what
     the plan offloads to host RAM (on a CPU run the planned per-process memory is host RAM too)."""
     from recipeforge.plan.world import processes_per_node

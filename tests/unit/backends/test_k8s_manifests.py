@@ -14,6 +14,7 @@ import math
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import jsonschema
@@ -213,6 +214,21 @@ def test_the_command_as_typed(tmp_path):
                           cwd=tmp_path, timeout=120)
     assert proc.returncode == 0 and f"kubectl apply -f {out}" in proc.stdout, proc.stderr
     check_job(list(yaml.safe_load_all(out.read_text()))[1], K8sApi.PYTORCHJOB)
+
+
+def test_launch_k8s_imports_no_training_library(tmp_path):
+    code = textwrap.dedent(f"""
+        import sys
+        from recipeforge.cli import main
+        assert main(["launch", "--k8s", {str(ROOT / "examples/yaml/llama3-70b-full-sft.yaml")!r}, "--image", "i",
+                     "--pvc", "p", "--k8s-api", "pytorchjob", "-o", {str(tmp_path / "job.yaml")!r}]) == 0
+        heavy = sorted(m for m in ("torch", "transformers", "trl", "peft", "accelerate", "deepspeed", "datasets")
+                       if m in sys.modules)
+        print("HEAVY", heavy)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY []" in proc.stdout
 
 
 def test_local_data_files_are_warned_about(tmp_path, capsys):
