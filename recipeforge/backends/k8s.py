@@ -151,7 +151,8 @@ class Manifests:
     warnings: list[str]
 
 
-def k8s_manifests(loaded: LoadedRecipe, *, recipe: str, options: K8sOptions, nproc_per_node: int | None = None) -> Manifests:
+def k8s_manifests(loaded: LoadedRecipe, *, recipe: str, options: K8sOptions,
+                  nproc_per_node: int | None = None) -> Manifests:
     """Plan `loaded` as `launch --slurm` does and build its ConfigMap and job."""
     from recipeforge.backends.slurm import layout_lines
     from recipeforge.config.secrets import public
@@ -204,10 +205,12 @@ def recipe_text(loaded: LoadedRecipe) -> str:
 def local_paths(loaded: LoadedRecipe) -> list[str]:
     """Warnings for datasets read from this machine's files: the pods see only the image and the claim."""
     base = Path(loaded.path).parent
+    data = loaded.recipe.data
     out = []
-    for ds in getattr(loaded.recipe.data, "datasets", None) or []:
+    for ds in [*(getattr(data, "datasets", None) or []), *(getattr(data, "eval_datasets", None) or [])]:
         path = str(getattr(ds, "path", "") or "")
-        if path and not path.startswith(RUNS_DIR) and (base / path).expanduser().exists():
+        local = Path(path).expanduser()
+        if path and not path.startswith(RUNS_DIR) and (local if local.is_absolute() else base / local).exists():
             out.append(f"data path {path!r} is a file on this machine; the pods cannot read it. Copy it onto "
                        f"the claim and point the recipe at {RUNS_DIR}/...")
     return out
