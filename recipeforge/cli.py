@@ -1,6 +1,6 @@
 """The `recipeforge` command line: parse arguments, call the library, render results and errors.
 
-Light paths (`--help`, `validate`, `resolve`, `schema`, `plan`) import neither torch nor
+Light paths (`--help`, `validate`, `resolve`, `schema`, `plan`, `launch`) import neither torch nor
 transformers; training imports them only inside the commands that train.
 """
 
@@ -142,22 +142,48 @@ def _plan_train_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_train)
 
 
+# `launch` flags that belong to one scheduler, by flag and argparse dest: given with the other, they are refused.
+SLURM_FLAGS = {"--partition": "partition", "--account": "account", "--time": "time", "--qos": "qos",
+               "--cpus-per-task": "cpus_per_task", "--sbatch-option": "sbatch_option"}
+K8S_FLAGS = {"--image": "image", "--pvc": "pvc", "--k8s-api": "k8s_api", "--namespace": "namespace",
+             "--grace-period": "grace_period"}
+
+
 def _launch_prepare_commands(sub: Any) -> None:
     """The commands launch, preprocess and convert-checkpoint: before a run."""
-    p = sub.add_parser("launch", help="write a cluster job script for a recipe (sbatch for Slurm)")
+    p = sub.add_parser("launch", help="write a cluster job for a recipe: an sbatch script (Slurm) or "
+                                      "Kubernetes manifests (Kubeflow TrainJob or PyTorchJob)")
     _recipe_args(p)
-    p.add_argument("--slurm", action="store_true", required=True,
-                   help="write an sbatch script that runs one recipeforge launcher per node")
-    p.add_argument("-o", "--output", help="script path (default: RUN_DIR/slurm.sbatch)")
-    p.add_argument("--partition")
-    p.add_argument("--account")
-    p.add_argument("--time", help="wall-clock limit, e.g. 48:00:00")
-    p.add_argument("--qos")
-    p.add_argument("--cpus-per-task", type=int)
-    p.add_argument("--sbatch-option", action="append", default=[], metavar="OPTION",
-                   help="another #SBATCH line, e.g. --sbatch-option=--constraint=h100 (repeatable)")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--slurm", action="store_true",
+                       help="write an sbatch script that runs one recipeforge launcher per node")
+    where.add_argument("--k8s", action="store_true",
+                       help="write a ConfigMap with the resolved recipe and a job running one recipeforge "
+                            "launcher per pod (one pod per node), as multi-document YAML")
+    p.add_argument("-o", "--output", help="where to write (default: RUN_DIR/slurm.sbatch for --slurm, stdout "
+                                          "for --k8s)")
     p.add_argument("--nproc-per-node", type=int, help="processes per node for a CPU-only recipe")
     p.add_argument("--master-port", type=int, help="rendezvous port on the first node (default 29500)")
+    g = p.add_argument_group("Slurm (--slurm)")
+    g.add_argument("--partition")
+    g.add_argument("--account")
+    g.add_argument("--time", help="wall-clock limit, e.g. 48:00:00")
+    g.add_argument("--qos")
+    g.add_argument("--cpus-per-task", type=int)
+    g.add_argument("--sbatch-option", action="append", default=[], metavar="OPTION",
+                   help="another #SBATCH line, e.g. --sbatch-option=--constraint=h100 (repeatable)")
+    g = p.add_argument_group("Kubernetes (--k8s)")
+    g.add_argument("--image", help="container image the pods run, with recipeforge installed (required)")
+    g.add_argument("--pvc", metavar="NAME", help="PersistentVolumeClaim for the run directory and the download "
+                                                 "cache, mounted in every pod (required; ReadWriteMany for "
+                                                 "several nodes)")
+    g.add_argument("--k8s-api", metavar="KIND", help="trainjob (default: Kubeflow Trainer v2, "
+                                                      "trainer.kubeflow.org/v1alpha1) or pytorchjob (Kubeflow "
+                                                      "Training Operator, kubeflow.org/v1)")
+    g.add_argument("--namespace", help="namespace of the job and its ConfigMap (default: kubectl's)")
+    g.add_argument("--grace-period", type=int, metavar="SECONDS",
+                   help="terminationGracePeriodSeconds: time between SIGTERM and SIGKILL for the checkpoint "
+                        "save (default 120, the lead `--slurm` asks for)")
     p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("preprocess", help="tokenize and cache a recipe's datasets ahead of training")
@@ -411,6 +437,9 @@ def cmd_train(args) -> int:
 
 
 def cmd_launch(args) -> int:
+    _check_scheduler_flags(args)
+    if args.k8s:
+        return _launch_k8s(args)
     from recipeforge.backends.slurm import SlurmOptions, write_sbatch
 
     options = SlurmOptions(partition=args.partition, account=args.account, time=args.time,
@@ -419,6 +448,32 @@ def cmd_launch(args) -> int:
                         nproc_per_node=args.nproc_per_node, port=args.master_port,
                         output=args.output)
     print(f"sbatch script written to {path}\nsubmit it with: sbatch {path}")
+    return 0
+
+
+def _check_scheduler_flags(args) -> None:
+    """A Slurm flag with --k8s, or a Kubernetes flag with --slurm, is a mistake worth saying."""
+    other, mode = (SLURM_FLAGS, "--slurm") if args.k8s else (K8S_FLAGS, "--k8s")
+    given = [flag for flag, dest in other.items() if getattr(args, dest) not in (None, [])]
+    if given:
+        raise RecipeError(f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} for launch {mode} only")
+
+
+def _launch_k8s(args) -> int:
+    from recipeforge.backends.k8s import K8sApi, K8sOptions, k8s_manifests, parse_api, render_documents
+    from recipeforge.backends.slurm import SIGNAL_LEAD_S
+
+    options = K8sOptions(image=args.image or "", pvc=args.pvc or "", namespace=args.namespace,
+                         api=parse_api(args.k8s_api) if args.k8s_api is not None else K8sApi.TRAINJOB,
+                         grace_period=SIGNAL_LEAD_S if args.grace_period is None else args.grace_period,
+                         port=args.master_port or K8sOptions.port)
+    manifests = k8s_manifests(_load(args), recipe=args.recipe, options=options,
+                              nproc_per_node=args.nproc_per_node)
+    for warning in manifests.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    _write(render_documents(manifests.documents, args.recipe), args.output)
+    if args.output:
+        print(f"Kubernetes manifests written to {args.output}\napply them with: kubectl apply -f {args.output}")
     return 0
 
 
