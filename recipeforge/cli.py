@@ -162,6 +162,9 @@ def _launch_prepare_commands(sub: Any) -> None:
                             "launcher per pod (one pod per node), as multi-document YAML")
     p.add_argument("-o", "--output", help="where to write (default: RUN_DIR/slurm.sbatch for --slurm, stdout "
                                           "for --k8s)")
+    p.add_argument("--hardware", help="the cluster's nodes, when the recipe has no `hardware:` section: "
+                                      "2x8xH100-80GB (nodes x GPUs), 8xA100-80GB; the job is planned for them, "
+                                      "not for this machine (a login node rarely has the GPUs)")
     p.add_argument("--nproc-per-node", type=int, help="processes per node for a CPU-only recipe")
     p.add_argument("--master-port", type=int, help="rendezvous port on the first node (default 29500)")
     g = p.add_argument_group("Slurm (--slurm)")
@@ -274,7 +277,7 @@ def _flag_values(args) -> list:
 
         # `--hardware` replaces the recipe's `hardware:` section (or stands in for a missing one) as the
         # target, for the checks made while loading (which backend runs on which device) as for the planner.
-        flags.append(FlagValue(("hardware",), parse_hardware(args.hardware, nnodes=args.nnodes).as_section(),
+        flags.append(FlagValue(("hardware",), parse_hardware(args.hardware, nnodes=getattr(args, "nnodes", None)).as_section(),
                                f"--hardware {args.hardware}"))
     return flags
 
@@ -444,11 +447,23 @@ def cmd_launch(args) -> int:
 
     options = SlurmOptions(partition=args.partition, account=args.account, time=args.time,
                            cpus_per_task=args.cpus_per_task, qos=args.qos, extra=tuple(args.sbatch_option))
-    path = write_sbatch(_load(args), recipe=args.recipe, overrides=args.overrides, options=options,
+    # Each node's `recipeforge train` plans for the same hardware the script was planned for.
+    overrides = [*args.overrides, *_hardware_overrides(args)]
+    path = write_sbatch(_load(args), recipe=args.recipe, overrides=overrides, options=options,
                         nproc_per_node=args.nproc_per_node, port=args.master_port,
                         output=args.output)
     print(f"sbatch script written to {path}\nsubmit it with: sbatch {path}")
     return 0
+
+
+def _hardware_overrides(args) -> list[str]:
+    """`--hardware` as recipe overrides (``hardware.nodes=2`` ...), for commands that run elsewhere."""
+    if not getattr(args, "hardware", None):
+        return []
+    from recipeforge.plan.hardware import parse_hardware
+
+    section = parse_hardware(args.hardware).as_section()
+    return [f"hardware.{key}={value}" for key, value in section.items()]
 
 
 def _check_scheduler_flags(args) -> None:
