@@ -30,7 +30,7 @@ def pytest_collection_modifyitems(config, items):
         for item in gpu_items:
             item.add_marker(skip)
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "examples" / "yaml" / "tiny"
 
 
