@@ -1,0 +1,117 @@
+"""The formats `recipeforge export` knows, named once, with what each needs and how closely its
+self-check must match the unquantized model.
+
+A format recipeforge does not write itself (no maintained converter installs from pip next to this
+torch and transformers) is still named here: asking for it answers with the exact command to run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from recipeforge.errors import RecipeError, did_you_mean
+from recipeforge.stage_specs import Names
+
+
+class ExportFormat(Names):
+    """What `recipeforge export --format` writes."""
+
+    SAFETENSORS = "safetensors"          # full precision; a LoRA run merged into its base
+    TORCHAO_INT8 = "torchao-int8"        # torchao int8 weight-only, per channel
+    TORCHAO_INT4 = "torchao-int4"        # torchao int4 weight-only, per group of input features
+    GGUF = "gguf"                        # llama.cpp, 16-bit
+    GGUF_Q8_0 = "gguf-q8_0"              # llama.cpp, 8-bit blocks
+    W8A8 = "w8a8"                        # compressed-tensors (vLLM), int8 weights and activations
+    W4A16 = "w4a16"                      # compressed-tensors (vLLM), int4 weights
+    FP8 = "fp8"                          # compressed-tensors (vLLM), fp8 weights, dynamic fp8 activations
+
+
+class Family(Names):
+    """Who writes a format: the module that handles it."""
+
+    SAFETENSORS = "safetensors"
+    TORCHAO = "torchao"
+    GGUF = "gguf"
+    COMPRESSED_TENSORS = "compressed-tensors"
+
+
+# llama.cpp's converter is a script in its repository, not in the `gguf` wheel (which only reads and
+# writes the container): recipeforge hands over a merged safetensors folder and the command.
+_LLAMA_CPP = ("llama.cpp's converter is not on PyPI (the `gguf` wheel has no HF converter): run `recipeforge "
+              "export RUN_DIR --format safetensors`, then in a clone of github.com/ggml-org/llama.cpp: `pip install "
+              "-r requirements/requirements-convert_hf_to_gguf.txt && python convert_hf_to_gguf.py "
+              "RUN_DIR/export-safetensors --outtype {outtype} --outfile model-{outtype}.gguf`")
+# llmcompressor 0.14 pins transformers<=5.17, older than the transformers recipeforge is tested with:
+# installing it here would downgrade the training stack, so it runs in an environment of its own.
+_LLMCOMPRESSOR = ("llmcompressor (vLLM's compressed-tensors writer) pins an older transformers than recipeforge "
+                  "uses: run `recipeforge export RUN_DIR --format safetensors`, then in a separate environment "
+                  "`pip install llmcompressor` and `llmcompressor.oneshot(model='RUN_DIR/export-safetensors', "
+                  "recipe=QuantizationModifier(targets='Linear', scheme='{scheme}', ignore=['lm_head']), "
+                  "output_dir='model-{scheme}')`{calibration}")
+
+
+@dataclass(frozen=True)
+class FormatSpec:
+    """One export format: what it is, who writes it, and what its self-check accepts."""
+
+    name: ExportFormat
+    family: Family
+    summary: str
+    max_ppl_change: float        # the largest relative perplexity change against the unquantized model
+    package: str | None = None   # the import the format needs, when it needs one
+    extra: str | None = None     # the recipeforge extra that installs it
+    elsewhere: str | None = None  # set when recipeforge does not write it: what to run instead
+
+    def __str__(self) -> str:
+        return self.name.value
+
+
+FORMAT_SPECS: dict[ExportFormat, FormatSpec] = {spec.name: spec for spec in (
+    FormatSpec(ExportFormat.SAFETENSORS, Family.SAFETENSORS,
+               "full-precision safetensors (a LoRA adapter merged into its base)", 1e-4),
+    # int8 per channel barely moves a model; int4 per group of 32-128 costs a few percent of perplexity.
+    FormatSpec(ExportFormat.TORCHAO_INT8, Family.TORCHAO,
+               "torchao int8 weight-only (transformers TorchAoConfig; vLLM, SGLang)", 0.02,
+               package="torchao", extra="torchao"),
+    FormatSpec(ExportFormat.TORCHAO_INT4, Family.TORCHAO,
+               "torchao int4 weight-only, grouped (transformers TorchAoConfig; vLLM)", 0.10,
+               package="torchao", extra="torchao"),
+    FormatSpec(ExportFormat.GGUF, Family.GGUF, "llama.cpp GGUF, 16-bit", 1e-3,
+               elsewhere=_LLAMA_CPP.format(outtype="f16")),
+    FormatSpec(ExportFormat.GGUF_Q8_0, Family.GGUF, "llama.cpp GGUF, q8_0", 0.02,
+               elsewhere=_LLAMA_CPP.format(outtype="q8_0")),
+    FormatSpec(ExportFormat.W8A8, Family.COMPRESSED_TENSORS, "compressed-tensors W8A8 int8 (vLLM)", 0.05,
+               elsewhere=_LLMCOMPRESSOR.format(scheme="W8A8",
+                                               calibration=" with dataset= and num_calibration_samples= "
+                                                           "for the activation scales")),
+    FormatSpec(ExportFormat.W4A16, Family.COMPRESSED_TENSORS, "compressed-tensors W4A16 (vLLM)", 0.10,
+               elsewhere=_LLMCOMPRESSOR.format(scheme="W4A16", calibration="")),
+    FormatSpec(ExportFormat.FP8, Family.COMPRESSED_TENSORS, "compressed-tensors FP8 dynamic (vLLM)", 0.05,
+               elsewhere=_LLMCOMPRESSOR.format(scheme="FP8_DYNAMIC", calibration="")),
+)}
+
+FORMATS = tuple(f.value for f in ExportFormat)
+
+
+def format_spec(name: str) -> FormatSpec:
+    """The spec of the format called `name`; an unknown name is a `RecipeError` naming the known ones."""
+    try:
+        return FORMAT_SPECS[ExportFormat(name)]
+    except ValueError:
+        close = did_you_mean(name, FORMATS)
+        raise RecipeError(f"unknown export format {name!r}", key="--format",
+                          hint=(f"{close} " if close else "") + f"formats: {', '.join(FORMATS)}") from None
+
+
+def check_available(spec: FormatSpec) -> None:
+    """Refuse (a `RecipeError`) a format recipeforge does not write, or whose package is missing,
+    with what to run or install instead."""
+    if spec.elsewhere:
+        raise RecipeError(f"recipeforge does not write {spec.name} itself", key="--format",
+                          hint=spec.elsewhere)
+    if spec.package:
+        import importlib.util
+
+        if importlib.util.find_spec(spec.package) is None:
+            raise RecipeError(f"--format {spec.name} needs the {spec.package} package, which is not installed",
+                              key="--format", hint=f"pip install 'recipeforge[{spec.extra}]'")
