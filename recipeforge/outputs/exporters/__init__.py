@@ -49,15 +49,15 @@ def export_run(run_dir: Path, fmt: str, out: Path | None = None, *, overwrite: b
     from recipeforge.outputs.exporters.source import check_output, check_run_dir, full_weights
 
     spec = format_spec(fmt)
-    check_available(spec)
     run_dir = Path(run_dir)
+    check_available(spec, str(run_dir))
     check_run_dir(run_dir)
     out = Path(out) if out is not None else default_output(run_dir, spec.name.value)
     check_output(run_dir, out, overwrite=overwrite)
     started = time.perf_counter()
     with staged_folder(out) as tmp:
-        with full_weights(run_dir, scratch=out.parent) as src:
-            log(f"writing {spec.name} from {src}")
+        with full_weights(run_dir, scratch=out.parent, log=log) as src:
+            log(f"writing {spec.name} of {run_dir}")
             settings = _write(spec, src, tmp)
         written = time.perf_counter() - started
         result = _self_check(run_dir, tmp, spec, log) if check else None
@@ -81,7 +81,7 @@ def _self_check(run_dir: Path, export_dir: Path, spec: FormatSpec, log: Callable
     from recipeforge.outputs.chat import load_chat_model
     from recipeforge.outputs.exporters.selfcheck import compare, held_texts, measure
 
-    log("checking the export against the unquantized model")
+    log("checking the export against the unquantized model (loaded back with transformers)")
     reference, tokenizer = load_chat_model(run_dir, device="cpu")
     texts, texts_from = held_texts(run_dir, tokenizer)
     before = measure(reference, tokenizer, texts)

@@ -37,17 +37,16 @@ class Family(Names):
 
 # llama.cpp's converter is a script in its repository, not in the `gguf` wheel (which only reads and
 # writes the container): recipeforge hands over a merged safetensors folder and the command.
-_LLAMA_CPP = ("llama.cpp's converter is not on PyPI (the `gguf` wheel has no HF converter): run `recipeforge "
-              "export RUN_DIR --format safetensors`, then in a clone of github.com/ggml-org/llama.cpp: `pip install "
-              "-r requirements/requirements-convert_hf_to_gguf.txt && python convert_hf_to_gguf.py "
-              "RUN_DIR/export-safetensors --outtype {outtype} --outfile model-{outtype}.gguf`")
+_LLAMA_CPP = ("llama.cpp's converter is not on PyPI (the gguf wheel only reads and writes the container): run "
+              "`recipeforge export {run_dir} --format safetensors`, then in a clone of github.com/ggml-org/llama.cpp "
+              "`pip install -r requirements/requirements-convert_hf_to_gguf.txt` and `python convert_hf_to_gguf.py "
+              "{run_dir}/export-safetensors --outtype {outtype} --outfile model-{outtype}.gguf`")
 # llmcompressor 0.14 pins transformers<=5.17, older than the transformers recipeforge is tested with:
 # installing it here would downgrade the training stack, so it runs in an environment of its own.
-_LLMCOMPRESSOR = ("llmcompressor (vLLM's compressed-tensors writer) pins an older transformers than recipeforge "
-                  "uses: run `recipeforge export RUN_DIR --format safetensors`, then in a separate environment "
-                  "`pip install llmcompressor` and `llmcompressor.oneshot(model='RUN_DIR/export-safetensors', "
-                  "recipe=QuantizationModifier(targets='Linear', scheme='{scheme}', ignore=['lm_head']), "
-                  "output_dir='model-{scheme}')`{calibration}")
+_LLMCOMPRESSOR = ("llmcompressor pins an older transformers than recipeforge's: run `recipeforge export {run_dir} "
+                  "--format safetensors`, then in another environment `pip install llmcompressor` and "
+                  "llmcompressor.oneshot(model={run_dir}/export-safetensors, recipe=QuantizationModifier(targets=Linear, "
+                  "scheme={scheme}, ignore=[lm_head]){calibration})")
 
 
 @dataclass(frozen=True)
@@ -60,7 +59,7 @@ class FormatSpec:
     max_ppl_change: float        # the largest relative perplexity change against the unquantized model
     package: str | None = None   # the import the format needs, when it needs one
     extra: str | None = None     # the recipeforge extra that installs it
-    elsewhere: str | None = None  # set when recipeforge does not write it: what to run instead
+    elsewhere: str | None = None  # set when recipeforge does not write it: what to run ({run_dir} filled in)
 
     def __str__(self) -> str:
         return self.name.value
@@ -77,17 +76,16 @@ FORMAT_SPECS: dict[ExportFormat, FormatSpec] = {spec.name: spec for spec in (
                "torchao int4 weight-only, grouped (transformers TorchAoConfig; vLLM)", 0.10,
                package="torchao", extra="torchao"),
     FormatSpec(ExportFormat.GGUF, Family.GGUF, "llama.cpp GGUF, 16-bit", 1e-3,
-               elsewhere=_LLAMA_CPP.format(outtype="f16")),
+               elsewhere=_LLAMA_CPP.replace("{outtype}", "f16")),
     FormatSpec(ExportFormat.GGUF_Q8_0, Family.GGUF, "llama.cpp GGUF, q8_0", 0.02,
-               elsewhere=_LLAMA_CPP.format(outtype="q8_0")),
+               elsewhere=_LLAMA_CPP.replace("{outtype}", "q8_0")),
     FormatSpec(ExportFormat.W8A8, Family.COMPRESSED_TENSORS, "compressed-tensors W8A8 int8 (vLLM)", 0.05,
-               elsewhere=_LLMCOMPRESSOR.format(scheme="W8A8",
-                                               calibration=" with dataset= and num_calibration_samples= "
-                                                           "for the activation scales")),
+               elsewhere=_LLMCOMPRESSOR.replace("{scheme}", "W8A8").replace(
+                   "{calibration}", ", dataset=CALIBRATION_DATA")),
     FormatSpec(ExportFormat.W4A16, Family.COMPRESSED_TENSORS, "compressed-tensors W4A16 (vLLM)", 0.10,
-               elsewhere=_LLMCOMPRESSOR.format(scheme="W4A16", calibration="")),
+               elsewhere=_LLMCOMPRESSOR.replace("{scheme}", "W4A16").replace("{calibration}", "")),
     FormatSpec(ExportFormat.FP8, Family.COMPRESSED_TENSORS, "compressed-tensors FP8 dynamic (vLLM)", 0.05,
-               elsewhere=_LLMCOMPRESSOR.format(scheme="FP8_DYNAMIC", calibration="")),
+               elsewhere=_LLMCOMPRESSOR.replace("{scheme}", "FP8_DYNAMIC").replace("{calibration}", "")),
 )}
 
 FORMATS = tuple(f.value for f in ExportFormat)
@@ -103,12 +101,12 @@ def format_spec(name: str) -> FormatSpec:
                           hint=(f"{close} " if close else "") + f"formats: {', '.join(FORMATS)}") from None
 
 
-def check_available(spec: FormatSpec) -> None:
+def check_available(spec: FormatSpec, run_dir: str = "RUN_DIR") -> None:
     """Refuse (a `RecipeError`) a format recipeforge does not write, or whose package is missing,
-    with what to run or install instead."""
+    with what to run or install instead (for the run in `run_dir`)."""
     if spec.elsewhere:
         raise RecipeError(f"recipeforge does not write {spec.name} itself", key="--format",
-                          hint=spec.elsewhere)
+                          hint=spec.elsewhere.replace("{run_dir}", str(run_dir)))
     if spec.package:
         import importlib.util
 

@@ -7,7 +7,7 @@ import contextlib
 import json
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from recipeforge.errors import RecipeError
 
@@ -57,7 +57,7 @@ def check_output(run_dir: Path, out: Path, *, overwrite: bool) -> None:
 
 
 @contextlib.contextmanager
-def full_weights(run_dir: Path, scratch: Path) -> Iterator[Path]:
+def full_weights(run_dir: Path, scratch: Path, log: Callable[[str], None] = lambda _: None) -> Iterator[Path]:
     """A folder with the run's full weights and tokenizer: final/ itself, or, for a LoRA run, the
     adapter merged into its base in a temporary folder under `scratch` (removed afterwards)."""
     final = Path(run_dir) / "final"
@@ -66,6 +66,7 @@ def full_weights(run_dir: Path, scratch: Path) -> Iterator[Path]:
         return
     from recipeforge.outputs.export import merge_adapter
 
+    log("merging the LoRA adapter into its base")
     scratch.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".merge-", dir=scratch) as tmp:
         yield merge_adapter(Path(run_dir), Path(tmp) / "merged")
