@@ -37,16 +37,16 @@ class Family(Names):
 
 # llama.cpp's converter is a script in its repository, not in the `gguf` wheel (which only reads and
 # writes the container): recipeforge hands over a merged safetensors folder and the command.
-_LLAMA_CPP = ("llama.cpp's converter is not on PyPI (the gguf wheel only reads and writes the container): run "
-              "`recipeforge export {run_dir} --format safetensors`, then in a clone of github.com/ggml-org/llama.cpp "
-              "`pip install -r requirements/requirements-convert_hf_to_gguf.txt` and `python convert_hf_to_gguf.py "
-              "{run_dir}/export-safetensors --outtype {outtype} --outfile model-{outtype}.gguf`")
+_LLAMA_CPP = ("run `recipeforge export {run_dir} --format safetensors`, then in a clone of github.com/ggml-org/llama.cpp "
+              "`python convert_hf_to_gguf.py {run_dir}/export-safetensors --outtype {outtype} --outfile "
+              "model-{outtype}.gguf` (its pip requirements: requirements/requirements-convert_hf_to_gguf.txt)")
 # llmcompressor 0.14 pins transformers<=5.17, older than the transformers recipeforge is tested with:
 # installing it here would downgrade the training stack, so it runs in an environment of its own.
-_LLMCOMPRESSOR = ("llmcompressor pins an older transformers than recipeforge's: run `recipeforge export {run_dir} "
-                  "--format safetensors`, then in another environment `pip install llmcompressor` and "
-                  "llmcompressor.oneshot(model={run_dir}/export-safetensors, recipe=QuantizationModifier(targets=Linear, "
-                  "scheme={scheme}, ignore=[lm_head]){calibration})")
+_LLMCOMPRESSOR = ("run `recipeforge export {run_dir} --format safetensors`, then in another environment `pip install "
+                  "llmcompressor` and llmcompressor.oneshot(model={run_dir}/export-safetensors, "
+                  "recipe=QuantizationModifier(targets=Linear, scheme={scheme}, ignore=[lm_head]){calibration})")
+_WHY = {"gguf": "llama.cpp's converter is not on PyPI (the gguf wheel only reads and writes the container)",
+        "compressed-tensors": "llmcompressor pins an older transformers than recipeforge's"}
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def check_available(spec: FormatSpec, run_dir: str = "RUN_DIR") -> None:
     """Refuse (a `RecipeError`) a format recipeforge does not write, or whose package is missing,
     with what to run or install instead (for the run in `run_dir`)."""
     if spec.elsewhere:
-        raise RecipeError(f"recipeforge does not write {spec.name} itself", key="--format",
+        raise RecipeError(f"recipeforge does not write {spec.name} itself: {_WHY[spec.family.value]}", key="--format",
                           hint=spec.elsewhere.replace("{run_dir}", str(run_dir)))
     if spec.package:
         import importlib.util

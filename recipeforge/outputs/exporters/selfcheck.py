@@ -74,6 +74,8 @@ def _row_text(row: dict, tokenizer) -> str | None:
         return tokenizer.apply_chat_template(row["messages"], tokenize=False)
     if isinstance(row.get("text"), str):
         return row["text"]
+    if isinstance(row.get("instruction"), str):  # alpaca
+        return " ".join(str(row.get(k) or "") for k in ("instruction", "input", "output")).strip()
     answer = next((row[k] for k in ("completion", "chosen", "response") if isinstance(row.get(k), str)), "")
     return row["prompt"] + answer if isinstance(row.get("prompt"), str) else None
 
