@@ -40,13 +40,12 @@ class Family(Names):
 _LLAMA_CPP = ("run `recipeforge export {run_dir} --format safetensors`, then in a clone of github.com/ggml-org/llama.cpp "
               "`python convert_hf_to_gguf.py {run_dir}/export-safetensors --outtype {outtype} --outfile "
               "model-{outtype}.gguf` (its pip requirements: requirements/requirements-convert_hf_to_gguf.txt)")
-# llmcompressor 0.14 pins transformers<=5.17, older than the transformers recipeforge is tested with:
-# installing it here would downgrade the training stack, so it runs in an environment of its own.
-_LLMCOMPRESSOR = ("run `recipeforge export {run_dir} --format safetensors`, then in another environment `pip install "
-                  "llmcompressor` and llmcompressor.oneshot(model={run_dir}/export-safetensors, "
-                  "recipe=QuantizationModifier(targets=Linear, scheme={scheme}, ignore=[lm_head]){calibration})")
-_WHY = {"gguf": "llama.cpp's converter is not on PyPI (the gguf wheel only reads and writes the container)",
-        "compressed-tensors": "llmcompressor pins an older transformers than recipeforge's"}
+_WHY = {Family.GGUF: "llama.cpp's converter is not on PyPI (the gguf wheel only reads and writes the container)"}
+# llmcompressor 0.14 pins transformers<=5.17, older than the newest transformers recipeforge supports: the
+# dev environment does not hold it (it would downgrade the training stack of every test); a user installs
+# it with the extra, best in an environment of its own.
+_LLMCOMPRESSOR = ("pip install 'recipeforge[llmcompressor]', best in a virtual environment of its own "
+                  "(llmcompressor pins transformers<=5.17 and installs it)")
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,7 @@ class FormatSpec:
     summary: str
     max_ppl_change: float        # the largest relative perplexity change against the unquantized model
     package: str | None = None   # the import the format needs, when it needs one
-    extra: str | None = None     # the recipeforge extra that installs it
+    install: str | None = None   # how to install that package
     elsewhere: str | None = None  # set when recipeforge does not write it: what to run ({run_dir} filled in)
 
     def __str__(self) -> str:
@@ -71,21 +70,24 @@ FORMAT_SPECS: dict[ExportFormat, FormatSpec] = {spec.name: spec for spec in (
     # int8 per channel barely moves a model; int4 per group of 32-128 costs a few percent of perplexity.
     FormatSpec(ExportFormat.TORCHAO_INT8, Family.TORCHAO,
                "torchao int8 weight-only (transformers TorchAoConfig; vLLM, SGLang)", 0.02,
-               package="torchao", extra="torchao"),
+               package="torchao", install="pip install 'recipeforge[torchao]'"),
     FormatSpec(ExportFormat.TORCHAO_INT4, Family.TORCHAO,
                "torchao int4 weight-only, grouped (transformers TorchAoConfig; vLLM)", 0.10,
-               package="torchao", extra="torchao"),
+               package="torchao", install="pip install 'recipeforge[torchao]'"),
     FormatSpec(ExportFormat.GGUF, Family.GGUF, "llama.cpp GGUF, 16-bit", 1e-3,
                elsewhere=_LLAMA_CPP.replace("{outtype}", "f16")),
     FormatSpec(ExportFormat.GGUF_Q8_0, Family.GGUF, "llama.cpp GGUF, q8_0", 0.02,
                elsewhere=_LLAMA_CPP.replace("{outtype}", "q8_0")),
-    FormatSpec(ExportFormat.W8A8, Family.COMPRESSED_TENSORS, "compressed-tensors W8A8 int8 (vLLM)", 0.05,
-               elsewhere=_LLMCOMPRESSOR.replace("{scheme}", "W8A8").replace(
-                   "{calibration}", ", dataset=CALIBRATION_DATA")),
-    FormatSpec(ExportFormat.W4A16, Family.COMPRESSED_TENSORS, "compressed-tensors W4A16 (vLLM)", 0.10,
-               elsewhere=_LLMCOMPRESSOR.replace("{scheme}", "W4A16").replace("{calibration}", "")),
-    FormatSpec(ExportFormat.FP8, Family.COMPRESSED_TENSORS, "compressed-tensors FP8 dynamic (vLLM)", 0.05,
-               elsewhere=_LLMCOMPRESSOR.replace("{scheme}", "FP8_DYNAMIC").replace("{calibration}", "")),
+    # compressed-tensors through llmcompressor, data-free: W8A8's activations are quantized per token at
+    # run time (no calibration), W4A16 groups weights like torchao-int4, FP8 scales per channel.
+    FormatSpec(ExportFormat.W8A8, Family.COMPRESSED_TENSORS,
+               "compressed-tensors W8A8: int8 weights, dynamic int8 activations (vLLM)", 0.02,
+               package="llmcompressor", install=_LLMCOMPRESSOR),
+    FormatSpec(ExportFormat.W4A16, Family.COMPRESSED_TENSORS, "compressed-tensors W4A16: int4 weights (vLLM)", 0.10,
+               package="llmcompressor", install=_LLMCOMPRESSOR),
+    FormatSpec(ExportFormat.FP8, Family.COMPRESSED_TENSORS,
+               "compressed-tensors FP8: fp8 weights, dynamic fp8 activations (vLLM)", 0.05,
+               package="llmcompressor", install=_LLMCOMPRESSOR),
 )}
 
 FORMATS = tuple(f.value for f in ExportFormat)
@@ -105,11 +107,11 @@ def check_available(spec: FormatSpec, run_dir: str = "RUN_DIR") -> None:
     """Refuse (a `RecipeError`) a format recipeforge does not write, or whose package is missing,
     with what to run or install instead (for the run in `run_dir`)."""
     if spec.elsewhere:
-        raise RecipeError(f"recipeforge does not write {spec.name} itself: {_WHY[spec.family.value]}", key="--format",
+        raise RecipeError(f"recipeforge does not write {spec.name} itself: {_WHY[spec.family]}", key="--format",
                           hint=spec.elsewhere.replace("{run_dir}", str(run_dir)))
     if spec.package:
         import importlib.util
 
         if importlib.util.find_spec(spec.package) is None:
-            raise RecipeError(f"--format {spec.name} needs the {spec.package} package, which is not installed",
-                              key="--format", hint=f"pip install 'recipeforge[{spec.extra}]'")
+            raise RecipeError(f"{spec.name} needs the {spec.package} package, which is not installed",
+                              key="--format", hint=spec.install)

@@ -12,7 +12,8 @@ _LLAMA_CPP = ("python convert_hf_to_gguf.py {safetensors} --outtype q8_0 --outfi
 
 def render_readme(spec: FormatSpec, *, run_dir: Path, out: Path, settings: dict, check: dict | None) -> str:
     """The README text for the export of `run_dir` in `spec`'s format, written to `out`."""
-    needs = "" if spec.family == Family.SAFETENSORS else f"  # needs: pip install {spec.package}"
+    # The package transformers loads each family with is named like the family (torchao, compressed-tensors).
+    needs = "" if spec.family == Family.SAFETENSORS else f"  # needs: pip install {spec.family}"
     # llama.cpp converts full-precision weights only: a quantized export points at the safetensors one.
     source = out if spec.family == Family.SAFETENSORS else Path(run_dir) / "export-safetensors"
     lines = [f"# {Path(run_dir).name}: {spec.summary}", "",

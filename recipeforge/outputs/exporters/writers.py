@@ -1,5 +1,5 @@
-"""Writing one export folder from a folder of full weights: a copy (safetensors) or torchao
-weight-only quantization through transformers' `TorchAoConfig`."""
+"""Writing one export folder from a folder of full weights: a copy (safetensors), torchao weight-only
+quantization through transformers' `TorchAoConfig`, or (module `compressed`) llmcompressor."""
 
 from __future__ import annotations
 
@@ -21,6 +21,10 @@ def write_export(spec: FormatSpec, src: Path, dest: Path) -> dict:
         return copy_weights(src, dest)
     if spec.family == Family.TORCHAO:
         return quantize_torchao(spec.name, src, dest)
+    if spec.family == Family.COMPRESSED_TENSORS:
+        from recipeforge.outputs.exporters.compressed import quantize_compressed
+
+        return quantize_compressed(spec.name, src, dest)
     raise AssertionError(f"no writer for {spec.name}")  # formats.check_available refused it before
 
 
@@ -30,6 +34,15 @@ def copy_weights(src: Path, dest: Path) -> dict:
         if path.is_file() and path.name != "README.md":  # the export writes its own README
             shutil.copy2(path, dest / path.name)
     return {"dtype": json.loads((Path(src) / "config.json").read_text()).get("dtype")}
+
+
+def int4_group(model_config: dict) -> int:
+    """The int4 group size for a model with `model_config` (its config.json): the largest of
+    `_INT4_GROUPS` dividing the input width of every linear layer."""
+    widths = [model_config.get("hidden_size"), model_config.get("intermediate_size"),
+              (model_config.get("head_dim") or 0) * (model_config.get("num_attention_heads") or 0)]
+    widths = [w for w in widths if w]
+    return next((g for g in _INT4_GROUPS if all(w % g == 0 for w in widths)), _INT4_GROUPS[-1])
 
 
 def torchao_config(fmt: ExportFormat, model_config: dict):
@@ -44,10 +57,7 @@ def torchao_config(fmt: ExportFormat, model_config: dict):
 
     if fmt == ExportFormat.TORCHAO_INT8:
         return Int8WeightOnlyConfig(), {"weights": "int8", "granularity": "per channel"}
-    widths = [model_config.get("hidden_size"), model_config.get("intermediate_size"),
-              (model_config.get("head_dim") or 0) * (model_config.get("num_attention_heads") or 0)]
-    widths = [w for w in widths if w]
-    group = next((g for g in _INT4_GROUPS if all(w % g == 0 for w in widths)), _INT4_GROUPS[-1])
+    group = int4_group(model_config)
     return (IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(group)),
             {"weights": "int4", "granularity": f"per group of {group}"})
 
