@@ -1,6 +1,7 @@
 """`recipeforge export RUN_DIR --format FMT` as a user types it: a tiny LoRA run (merged first) and a tiny
-full run exported to merged safetensors and torchao int8/int4, each loaded back by transformers and
-self-checked against the unquantized model; and every refusal (exit 2, nothing written or replaced)."""
+full run exported to merged safetensors, torchao int8/int4 and (where llmcompressor is installed)
+compressed-tensors, each loaded back by transformers and self-checked against the unquantized model; and
+every refusal (exit 2, nothing written or replaced)."""
 
 from __future__ import annotations
 
@@ -71,16 +72,17 @@ def test_a_lora_run_exports_loads_back_and_passes_its_self_check(lora_run, fmt):
     import torch
 
     model, tokenizer = _load_back(out)
-    weight = model.model.layers[0].mlp.down_proj.weight
+    layer = model.model.layers[0].mlp.down_proj
     config = json.loads((out / "config.json").read_text())
     family = FORMAT_SPECS[fmt].family
     if family == Family.SAFETENSORS:
-        assert "quantization_config" not in config and type(weight) is torch.nn.Parameter
+        assert "quantization_config" not in config and type(layer.weight) is torch.nn.Parameter
     elif family == Family.TORCHAO:
         assert config["quantization_config"]["quant_method"] == "torchao"
         expected = {ExportFormat.TORCHAO_INT8: "Int8Tensor", ExportFormat.TORCHAO_INT4: "IntxUnpackedToInt8Tensor"}
-        assert type(weight).__name__ == expected[fmt]
-    else:  # transformers decompresses compressed-tensors weights on the CPU
+        assert type(layer.weight).__name__ == expected[fmt]
+    else:  # packed int4 stays packed in the loaded model (weight_packed); int8 and fp8 load as weights
+        assert hasattr(layer, "weight_packed" if fmt == ExportFormat.W4A16 else "weight")
         quant = config["quantization_config"]
         assert quant["quant_method"] == "compressed-tensors" and "lm_head" in quant["ignore"]
         assert quant["format"] == {"w8a8": "int-quantized", "w4a16": "pack-quantized", "fp8": "float-quantized"}[fmt]
