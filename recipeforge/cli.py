@@ -208,8 +208,8 @@ def _export_command(sub: Any) -> None:
     # The format names come from the light formats module (no torch): --help stays fast.
     from recipeforge.outputs.exporters.formats import FORMAT_SPECS
 
-    p = sub.add_parser("export", help="write a run's model for serving: merged safetensors or torchao int8/int4, "
-                                      "checked against the unquantized model",
+    p = sub.add_parser("export", help="write a run's model for serving: merged safetensors, torchao int8/int4 or "
+                                      "compressed-tensors, checked against the unquantized model",
                        description="Write final/ (a LoRA adapter merged into its base first) in FORMAT, with a "
                                    "README.md saying how to load it and export.json with its self-check: the export "
                                    "is loaded back with transformers and its perplexity on a few held rows (the "

@@ -92,6 +92,19 @@ FORMAT_SPECS: dict[ExportFormat, FormatSpec] = {spec.name: spec for spec in (
 
 FORMATS = tuple(f.value for f in ExportFormat)
 
+# int4 groups: the largest of these that divides every quantized layer's input width. 128 is torchao's
+# default and what serving engines expect of real models; tiny test models need smaller groups.
+_INT4_GROUPS = (128, 64, 32)
+
+
+def int4_group(model_config: dict) -> int:
+    """The int4 group size for a model with `model_config` (its config.json): the largest of
+    `_INT4_GROUPS` dividing the input width of every linear layer."""
+    widths = [model_config.get("hidden_size"), model_config.get("intermediate_size"),
+              (model_config.get("head_dim") or 0) * (model_config.get("num_attention_heads") or 0)]
+    widths = [w for w in widths if w]
+    return next((g for g in _INT4_GROUPS if all(w % g == 0 for w in widths)), _INT4_GROUPS[-1])
+
 
 def format_spec(name: str) -> FormatSpec:
     """The spec of the format called `name`; an unknown name is a `RecipeError` naming the known ones."""

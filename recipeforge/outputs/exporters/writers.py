@@ -7,11 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
-from recipeforge.outputs.exporters.formats import ExportFormat, Family, FormatSpec
-
-# int4 groups: the largest of these that divides every quantized layer's input width. 128 is torchao's
-# default and what serving engines expect of real models; tiny test models need smaller groups.
-_INT4_GROUPS = (128, 64, 32)
+from recipeforge.outputs.exporters.formats import ExportFormat, Family, FormatSpec, int4_group
 
 
 def write_export(spec: FormatSpec, src: Path, dest: Path) -> dict:
@@ -34,15 +30,6 @@ def copy_weights(src: Path, dest: Path) -> dict:
         if path.is_file() and path.name != "README.md":  # the export writes its own README
             shutil.copy2(path, dest / path.name)
     return {"dtype": json.loads((Path(src) / "config.json").read_text()).get("dtype")}
-
-
-def int4_group(model_config: dict) -> int:
-    """The int4 group size for a model with `model_config` (its config.json): the largest of
-    `_INT4_GROUPS` dividing the input width of every linear layer."""
-    widths = [model_config.get("hidden_size"), model_config.get("intermediate_size"),
-              (model_config.get("head_dim") or 0) * (model_config.get("num_attention_heads") or 0)]
-    widths = [w for w in widths if w]
-    return next((g for g in _INT4_GROUPS if all(w % g == 0 for w in widths)), _INT4_GROUPS[-1])
 
 
 def torchao_config(fmt: ExportFormat, model_config: dict):
