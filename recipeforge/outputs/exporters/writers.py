@@ -38,7 +38,8 @@ def torchao_config(fmt: ExportFormat, model_config: dict):
     int4 is torchao's `IntxWeightOnlyConfig(torch.int4, PerGroup)`: with torchao 0.15+ the
     `Int4WeightOnlyConfig` layouts run only on CUDA (tinygemm tile packing, bf16) or need the mslk
     kernels, and the CPU layout (Int4CPULayout) is gone; the unpacked int4 tensor loads and runs on the
-    CPU and the GPU alike, and torchao's safetensors support serializes it."""
+    CPU and the GPU alike, and it is the only int4 layout torchao's safetensors support serializes. It
+    keeps one int4 value per byte: on disk it is as large as int8 (W4A16 packs two per byte)."""
     import torch
     from torchao.quantization import Int8WeightOnlyConfig, IntxWeightOnlyConfig, PerGroup
 
@@ -46,7 +47,7 @@ def torchao_config(fmt: ExportFormat, model_config: dict):
         return Int8WeightOnlyConfig(), {"weights": "int8", "granularity": "per channel"}
     group = int4_group(model_config)
     return (IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(group)),
-            {"weights": "int4", "granularity": f"per group of {group}"})
+            {"weights": "int4", "granularity": f"per group of {group}", "storage": "one value per byte"})
 
 
 def quantize_torchao(fmt: ExportFormat, src: Path, dest: Path) -> dict:
