@@ -18,6 +18,7 @@ from recipeforge.errors import RecipeError
 EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 1
 EXIT_PUSH_FAILED = 3  # `train`: the run finished and is saved; only output.push_to_hub failed
+EXIT_CHECK_FAILED = 4  # `export`: written, but its self-check found it too far from the unquantized model
 
 
 def _recipe_args(p: argparse.ArgumentParser) -> None:
@@ -200,11 +201,12 @@ def _launch_prepare_commands(sub: Any) -> None:
 
 
 def _after_training_commands(sub: Any) -> None:
-    """The commands merge, chat and push: what a finished run is used for."""
+    """The commands merge, export, chat and push: what a finished run is used for."""
     p = sub.add_parser("merge", help="merge a run's LoRA adapter into its base model (safetensors)")
     p.add_argument("run_dir", help="run directory written by `recipeforge train`")
     p.add_argument("-o", "--output", help="output directory (default: RUN_DIR/merged)")
     p.set_defaults(func=cmd_merge)
+    _export_command(sub)
 
     p = sub.add_parser("chat", help="talk to a finished run's model in the terminal (streamed replies)",
                        description="Chat with final/ of a run (a LoRA adapter is loaded on its base, not merged), "
@@ -248,6 +250,33 @@ def _after_training_commands(sub: Any) -> None:
                                                          "or the run's output.push_to_hub.private)")
     p.add_argument("--dry-run", action="store_true", help="list the files that would be uploaded; upload nothing")
     p.set_defaults(func=cmd_push)
+
+
+def _export_command(sub: Any) -> None:
+    """The command export: a finished run's model in a format serving engines load."""
+    # The format names come from the light formats module (no torch): --help stays fast.
+    from recipeforge.outputs.exporters.formats import FORMAT_SPECS
+
+    p = sub.add_parser("export", help="write a run's model for serving: merged safetensors, torchao int8/int4 or "
+                                      "compressed-tensors, checked against the unquantized model",
+                       description="Write final/ (a LoRA adapter merged into its base first) in FORMAT, with a "
+                                   "README.md saying how to load it and export.json with its self-check: the export "
+                                   "is loaded back with transformers and its perplexity on a few held rows (the "
+                                   "run's evaluation data, else fixed prompts) must stay within the format's bound "
+                                   "of the unquantized model's. Formats: " + "; ".join(
+                                       f"{s.name}: {s.summary}" + (" (not written by recipeforge: the error says "
+                                                                   "what to run)" if s.elsewhere else "")
+                                       for s in FORMAT_SPECS.values()) + ".",
+                       epilog="Exit codes: 0 written and checked, 2 bad input (nothing written), 4 written but the "
+                              "self-check failed (export.json has the numbers).")
+    p.add_argument("run_dir", help="run directory written by `recipeforge train`")
+    p.add_argument("--format", required=True, metavar="FORMAT",
+                   help="one of: " + ", ".join(s.name.value for s in FORMAT_SPECS.values()))
+    p.add_argument("-o", "--output", help="output directory (default: RUN_DIR/export-FORMAT)")
+    p.add_argument("--overwrite", action="store_true", help="replace an output directory that already holds files")
+    p.add_argument("--no-check", action="store_true",
+                   help="skip the self-check (loading the export back and comparing it with the unquantized model)")
+    p.set_defaults(func=cmd_export)
 
 
 # -- commands ---------------------------------------------------------------------------------------
@@ -516,6 +545,29 @@ def cmd_merge(args) -> int:
     out = merge(Path(args.run_dir), Path(args.output) if args.output else None)
     print(f"merged model written to {out}")
     return 0
+
+
+def cmd_export(args) -> int:
+    from pathlib import Path
+
+    from recipeforge.outputs import library_warnings
+    from recipeforge.outputs.exporters import export_run
+
+    # Library noise (loading bars, deprecations) goes to the run's logs/warnings.log, as in training.
+    library_warnings.route_library_warnings(0)
+    try:
+        if (Path(args.run_dir) / "final").is_dir():
+            library_warnings.warnings_to_run_dir(Path(args.run_dir))
+        result = export_run(Path(args.run_dir), args.format, Path(args.output) if args.output else None,
+                            overwrite=args.overwrite, check=not args.no_check,
+                            log=lambda m: print(f"[recipeforge] {m}", file=sys.stderr))
+    finally:
+        library_warnings.stop_routing()
+    print(f"{args.format} export written to {result.out} in {result.seconds:.1f}s")
+    if result.check is None:
+        return 0
+    print(result.check.line())
+    return 0 if result.check.passed else EXIT_CHECK_FAILED
 
 
 def cmd_chat(args) -> int:
