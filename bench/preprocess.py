@@ -16,8 +16,9 @@ model's vocabulary size and per-token cost), or a local tokenizer directory.
     python bench/preprocess.py --scaling 20000 200000 1000000     # cost per row and peak RSS as rows grow
 
 `--scaling` runs one whole `recipeforge preprocess` per row count (num_proc 1, the first tokenizer, a cold
-cache) and prints wall time, time per row and the process's peak resident memory (its own rusage), so a
-cost that grows faster than the rows, or memory that grows with them, shows.
+cache) and prints wall time, time per row, the process's peak resident memory (its own rusage) and its
+peak anonymous resident memory (RssAnon: without the pages of memory-mapped files, which the kernel can
+drop), so a cost that grows faster than the rows, or memory that grows with them, shows.
 """
 
 from __future__ import annotations
@@ -139,15 +140,35 @@ def scaled_rows(n: int, pool: int = 20_000) -> list[dict]:
             for i, r in ((i, base[i % len(base)]) for i in range(n))]
 
 
-def peak_rss_run(cmd: list[str], env: dict, cwd: Path) -> tuple[float, int, str, int]:
-    """Run `cmd`; its wall seconds, exit code, stdout and peak resident memory in KiB (this child's own
-    rusage, from wait4, not the maximum over every child so far)."""
+def peak_rss_run(cmd: list[str], env: dict, cwd: Path) -> tuple[float, int, str, int, int]:
+    """Run `cmd`; its wall seconds, exit code, stdout, peak resident memory in KiB (this child's own
+    rusage, from wait4, not the maximum over every child so far) and peak anonymous resident memory in
+    KiB (RssAnon, sampled from /proc every 50 ms: the memory the process holds, without the pages of
+    memory-mapped files, which the kernel can drop; 0 where /proc has no such line)."""
+    import threading
+
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=cwd)
+    peak_anon = [0]
+
+    def sample() -> None:
+        status = Path(f"/proc/{proc.pid}/status")
+        while proc.returncode is None:
+            try:
+                line = next((x for x in status.read_text().splitlines() if x.startswith("RssAnon:")), "")
+            except OSError:
+                return
+            if line:
+                peak_anon[0] = max(peak_anon[0], int(line.split()[1]))
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
-    return time.perf_counter() - t0, proc.returncode, out, usage.ru_maxrss
+    sampler.join()
+    return time.perf_counter() - t0, proc.returncode, out, usage.ru_maxrss, peak_anon[0]
 
 
 def scaling(counts: list[int], tokenizer: str, sequence_len: int, tree: Path) -> list[dict]:
@@ -161,7 +182,7 @@ def scaling(counts: list[int], tokenizer: str, sequence_len: int, tree: Path) ->
             with open(data, "w") as fh:
                 fh.writelines(json.dumps(r) + "\n" for r in scaled_rows(n))
             recipe = write_workload(folder, n, sequence_len, tokenizer, 1)
-            seconds, code, out, rss_kib = peak_rss_run(
+            seconds, code, out, rss_kib, anon_kib = peak_rss_run(
                 [sys.executable, "-m", "recipeforge", "preprocess", str(recipe), f"data.cache_dir={folder / 'cache'}"],
                 env, tree)
             if code != 0:
@@ -169,7 +190,8 @@ def scaling(counts: list[int], tokenizer: str, sequence_len: int, tree: Path) ->
             stats = json.loads(out[out.index("{"):])
         table.append({"rows": n, "seconds": round(seconds, 1), "us_per_row": round(seconds / n * 1e6, 1),
                       "pipeline_us_per_row": round(stats["preprocess_seconds"] / n * 1e6, 1),
-                      "tokens": stats["train_tokens"], "peak_rss_mib": round(rss_kib / 1024)})
+                      "tokens": stats["train_tokens"], "peak_rss_mib": round(rss_kib / 1024),
+                      "peak_anon_rss_mib": round(anon_kib / 1024)})
     return table
 
 
@@ -217,10 +239,11 @@ def main(argv=None) -> int:
         if args.json:
             print(json.dumps(table, indent=2))
             return 0
-        print(f"{'rows':>9} {'wall s':>8} {'us/row':>8} {'pipeline us/row':>16} {'tokens':>13} {'peak RSS MiB':>13}")
+        print(f"{'rows':>9} {'wall s':>8} {'us/row':>8} {'pipeline us/row':>16} {'tokens':>13} {'peak RSS MiB':>13} "
+              f"{'anon RSS MiB':>13}")
         for r in table:
             print(f"{r['rows']:>9,} {r['seconds']:>8.1f} {r['us_per_row']:>8.1f} {r['pipeline_us_per_row']:>16.1f} "
-                  f"{r['tokens']:>13,} {r['peak_rss_mib']:>13,}")
+                  f"{r['tokens']:>13,} {r['peak_rss_mib']:>13,} {r['peak_anon_rss_mib']:>13,}")
         return 0
 
     report = []
