@@ -30,7 +30,8 @@ def layer_activation_parts(w: Workload, *, fp32_weights: bool = False) -> dict[s
     m, c = w.model, w.compute_bytes
     width = m.mlp_width
     if m.gated_mlp:
-        mlp = c * width * (3 if w.fused_kernels else 4) - (0 if w.full_finetune else c * width)
+        # the down projection's input is kept for its weight gradient only when it trains
+        mlp = c * width * (3 if w.fused_kernels else 4) - (0 if w.linears_train else c * width)
     else:
         mlp = 2 * c * width  # classic MLP: fc1 out and act out
     if m.is_moe:
@@ -45,9 +46,10 @@ def _norm_bytes(w: Workload, fp32_weights: bool) -> float:
     also keeps the normalised tensor (in the input's dtype) and the next linears keep the output."""
     m, c, h = w.model, w.compute_bytes, w.model.hidden_size
     if w.fused_kernels:
-        return 2 * (c * h + (c * h if w.full_finetune else 0))
-    if not w.full_finetune:
-        return 2 * 4 * h  # a frozen weight keeps nothing but the fp32 input
+        return 2 * (c * h + (c * h if w.linears_train else 0))
+    if not (w.norms_train and w.linears_train):
+        # a frozen norm weight keeps no normalised tensor, frozen linears keep no copy of the output
+        return 2 * (4 * h + (c * h if w.norms_train else 0) + (c * h if w.linears_train else 0))
     if fp32_weights:
         # The residual stream is fp32 (fp32 embeddings, fp32 sums): the normalised tensor and the
         # output stay fp32, and autocast casts the output once for every linear that reads it, each
@@ -80,7 +82,7 @@ def _attention_bytes(w: Workload) -> float:
     q, kv = m.q_dim, m.kv_dim
     attn = c * (q + 2 * kv)
     if w.attention == "eager":
-        attn += (4 + c) * m.num_heads * w.seq_len + c * 2 * (q - kv) + (c * q if w.full_finetune else 0)
+        attn += (4 + c) * m.num_heads * w.seq_len + c * 2 * (q - kv) + (c * q if w.linears_train else 0)
         return attn
     attn += c * q + 4 * m.num_heads
     if w.attention_mask:
@@ -235,8 +237,8 @@ def _outside_bytes(w: Workload, fp32_weights: bool) -> float:
     output layer the normalised tensor and the output layer's input (a cast of the fp32 output with
     fp32 weights under autocast)."""
     c, h = w.compute_bytes, w.model.hidden_size
-    if not w.full_finetune:
-        return 4 * h
+    if not (w.norms_train and w.linears_train):
+        return 4 * h + (c * h if w.norms_train else 0) + (c * h if w.linears_train else 0)
     if fp32_weights:
         return 4 * h + 4 * h + c * h
     return 4 * h + 2 * c * h

@@ -48,3 +48,24 @@ def unfrozen_count(spec: ModelSpec, patterns: list[str]) -> tuple[int, list[str]
     notes.append(f"{KEY}: {len(chosen)} of {len(names)} parameter tensors train "
                  f"({human_count(count)} of {human_count(spec.total_params())} parameters); the rest are frozen")
     return count, notes
+
+
+def unfrozen_kinds(spec: ModelSpec, patterns: list[str]) -> frozenset[str]:
+    """Which kinds of weight `patterns` train: ``linear`` (a decoder layer's projections or the output
+    layer) and ``norm`` (the norms). They decide what autograd keeps for backward: a frozen linear keeps
+    no input for a weight gradient, a frozen norm no normalised tensor (`activations`)."""
+    names = [n for n, _ in parameter_layout(spec)]
+    chosen, _ = selected([parse_pattern(p) for p in patterns], names)
+    return frozenset(kind for n in chosen if (kind := weight_kind(n)))
+
+
+def weight_kind(name: str) -> str | None:
+    """``norm``, ``linear`` or None (embeddings, biases of neither) for a parameter name."""
+    module = name.rsplit(".", 1)[0]
+    if "norm" in module.rsplit(".", 1)[-1]:
+        return "norm"
+    if name.endswith(".weight") and (module.endswith("_proj") or module.endswith("lm_head")):
+        return "linear"
+    if ".experts." in name:  # routed experts stored as one fused tensor per projection (transformers 5)
+        return "linear"
+    return None

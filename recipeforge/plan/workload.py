@@ -66,6 +66,7 @@ class Workload:
     activation_offloading: bool = False  # train.activation_offloading on a GPU (plan.offload_activations)
     fp32_master: bool = False         # full fine-tune on single/ddp: fp32 weights under 16-bit autocast
     unfrozen_params: int | None = None  # train.unfrozen_parameters: the selected parameters (None: all)
+    unfrozen_kinds: frozenset[str] | None = None  # the kinds of weight they are (`unfrozen.unfrozen_kinds`)
     attn_implementation: str = "auto"  # the recipe's model.attn_implementation (context parallel needs sdpa)
     packing: bool = False             # data.packing (context parallel cannot mask packed samples apart)
     attention_mask: bool = False      # sdpa with a dense mask in every layer (packed rows; `sdpa_masks_packed_rows`)
@@ -82,6 +83,16 @@ class Workload:
     @property
     def full_finetune(self) -> bool:
         return self.adapter == "none"
+
+    @property
+    def linears_train(self) -> bool:
+        """Whether projection weights train (and so keep their inputs for their weight gradients)."""
+        return self.full_finetune and (self.unfrozen_kinds is None or "linear" in self.unfrozen_kinds)
+
+    @property
+    def norms_train(self) -> bool:
+        """Whether norm weights train (and so keep their normalised tensor)."""
+        return self.full_finetune and (self.unfrozen_kinds is None or "norm" in self.unfrozen_kinds)
 
     def lora_params(self) -> int:
         """Adapter parameters: r * (in + out) per targeted linear, in every layer (plus DoRA magnitudes)."""
@@ -135,6 +146,11 @@ def build_workload(recipe, model: ModelSpec, hardware: Hardware) -> Workload:
     model = shape.model
     lora_linears, save_params = _adapter_params(model, adapter, notes)
     unfrozen = _unfrozen_params(recipe, model, notes)
+    kinds = None
+    if unfrozen is not None:
+        from recipeforge.plan.unfrozen import unfrozen_kinds
+
+        kinds = unfrozen_kinds(model, list(recipe.train.unfrozen_parameters))
     fused_loss, fused_kernels = _liger_flags(recipe, model)
     return Workload(
         model=model, stage=recipe.stage, dtype=dtype, adapter=adapter.type, optimizer=recipe.train.optimizer,
@@ -147,7 +163,7 @@ def build_workload(recipe, model: ModelSpec, hardware: Hardware) -> Workload:
         rollout=shape.rollout, fused_loss=fused_loss, fused_kernels=fused_kernels, notes=tuple(notes),
         attn_implementation=recipe.model.attn_implementation, packing=bool(recipe.data.packing),
         attention_mask=masked,
-        setting_refusals=_setting_refusals(recipe), unfrozen_params=unfrozen,
+        setting_refusals=_setting_refusals(recipe), unfrozen_params=unfrozen, unfrozen_kinds=kinds,
         activation_offloading=recipe.train.activation_offloading and hardware.device == "cuda",
         checkpoint_mode="selective" if recipe.train.gradient_checkpointing == "selective" else "full",
         checkpoint_every=recipe.train.checkpoint_every)

@@ -281,8 +281,9 @@ TINY = dict(model_type="llama", vocab_size=512, hidden_size=256, intermediate_si
 BATCH, SEQ = 3, 96
 
 
-def saved_activation_bytes(attn: str, use_lora: bool, checkpointing: bool) -> int:
-    """Bytes autograd keeps for backward while the decoder layers run forward (weights excluded)."""
+def saved_activation_bytes(attn: str, use_lora: bool, checkpointing: bool, trained: str | None = None) -> int:
+    """Bytes autograd keeps for backward while the decoder layers run forward (weights excluded).
+    `trained`: only the parameters whose names contain it train (a partial full fine-tune)."""
     config = transformers.AutoConfig.for_model("llama", **{k: v for k, v in TINY.items() if k != "model_type"})
     config._attn_implementation = attn
     torch.manual_seed(0)
@@ -291,6 +292,9 @@ def saved_activation_bytes(attn: str, use_lora: bool, checkpointing: bool) -> in
         peft = pytest.importorskip("peft")
         model = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules="all-linear", lora_dropout=0.0))
     model.train()
+    if trained is not None:
+        for name, param in model.named_parameters():
+            param.requires_grad_(trained in name)
     inner = model.base_model.model.model if use_lora else model.model
     if checkpointing:
         if hasattr(model, "activation_checkpointing_enable"):  # transformers 5 name
@@ -328,6 +332,23 @@ def test_layer_activations_match_autograd(attn, use_lora):
     predicted = BATCH * SEQ * spec.num_layers * layer_activation_bytes_per_token(w)
     measured = saved_activation_bytes(attn, use_lora, checkpointing=False)
     assert predicted == pytest.approx(measured, rel=0.10)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("trained, kinds", [("norm", {"norm"}), ("proj", {"linear"})])
+def test_a_partial_fine_tune_keeps_what_its_trained_weights_need(attn, trained, kinds):
+    """train.unfrozen_parameters: frozen linears keep no inputs for weight gradients, frozen norms no
+    normalised tensor; the planned layer activations follow what autograd really keeps."""
+    spec = spec_from_config(TINY)
+    w = Workload(model=spec, stage="sft", dtype="bf16", adapter="none", optimizer="adamw",
+                 attention="fused" if attn == "sdpa" else "eager", seq_len=SEQ, logit_tokens=SEQ,
+                 unfrozen_params=1, unfrozen_kinds=frozenset(kinds))
+    predicted = BATCH * SEQ * spec.num_layers * layer_activation_bytes_per_token(w)
+    measured = saved_activation_bytes(attn, False, checkpointing=False, trained=trained)
+    assert predicted == pytest.approx(measured, rel=0.10)
+    whole = Workload(model=spec, stage="sft", dtype="bf16", adapter="none", optimizer="adamw",
+                     attention=w.attention, seq_len=SEQ, logit_tokens=SEQ)
+    assert layer_activation_bytes_per_token(w) < layer_activation_bytes_per_token(whole)
 
 
 def test_checkpointed_layers_keep_their_inputs():
