@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from recipeforge import __version__
@@ -171,7 +172,7 @@ def _launch_prepare_commands(sub: Any) -> None:
 
 
 def _after_training_commands(sub: Any) -> None:
-    """The commands merge, chat and push: what a finished run is used for."""
+    """The commands merge, chat, eval and push: what a finished run is used for."""
     p = sub.add_parser("merge", help="merge a run's LoRA adapter into its base model (safetensors)")
     p.add_argument("run_dir", help="run directory written by `recipeforge train`")
     p.add_argument("-o", "--output", help="output directory (default: RUN_DIR/merged)")
@@ -188,6 +189,24 @@ def _after_training_commands(sub: Any) -> None:
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature; 0 for greedy (default 0.7)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="where the model runs (default: cuda when present)")
     p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("eval", help="benchmark a finished run's model with lm-evaluation-harness; two runs: a "
+                                    "comparison table",
+                       description="Evaluate final/ of a run (a LoRA adapter on its base, not merged) with "
+                                   "EleutherAI's lm-evaluation-harness (HF backend) on lm-eval tasks by name and "
+                                   "local tasks (a .jsonl of {prompt, reference} or {prompt, choices, answer} rows, "
+                                   "or an lm-eval task .yaml). Scores go to RUN_DIR/eval/<task>.json, the model "
+                                   "card and `recipeforge report`. Needs lm-eval: pip install 'recipeforge[eval]'.")
+    p.add_argument("targets", nargs="+", metavar="RUN_DIR|RECIPE",
+                   help="run directory, or the recipe that trained it; several: evaluated on the same tasks and "
+                        "compared")
+    p.add_argument("--tasks", nargs="+", metavar="TASK",
+                   help="lm-eval task names or local task files (default: the recipe's eval.tasks)")
+    p.add_argument("--batch-size", type=int, help="prompts per forward pass (default: eval.batch_size, else 8 on "
+                                                  "the CPU and lm-eval's out-of-memory-safe `auto` on a GPU)")
+    p.add_argument("--limit", type=int, help="evaluate only the first N examples of each task")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="where the model runs (default: cuda when present)")
+    p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("push", help="upload a finished run's model and model card to the Hugging Face Hub",
                        description="Upload final/ (merged/ when the run merged its adapter) and the model card "
@@ -453,6 +472,34 @@ def cmd_chat(args) -> int:
              sampling=Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature))
     finally:
         library_warnings.stop_routing()
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from recipeforge.outputs import library_warnings
+    from recipeforge.outputs.evaluation.command import evaluate_targets
+    from recipeforge.outputs.evaluation.results import comparison_table, format_score
+
+    for flag in ("batch_size", "limit"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise RecipeError(f"--{flag.replace('_', '-')} must be 1 or more", key=f"--{flag.replace('_', '-')}")
+    # Library noise (loading bars, deprecations) goes to logs/warnings.log of the first run, as in `chat`.
+    library_warnings.route_library_warnings(0)
+    try:
+        first = Path(args.targets[0])
+        if (first / "final").is_dir():
+            library_warnings.warnings_to_run_dir(first)
+        done = evaluate_targets(args.targets, tasks=args.tasks, batch_size=args.batch_size, limit=args.limit,
+                                device=args.device, log=lambda m: print(f"[recipeforge] {m}", file=sys.stderr))
+    finally:
+        library_warnings.stop_routing()
+    if len(done) > 1:
+        sys.stdout.write(comparison_table([str(run) for run, _ in done], [records for _, records in done]))
+        return 0
+    run_dir, records = done[0]
+    for name, record in records.items():
+        scores = ", ".join(f"{k} {format_score(v)}" for k, v in record["scores"].items())
+        print(f"{name}: {scores} ({record['samples']} examples) -> {run_dir / 'eval' / (name + '.json')}")
     return 0
 
 
