@@ -7,7 +7,6 @@ to lm-eval's HF backend (`HFLM`) as a model object. lm-eval and torch are import
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import tempfile
 import time
 from dataclasses import dataclass
@@ -38,9 +37,13 @@ class EvalOptions:
 
 
 def require_lm_eval() -> None:
-    """A `RecipeError` saying how to install lm-eval when it is missing."""
-    if importlib.util.find_spec("lm_eval") is None:
-        raise RecipeError("lm-eval (EleutherAI's lm-evaluation-harness) is not installed", hint=INSTALL_HINT)
+    """A `RecipeError` saying how to install lm-eval when it is missing (its top-level import is light:
+    neither torch nor transformers)."""
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError:
+        raise RecipeError("lm-eval (EleutherAI's lm-evaluation-harness) is not installed",
+                          hint=INSTALL_HINT) from None
 
 
 def require_final(run_dir: Path) -> None:
