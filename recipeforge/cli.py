@@ -234,6 +234,13 @@ def _load(args):
         from recipeforge.config.validate import check_components
 
         check_components(loaded)
+    if args.command in ("validate", "train"):
+        # Local eval task files and lm-eval itself are checked before hours of training, not after.
+        from recipeforge.outputs.evaluation.tasks import check_recipe_tasks
+
+        section = loaded.recipe.eval
+        check_recipe_tasks(list(section.tasks), Path(loaded.path).resolve().parent,
+                           needs_harness=section.after_training)
     return loaded
 
 

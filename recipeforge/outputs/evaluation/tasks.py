@@ -53,20 +53,45 @@ def resolve_tasks(tasks: list[str], base_dir: Path, include_dir: Path, *, max_ne
         if not is_local(task):
             refs.append(TaskRef(task, task))
             continue
-        path = Path(task).expanduser()
-        path = path if path.is_absolute() else base_dir / path
-        if not path.is_file():
-            raise RecipeError(f"task file not found: {task}", key="--tasks",
-                              hint=f"a local task is a .jsonl or lm-eval .yaml file (looked for {path})")
+        path = local_file(task, base_dir, "--tasks")
         if path.suffix == ".jsonl":
             refs.append(_jsonl_task(path, include_dir, max_new_tokens))
         else:
-            refs.append(_yaml_task(path))
+            refs.append(_yaml_task(path, "--tasks"))
     names = [r.name for r in refs]
     if len(set(names)) != len(names):
         raise RecipeError(f"two tasks have the same name: {', '.join(names)}", key="--tasks",
                           hint="results are written to eval/<name>.json: rename one of the files")
     return refs
+
+
+def check_recipe_tasks(tasks: list[str], base_dir: Path, *, needs_harness: bool) -> None:
+    """`validate` and `train` before training: every local task of `eval.tasks` exists and is well formed,
+    and lm-eval is installed when `train` is to run them; problems point at `eval.tasks`. Light: lm-eval
+    is looked up, not imported."""
+    import importlib.util
+
+    for i, task in enumerate(tasks):
+        if is_local(task):
+            key = f"eval.tasks[{i}]"
+            path = local_file(task, base_dir, key)
+            if path.suffix == ".jsonl":
+                check_jsonl(path, key)
+            else:
+                _yaml_task(path, key)
+    if tasks and needs_harness and importlib.util.find_spec("lm_eval") is None:
+        raise RecipeError("eval.tasks are run after training, but lm-eval is not installed", key="eval.tasks",
+                          hint="pip install 'recipeforge[eval]', or set eval.after_training: false")
+
+
+def local_file(task: str, base_dir: Path, key: str) -> Path:
+    """The file a local task names (relative paths against `base_dir`); a `RecipeError` when missing."""
+    path = Path(task).expanduser()
+    path = path if path.is_absolute() else base_dir / path
+    if not path.is_file():
+        raise RecipeError(f"task file not found: {task}", key=key,
+                          hint=f"a local task is a .jsonl or lm-eval .yaml file (looked for {path})")
+    return path
 
 
 def task_name(path: Path) -> str:
@@ -98,7 +123,7 @@ def _scoring(kind: str, max_new_tokens: int) -> dict[str, Any]:
                              "regexes_to_ignore": [r"^\s+", r"\s+$"]}]}
 
 
-def check_jsonl(path: Path) -> str:
+def check_jsonl(path: Path, key: str = "--tasks") -> str:
     """The kind of rows of a local JSONL task ("reference" or "choices"); a `RecipeError` naming the
     first bad line otherwise."""
     kinds = set()
@@ -110,35 +135,36 @@ def check_jsonl(path: Path) -> str:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise _bad_row(path, line_no, f"not JSON ({exc.msg})") from None
-            kinds.add(_row_kind(row, path, line_no))
+                raise _bad_row(path, line_no, f"not JSON ({exc.msg})", key) from None
+            kinds.add(_row_kind(row, path, line_no, key))
             if len(kinds) > 1:
-                raise _bad_row(path, line_no, "mixes {prompt, reference} and {prompt, choices, answer} rows")
+                raise _bad_row(path, line_no, "mixes {prompt, reference} and {prompt, choices, answer} rows", key)
             rows += 1
     if not rows:
-        raise RecipeError(f"{path}: the task file holds no rows", key="--tasks", hint=FORMAT_HINT)
+        raise RecipeError(f"{path}: the task file holds no rows", key=key, hint=FORMAT_HINT)
     return kinds.pop()
 
 
-def _row_kind(row: Any, path: Path, line_no: int) -> str:
+def _row_kind(row: Any, path: Path, line_no: int, key: str) -> str:
     if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"]:
-        raise _bad_row(path, line_no, "needs a non-empty string \"prompt\"")
+        raise _bad_row(path, line_no, "needs a non-empty string \"prompt\"", key)
     if "reference" in row and set(row) <= {"prompt", "reference"}:
         if not isinstance(row["reference"], str):
-            raise _bad_row(path, line_no, "\"reference\" must be a string")
+            raise _bad_row(path, line_no, "\"reference\" must be a string", key)
         return "reference"
     if set(row) == {"prompt", "choices", "answer"}:
         choices, answer = row["choices"], row["answer"]
         if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, str) for c in choices):
-            raise _bad_row(path, line_no, "\"choices\" must be a list of two or more strings")
+            raise _bad_row(path, line_no, "\"choices\" must be a list of two or more strings", key)
         if isinstance(answer, bool) or not isinstance(answer, int) or not 0 <= answer < len(choices):
-            raise _bad_row(path, line_no, f"\"answer\" must be the index of the right choice (0 to {len(choices) - 1})")
+            raise _bad_row(path, line_no, f"\"answer\" must be the index of the right choice (0 to "
+                                          f"{len(choices) - 1})", key)
         return "choices"
-    raise _bad_row(path, line_no, f"unexpected keys {sorted(row)}")
+    raise _bad_row(path, line_no, f"unexpected keys {sorted(row)}", key)
 
 
-def _bad_row(path: Path, line_no: int, what: str) -> RecipeError:
-    return RecipeError(f"{path}:{line_no}: malformed task row: {what}", key="--tasks", hint=FORMAT_HINT)
+def _bad_row(path: Path, line_no: int, what: str, key: str) -> RecipeError:
+    return RecipeError(f"{path}:{line_no}: malformed task row: {what}", key=key, hint=FORMAT_HINT)
 
 
 class _AnyTagLoader(yaml.SafeLoader):
@@ -148,14 +174,14 @@ class _AnyTagLoader(yaml.SafeLoader):
 _AnyTagLoader.add_multi_constructor("!", lambda loader, suffix, node: None)
 
 
-def _yaml_task(path: Path) -> TaskRef:
+def _yaml_task(path: Path, key: str) -> TaskRef:
     try:
         config = yaml.load(path.read_text(encoding="utf-8", errors="replace"), Loader=_AnyTagLoader)
     except yaml.YAMLError as exc:
-        raise RecipeError(f"{path}: not a readable YAML file ({str(exc).splitlines()[0]})", key="--tasks",
+        raise RecipeError(f"{path}: not a readable YAML file ({str(exc).splitlines()[0]})", key=key,
                           hint="a local .yaml task is an lm-eval task config with a `task:` name") from None
     name = config.get("task") if isinstance(config, dict) else None
     if not isinstance(name, str) or not name:
-        raise RecipeError(f"{path}: no `task:` name in this lm-eval task config", key="--tasks",
+        raise RecipeError(f"{path}: no `task:` name in this lm-eval task config", key=key,
                           hint="an lm-eval task YAML names its task, e.g. task: my_task")
     return TaskRef(name, name, path)
