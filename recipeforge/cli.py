@@ -205,6 +205,8 @@ def _after_training_commands(sub: Any) -> None:
     p.add_argument("--batch-size", type=int, help="prompts per forward pass (default: eval.batch_size, else 8 on "
                                                   "the CPU and lm-eval's out-of-memory-safe `auto` on a GPU)")
     p.add_argument("--limit", type=int, help="evaluate only the first N examples of each task")
+    p.add_argument("--checkpoints", action="store_true",
+                   help="also evaluate every checkpoint kept in RUN_DIR/checkpoints (into eval/checkpoint-N/)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="where the model runs (default: cuda when present)")
     p.set_defaults(func=cmd_eval)
 
@@ -497,16 +499,20 @@ def cmd_eval(args) -> int:
         if (first / "final").is_dir():
             library_warnings.warnings_to_run_dir(first)
         done = evaluate_targets(args.targets, tasks=args.tasks, batch_size=args.batch_size, limit=args.limit,
-                                device=args.device, log=lambda m: print(f"[recipeforge] {m}", file=sys.stderr))
+                                device=args.device, checkpoints=args.checkpoints,
+                                log=lambda m: print(f"[recipeforge] {m}", file=sys.stderr))
     finally:
         library_warnings.stop_routing()
     if len(done) > 1:
-        sys.stdout.write(comparison_table([str(run) for run, _ in done], [records for _, records in done]))
+        sys.stdout.write(comparison_table([str(run) for run, _ in done], [subjects["final"] for _, subjects in done]))
         return 0
-    run_dir, records = done[0]
-    for name, record in records.items():
-        scores = ", ".join(f"{k} {format_score(v)}" for k, v in record["scores"].items())
-        print(f"{name}: {scores} ({record['samples']} examples) -> {run_dir / 'eval' / (name + '.json')}")
+    run_dir, subjects = done[0]
+    for subject, records in subjects.items():
+        where = run_dir / "eval" if subject == "final" else run_dir / "eval" / subject
+        for name, record in records.items():
+            scores = ", ".join(f"{k} {format_score(v)}" for k, v in record["scores"].items())
+            label = name if subject == "final" else f"{subject} {name}"
+            print(f"{label}: {scores} ({record['samples']} examples) -> {where / (name + '.json')}")
     return 0
 
 

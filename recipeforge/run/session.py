@@ -122,14 +122,16 @@ def evaluate_after_training(loaded: LoadedRecipe, run_root: Path) -> None:
     options = options_for(section.model_dump(), batch_size=None, limit=None, device=None)
     _free_training_memory()
     try:
-        records = evaluate_run(run_root, list(section.tasks), Path(loaded.path).resolve().parent, options, log=log)
+        done = evaluate_run(run_root, list(section.tasks), Path(loaded.path).resolve().parent, options, log=log,
+                            checkpoints=section.at_checkpoints)
     except RecipeError as exc:
         log(f"warning: evaluation skipped: {exc.render()}\n  the run is complete; evaluate it with: "
             f"recipeforge eval {run_root}")
         return
     refresh_card(run_root)
-    for name, record in records.items():
-        log(f"eval {name}: " + ", ".join(f"{k} {v}" for k, v in record["scores"].items()))
+    for subject, records in done.items():
+        for name, record in records.items():
+            log(f"eval {subject} {name}: " + ", ".join(f"{k} {v}" for k, v in record["scores"].items()))
 
 
 def _free_training_memory() -> None:

@@ -2,7 +2,7 @@
 on the CPU: local JSONL tasks (generation and multiple choice) scored by lm-eval, the scores in
 eval/<task>.json, the model card and `recipeforge report`, the same numbers run after run; the score is
 the model's own (a reference equal to its greedy reply scores 1); two runs compared; a recipe's `eval:`
-run at the end of `train`; bad input is exit 2 with one line and no traceback."""
+run at the end of `train`, on final/ and the checkpoints; bad input is exit 2 with one line and no traceback."""
 
 from __future__ import annotations
 
@@ -100,8 +100,13 @@ def test_the_score_is_the_models_own(lora_run, tmp_path):
 
 def test_two_runs_compared_and_eval_after_training(tiny, lora_run, tmp_path):
     task = _write(tmp_path / "mc.jsonl", MC)
-    full = tiny.train("sft-full", tmp_path / "full", "train.max_steps=2", f"eval.tasks=[{task}]")
+    full = tiny.train("sft-full", tmp_path / "full", "train.max_steps=2", f"eval.tasks=[{task}]",
+                      "eval.at_checkpoints=true")
     assert _result(full, "mc")["samples"] == 3  # written by `train` itself
+    # The checkpoint of the last step holds the weights final/ holds: the same prompts, the same score.
+    at_last = json.loads((full / "eval" / "checkpoint-2" / "mc.json").read_text())
+    assert (at_last["scores"], at_last["prompts_sha256"]) == (_result(full, "mc")["scores"],
+                                                              _result(full, "mc")["prompts_sha256"])
     assert "| mc | acc |" in (full / "README.md").read_text()
     assert f"- {task}" in (full / "resolved_recipe.yaml").read_text()
     # Without --tasks the first run's recipe names them (its resolved_recipe.yaml).

@@ -23,6 +23,10 @@ class EvalConfig(Section):
     after_training: bool = Field(
         True, description="Run the tasks at the end of `recipeforge train` (when `tasks` is not empty); a failed "
                           "evaluation leaves the run complete and is retried with `recipeforge eval RUN_DIR`.")
+    at_checkpoints: bool = Field(
+        False, description="With after_training: also evaluate every checkpoint still kept in RUN_DIR/checkpoints "
+                           "(output.save_total_limit decides which; sharded DeepSpeed/FSDP checkpoints are skipped), "
+                           "into eval/checkpoint-N/<task>.json. `recipeforge eval --checkpoints` does the same.")
     batch_size: Optional[int] = Field(
         None, gt=0,
         description="Prompts per forward pass (null: 8 on the CPU; on a GPU lm-eval's `auto`, which starts from "

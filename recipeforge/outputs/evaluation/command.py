@@ -52,9 +52,10 @@ def options_for(section: dict[str, Any] | None, *, batch_size: int | None, limit
 
 
 def evaluate_targets(args: list[str], *, tasks: list[str] | None, batch_size: int | None, limit: int | None,
-                     device: str | None, log: Callable[[str], None]) -> list[tuple[Path, dict[str, dict]]]:
+                     device: str | None, checkpoints: bool,
+                     log: Callable[[str], None]) -> list[tuple[Path, dict[str, dict[str, dict]]]]:
     """Evaluate each run of `args` on `tasks` (default: the first run's eval.tasks), each run's model
-    card refreshed; returns (run dir, records by task) per run."""
+    card refreshed; returns (run dir, records by task by subject: "final", "checkpoint-N") per run."""
     from recipeforge.outputs.evaluation.runner import evaluate_run, require_final, require_lm_eval
 
     targets = [target(a) for a in args]
@@ -66,7 +67,7 @@ def evaluate_targets(args: list[str], *, tasks: list[str] | None, batch_size: in
     done = []
     for t in targets:
         options = options_for(t.eval_section, batch_size=batch_size, limit=limit, device=device)
-        records = evaluate_run(t.run_dir, list(names), base_dir, options, log=log)
+        records = evaluate_run(t.run_dir, list(names), base_dir, options, log=log, checkpoints=checkpoints)
         refresh_card(t.run_dir)
         done.append((t.run_dir, records))
     return done

@@ -36,9 +36,9 @@ def split_scores(task_results: dict[str, Any]) -> tuple[dict[str, float], dict[s
     return scores, stderr
 
 
-def write_result(run_dir: Path, name: str, record: dict[str, Any]) -> Path:
-    """RUN_DIR/eval/<name>.json, replaced whole (written beside it, then renamed)."""
-    out = Path(run_dir) / EVAL_DIR / f"{name}.json"
+def write_result(out_dir: Path, name: str, record: dict[str, Any]) -> Path:
+    """<out_dir>/<name>.json (RUN_DIR/eval/ for final/), replaced whole (written beside it, then renamed)."""
+    out = Path(out_dir) / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     tmp.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from recipeforge.errors import RecipeError
-from recipeforge.outputs.evaluation.results import fingerprint, split_scores, write_result
+from recipeforge.outputs.evaluation.results import EVAL_DIR, fingerprint, split_scores, write_result
 from recipeforge.outputs.evaluation.tasks import TaskRef, resolve_tasks
 
 # A CPU has no out-of-memory search to lean on and gains little from larger batches: a modest fixed
@@ -55,27 +55,63 @@ def require_final(run_dir: Path) -> None:
                                "or the recipe of one")
 
 
+@dataclass(frozen=True)
+class Subject:
+    """A saved model to evaluate and where its results go: final/ into eval/, a checkpoint into
+    eval/<checkpoint name>/."""
+
+    label: str
+    model_dir: Path
+    out_dir: Path
+
+
+def subjects(run_dir: Path, *, checkpoints: bool) -> list[Subject]:
+    """final/ of a run, and with `checkpoints` every complete checkpoint kept in checkpoints/ that holds
+    Hugging Face weights or an adapter (a sharded DeepSpeed or FSDP checkpoint does not), oldest first."""
+    from recipeforge.outputs.checkpoint import checkpoints as checkpoint_dirs, is_complete
+
+    run_dir = Path(run_dir)
+    found = [Subject("final", run_dir / "final", run_dir / EVAL_DIR)]
+    if checkpoints:
+        found += [Subject(c.name, c, run_dir / EVAL_DIR / c.name) for c in checkpoint_dirs(run_dir / "checkpoints")
+                  if is_complete(c) and _loadable(c)]
+    return found
+
+
+def _loadable(model_dir: Path) -> bool:
+    return (model_dir / "config.json").is_file() or (model_dir / "adapter_config.json").is_file()
+
+
 def evaluate_run(run_dir: Path, tasks: list[str], base_dir: Path, options: EvalOptions,
-                 log: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:
-    """Evaluate final/ of `run_dir` on `tasks` (names, or local files relative to `base_dir`); writes
-    eval/<task>.json for each and returns the records by task name."""
+                 log: Callable[[str], None] = print, *, checkpoints: bool = False) -> dict[str, dict[str, dict]]:
+    """Evaluate final/ of `run_dir` (and, with `checkpoints`, its kept checkpoints) on `tasks` (names, or
+    local files relative to `base_dir`); writes <out dir>/<task>.json for each. Returns the records by
+    task, by subject ("final", "checkpoint-N")."""
     require_lm_eval()
     require_final(run_dir)
     if not tasks:
         raise RecipeError("no tasks to evaluate", key="--tasks",
                           hint="pass --tasks NAME_OR_FILE ... or list them in the recipe's eval.tasks")
+    done: dict[str, dict[str, dict]] = {}
     with tempfile.TemporaryDirectory(prefix="recipeforge-eval-") as include:
         refs = resolve_tasks(tasks, base_dir, Path(include), max_new_tokens=options.max_new_tokens)
         manager = task_manager(refs, Path(include))
-        lm, batch_size = harness_model(run_dir, options)
-        log(f"evaluating {run_dir}/final on {', '.join(r.name for r in refs)} (batch size {batch_size})")
-        started = time.monotonic()
-        output = _simple_evaluate(lm, refs, manager, options)
-        seconds = time.monotonic() - started
+        for subject in subjects(run_dir, checkpoints=checkpoints):
+            done[subject.label] = _evaluate_subject(subject, refs, manager, options, log)
+    return done
+
+
+def _evaluate_subject(subject: Subject, refs: list[TaskRef], manager: Any, options: EvalOptions,
+                      log: Callable[[str], None]) -> dict[str, dict]:
+    lm, batch_size = harness_model(subject.model_dir, options)
+    log(f"evaluating {subject.model_dir} on {', '.join(r.name for r in refs)} (batch size {batch_size})")
+    started = time.monotonic()
+    output = _simple_evaluate(lm, refs, manager, options)
+    seconds = time.monotonic() - started
     records = {}
     for ref in refs:
         records[ref.name] = task_record(ref, output, options, batch_size, seconds)
-        write_result(run_dir, ref.name, records[ref.name])
+        write_result(subject.out_dir, ref.name, records[ref.name])
     return records
 
 
@@ -96,13 +132,14 @@ def task_manager(refs: list[TaskRef], include_dir: Path) -> Any:
     return manager
 
 
-def harness_model(run_dir: Path, options: EvalOptions) -> tuple[Any, int | str]:
-    """lm-eval's HF model around final/ (adapter on its base, unmerged) and the batch size it uses."""
+def harness_model(model_dir: Path, options: EvalOptions) -> tuple[Any, int | str]:
+    """lm-eval's HF model around a saved model (an adapter on its base, unmerged) and the batch size
+    it uses."""
     from lm_eval.models.huggingface import HFLM
 
-    from recipeforge.outputs.chat import load_chat_model
+    from recipeforge.outputs.chat import load_model_dir
 
-    model, tokenizer = load_chat_model(Path(run_dir), device=options.device)
+    model, tokenizer = load_model_dir(Path(model_dir), device=options.device)
     device = str(model.device)
     batch_size = options.batch_size or ("auto" if device.startswith("cuda") else CPU_BATCH_SIZE)
     return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=device), batch_size

@@ -97,9 +97,9 @@ def test_comparison_table():
 def test_card_section_is_replaced_in_place(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("# run\n\n## Results\n\nx\n\n## Data\n\ny\n\n## Plan\n\nz\n")
-    write_result(tmp_path, "qa", {"scores": {"exact_match": 0.25}, "samples": 4, "versions": {"lm_eval": "0.4.13"}})
+    write_result(tmp_path / "eval", "qa", {"scores": {"exact_match": 0.25}, "samples": 4, "versions": {"lm_eval": "0.4.13"}})
     update_eval_section(readme, tmp_path)
-    write_result(tmp_path, "qa", {"scores": {"exact_match": 0.75}, "samples": 4, "versions": {"lm_eval": "0.4.13"}})
+    write_result(tmp_path / "eval", "qa", {"scores": {"exact_match": 0.75}, "samples": 4, "versions": {"lm_eval": "0.4.13"}})
     update_eval_section(readme, tmp_path)
     text = readme.read_text()
     assert text.count(EVAL_START) == 1 and "| qa | exact_match | 0.75 | 4 |" in text and "0.25" not in text
