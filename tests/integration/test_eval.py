@@ -25,6 +25,10 @@ MC = [{"prompt": "The sky is", "choices": ["blue", "green", "loud"], "answer": 0
       {"prompt": "A cat says", "choices": ["meow", "moo"], "answer": 0}]
 
 
+def tiny_recipe(name: str) -> Path:
+    return Path(__file__).resolve().parents[2] / "examples" / "yaml" / "tiny" / f"{name}.yaml"
+
+
 def _write(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -118,11 +122,28 @@ def test_two_runs_compared_and_eval_after_training(tiny, lora_run, tmp_path):
                            f"{_result(lora_run, 'mc')['scores']['acc']:.4g}"]
 
 
-@pytest.mark.parametrize("case", ["no-final", "unknown-task", "malformed", "no-tasks", "no-lm-eval"])
+def test_a_recipe_stands_for_the_run_it_trains(lora_run, tmp_path):
+    # Its eval.tasks, relative to the recipe file; its output.dir is the run evaluated.
+    (tmp_path / "evals").mkdir()
+    _write(tmp_path / "evals" / "mc.jsonl", MC)
+    recipe = tmp_path / "evals" / "r.yaml"
+    recipe.write_text(f"extends: {tiny_recipe('sft-lora')}\noutput: {{dir: {lora_run}}}\n"
+                      "eval: {tasks: [mc.jsonl], batch_size: 3}\n")
+    proc = _eval(str(recipe), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert _result(lora_run, "mc")["settings"]["batch_size"] == 3
+
+
+@pytest.mark.parametrize("case", ["no-final", "unknown-task", "malformed", "no-tasks", "no-lm-eval", "reward-run"])
 def test_bad_input_is_exit_2_with_a_hint(case, lora_run, tmp_path):
     _write(tmp_path / "qa.jsonl", QA)
     (tmp_path / "bad.jsonl").write_text(json.dumps(QA[0]) + "\n" + '{"prompt": "x"}\n')
+    reward = tmp_path / "reward-run"  # what a reward run leaves, as far as the check reads it
+    (reward / "final").mkdir(parents=True)
+    (reward / "final" / "config.json").write_text("{}")
+    (reward / "resolved_recipe.yaml").write_text("stage: reward\n")
     args, python, expected = {
+        "reward-run": ([str(reward), "--tasks", "qa.jsonl"], None, "is a reward model"),
         "no-final": ([str(tmp_path), "--tasks", "qa.jsonl"], None, "has no final/ model to evaluate"),
         "unknown-task": ([str(lora_run), "--tasks", "hellaswagg"], None, "unknown lm-eval task 'hellaswagg'"),
         "malformed": ([str(lora_run), "--tasks", "bad.jsonl"], None, "bad.jsonl:2: malformed task row"),

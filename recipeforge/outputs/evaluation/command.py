@@ -19,6 +19,7 @@ class Target:
     run_dir: Path
     eval_section: dict[str, Any] | None
     base_dir: Path
+    stage: str | None = None
 
 
 def target(arg: str) -> Target:
@@ -29,7 +30,7 @@ def target(arg: str) -> Target:
         from recipeforge.outputs.run_dir import default_run_dir
 
         recipe = load_recipe(path).recipe
-        return Target(default_run_dir(recipe, path), recipe.eval.model_dump(), path.resolve().parent)
+        return Target(default_run_dir(recipe, path), recipe.eval.model_dump(), path.resolve().parent, recipe.stage)
     if not path.is_dir():
         raise RecipeError(f"{arg}: no such run directory or recipe file",
                           hint="recipeforge eval RUN_DIR|RECIPE [RUN_DIR ...] [--tasks ...]")
@@ -38,7 +39,7 @@ def target(arg: str) -> Target:
     resolved = read_resolved(path / "resolved_recipe.yaml") or {}
     section = resolved.get("eval") if isinstance(resolved.get("eval"), dict) else None
     # resolved_recipe.yaml holds local task paths made absolute; relative ones are taken from here.
-    return Target(path, section, Path.cwd())
+    return Target(path, section, Path.cwd(), resolved.get("stage"))
 
 
 def options_for(section: dict[str, Any] | None, *, batch_size: int | None, limit: int | None,
@@ -62,6 +63,11 @@ def evaluate_targets(args: list[str], *, tasks: list[str] | None, batch_size: in
     require_lm_eval()
     for t in targets:  # every run checked before the first one spends minutes evaluating
         require_final(t.run_dir)
+        if t.stage == "reward":
+            raise RecipeError(f"{t.run_dir} is a reward model: it scores texts and generates none, so "
+                              "language-model tasks do not apply",
+                              hint="evaluate the policy it helps train, or its pair accuracy in the run's "
+                                   "metrics (eval_accuracy)")
     names, base_dir = (tasks, Path.cwd()) if tasks else ((targets[0].eval_section or {}).get("tasks") or [],
                                                           targets[0].base_dir)
     done = []
