@@ -48,6 +48,8 @@ def render_html(runs: list[Run], images: list[Image], *, notes: list[str] = ()) 
     out += ["<h2>Runs</h2>", _runs_table(runs)]
     if any(run.evals for run in runs):
         out += ["<h2>Evaluation</h2>", _eval_table(runs)]
+    if any(run.checkpoint_evals for run in runs):
+        out += ["<h2>Evaluation at checkpoints</h2>", _checkpoint_eval_table(runs)]
     if len(runs) > 1:
         out += ["<h2>Recipe differences</h2>", _diff_table(runs)]
     if notes:
@@ -95,6 +97,19 @@ def _eval_table(runs: list[Run]) -> str:
         cells = [f'<td class="num">{_num(run.evals.get(task, {}).get("scores", {}).get(metric))}</td>' for run in runs]
         rows.append(f"<tr><td>{esc(task)}</td><td>{esc(metric)}</td>{''.join(cells)}</tr>")
     return _table(["task", "metric", *(run.label for run in runs)], rows)
+
+
+def _checkpoint_eval_table(runs: list[Run]) -> str:
+    """Scores of the checkpoints evaluated (`recipeforge eval --checkpoints`): one row per run, checkpoint,
+    task and metric."""
+    from recipeforge.outputs.evaluation.results import score_rows
+
+    esc = html.escape
+    rows = [f"<tr><td>{esc(run.label)}</td><td>{esc(name)}</td><td>{esc(task)}</td><td>{esc(metric)}</td>"
+            f'<td class="num">{_num(value)}</td></tr>'
+            for run in runs for name, results in run.checkpoint_evals.items()
+            for task, metric, value in score_rows(results)]
+    return _table(["run", "checkpoint", "task", "metric", "value"], rows)
 
 
 def _diff_table(runs: list[Run]) -> str:

@@ -112,6 +112,11 @@ def test_two_runs_compared_and_eval_after_training(tiny, lora_run, tmp_path):
     assert (at_last["scores"], at_last["prompts_sha256"]) == (_result(full, "mc")["scores"],
                                                               _result(full, "mc")["prompts_sha256"])
     assert "| mc | acc |" in (full / "README.md").read_text()
+    report = subprocess.run([sys.executable, "-m", "recipeforge", "report", str(full)], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr
+    page = (full / "report.html").read_text()
+    assert "<h2>Evaluation at checkpoints</h2>" in page and "<td>checkpoint-2</td><td>mc</td><td>acc</td>" in page
     assert f"- {task}" in (full / "resolved_recipe.yaml").read_text()
     # Without --tasks the first run's recipe names them (its resolved_recipe.yaml).
     proc = _eval(str(full), str(lora_run), cwd=tmp_path)

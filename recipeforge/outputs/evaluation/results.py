@@ -46,10 +46,11 @@ def write_result(out_dir: Path, name: str, record: dict[str, Any]) -> Path:
     return out
 
 
-def read_results(run_dir: Path) -> dict[str, dict[str, Any]]:
-    """Every readable eval/<task>.json of a run, by task name (unreadable files are left out)."""
+def read_results(run_dir: Path, *, here: bool = False) -> dict[str, dict[str, Any]]:
+    """Every readable eval/<task>.json of a run (`here`: <task>.json of `run_dir` itself), by task name
+    (unreadable files are left out)."""
     results = {}
-    for path in sorted((Path(run_dir) / EVAL_DIR).glob("*.json")):
+    for path in sorted((Path(run_dir) if here else Path(run_dir) / EVAL_DIR).glob("*.json")):
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -57,6 +58,13 @@ def read_results(run_dir: Path) -> dict[str, dict[str, Any]]:
         if isinstance(record, dict) and isinstance(record.get("scores"), dict):
             results[path.stem] = record
     return results
+
+
+def read_checkpoint_results(run_dir: Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """The results of the checkpoints evaluated (eval/checkpoint-N/<task>.json), by checkpoint, oldest first."""
+    found = [(int(d.name.rsplit("-", 1)[1]), d) for d in (Path(run_dir) / EVAL_DIR).glob("checkpoint-*")
+             if d.is_dir() and d.name.rsplit("-", 1)[1].isdigit()]
+    return {d.name: results for _, d in sorted(found) if (results := read_results(d, here=True))}
 
 
 def score_rows(results: dict[str, dict[str, Any]]) -> list[tuple[str, str, Any]]:

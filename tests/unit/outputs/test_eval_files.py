@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from recipeforge.errors import RecipeError
-from recipeforge.outputs.evaluation.results import comparison_table, split_scores, write_result
+from recipeforge.outputs.evaluation.results import (comparison_table, read_checkpoint_results, read_results,
+                                                    split_scores, write_result)
 from recipeforge.outputs.evaluation.tasks import check_jsonl, resolve_tasks
 from recipeforge.outputs.model_card import EVAL_START, update_eval_section
 
@@ -135,3 +136,11 @@ def test_validate_asks_for_lm_eval_when_train_would_evaluate(tmp_path):
     proc = _validate(tmp_path, ["arc_easy"], hide_lm_eval=True)
     assert proc.returncode == 2 and "lm-eval is not installed" in proc.stderr
     assert "pip install 'recipeforge[eval]'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_checkpoint_results_oldest_first_and_apart_from_final(tmp_path):
+    for where in ("eval", "eval/checkpoint-10", "eval/checkpoint-9"):
+        write_result(tmp_path / where, "qa", {"scores": {"exact_match": len(where) / 100}, "samples": 1})
+    (tmp_path / "eval" / "checkpoint-11").mkdir()  # evaluated nothing yet
+    assert list(read_checkpoint_results(tmp_path)) == ["checkpoint-9", "checkpoint-10"]
+    assert list(read_results(tmp_path)) == ["qa"]
