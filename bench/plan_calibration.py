@@ -10,6 +10,10 @@ different things, so each is compared with the matching part of the estimate
 - ``device``: what nvidia-smi shows (reserved + CUDA context and NCCL buffers).
 
     python bench/plan_calibration.py [--json | --markdown] [--set published | heldout]
+    python bench/plan_calibration.py --bands | --write-bands
+
+`--bands` prints each accuracy class's band measured from both sets (`bands`); `--write-bands` also
+writes it to recipeforge/plan/accuracy_bands.py, which the planner reads.
 
 `--set heldout` evaluates tests/plan/published_heldout/ instead: figures gathered the same way but
 chosen (and written down) before the model was ever planned on them, and kept out of its fitting.
@@ -20,6 +24,7 @@ line is the planner's accuracy (docs/planner.md).
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 from dataclasses import dataclass
@@ -47,6 +52,7 @@ class Row:
     plan: str
     refusal: str = ""
     excluded: str = ""              # why the figure is reported but not aggregated
+    band_class: str = ""            # the plan's accuracy class (`recipeforge.plan.accuracy.band_class`)
 
     @property
     def error(self) -> float | None:
@@ -95,8 +101,57 @@ def evaluate(paths=None, folder: Path | str | None = None) -> list[Row]:
         label = plan.backend + (f" {plan.preset}" if plan.preset else "")
         rows.append(Row(path.stem, source, setting, published, meta["measure"], estimate,
                         f"{label}, micro {plan.micro_batch_size}, ckpt {'on' if plan.gradient_checkpointing else 'off'}",
-                        excluded=excluded))
+                        excluded=excluded, band_class=plan.extra.accuracy_class))
     return rows
+
+
+PERCENTILE = 0.90   # the band holds this share of a class's published figures
+MIN_FIGURES = 8     # fewer figures than this measure no spread: the class counts as uncalibrated
+BANDS_MODULE = ROOT / "recipeforge" / "plan" / "accuracy_bands.py"
+
+
+def bands(rows: list[Row]) -> tuple[dict[str, float], dict[str, int]]:
+    """Each accuracy class's band from its figures (excluded ones left out): the nearest-rank
+    `PERCENTILE` of |published / estimate - 1|, the distance from the estimate to the measured peak
+    as a share of the estimate (the band is drawn around the estimate), rounded up to a whole
+    percent; and how many figures each band rests on."""
+    spreads: dict[str, list[float]] = {}
+    for r in rows:
+        if not r.excluded and r.estimate_gib and r.band_class:
+            spreads.setdefault(r.band_class, []).append(abs(r.published_gib / r.estimate_gib - 1))
+    out, counts = {}, {}
+    for name, values in sorted(spreads.items()):
+        if len(values) < MIN_FIGURES:
+            continue
+        ranked = sorted(values)
+        value = ranked[max(0, math.ceil(PERCENTILE * len(ranked)) - 1)]
+        out[name], counts[name] = math.ceil(value * 100 - 1e-9) / 100, len(values)
+    return out, counts
+
+
+def bands_module(found: dict[str, float], counts: dict[str, int]) -> str:
+    """The text of recipeforge/plan/accuracy_bands.py for `found` bands."""
+    widest = max(found.values(), default=0.20)
+    uncalibrated = max(0.25, math.ceil(widest * 100 + 5) / 100)
+    return (f'''"""The accuracy band of each class of estimate (`recipeforge.plan.accuracy.band_class`): the
+{PERCENTILE:.0%} nearest-rank percentile of |published / estimate - 1| over the published figures of that class
+(tests/plan/published/ and published_heldout/, the excluded ones left out), rounded up to a whole percent.
+
+Written by `python bench/plan_calibration.py --write-bands`; tests/plan/test_accuracy_bands.py fails when
+it no longer matches the figures. Not edited by hand.
+"""
+
+BANDS = {found!r}
+FIGURES = {counts!r}  # how many published figures each band rests on
+# A class no published figure covers (Megatron, GRPO generation, MoE): the widest measured band plus
+# five points, and never under 25%; a stated margin, not a measurement.
+UNCALIBRATED = {uncalibrated!r}
+''')
+
+
+def all_rows() -> list[Row]:
+    """Both sets' rows, the fitting set's first."""
+    return evaluate(folder=PUBLISHED) + evaluate(folder=HELDOUT)
 
 
 def _memory_model_only(path: Path, measure: str) -> float | None:
@@ -153,6 +208,13 @@ def _set_folder(argv: list[str]) -> Path:
 
 
 def main(argv: list[str]) -> int:
+    if "--bands" in argv or "--write-bands" in argv:
+        found, counts = bands(all_rows())
+        text = bands_module(found, counts)
+        if "--write-bands" in argv:
+            BANDS_MODULE.write_text(text)
+        print(text)
+        return 0
     rows = evaluate(folder=_set_folder(argv))
     agg = aggregate(rows)
     if "--markdown" in argv:  # the table in docs/planner.md

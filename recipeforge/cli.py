@@ -172,7 +172,7 @@ def _launch_prepare_commands(sub: Any) -> None:
 
 
 def _after_training_commands(sub: Any) -> None:
-    """The commands merge, chat, eval and push: what a finished run is used for."""
+    """The commands merge, chat, serve, eval and push: what a finished run is used for."""
     p = sub.add_parser("merge", help="merge a run's LoRA adapter into its base model (safetensors)")
     p.add_argument("run_dir", help="run directory written by `recipeforge train`")
     p.add_argument("-o", "--output", help="output directory (default: RUN_DIR/merged)")
@@ -189,6 +189,26 @@ def _after_training_commands(sub: Any) -> None:
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature; 0 for greedy (default 0.7)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="where the model runs (default: cuda when present)")
     p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("serve", help="serve a finished run's model on an OpenAI-compatible HTTP API",
+                       description="Serve final/ of a run at /v1/chat/completions, /v1/completions (streamed or "
+                                   "not) and /v1/models. --engine vllm hands it to `vllm serve` (a LoRA adapter "
+                                   "served as an adapter on its base); transformers (the default without vLLM) "
+                                   "answers one request at a time. Binds to 127.0.0.1 unless --host says otherwise.")
+    p.add_argument("run_dir", help="run directory written by `recipeforge train`")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 takes any free port)")
+    p.add_argument("--api-key", default=os.environ.get("RECIPEFORGE_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' (default: $RECIPEFORGE_API_KEY, else no key)")
+    p.add_argument("--name", help="the model's name in the API (default: the run directory's name)")
+    p.add_argument("--engine", choices=["auto", "transformers", "vllm"], default="auto",
+                   help="auto (default): vllm when it is installed, else transformers")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="transformers engine: where the model runs "
+                                                            "(default: cuda when present)")
+    p.add_argument("--gpu-memory-utilization", type=float, metavar="FRACTION",
+                   help="vllm engine: the share of the GPU (on a CPU: of host memory) vLLM takes for weights and "
+                        "KV cache (default: vLLM's own, 0.92 of a GPU's memory)")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("eval", help="benchmark a finished run's model with lm-evaluation-harness; two runs: a "
                                     "comparison table",
@@ -481,6 +501,21 @@ def cmd_chat(args) -> int:
              sampling=Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature))
     finally:
         library_warnings.stop_routing()
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from pathlib import Path
+
+    from recipeforge.outputs.serve_engines import serve
+
+    if not 0 <= args.port <= 65535:
+        raise RecipeError(f"--port {args.port} is not a port", hint="give 1-65535, or 0 for any free port")
+    share = args.gpu_memory_utilization
+    if share is not None and not 0 < share <= 1:
+        raise RecipeError(f"--gpu-memory-utilization {share} is not a share", hint="give a fraction, e.g. 0.5")
+    serve(Path(args.run_dir), engine=args.engine, host=args.host, port=args.port, name=args.name,
+          api_key=args.api_key or None, device=args.device, memory_share=share)
     return 0
 
 

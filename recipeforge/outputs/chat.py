@@ -85,9 +85,10 @@ class Sampling:
 
 
 def stream_reply(model: Any, tokenizer: Any, prompt_ids: Any, sampling: Sampling,
-                 stop: threading.Event) -> Iterator[str]:
+                 stop: threading.Event, result: dict[str, Any] | None = None) -> Iterator[str]:
     """The reply's text as it is generated (a generation thread feeds a streamer); `stop` set from
-    the caller ends the generation at the next token."""
+    the caller ends the generation at the next token. `result["ids"]`, when given, receives the
+    generated sequence (prompt included) once the stream ends."""
     from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
 
     class Stopped(StoppingCriteria):
@@ -99,13 +100,27 @@ def stream_reply(model: Any, tokenizer: Any, prompt_ids: Any, sampling: Sampling
     kwargs = {**sampling.generate_kwargs(), "input_ids": prompt_ids, "streamer": streamer, "pad_token_id": pad,
               "attention_mask": prompt_ids.new_ones(prompt_ids.shape),
               "stopping_criteria": StoppingCriteriaList([Stopped()])}
-    worker = threading.Thread(target=model.generate, kwargs=kwargs, daemon=True)
+    failed: list[BaseException] = []
+
+    def generate() -> None:
+        try:
+            ids = model.generate(**kwargs)
+        except BaseException as exc:  # said to the reader below, which would otherwise wait forever
+            failed.append(exc)
+            streamer.end()
+            return
+        if result is not None:
+            result["ids"] = ids
+
+    worker = threading.Thread(target=generate, daemon=True)
     worker.start()
     try:
         yield from streamer
     finally:
         stop.set()
         worker.join()
+    if failed:
+        raise failed[0]
 
 
 def prompt_ids(tokenizer: Any, conversation: Conversation, text: str, device: Any) -> Any:

@@ -1,8 +1,8 @@
 """How far a plan's memory estimate can be trusted, and which setting moves it most.
 
 The band comes from the calibration against published, measured peaks (docs/planner.md,
-"Calibration"; `bench/plan_calibration.py`): layouts the published runs cover get the band they
-were reproduced within, the others a wider one. The advice re-runs the memory model with one
+"Calibration"; `bench/plan_calibration.py`): layouts the published runs cover get the spread their
+figures were reproduced within (`accuracy_bands`), the others a wider, stated one. The advice re-runs the memory model with one
 setting changed, so every "saves X GB" is the model's own difference, not a rule of thumb.
 """
 
@@ -14,19 +14,24 @@ from recipeforge.plan.hardware import GIB
 from recipeforge.plan.memory import Layout, MemoryEstimate, estimate, spec_of
 from recipeforge.plan.workload import Workload
 
-# (band, what the calibration says about it)
-_CALIBRATED = 0.10   # one GPU / DDP and ZeRO without offload: most published runs land within 10%
-_SHARDED = 0.15      # FSDP2 and ZeRO-3 fully sharded, and offload: engine buffers vary with their configs
-_UNCALIBRATED = 0.25  # no published figure covers it (Megatron, GRPO generation, MoE)
 _MIN_SAVING = 0.5 * GIB  # advice below this is noise next to the band
 
 
-def accuracy_band(w: Workload, layout: Layout) -> float:
-    """Relative accuracy expected of the estimate for `w` on `layout` (0.10 = ±10%)."""
+def band_class(w: Workload, layout: Layout) -> str:
+    """Which measured spread covers the estimate for `w` on `layout`: ``calibrated`` (one GPU, DDP,
+    ZeRO-1/2 without offload), ``sharded`` (FSDP2, ZeRO-3, offload: engine buffers vary with their
+    configs) or ``uncalibrated`` (no published figure covers it: Megatron, GRPO generation, MoE)."""
     if w.rollout is not None or w.model.is_moe:
-        return _UNCALIBRATED
-    band = spec_of(layout.backend).accuracy_band(w, layout)
-    return {"calibrated": _CALIBRATED, "sharded": _SHARDED}.get(band, _UNCALIBRATED)
+        return "uncalibrated"
+    return spec_of(layout.backend).accuracy_band(w, layout)
+
+
+def accuracy_band(w: Workload, layout: Layout) -> float:
+    """Relative accuracy expected of the estimate for `w` on `layout` (0.10 = ±10%): the spread
+    measured for its class (`accuracy_bands.BANDS`, written by `bench/plan_calibration.py --write-bands`)."""
+    from recipeforge.plan.accuracy_bands import BANDS, UNCALIBRATED
+
+    return BANDS.get(band_class(w, layout), UNCALIBRATED)
 
 
 def sensitivity(w: Workload, layout: Layout, micro: int, ckpt: bool, accumulation: int,

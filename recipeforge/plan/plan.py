@@ -7,7 +7,7 @@ from dataclasses import replace
 from recipeforge.capabilities import capabilities_of, parallel_key
 from recipeforge.capabilities import refusals as capability_refusals
 from recipeforge.errors import RecipeError, did_you_mean
-from recipeforge.plan.accuracy import accuracy_band, sensitivity
+from recipeforge.plan.accuracy import accuracy_band, band_class, sensitivity
 from recipeforge.plan.catalog import resolve_model
 from recipeforge.plan.hardware import GIB, Hardware, hardware_for
 from recipeforge.plan import policy
@@ -336,6 +336,7 @@ def _plan_extras(w: Workload, hw: Hardware, ev: Evaluation, decision: Decision, 
         warnings=_plan_warnings(w, hw, ev, decision),
         context_parallel=ev.layout.context_parallel,
         activations=terms,
+        accuracy_class=band_class(w, ev.layout),
     )
 
 

@@ -41,6 +41,7 @@ class PlanExtras:
     processes_per_node: int | None = None  # CPU runs: gloo processes per node (GPU runs: one per GPU)
     context_parallel: int = 1              # GPUs each sequence is split over (ring attention; FSDP2)
     activations: str = ""                  # the activation-memory terms of the chosen layout, for the report
+    accuracy_class: str = ""               # calibrated | sharded | uncalibrated: whose measured spread the band is
     plugins: list[dict[str, Any]] = field(default_factory=list)  # plugin components the recipe uses
 
     @classmethod

@@ -26,23 +26,6 @@ TINY_GRPO = REPO / "examples" / "yaml" / "tiny" / "grpo.yaml"
 PROMPT = "Which sound does the duck make? Answer:"
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    """A tiny Llama vLLM's CPU attention takes (head size 32; the built-in tiny models use 16)."""
-    from recipeforge.components.models import build_random_model
-    from recipeforge.components.tokenizer import build_tiny_tokenizer
-
-    path = tmp_path_factory.mktemp("vllm-model")
-    tok = build_tiny_tokenizer(1024)
-    config = {"model_type": "llama", "vocab_size": 1024, "hidden_size": 64, "intermediate_size": 128,
-              "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
-              "max_position_embeddings": 512, "tie_word_embeddings": False}
-    model = build_random_model(config, tok, name="tiny-vllm", seed=0, dtype=torch.bfloat16, attn_implementation="sdpa")
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
-
 def _hf_greedy(model, tokenizer, n: int = 12) -> list[int]:
     ids = tokenizer(PROMPT, add_special_tokens=False, return_tensors="pt")["input_ids"]
     out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=tokenizer.pad_token_id)

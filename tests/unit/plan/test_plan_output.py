@@ -36,16 +36,18 @@ def test_plan_states_its_accuracy_and_what_moves_the_peak_most(recipe):
 
     p = make_plan(recipe("meta-llama/Llama-3.1-8B", adapter={"type": "lora"}, data={"sequence_len": 8192},
                          train={"gradient_checkpointing": True}), parse_hardware("1xH100-80GB"))
+    from recipeforge.plan.accuracy_bands import BANDS
+
     accuracy = p.reasons["memory_accuracy"]
-    assert accuracy.value == "±10%"
+    assert accuracy.value == f"±{BANDS['calibrated']:.0%}" and p.extra.accuracy_class == "calibrated"
     # full-vocabulary logits are the largest lever here; the saving is the model's own difference
     assert "most sensitive to: logits" in accuracy.reason and "fused_linear_cross_entropy" in accuracy.reason
     saved = float(accuracy.reason.split("saves ")[1].split(" GB")[0])
     assert 0.5 * p.memory_gb["logits"] < saved <= p.memory_gb["total"]
-    assert json.loads(json.dumps(p.to_dict()))["reasons"]["memory_accuracy"]["value"] == "±10%"
+    assert json.loads(json.dumps(p.to_dict()))["reasons"]["memory_accuracy"]["value"] == accuracy.value
     sharded = make_plan(recipe("meta-llama/Llama-3.1-8B", distributed={"backend": "fsdp", "preset": "fsdp_full_shard"}),
                         parse_hardware("8xH100-80GB"))
-    assert sharded.reasons["memory_accuracy"].value == "±15%"
+    assert sharded.reasons["memory_accuracy"].value == f"±{BANDS['sharded']:.0%}"
 
 
 def test_render_cpu_plan(recipe):

@@ -137,7 +137,8 @@ def test_pinned_backend_wins(recipe):
 
 def test_pinned_layout_that_does_not_fit(recipe):
     with pytest.raises(RecipeError) as err:
-        plan(recipe("meta-llama/Llama-3.1-8B", distributed={"backend": "ddp"}), "8xH100-80GB")
+        plan(recipe("meta-llama/Llama-3.1-8B", distributed={"backend": "ddp"}, data={"sequence_len": 16384}),
+             "8xH100-80GB")
     problem = err.value.problems[0]
     assert problem.message.startswith("pinned backend: ddp") and "GB short" in problem.message
     assert "auto would choose" in problem.hint

