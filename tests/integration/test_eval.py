@@ -139,7 +139,8 @@ def test_a_recipe_stands_for_the_run_it_trains(lora_run, tmp_path):
     assert _result(lora_run, "mc")["settings"]["batch_size"] == 3
 
 
-@pytest.mark.parametrize("case", ["no-final", "unknown-task", "malformed", "no-tasks", "no-lm-eval", "reward-run"])
+@pytest.mark.parametrize("case", ["no-final", "unknown-task", "malformed", "no-tasks", "no-lm-eval", "reward-run",
+                                  "hub-task-offline"])
 def test_bad_input_is_exit_2_with_a_hint(case, lora_run, tmp_path):
     _write(tmp_path / "qa.jsonl", QA)
     (tmp_path / "bad.jsonl").write_text(json.dumps(QA[0]) + "\n" + '{"prompt": "x"}\n')
@@ -149,6 +150,8 @@ def test_bad_input_is_exit_2_with_a_hint(case, lora_run, tmp_path):
     (reward / "resolved_recipe.yaml").write_text("stage: reward\n")
     args, python, expected = {
         "reward-run": ([str(reward), "--tasks", "qa.jsonl"], None, "is a reward model"),
+        # The suite runs with the Hub offline (conftest.py): a harness task cannot fetch its dataset.
+        "hub-task-offline": ([str(lora_run), "--tasks", "arc_easy"], None, "a task's dataset could not be loaded"),
         "no-final": ([str(tmp_path), "--tasks", "qa.jsonl"], None, "has no final/ model to evaluate"),
         "unknown-task": ([str(lora_run), "--tasks", "hellaswagg"], None, "unknown lm-eval task 'hellaswagg'"),
         "malformed": ([str(lora_run), "--tasks", "bad.jsonl"], None, "bad.jsonl:2: malformed task row"),

@@ -147,13 +147,20 @@ def harness_model(model_dir: Path, options: EvalOptions) -> tuple[Any, int | str
 
 def _simple_evaluate(lm: Any, refs: list[TaskRef], manager: Any, options: EvalOptions) -> dict[str, Any]:
     import lm_eval
+    from datasets.exceptions import DataFilesNotFoundError, DatasetNotFoundError
 
-    # Fixed seeds (lm-eval's defaults, named here so they cannot drift) and greedy decoding: the same
-    # model on the same prompts scores the same, run after run.
-    return lm_eval.simple_evaluate(
-        model=lm, tasks=[r.harness_name for r in refs], task_manager=manager, limit=options.limit,
-        num_fewshot=options.num_fewshot, apply_chat_template=options.apply_chat_template, log_samples=True,
-        random_seed=0, numpy_random_seed=1234, torch_random_seed=1234, fewshot_random_seed=1234)
+    try:
+        # Fixed seeds (lm-eval's defaults, named here so they cannot drift) and greedy decoding: the same
+        # model on the same prompts scores the same, run after run.
+        return lm_eval.simple_evaluate(
+            model=lm, tasks=[r.harness_name for r in refs], task_manager=manager, limit=options.limit,
+            num_fewshot=options.num_fewshot, apply_chat_template=options.apply_chat_template, log_samples=True,
+            random_seed=0, numpy_random_seed=1234, torch_random_seed=1234, fewshot_random_seed=1234)
+    except (ConnectionError, DatasetNotFoundError, DataFilesNotFoundError) as exc:
+        # An lm-eval task downloads its dataset from the Hub when it is first used.
+        raise RecipeError(f"a task's dataset could not be loaded: {exc}", key="--tasks",
+                          hint="lm-eval's tasks fetch their datasets from the Hugging Face Hub: run where it is "
+                               "reachable once (they are cached), or evaluate on a local task file") from None
 
 
 def task_record(ref: TaskRef, output: dict[str, Any], options: EvalOptions, batch_size: int | str,
