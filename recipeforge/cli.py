@@ -221,10 +221,11 @@ def _after_training_commands(sub: Any) -> None:
                    help="run directory, or the recipe that trained it; several: evaluated on the same tasks and "
                         "compared")
     p.add_argument("--tasks", nargs="+", metavar="TASK",
-                   help="lm-eval task names or local task files (default: the recipe's eval.tasks)")
-    p.add_argument("--batch-size", type=int, help="prompts per forward pass (default: eval.batch_size, else 8 on "
+                   help="lm-eval task names or local task files, space- or comma-separated (default: the "
+                        "recipe's eval.tasks)")
+    p.add_argument("--batch-size", type=int, metavar="N", help="prompts per forward pass (default: eval.batch_size, else 8 on "
                                                   "the CPU and lm-eval's out-of-memory-safe `auto` on a GPU)")
-    p.add_argument("--limit", type=int, help="evaluate only the first N examples of each task")
+    p.add_argument("--limit", type=int, metavar="N", help="evaluate only the first N examples of each task")
     p.add_argument("--checkpoints", action="store_true",
                    help="also evaluate every checkpoint kept in RUN_DIR/checkpoints (into eval/checkpoint-N/)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="where the model runs (default: cuda when present)")
@@ -533,7 +534,8 @@ def cmd_eval(args) -> int:
         first = Path(args.targets[0])
         if (first / "final").is_dir():
             library_warnings.warnings_to_run_dir(first)
-        done = evaluate_targets(args.targets, tasks=args.tasks, batch_size=args.batch_size, limit=args.limit,
+        tasks = [t for arg in args.tasks or () for t in arg.split(",") if t]  # lm-eval's own --tasks a,b too
+        done = evaluate_targets(args.targets, tasks=tasks, batch_size=args.batch_size, limit=args.limit,
                                 device=args.device, checkpoints=args.checkpoints,
                                 log=lambda m: print(f"[recipeforge] {m}", file=sys.stderr))
     finally:

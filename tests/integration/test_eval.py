@@ -62,7 +62,7 @@ def test_local_tasks_scored_reproducibly_into_run_card_and_report(lora_run, tmp_
     assert f"mc: acc {mc['scores']['acc']:.4g} (3 examples)" in first.stdout
     assert "Traceback" not in first.stderr
 
-    again = _eval(str(lora_run), "--tasks", "qa.jsonl", "mc.jsonl", cwd=tmp_path)
+    again = _eval(str(lora_run), "--tasks", "qa.jsonl,mc.jsonl", cwd=tmp_path)  # lm-eval's comma form
     assert again.returncode == 0, again.stderr
     for name, before in (("qa", qa), ("mc", mc)):
         after = _result(lora_run, name)
