@@ -120,7 +120,8 @@ def task_manager(refs: list[TaskRef], include_dir: Path) -> Any:
     from lm_eval.tasks import TaskManager
 
     paths = [str(include_dir), *sorted({str(r.source.parent) for r in refs if r.source and r.source.suffix != ".jsonl"})]
-    manager = TaskManager(include_path=paths)
+    # Indexing lm-eval's own thousands of task configs takes seconds: only done when a task names one.
+    manager = TaskManager(include_path=paths, include_defaults=any(r.source is None for r in refs))
     known = set(manager.all_tasks)
     for ref in refs:
         if ref.harness_name not in known:
