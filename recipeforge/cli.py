@@ -172,7 +172,7 @@ def _launch_prepare_commands(sub: Any) -> None:
 
 
 def _after_training_commands(sub: Any) -> None:
-    """The commands merge, chat, serve, eval and push: what a finished run is used for."""
+    """The commands merge, chat, serve, eval (`_eval_command`) and push: what a finished run is used for."""
     p = sub.add_parser("merge", help="merge a run's LoRA adapter into its base model (safetensors)")
     p.add_argument("run_dir", help="run directory written by `recipeforge train`")
     p.add_argument("-o", "--output", help="output directory (default: RUN_DIR/merged)")
@@ -210,6 +210,22 @@ def _after_training_commands(sub: Any) -> None:
                         "KV cache (default: vLLM's own, 0.92 of a GPU's memory)")
     p.set_defaults(func=cmd_serve)
 
+    _eval_command(sub)
+
+    p = sub.add_parser("push", help="upload a finished run's model and model card to the Hugging Face Hub",
+                       description="Upload final/ (merged/ when the run merged its adapter) and the model card "
+                                   "README.md; never checkpoints, optimizer states, logs or the run lock. The "
+                                   "repository comes from the run's output.push_to_hub unless --repo-id is given.")
+    p.add_argument("run_dir", help="run directory written by `recipeforge train`")
+    p.add_argument("--repo-id", help="target repository, e.g. my-org/my-model (default: output.push_to_hub.repo_id)")
+    p.add_argument("--public", action="store_true", help="create the repository as public (default: private, "
+                                                         "or the run's output.push_to_hub.private)")
+    p.add_argument("--dry-run", action="store_true", help="list the files that would be uploaded; upload nothing")
+    p.set_defaults(func=cmd_push)
+
+
+def _eval_command(sub: Any) -> None:
+    """The command eval: benchmarks of finished runs."""
     p = sub.add_parser("eval", help="benchmark a finished run's model with lm-evaluation-harness; two runs: a "
                                     "comparison table",
                        description="Evaluate final/ of a run (a LoRA adapter on its base, not merged) with "
@@ -223,24 +239,14 @@ def _after_training_commands(sub: Any) -> None:
     p.add_argument("--tasks", nargs="+", metavar="TASK",
                    help="lm-eval task names or local task files, space- or comma-separated (default: the "
                         "recipe's eval.tasks)")
-    p.add_argument("--batch-size", type=int, metavar="N", help="prompts per forward pass (default: eval.batch_size, else 8 on "
-                                                  "the CPU and lm-eval's out-of-memory-safe `auto` on a GPU)")
+    p.add_argument("--batch-size", type=int, metavar="N",
+                   help="prompts per forward pass (default: eval.batch_size, else 8 on the CPU and lm-eval's "
+                        "out-of-memory-safe `auto` on a GPU)")
     p.add_argument("--limit", type=int, metavar="N", help="evaluate only the first N examples of each task")
     p.add_argument("--checkpoints", action="store_true",
                    help="also evaluate every checkpoint kept in RUN_DIR/checkpoints (into eval/checkpoint-N/)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="where the model runs (default: cuda when present)")
     p.set_defaults(func=cmd_eval)
-
-    p = sub.add_parser("push", help="upload a finished run's model and model card to the Hugging Face Hub",
-                       description="Upload final/ (merged/ when the run merged its adapter) and the model card "
-                                   "README.md; never checkpoints, optimizer states, logs or the run lock. The "
-                                   "repository comes from the run's output.push_to_hub unless --repo-id is given.")
-    p.add_argument("run_dir", help="run directory written by `recipeforge train`")
-    p.add_argument("--repo-id", help="target repository, e.g. my-org/my-model (default: output.push_to_hub.repo_id)")
-    p.add_argument("--public", action="store_true", help="create the repository as public (default: private, "
-                                                         "or the run's output.push_to_hub.private)")
-    p.add_argument("--dry-run", action="store_true", help="list the files that would be uploaded; upload nothing")
-    p.set_defaults(func=cmd_push)
 
 
 # -- commands ---------------------------------------------------------------------------------------
