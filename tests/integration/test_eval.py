@@ -127,6 +127,22 @@ def test_two_runs_compared_and_eval_after_training(tiny, lora_run, tmp_path):
                            f"{_result(lora_run, 'mc')['scores']['acc']:.4g}"]
 
 
+def test_an_lm_eval_task_yaml_runs_as_it_is(lora_run, tmp_path):
+    # A user's own lm-eval task config (its folder is put on lm-eval's include path), next to its data.
+    (tmp_path / "tasks").mkdir()
+    data = _write(tmp_path / "tasks" / "mc.jsonl", MC)
+    (tmp_path / "tasks" / "my_mc.yaml").write_text(
+        f"task: my_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
+        "output_type: multiple_choice\ndoc_to_text: '{{prompt}}'\ndoc_to_choice: '{{choices}}'\n"
+        "doc_to_target: '{{answer}}'\nmetric_list:\n  - metric: acc\n")
+    proc = _eval(str(lora_run), "--tasks", "tasks/my_mc.yaml", "tasks/mc.jsonl", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    # The same rows, the same scoring: the generated config and the hand-written one agree.
+    mine, generated = _result(lora_run, "my_mc"), _result(lora_run, "mc")
+    assert mine["samples"] == 3 and mine["source"] == str((tmp_path / "tasks" / "my_mc.yaml").resolve())
+    assert (mine["scores"], mine["prompts_sha256"]) == (generated["scores"], generated["prompts_sha256"])
+
+
 def test_a_recipe_stands_for_the_run_it_trains(lora_run, tmp_path):
     # Its eval.tasks, relative to the recipe file; its output.dir is the run evaluated.
     (tmp_path / "evals").mkdir()
