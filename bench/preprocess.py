@@ -13,6 +13,11 @@ model's vocabulary size and per-token cost), or a local tokenizer directory.
 
     python bench/preprocess.py                                  # 20k rows, tiny:llama and bpe32k
     python bench/preprocess.py --tokenizer bpe32k --num-proc 1 2 auto --runs 5
+    python bench/preprocess.py --scaling 20000 200000 1000000     # cost per row and peak RSS as rows grow
+
+`--scaling` runs one whole `recipeforge preprocess` per row count (num_proc 1, the first tokenizer, a cold
+cache) and prints wall time, time per row and the process's peak resident memory (its own rusage), so a
+cost that grows faster than the rows, or memory that grows with them, shows.
 """
 
 from __future__ import annotations
@@ -126,6 +131,48 @@ def whole_process(recipe: Path, runs: int, tree: Path = ROOT) -> tuple[float, di
     return best, stats
 
 
+def scaled_rows(n: int, pool: int = 20_000) -> list[dict]:
+    """`n` distinct rows: the synthetic pool repeated, each copy's output ending in its own number (the
+    pipeline drops duplicate rows), so generating a million rows costs seconds, not minutes."""
+    base = synthetic_rows(min(n, pool))
+    return [{**r, "output": f"{r['output']} {i // len(base)}"} if i >= len(base) else r
+            for i, r in ((i, base[i % len(base)]) for i in range(n))]
+
+
+def peak_rss_run(cmd: list[str], env: dict, cwd: Path) -> tuple[float, int, str, int]:
+    """Run `cmd`; its wall seconds, exit code, stdout and peak resident memory in KiB (this child's own
+    rusage, from wait4, not the maximum over every child so far)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=cwd)
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return time.perf_counter() - t0, proc.returncode, out, usage.ru_maxrss
+
+
+def scaling(counts: list[int], tokenizer: str, sequence_len: int, tree: Path) -> list[dict]:
+    """One cold whole-process preprocess per row count: seconds, microseconds per row, peak RSS."""
+    table = []
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    for n in counts:
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp)
+            data = folder / "alpaca.jsonl"
+            with open(data, "w") as fh:
+                fh.writelines(json.dumps(r) + "\n" for r in scaled_rows(n))
+            recipe = write_workload(folder, n, sequence_len, tokenizer, 1)
+            seconds, code, out, rss_kib = peak_rss_run(
+                [sys.executable, "-m", "recipeforge", "preprocess", str(recipe), f"data.cache_dir={folder / 'cache'}"],
+                env, tree)
+            if code != 0:
+                raise SystemExit(f"preprocess of {n} rows failed (exit {code})")
+            stats = json.loads(out[out.index("{"):])
+        table.append({"rows": n, "seconds": round(seconds, 1), "us_per_row": round(seconds / n * 1e6, 1),
+                      "pipeline_us_per_row": round(stats["preprocess_seconds"] / n * 1e6, 1),
+                      "tokens": stats["train_tokens"], "peak_rss_mib": round(rss_kib / 1024)})
+    return table
+
+
 def in_process(recipe: Path, runs: int, micro_batch: int) -> dict:
     """`prepare_lm_data` timed in this process (no cache; fastest of `runs`), with packing figures."""
     from recipeforge.components.collate import LMCollator
@@ -162,7 +209,19 @@ def main(argv=None) -> int:
     ap.add_argument("--tree", type=Path, default=ROOT,
                     help="source tree the spawned processes run (e.g. a git worktree of an older commit, to compare)")
     ap.add_argument("--no-in-process", action="store_true", help="whole-process figures only")
+    ap.add_argument("--scaling", type=int, nargs="+", metavar="ROWS",
+                    help="time per row and peak RSS of one preprocess per row count (see the module docstring)")
     args = ap.parse_args(argv)
+    if args.scaling:
+        table = scaling(args.scaling, args.tokenizer[0], args.sequence_len, args.tree)
+        if args.json:
+            print(json.dumps(table, indent=2))
+            return 0
+        print(f"{'rows':>9} {'wall s':>8} {'us/row':>8} {'pipeline us/row':>16} {'tokens':>13} {'peak RSS MiB':>13}")
+        for r in table:
+            print(f"{r['rows']:>9,} {r['seconds']:>8.1f} {r['us_per_row']:>8.1f} {r['pipeline_us_per_row']:>16.1f} "
+                  f"{r['tokens']:>13,} {r['peak_rss_mib']:>13,}")
+        return 0
 
     report = []
     with tempfile.TemporaryDirectory() as tmp:

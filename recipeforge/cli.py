@@ -1,6 +1,6 @@
 """The `recipeforge` command line: parse arguments, call the library, render results and errors.
 
-Light paths (`--help`, `validate`, `resolve`, `schema`, `plan`) import neither torch nor
+Light paths (`--help`, `validate`, `resolve`, `schema`, `plan`, `launch`) import neither torch nor
 transformers; training imports them only inside the commands that train.
 """
 
@@ -19,6 +19,7 @@ from recipeforge.errors import RecipeError
 EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 1
 EXIT_PUSH_FAILED = 3  # `train`: the run finished and is saved; only output.push_to_hub failed
+EXIT_CHECK_FAILED = 4  # `export`: written, but its self-check found it too far from the unquantized model
 
 
 def _recipe_args(p: argparse.ArgumentParser) -> None:
@@ -143,22 +144,51 @@ def _plan_train_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_train)
 
 
+# `launch` flags that belong to one scheduler, by flag and argparse dest: given with the other, they are refused.
+SLURM_FLAGS = {"--partition": "partition", "--account": "account", "--time": "time", "--qos": "qos",
+               "--cpus-per-task": "cpus_per_task", "--sbatch-option": "sbatch_option"}
+K8S_FLAGS = {"--image": "image", "--pvc": "pvc", "--k8s-api": "k8s_api", "--namespace": "namespace",
+             "--grace-period": "grace_period"}
+
+
 def _launch_prepare_commands(sub: Any) -> None:
     """The commands launch, preprocess and convert-checkpoint: before a run."""
-    p = sub.add_parser("launch", help="write a cluster job script for a recipe (sbatch for Slurm)")
+    p = sub.add_parser("launch", help="write a cluster job for a recipe: an sbatch script (Slurm) or "
+                                      "Kubernetes manifests (Kubeflow TrainJob or PyTorchJob)")
     _recipe_args(p)
-    p.add_argument("--slurm", action="store_true", required=True,
-                   help="write an sbatch script that runs one recipeforge launcher per node")
-    p.add_argument("-o", "--output", help="script path (default: RUN_DIR/slurm.sbatch)")
-    p.add_argument("--partition")
-    p.add_argument("--account")
-    p.add_argument("--time", help="wall-clock limit, e.g. 48:00:00")
-    p.add_argument("--qos")
-    p.add_argument("--cpus-per-task", type=int)
-    p.add_argument("--sbatch-option", action="append", default=[], metavar="OPTION",
-                   help="another #SBATCH line, e.g. --sbatch-option=--constraint=h100 (repeatable)")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--slurm", action="store_true",
+                       help="write an sbatch script that runs one recipeforge launcher per node")
+    where.add_argument("--k8s", action="store_true",
+                       help="write a ConfigMap with the resolved recipe and a job running one recipeforge "
+                            "launcher per pod (one pod per node), as multi-document YAML")
+    p.add_argument("-o", "--output", help="where to write (default: RUN_DIR/slurm.sbatch for --slurm, stdout "
+                                          "for --k8s)")
+    p.add_argument("--hardware", help="the cluster's nodes, when the recipe has no `hardware:` section: "
+                                      "2x8xH100-80GB (nodes x GPUs), 8xA100-80GB; the job is planned for them, "
+                                      "not for this machine (a login node rarely has the GPUs)")
     p.add_argument("--nproc-per-node", type=int, help="processes per node for a CPU-only recipe")
     p.add_argument("--master-port", type=int, help="rendezvous port on the first node (default 29500)")
+    g = p.add_argument_group("Slurm (--slurm)")
+    g.add_argument("--partition")
+    g.add_argument("--account")
+    g.add_argument("--time", help="wall-clock limit, e.g. 48:00:00")
+    g.add_argument("--qos")
+    g.add_argument("--cpus-per-task", type=int)
+    g.add_argument("--sbatch-option", action="append", default=[], metavar="OPTION",
+                   help="another #SBATCH line, e.g. --sbatch-option=--constraint=h100 (repeatable)")
+    g = p.add_argument_group("Kubernetes (--k8s)")
+    g.add_argument("--image", help="container image the pods run, with recipeforge installed (required)")
+    g.add_argument("--pvc", metavar="NAME", help="PersistentVolumeClaim for the run directory and the download "
+                                                 "cache, mounted in every pod (required; ReadWriteMany for "
+                                                 "several nodes)")
+    g.add_argument("--k8s-api", metavar="KIND", help="trainjob (default: Kubeflow Trainer v2, "
+                                                      "trainer.kubeflow.org/v1alpha1) or pytorchjob (Kubeflow "
+                                                      "Training Operator, kubeflow.org/v1)")
+    g.add_argument("--namespace", help="namespace of the job and its ConfigMap (default: kubectl's)")
+    g.add_argument("--grace-period", type=int, metavar="SECONDS",
+                   help="terminationGracePeriodSeconds: time between SIGTERM and SIGKILL for the checkpoint "
+                        "save (default 120, the lead `--slurm` asks for)")
     p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("preprocess", help="tokenize and cache a recipe's datasets ahead of training")
@@ -172,11 +202,12 @@ def _launch_prepare_commands(sub: Any) -> None:
 
 
 def _after_training_commands(sub: Any) -> None:
-    """The commands merge, chat, serve, eval (`_eval_command`) and push: what a finished run is used for."""
+    """The commands merge, export, chat, serve, eval (`_eval_command`) and push: what a finished run is used for."""
     p = sub.add_parser("merge", help="merge a run's LoRA adapter into its base model (safetensors)")
     p.add_argument("run_dir", help="run directory written by `recipeforge train`")
     p.add_argument("-o", "--output", help="output directory (default: RUN_DIR/merged)")
     p.set_defaults(func=cmd_merge)
+    _export_command(sub)
 
     p = sub.add_parser("chat", help="talk to a finished run's model in the terminal (streamed replies)",
                        description="Chat with final/ of a run (a LoRA adapter is loaded on its base, not merged), "
@@ -222,6 +253,33 @@ def _after_training_commands(sub: Any) -> None:
                                                          "or the run's output.push_to_hub.private)")
     p.add_argument("--dry-run", action="store_true", help="list the files that would be uploaded; upload nothing")
     p.set_defaults(func=cmd_push)
+
+
+def _export_command(sub: Any) -> None:
+    """The command export: a finished run's model in a format serving engines load."""
+    # The format names come from the light formats module (no torch): --help stays fast.
+    from recipeforge.outputs.exporters.formats import FORMAT_SPECS
+
+    p = sub.add_parser("export", help="write a run's model for serving: merged safetensors, torchao int8/int4 or "
+                                      "compressed-tensors, checked against the unquantized model",
+                       description="Write final/ (a LoRA adapter merged into its base first) in FORMAT, with a "
+                                   "README.md saying how to load it and export.json with its self-check: the export "
+                                   "is loaded back with transformers and its perplexity on a few held rows (the "
+                                   "run's evaluation data, else fixed prompts) must stay within the format's bound "
+                                   "of the unquantized model's. Formats: " + "; ".join(
+                                       f"{s.name}: {s.summary}" + (" (not written by recipeforge: the error says "
+                                                                   "what to run)" if s.elsewhere else "")
+                                       for s in FORMAT_SPECS.values()) + ".",
+                       epilog="Exit codes: 0 written and checked, 2 bad input (nothing written), 4 written but the "
+                              "self-check failed (export.json has the numbers).")
+    p.add_argument("run_dir", help="run directory written by `recipeforge train`")
+    p.add_argument("--format", required=True, metavar="FORMAT",
+                   help="one of: " + ", ".join(s.name.value for s in FORMAT_SPECS.values()))
+    p.add_argument("-o", "--output", help="output directory (default: RUN_DIR/export-FORMAT)")
+    p.add_argument("--overwrite", action="store_true", help="replace an output directory that already holds files")
+    p.add_argument("--no-check", action="store_true",
+                   help="skip the self-check (loading the export back and comparing it with the unquantized model)")
+    p.set_defaults(func=cmd_export)
 
 
 def _eval_command(sub: Any) -> None:
@@ -283,7 +341,7 @@ def _flag_values(args) -> list:
 
         # `--hardware` replaces the recipe's `hardware:` section (or stands in for a missing one) as the
         # target, for the checks made while loading (which backend runs on which device) as for the planner.
-        flags.append(FlagValue(("hardware",), parse_hardware(args.hardware, nnodes=args.nnodes).as_section(),
+        flags.append(FlagValue(("hardware",), parse_hardware(args.hardware, nnodes=getattr(args, "nnodes", None)).as_section(),
                                f"--hardware {args.hardware}"))
     return flags
 
@@ -446,14 +504,55 @@ def cmd_train(args) -> int:
 
 
 def cmd_launch(args) -> int:
+    _check_scheduler_flags(args)
+    if args.k8s:
+        return _launch_k8s(args)
     from recipeforge.backends.slurm import SlurmOptions, write_sbatch
 
     options = SlurmOptions(partition=args.partition, account=args.account, time=args.time,
                            cpus_per_task=args.cpus_per_task, qos=args.qos, extra=tuple(args.sbatch_option))
-    path = write_sbatch(_load(args), recipe=args.recipe, overrides=args.overrides, options=options,
+    # Each node's `recipeforge train` plans for the same hardware the script was planned for.
+    overrides = [*args.overrides, *_hardware_overrides(args)]
+    path = write_sbatch(_load(args), recipe=args.recipe, overrides=overrides, options=options,
                         nproc_per_node=args.nproc_per_node, port=args.master_port,
                         output=args.output)
     print(f"sbatch script written to {path}\nsubmit it with: sbatch {path}")
+    return 0
+
+
+def _hardware_overrides(args) -> list[str]:
+    """`--hardware` as recipe overrides (``hardware.nodes=2`` ...), for commands that run elsewhere."""
+    if not getattr(args, "hardware", None):
+        return []
+    from recipeforge.plan.hardware import parse_hardware
+
+    section = parse_hardware(args.hardware).as_section()
+    return [f"hardware.{key}={value}" for key, value in section.items()]
+
+
+def _check_scheduler_flags(args) -> None:
+    """A Slurm flag with --k8s, or a Kubernetes flag with --slurm, is a mistake worth saying."""
+    other, mode = (SLURM_FLAGS, "--slurm") if args.k8s else (K8S_FLAGS, "--k8s")
+    given = [flag for flag, dest in other.items() if getattr(args, dest) not in (None, [])]
+    if given:
+        raise RecipeError(f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} for launch {mode} only")
+
+
+def _launch_k8s(args) -> int:
+    from recipeforge.backends.k8s import K8sApi, K8sOptions, k8s_manifests, parse_api, render_documents
+    from recipeforge.backends.slurm import SIGNAL_LEAD_S
+
+    options = K8sOptions(image=args.image or "", pvc=args.pvc or "", namespace=args.namespace,
+                         api=parse_api(args.k8s_api) if args.k8s_api is not None else K8sApi.TRAINJOB,
+                         grace_period=SIGNAL_LEAD_S if args.grace_period is None else args.grace_period,
+                         port=args.master_port or K8sOptions.port)
+    manifests = k8s_manifests(_load(args), recipe=args.recipe, options=options,
+                              nproc_per_node=args.nproc_per_node)
+    for warning in manifests.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    _write(render_documents(manifests.documents, args.recipe), args.output)
+    if args.output:
+        print(f"Kubernetes manifests written to {args.output}\napply them with: kubectl apply -f {args.output}")
     return 0
 
 
@@ -481,6 +580,29 @@ def cmd_merge(args) -> int:
     out = merge(Path(args.run_dir), Path(args.output) if args.output else None)
     print(f"merged model written to {out}")
     return 0
+
+
+def cmd_export(args) -> int:
+    from pathlib import Path
+
+    from recipeforge.outputs import library_warnings
+    from recipeforge.outputs.exporters import export_run
+
+    # Library noise (loading bars, deprecations) goes to the run's logs/warnings.log, as in training.
+    library_warnings.route_library_warnings(0)
+    try:
+        if (Path(args.run_dir) / "final").is_dir():
+            library_warnings.warnings_to_run_dir(Path(args.run_dir))
+        result = export_run(Path(args.run_dir), args.format, Path(args.output) if args.output else None,
+                            overwrite=args.overwrite, check=not args.no_check,
+                            log=lambda m: print(f"[recipeforge] {m}", file=sys.stderr))
+    finally:
+        library_warnings.stop_routing()
+    print(f"{args.format} export written to {result.out} in {result.seconds:.1f}s")
+    if result.check is None:
+        return 0
+    print(result.check.line())
+    return 0 if result.check.passed else EXIT_CHECK_FAILED
 
 
 def cmd_chat(args) -> int:

@@ -6,6 +6,8 @@ that changes the token ids, so a second run (or `recipeforge preprocess` ahead o
 
 from __future__ import annotations
 
+import atexit
+import itertools
 import json
 import os
 import shutil
@@ -20,7 +22,8 @@ from recipeforge.components.fingerprint import data_fingerprint
 from recipeforge.components.formats import RenderOptions, get_format
 from recipeforge.components.lm_encode import (NO_TARGET, OK, SPLIT, TOO_LONG, TRUNCATED, EncodeOptions, encode_dataset,
                                               to_arrow)
-from recipeforge.components.packing import IGNORE, pack_flat
+from recipeforge.components.lm_store import SampleFile, pack_to_disk, row_lengths, trained_tokens
+from recipeforge.components.packing import IGNORE
 from recipeforge.components.tokenizer import special_prefix_ids
 from recipeforge.errors import RecipeError
 
@@ -156,24 +159,56 @@ def _set_aside_broken(path: Path) -> None:
 
 def _build(recipe, tokenizer, fp: str, path: Path, *, base_dir: Path | None, locate: Locate,
            use_cache: bool) -> LMData:
-    """Tokenize (and pack) the recipe's data; with `use_cache`, write it to the cache entry `path`."""
+    """Tokenize (and pack) the recipe's data; with `use_cache`, write it to the cache entry `path`.
+
+    Samples go to Arrow files in a work folder as they are made and are read back memory-mapped
+    (`lm_store`), so memory holds a chunk of tokens at a time, however large the corpus; the cache
+    entry is written from them, and the work folder removed."""
+    work = _work_folder(path, use_cache)
+    try:
+        result = _tokenize_and_pack(recipe, tokenizer, fp, path if use_cache else None, work,
+                                    base_dir=base_dir, locate=locate)
+        if use_cache:
+            _save_cached(result, path)
+            result.stats["cache"] = "miss"
+        return result
+    finally:
+        if use_cache:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _work_folder(path: Path, use_cache: bool) -> Path:
+    """Where the samples are written while they are made: beside the cache entry (the same disk, under
+    its lock), or without a cache a temporary folder kept until this process ends (the returned
+    datasets are memory-mapped from it)."""
+    if use_cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{path.name}-work-", dir=path.parent))
+    folder = Path(tempfile.mkdtemp(prefix="recipeforge-samples-"))
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
+
+
+def _tokenize_and_pack(recipe, tokenizer, fp: str, path: Path | None, work: Path, *, base_dir: Path | None,
+                       locate: Locate) -> LMData:
+    """The tokenized (and packed) train and eval sets, their samples in Arrow files under `work`."""
     data = recipe.data
     mask_inputs = recipe.stage == "sft"
-    packing = bool(data.packing)
     t0 = time.perf_counter()
     # Pretraining keeps all of a long document (as consecutive samples); SFT rows are cut or dropped.
     options = EncodeOptions(train_on_inputs=data.train_on_inputs or not mask_inputs, sequence_len=data.sequence_len,
                             truncation=data.truncation, split_long=recipe.stage == "pretrain",
                             eot_tokens=tuple(getattr(recipe.model, "eot_tokens", ())))
     counts = {"truncated": 0, "split_samples": 0, "dropped_too_long": 0, "dropped_no_target": 0}
+    files = itertools.count()
 
     def transform(ds, fmt):
         if fmt.kind != "lm":
             raise RecipeError(f"format '{fmt.name}' cannot be tokenized for stage {recipe.stage}")
-        import datasets
         import numpy as np
 
-        table, status = encode_dataset(ds, fmt, tokenizer, options, num_proc=data.num_proc)
+        sink = SampleFile(work / f"tokenized-{next(files)}.arrow")
+        _, status = encode_dataset(ds, fmt, tokenizer, options, num_proc=data.num_proc, sink=sink.write)
         found = np.bincount(status, minlength=SPLIT + 1) if len(status) else np.zeros(SPLIT + 1, dtype=np.int64)
         if len(status) and not (found[OK] or found[TRUNCATED] or found[SPLIT]):
             raise _nothing_left(status.tolist(), data)
@@ -182,26 +217,31 @@ def _build(recipe, tokenizer, fp: str, path: Path, *, base_dir: Path | None, loc
         counts["dropped_too_long"] += int(found[TOO_LONG])
         counts["dropped_no_target"] += int(found[NO_TARGET])
         # A fingerprint of its own: `datasets` would hash every token to make one.
-        return datasets.Dataset(table, fingerprint=derived_fingerprint(ds, f"tokenized:{fp}"))
+        return sink.dataset(derived_fingerprint(ds, f"tokenized:{fp}"))
 
     train, evaluation, stats = load_split(data, ("lm",), seed=recipe.train.seed, base_dir=base_dir,
                                           transform=transform, locate=locate)
     stats.update(counts)
-    train_ids, train_labels, train_lengths = _flat(train)
-    stats["train_tokens"] = int(train_lengths.sum())
-    stats["trained_tokens"] = int((train_labels != IGNORE).sum())
-    if packing:
-        train, pstats = _packed(train_ids, train_labels, train_lengths, data.sequence_len, f"{fp}-train")
+    lengths = row_lengths(train)
+    stats["train_tokens"] = int(lengths.sum())
+    if data.packing:
+        train, pstats, stats["trained_tokens"] = _packed(train, lengths, data.sequence_len, work, f"{fp}-train")
         stats.update(packed_sequences=pstats.sequences, packing_efficiency=round(pstats.efficiency, 4))
         if evaluation is not None:
-            evaluation, _ = _packed(*_flat(evaluation), data.sequence_len, f"{fp}-eval")
+            evaluation = _packed(evaluation, None, data.sequence_len, work, f"{fp}-eval")[0]
+    else:
+        stats["trained_tokens"] = trained_tokens(train)
     stats["preprocess_seconds"] = round(time.perf_counter() - t0, 3)
     stats["tokens_per_second"] = round(stats["train_tokens"] / max(stats["preprocess_seconds"], 1e-9))
-    result = LMData(train, evaluation, packing, stats, fp, path if use_cache else None)
-    if use_cache:
-        _save_cached(result, path)
-        result.stats["cache"] = "miss"
-    return result
+    return LMData(train, evaluation, bool(data.packing), stats, fp, path)
+
+
+def _packed(ds, lengths, capacity: int, work: Path, name: str):
+    """`ds` packed into sequences of `capacity` tokens (`lm_store.pack_to_disk`), memory-mapped from
+    `work`; with the packing stats and the trained tokens."""
+    out = SampleFile(work / f"{name}-packed.arrow")
+    stats, trained = pack_to_disk(ds, capacity, out, lengths)
+    return out.dataset(f"{name}-packed"), stats, trained
 
 
 def _nothing_left(status: list, data) -> RecipeError:
@@ -217,32 +257,6 @@ def _nothing_left(status: list, data) -> RecipeError:
         (["check that the response column is filled"] if no_target else [])
     return RecipeError(f"all {len(status)} rows were dropped: " + "; ".join(parts),
                        hint=", ".join(fixes[:-1]) + f" or {fixes[-1]}" if len(fixes) > 1 else fixes[0])
-
-
-def _flat(ds):
-    """Token ids, labels (flat int32 arrays of all rows end to end) and row lengths of a tokenized dataset,
-    read from its Arrow columns (in its row order, after any selection) without a Python list per row."""
-    import numpy as np
-    import pyarrow.compute as pc
-
-    table = ds.with_format("arrow")[:]
-    out = []
-    for name in ("input_ids", "labels"):
-        chunks = table.column(name).chunks
-        out.append(np.concatenate([c.flatten().to_numpy(zero_copy_only=False) for c in chunks]
-                                  or [np.zeros(0, np.int32)]).astype(np.int32, copy=False))
-    lengths = [pc.list_value_length(c).to_numpy(zero_copy_only=False) for c in table.column("input_ids").chunks]
-    out.append(np.concatenate(lengths or [np.zeros(0, np.int64)]).astype(np.int64))
-    return tuple(out)
-
-
-def _packed(ids, labels, lengths, capacity, fingerprint: str):
-    import datasets
-
-    columns, stats = pack_flat(ids, labels, lengths, capacity)
-    # Straight to Arrow as int32 lists (the layout `pack` gave), without a Python list per sequence.
-    table = to_arrow({k: columns[k] for k in ("input_ids", "labels", "position_ids")}, columns["lengths"])
-    return datasets.Dataset(table, fingerprint=f"{fingerprint}-packed"), stats
 
 
 def _save_cached(result: LMData, path: Path) -> None:
@@ -264,7 +278,6 @@ def _save_cached(result: LMData, path: Path) -> None:
             if not path.exists():
                 raise
             shutil.rmtree(tmp, ignore_errors=True)  # another process won the race; theirs is as good
-            return
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -13,7 +13,7 @@ import contextlib
 import itertools
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from recipeforge.components.chat_templates import GENERATION_TAG
 from recipeforge.components.formats import Format, RenderOptions, get_format
@@ -325,15 +325,35 @@ def _work(bounds: tuple[int, int]) -> Encoded:
     return encode_rows(ds[bounds[0]:bounds[1]], get_format(fmt_name), tokenizer, options)
 
 
-def encode_dataset(ds, fmt: Format, tokenizer, options: EncodeOptions, *, num_proc: int | str = 1):
+def encode_dataset(ds, fmt: Format, tokenizer, options: EncodeOptions, *, num_proc: int | str = 1,
+                   sink: Callable[[Any], None] | None = None):
     """Tokenize a `datasets.Dataset` of one format: an Arrow table of the kept samples and the status of
     every sample produced (np.int8). Rows are taken in chunks; with several processes the chunks go to
-    forked workers and come back in order, so the result (and the first row error) is the same."""
-    global _JOB
-    import multiprocessing
-
+    forked workers and come back in order, so the result (and the first row error) is the same. With a
+    `sink`, each chunk's table goes to it as soon as it is made (nothing is kept) and the table returned
+    is None: memory then holds a chunk, not the corpus (`lm_store.SampleFile`)."""
     import numpy as np
     import pyarrow as pa
+
+    tables, statuses = [], []
+    for part in _encoded_parts(ds, fmt, tokenizer, options, num_proc):
+        statuses.append(part.status)
+        table = to_arrow({"input_ids": part.ids, "labels": part.labels}, part.lengths)
+        if sink is None:
+            tables.append(table)
+        else:
+            sink(table)
+    status = np.concatenate(statuses) if statuses else np.zeros(0, np.int8)
+    if sink is not None:
+        return None, status
+    empty = {"input_ids": np.zeros(0, np.int32), "labels": np.zeros(0, np.int32)}
+    return (pa.concat_tables(tables) if tables else to_arrow(empty, [])), status
+
+
+def _encoded_parts(ds, fmt: Format, tokenizer, options: EncodeOptions, num_proc: int | str):
+    """The encoded chunks of `ds`, in row order, from this process or forked workers."""
+    global _JOB
+    import multiprocessing
 
     n = len(ds)
     bounds = [(a, min(a + CHUNK_ROWS, n)) for a in range(0, n, CHUNK_ROWS)]
@@ -342,16 +362,15 @@ def encode_dataset(ds, fmt: Format, tokenizer, options: EncodeOptions, *, num_pr
         processes = 1  # workers inherit the tokenizer and the rows by forking; without fork, one process
     _JOB = (ds, fmt.name, tokenizer, options)
     try:
-        if processes == 1:
-            parts = [_work(b) for b in bounds]
+        if processes <= 1:
+            for b in bounds:
+                yield _work(b)
         else:
             with _tokenizer_threads_off():
                 with multiprocessing.get_context("fork").Pool(processes) as pool:
-                    parts = list(pool.imap(_work, bounds))
+                    yield from pool.imap(_work, bounds)
     finally:
         _JOB = None
-    tables = [to_arrow({"input_ids": p.ids, "labels": p.labels}, p.lengths) for p in parts]
-    return pa.concat_tables(tables), np.concatenate([p.status for p in parts])
 
 
 @contextlib.contextmanager

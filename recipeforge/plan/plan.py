@@ -164,7 +164,7 @@ def _alternatives(recipe, w: Workload, hw: Hardware) -> list[str]:
                        f"{best.memory.cpu_per_node / GIB:.0f} GB of host RAM per node "
                        f"({'this machine has' if known else 'assumed'} {ram:.0f} GB)")
     else:
-        out.append("a GPU machine (--hardware 1xH100-80GB, ...) or a smaller model")
+        out.append("a GPU machine (plan or launch for one with --hardware 1xH100-80GB, ...) or a smaller model")
     return out or ["a smaller model or sequence length"]
 
 

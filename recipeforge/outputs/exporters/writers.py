@@ -1,0 +1,65 @@
+"""Writing one export folder from a folder of full weights: a copy (safetensors), torchao weight-only
+quantization through transformers' `TorchAoConfig`, or (module `compressed`) llmcompressor."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from recipeforge.outputs.exporters.formats import ExportFormat, Family, FormatSpec, int4_group
+
+
+def write_export(spec: FormatSpec, src: Path, dest: Path) -> dict:
+    """Write `spec`'s format of the model in `src` (full weights and tokenizer) into the empty folder
+    `dest`; returns what was chosen on the way (recorded in export.json)."""
+    if spec.family == Family.SAFETENSORS:
+        return copy_weights(src, dest)
+    if spec.family == Family.TORCHAO:
+        return quantize_torchao(spec.name, src, dest)
+    if spec.family == Family.COMPRESSED_TENSORS:
+        from recipeforge.outputs.exporters.compressed import quantize_compressed
+
+        return quantize_compressed(spec.name, src, dest)
+    raise AssertionError(f"no writer for {spec.name}")  # formats.check_available refused it before
+
+
+def copy_weights(src: Path, dest: Path) -> dict:
+    """The full-precision model as it is: every file of `src` (weights, config, tokenizer)."""
+    for path in sorted(Path(src).iterdir()):
+        if path.is_file() and path.name != "README.md":  # the export writes its own README
+            shutil.copy2(path, dest / path.name)
+    return {"dtype": json.loads((Path(src) / "config.json").read_text()).get("dtype")}
+
+
+def torchao_config(fmt: ExportFormat, model_config: dict):
+    """The torchao config of `fmt` for a model with `model_config` (its config.json), and its settings.
+
+    int4 is torchao's `IntxWeightOnlyConfig(torch.int4, PerGroup)`: with torchao 0.15+ the
+    `Int4WeightOnlyConfig` layouts run only on CUDA (tinygemm tile packing, bf16) or need the mslk
+    kernels, and the CPU layout (Int4CPULayout) is gone; the unpacked int4 tensor loads and runs on the
+    CPU and the GPU alike, and it is the only int4 layout torchao's safetensors support serializes. It
+    keeps one int4 value per byte: on disk it is as large as int8 (W4A16 packs two per byte)."""
+    import torch
+    from torchao.quantization import Int8WeightOnlyConfig, IntxWeightOnlyConfig, PerGroup
+
+    if fmt == ExportFormat.TORCHAO_INT8:
+        return Int8WeightOnlyConfig(), {"weights": "int8", "granularity": "per channel"}
+    group = int4_group(model_config)
+    return (IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(group)),
+            {"weights": "int4", "granularity": f"per group of {group}", "storage": "one value per byte"})
+
+
+def quantize_torchao(fmt: ExportFormat, src: Path, dest: Path) -> dict:
+    """Load `src` quantized by torchao (every linear layer but the output head and the embeddings,
+    transformers' default) and save it as safetensors with its `quantization_config`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TorchAoConfig
+
+    config = json.loads((Path(src) / "config.json").read_text())
+    quant, settings = torchao_config(fmt, config)
+    # dtype "auto": the weights keep the precision they were trained and saved in.
+    model = AutoModelForCausalLM.from_pretrained(str(src), dtype="auto", quantization_config=TorchAoConfig(quant))
+    model.config.use_cache = True
+    model.save_pretrained(str(dest), safe_serialization=True)
+    AutoTokenizer.from_pretrained(str(src)).save_pretrained(str(dest))
+    return {**settings, "dtype": str(model.dtype).removeprefix("torch.")}
