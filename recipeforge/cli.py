@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from recipeforge import __version__
@@ -201,7 +202,7 @@ def _launch_prepare_commands(sub: Any) -> None:
 
 
 def _after_training_commands(sub: Any) -> None:
-    """The commands merge, export, chat and push: what a finished run is used for."""
+    """The commands merge, export, chat, serve, eval (`_eval_command`) and push: what a finished run is used for."""
     p = sub.add_parser("merge", help="merge a run's LoRA adapter into its base model (safetensors)")
     p.add_argument("run_dir", help="run directory written by `recipeforge train`")
     p.add_argument("-o", "--output", help="output directory (default: RUN_DIR/merged)")
@@ -239,6 +240,8 @@ def _after_training_commands(sub: Any) -> None:
                    help="vllm engine: the share of the GPU (on a CPU: of host memory) vLLM takes for weights and "
                         "KV cache (default: vLLM's own, 0.92 of a GPU's memory)")
     p.set_defaults(func=cmd_serve)
+
+    _eval_command(sub)
 
     p = sub.add_parser("push", help="upload a finished run's model and model card to the Hugging Face Hub",
                        description="Upload final/ (merged/ when the run merged its adapter) and the model card "
@@ -279,6 +282,31 @@ def _export_command(sub: Any) -> None:
     p.set_defaults(func=cmd_export)
 
 
+def _eval_command(sub: Any) -> None:
+    """The command eval: benchmarks of finished runs."""
+    p = sub.add_parser("eval", help="benchmark a finished run's model with lm-evaluation-harness; two runs: a "
+                                    "comparison table",
+                       description="Evaluate final/ of a run (a LoRA adapter on its base, not merged) with "
+                                   "EleutherAI's lm-evaluation-harness (HF backend) on lm-eval tasks by name and "
+                                   "local tasks (a .jsonl of {prompt, reference} or {prompt, choices, answer} rows, "
+                                   "or an lm-eval task .yaml). Scores go to RUN_DIR/eval/<task>.json, the model "
+                                   "card and `recipeforge report`. Needs lm-eval: pip install 'recipeforge[eval]'.")
+    p.add_argument("targets", nargs="+", metavar="RUN_DIR|RECIPE",
+                   help="run directory, or the recipe that trained it; several: evaluated on the same tasks and "
+                        "compared")
+    p.add_argument("--tasks", nargs="+", metavar="TASK",
+                   help="lm-eval task names or local task files, space- or comma-separated (default: the "
+                        "recipe's eval.tasks)")
+    p.add_argument("--batch-size", type=int, metavar="N",
+                   help="prompts per forward pass (default: eval.batch_size, else 8 on the CPU and lm-eval's "
+                        "out-of-memory-safe `auto` on a GPU)")
+    p.add_argument("--limit", type=int, metavar="N", help="evaluate only the first N examples of each task")
+    p.add_argument("--checkpoints", action="store_true",
+                   help="also evaluate every checkpoint kept in RUN_DIR/checkpoints (into eval/checkpoint-N/)")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="where the model runs (default: cuda when present)")
+    p.set_defaults(func=cmd_eval)
+
+
 # -- commands ---------------------------------------------------------------------------------------
 
 def _load(args):
@@ -293,6 +321,13 @@ def _load(args):
         from recipeforge.config.validate import check_components
 
         check_components(loaded)
+    if args.command in ("validate", "train"):
+        # Local eval task files and lm-eval itself are checked before hours of training, not after.
+        from recipeforge.outputs.evaluation.tasks import check_recipe_tasks
+
+        section = loaded.recipe.eval
+        check_recipe_tasks(list(section.tasks), Path(loaded.path).resolve().parent,
+                           needs_harness=section.after_training)
     return loaded
 
 
@@ -610,6 +645,39 @@ def cmd_serve(args) -> int:
         raise RecipeError(f"--gpu-memory-utilization {share} is not a share", hint="give a fraction, e.g. 0.5")
     serve(Path(args.run_dir), engine=args.engine, host=args.host, port=args.port, name=args.name,
           api_key=args.api_key or None, device=args.device, memory_share=share)
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from recipeforge.outputs import library_warnings
+    from recipeforge.outputs.evaluation.command import evaluate_targets
+    from recipeforge.outputs.evaluation.results import comparison_table, format_score
+
+    for flag in ("batch_size", "limit"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise RecipeError(f"--{flag.replace('_', '-')} must be 1 or more", key=f"--{flag.replace('_', '-')}")
+    # Library noise (loading bars, deprecations) goes to logs/warnings.log of the first run, as in `chat`.
+    library_warnings.route_library_warnings(0)
+    try:
+        first = Path(args.targets[0])
+        if (first / "final").is_dir():
+            library_warnings.warnings_to_run_dir(first)
+        tasks = [t for arg in args.tasks or () for t in arg.split(",") if t]  # lm-eval's own --tasks a,b too
+        done = evaluate_targets(args.targets, tasks=tasks, batch_size=args.batch_size, limit=args.limit,
+                                device=args.device, checkpoints=args.checkpoints,
+                                log=lambda m: print(f"[recipeforge] {m}", file=sys.stderr))
+    finally:
+        library_warnings.stop_routing()
+    if len(done) > 1:
+        sys.stdout.write(comparison_table([str(run) for run, _ in done], [subjects["final"] for _, subjects in done]))
+        return 0
+    run_dir, subjects = done[0]
+    for subject, records in subjects.items():
+        where = run_dir / "eval" if subject == "final" else run_dir / "eval" / subject
+        for name, record in records.items():
+            scores = ", ".join(f"{k} {format_score(v)}" for k, v in record["scores"].items())
+            label = name if subject == "final" else f"{subject} {name}"
+            print(f"{label}: {scores} ({record['samples']} examples) -> {where / (name + '.json')}")
     return 0
 
 

@@ -44,22 +44,28 @@ class Conversation:
 def load_chat_model(run_dir: Path, *, device: str | None = None) -> tuple[Any, Any]:
     """(model, tokenizer) of a finished run: final/ as saved, an adapter on its base without merging.
     A `RecipeError` when `run_dir` holds no final/ model."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     final = Path(run_dir) / "final"
     if not (final / "config.json").is_file() and not (final / "adapter_config.json").is_file():
         raise RecipeError(f"{run_dir} has no final/ model to chat with",
                           hint="give the run directory of a finished `recipeforge train` (it writes final/)")
+    return load_model_dir(final, device=device)
+
+
+def load_model_dir(model_dir: Path, *, device: str | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) of a saved model directory (final/ or a checkpoint): full weights, or a LoRA
+    adapter loaded on its base without merging; bfloat16 on a GPU, float32 on the CPU."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    tokenizer = AutoTokenizer.from_pretrained(str(final))
-    if (final / "adapter_config.json").is_file():
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    if (Path(model_dir) / "adapter_config.json").is_file():
         from peft import AutoPeftModelForCausalLM
 
-        model = AutoPeftModelForCausalLM.from_pretrained(str(final), dtype=dtype)
+        model = AutoPeftModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
     else:
-        model = AutoModelForCausalLM.from_pretrained(str(final), dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
     return model.to(device).eval(), tokenizer
 
 

@@ -21,8 +21,9 @@ WARNINGS_LOG = Path("logs") / "warnings.log"
 # Loggers of the libraries a run drives; their WARNING records go to the warnings log.
 # torch.utils._pytree: deprecation notes torch prints when a library (torchao, imported by
 # transformers whenever installed) registers its types at import.
+# lm_eval: `recipeforge eval`'s harness (its notes on being handed a model object).
 LIBRARY_LOGGERS = ("transformers", "trl", "peft", "accelerate", "datasets", "huggingface_hub", "torchao",
-                   "bitsandbytes", "deepspeed", "torch.utils._pytree")
+                   "bitsandbytes", "deepspeed", "torch.utils._pytree", "lm_eval")
 
 
 def _library_dirs() -> tuple[str, ...]:

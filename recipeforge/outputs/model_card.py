@@ -42,6 +42,7 @@ def render_model_card(*, recipe, recipe_data: dict, plan, data_stats: dict, run_
     else:
         lines += _usage(adapter)
     lines += _results(run_dir, reward)
+    lines += eval_section(run_dir)
     if data_stats:
         lines += ["## Data", "", "| | |", "|---|---|"]
         lines += [f"| {k} | {v} |" for k, v in data_stats.items()]
@@ -102,3 +103,36 @@ def _results(run_dir: Path, reward: bool = False) -> list[str]:
 
 def write_model_card(path: Path, **kwargs) -> None:
     path.write_text(render_model_card(**kwargs))
+
+
+# The evaluation section sits between these markers, so `recipeforge eval` can replace it in a card
+# written at the end of training without the recipe and plan that card was rendered from.
+EVAL_START, EVAL_END = "<!-- recipeforge:eval -->", "<!-- /recipeforge:eval -->"
+
+
+def eval_section(run_dir: Path) -> list[str]:
+    """The card's "## Evaluation" lines from RUN_DIR/eval/*.json; none before the run is evaluated."""
+    from recipeforge.outputs.evaluation.results import markdown_table, read_results
+
+    results = read_results(run_dir)
+    table = markdown_table(results)
+    if not table:
+        return []
+    versions = next(iter(results.values())).get("versions") or {}
+    return [EVAL_START, "## Evaluation", "", *table, "",
+            f"lm-evaluation-harness {versions.get('lm_eval')} (`recipeforge eval`; details and prompt "
+            "fingerprints in eval/<task>.json).", EVAL_END, ""]
+
+
+def update_eval_section(readme: Path, run_dir: Path) -> None:
+    """Replace (or add, before "## Data" or "## Plan") the evaluation section of an existing card."""
+    text = readme.read_text(encoding="utf-8")
+    block = "\n".join(eval_section(run_dir))
+    if EVAL_START in text and EVAL_END in text:
+        head, rest = text.split(EVAL_START, 1)
+        tail = rest.split(EVAL_END, 1)[1].lstrip("\n")
+        text = head + block + tail
+    else:
+        at = next((text.index(h) for h in ("\n## Data\n", "\n## Plan\n") if h in text), len(text))
+        text = text[:at + 1] + block + text[at + 1:] if at < len(text) else text.rstrip("\n") + "\n\n" + block
+    readme.write_text(text, encoding="utf-8")

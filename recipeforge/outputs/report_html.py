@@ -46,6 +46,10 @@ def render_html(runs: list[Run], images: list[Image], *, notes: list[str] = ()) 
            f"<p>Written {esc(time.strftime('%Y-%m-%d %H:%M:%S'))} by recipeforge {esc(__version__)} from "
            f"metrics.jsonl, resolved_recipe.yaml and plan.json of each run.</p>"]
     out += ["<h2>Runs</h2>", _runs_table(runs)]
+    if any(run.evals for run in runs):
+        out += ["<h2>Evaluation</h2>", _eval_table(runs)]
+    if any(run.checkpoint_evals for run in runs):
+        out += ["<h2>Evaluation at checkpoints</h2>", _checkpoint_eval_table(runs)]
     if len(runs) > 1:
         out += ["<h2>Recipe differences</h2>", _diff_table(runs)]
     if notes:
@@ -78,6 +82,34 @@ def _runs_table(runs: list[Run]) -> str:
         cells.append(f'<td class="num">{_duration(fig["wall time"])}</td>')
         rows.append("<tr>" + "".join(c if c.startswith("<td") else f"<td>{c}</td>" for c in cells) + "</tr>")
     return _table(head, rows)
+
+
+def _eval_table(runs: list[Run]) -> str:
+    """Scores of `recipeforge eval` (RUN_DIR/eval/<task>.json): one row per task and metric, one column per run."""
+    from recipeforge.outputs.evaluation.results import score_rows
+
+    esc = html.escape
+    keys: dict[tuple[str, str], None] = {}
+    for run in runs:
+        keys.update({(task, metric): None for task, metric, _ in score_rows(run.evals)})
+    rows = []
+    for task, metric in keys:
+        cells = [f'<td class="num">{_num(run.evals.get(task, {}).get("scores", {}).get(metric))}</td>' for run in runs]
+        rows.append(f"<tr><td>{esc(task)}</td><td>{esc(metric)}</td>{''.join(cells)}</tr>")
+    return _table(["task", "metric", *(run.label for run in runs)], rows)
+
+
+def _checkpoint_eval_table(runs: list[Run]) -> str:
+    """Scores of the checkpoints evaluated (`recipeforge eval --checkpoints`): one row per run, checkpoint,
+    task and metric."""
+    from recipeforge.outputs.evaluation.results import score_rows
+
+    esc = html.escape
+    rows = [f"<tr><td>{esc(run.label)}</td><td>{esc(name)}</td><td>{esc(task)}</td><td>{esc(metric)}</td>"
+            f'<td class="num">{_num(value)}</td></tr>'
+            for run in runs for name, results in run.checkpoint_evals.items()
+            for task, metric, value in score_rows(results)]
+    return _table(["run", "checkpoint", "task", "metric", "value"], rows)
 
 
 def _diff_table(runs: list[Run]) -> str:

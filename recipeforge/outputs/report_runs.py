@@ -31,6 +31,8 @@ class Run:
     finished: bool = False                   # final/ is written
     in_progress: bool = False                # a `train` holds the run's lock (or was killed holding it)
     partial_last_line: bool = False          # the last line was being written when it was read
+    evals: dict = field(default_factory=dict)  # eval/<task>.json records by task (`recipeforge eval`)
+    checkpoint_evals: dict = field(default_factory=dict)  # eval/checkpoint-N/<task>.json, by checkpoint
 
     @property
     def stage(self) -> str | None:
@@ -90,13 +92,15 @@ def read_run(path: str | Path) -> Run:
     if not records:
         raise RecipeError(f"{metrics} holds no metrics yet",
                           hint="training writes a row every train.logging_steps steps; report the run after that")
+    from recipeforge.outputs.evaluation.results import read_checkpoint_results, read_results
     from recipeforge.outputs.run_guard import read_resolved
     from recipeforge.outputs.run_lock import LOCK_NAME
 
     return Run(root=root, label=root.resolve().name or str(root), records=records,
                recipe=read_resolved(root / "resolved_recipe.yaml"), plan=_read_json(root / "plan.json"),
                finished=(root / "final").is_dir(), in_progress=(root / LOCK_NAME).exists(),
-               partial_last_line=partial)
+               partial_last_line=partial, evals=read_results(root),
+               checkpoint_evals=read_checkpoint_results(root))
 
 
 def read_records(path: Path) -> tuple[list[dict], bool]:

@@ -34,6 +34,7 @@ NEUTRAL: tuple[tuple[str, ...], ...] = (
     ("output", "merge_adapter"),
     ("output", "push_to_hub"),
     ("logging",),
+    ("eval",),                   # benchmarks of the finished model, run after training
     ("train", "divergence"),     # how a diverging run is noticed, not what it trains
     ("data", "num_proc"),
     ("data", "cache_dir"),

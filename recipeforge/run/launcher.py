@@ -26,7 +26,7 @@ from recipeforge.plan.types import Plan
 from recipeforge.plan.world import plan_for_world, processes_per_node
 from recipeforge.run.options import LaunchFailed, LaunchOptions
 from recipeforge.run.run_directory import prepare_run
-from recipeforge.run.session import push_to_hub, run_stage
+from recipeforge.run.session import evaluate_after_training, push_to_hub, run_stage
 from recipeforge.stages import preemption
 from recipeforge.stages.base import DistInfo
 
@@ -56,6 +56,7 @@ def launch(loaded: LoadedRecipe, plan: Plan | None, opts: LaunchOptions, *, over
     start_workers(spec, run)
     if cluster.is_main_node:
         backend.finish_launch(loaded, plan, run, log=log)  # e.g. Megatron's export to final/
+        evaluate_after_training(loaded, run.root)
         push_to_hub(loaded, run.root)
     return run.root
 
@@ -159,5 +160,6 @@ def train_here(loaded: LoadedRecipe, plan: Plan, run: RunDir, backend: Backend, 
     resume_from = prepare_run(loaded, plan, run, overwrite=overwrite, force=force)
     run_stage(loaded, plan, run, backend, DistInfo(), resume_from)
     log(f"done: {run.root}")
+    evaluate_after_training(loaded, run.root)
     push_to_hub(loaded, run.root)
     return run.root

@@ -103,5 +103,17 @@ def resolved_for_run(loaded: LoadedRecipe, run: RunDir) -> dict[str, Any]:
         found = template_file(template, base_dir=base, location=loaded.tree.locate(("data", "chat_template")))
         if found is not None:
             data["data"]["chat_template"] = str(found)
+    data["eval"]["tasks"] = [_local_task_path(task, base) for task in loaded.recipe.eval.tasks]
     data["output"]["dir"] = str(run.root)
     return data
+
+
+def _local_task_path(task: str, base: Path) -> str:
+    """A local eval task file (relative to the recipe) made absolute, like the data paths; a harness task
+    name as it is."""
+    from recipeforge.outputs.evaluation.tasks import is_local
+
+    path = Path(task).expanduser()
+    if not is_local(task) or path.is_absolute() or not (base / path).is_file():
+        return task
+    return str((base / path).resolve())

@@ -108,6 +108,44 @@ def write_backend_report(ctx: StageContext, runner: TrainerStage, backend: Backe
     _atomic_write(ctx.run.root / "backend.json", json.dumps(report, indent=2, default=str) + "\n")
 
 
+def evaluate_after_training(loaded: LoadedRecipe, run_root: Path) -> None:
+    """`eval.tasks` with `eval.after_training`: evaluate the saved model (`outputs.evaluation`) before it
+    is pushed, so the card uploaded holds the scores. A user error (lm-eval missing, a bad task) is
+    logged and leaves the run complete: `recipeforge eval RUN_DIR` retries."""
+    section = loaded.recipe.eval
+    if not section.tasks or not section.after_training:
+        return
+    from recipeforge.errors import RecipeError
+    from recipeforge.outputs.evaluation.command import options_for, refresh_card
+    from recipeforge.outputs.evaluation.runner import evaluate_run
+
+    options = options_for(section.model_dump(), batch_size=None, limit=None, device=None)
+    _free_training_memory()
+    try:
+        done = evaluate_run(run_root, list(section.tasks), Path(loaded.path).resolve().parent, options, log=log,
+                            checkpoints=section.at_checkpoints)
+    except RecipeError as exc:
+        log(f"warning: evaluation skipped: {exc.render()}\n  the run is complete; evaluate it with: "
+            f"recipeforge eval {run_root}")
+        return
+    refresh_card(run_root)
+    for subject, records in done.items():
+        for name, record in records.items():
+            log(f"eval {subject} {name}: " + ", ".join(f"{k} {v}" for k, v in record["scores"].items()))
+
+
+def _free_training_memory() -> None:
+    """A run trained in this process leaves its trainer (model, optimizer states) to the collector:
+    collected before the model is loaded again for evaluation, and the GPU's cached blocks released."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def push_to_hub(loaded: LoadedRecipe, run_root: Path) -> None:
     """`output.push_to_hub`: upload the saved model once the run is complete (`outputs.hub`). A failed
     upload raises `outputs.hub.PushFailed`; the run directory is already complete then."""

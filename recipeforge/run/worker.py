@@ -30,7 +30,7 @@ from recipeforge.outputs.run_dir import RunDir, default_run_dir
 from recipeforge.plan.types import Plan
 from recipeforge.plan.world import check_world, plan_for_world
 from recipeforge.run.run_directory import prepare_run
-from recipeforge.run.session import push_to_hub, run_stage
+from recipeforge.run.session import evaluate_after_training, push_to_hub, run_stage
 from recipeforge.stages.base import DistInfo
 from recipeforge.stages.preemption import Preempted
 
@@ -54,6 +54,7 @@ def run_worker(loaded: LoadedRecipe, dist: DistInfo, *, overwrite: bool, force: 
     if dist.is_main:
         log(f"done: {run.root}")
         if spec is None:  # launched directly (torchrun -m recipeforge): no launching command pushes
+            evaluate_after_training(loaded, run.root)
             push_to_hub(loaded, run.root)
     return run.root
 

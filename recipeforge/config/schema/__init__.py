@@ -3,6 +3,7 @@
 from recipeforge.config.schema.adapter import AdapterConfig, QuantConfig
 from recipeforge.config.schema.data import DataConfig, DatasetSpec
 from recipeforge.config.schema.distributed import DistributedConfig, HardwareConfig
+from recipeforge.config.schema.evaluation import EvalConfig
 from recipeforge.config.schema.logging import LoggingConfig
 from recipeforge.config.schema.model import ModelConfig
 from recipeforge.config.schema.output import OutputConfig
@@ -13,7 +14,7 @@ from recipeforge.config.schema.train import TrainConfig
 
 __all__ = [
     "AdapterConfig", "AnyRecipe", "DPOConfig", "DPORecipe", "DataConfig", "DatasetSpec", "DistributedConfig",
-    "GRPOConfig", "GRPORecipe", "HardwareConfig", "LoggingConfig", "ModelConfig", "OutputConfig",
+    "EvalConfig", "GRPOConfig", "GRPORecipe", "HardwareConfig", "LoggingConfig", "ModelConfig", "OutputConfig",
     "PretrainRecipe", "QuantConfig", "Recipe", "RewardSpec", "RolloutConfig", "SFTRecipe", "STAGES",
     "STAGE_CLASSES", "TrainConfig", "recipe_adapter",
 ]

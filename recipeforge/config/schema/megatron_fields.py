@@ -199,6 +199,10 @@ FIELDS: dict[str, Field] = {
                                    "AutoBridge.export_adapter_ckpt)"),
     "output.push_to_hub": mapped("recipeforge's upload of the exported final/ (or merged/) after the job "
                                  "(outputs.hub), as for every backend"),
+    # eval
+    "eval": mapped("recipeforge's lm-eval evaluation of the exported final/ after the job (outputs.evaluation), as "
+                   "for every backend; Megatron's own checkpoints are not Hugging Face weights, so eval.at_checkpoints "
+                   "finds none to evaluate"),
     # other stages' sections
     "dpo": ignored("DPO runs on other backends (stage is refused)"),
     "grpo": ignored("GRPO runs on other backends (stage is refused)"),

@@ -16,6 +16,7 @@ from recipeforge.config.schema.adapter import AdapterConfig
 from recipeforge.config.schema.base import Section
 from recipeforge.config.schema.data import DataConfig
 from recipeforge.config.schema.distributed import DistributedConfig, HardwareConfig
+from recipeforge.config.schema.evaluation import EvalConfig
 from recipeforge.config.schema.lock import LockConfig
 from recipeforge.config.schema.logging import LoggingConfig
 from recipeforge.config.schema.model import ModelConfig
@@ -47,6 +48,8 @@ class Recipe(Section):
                     "its own options. A plain list of names also works.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Experiment trackers.")
     output: OutputConfig = Field(default_factory=OutputConfig, description="Run directory and checkpoints.")
+    eval: EvalConfig = Field(default_factory=EvalConfig,
+                             description="Benchmarks of the finished model (lm-evaluation-harness).")
     allow_code: bool = Field(
         False, description="Allow the recipe to import Python code by dotted path (e.g. a reward `my_pkg.rewards:f`); "
                            "--trust-code (RECIPEFORGE_TRUST_CODE=1) does the same for one run. Reported in the plan.")

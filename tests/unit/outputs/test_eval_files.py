@@ -1,0 +1,146 @@
+"""The files of `recipeforge eval` without a model: local JSONL tasks checked line by line and written as
+lm-eval task configs, lm-eval's score keys split, the comparison table, the model card's evaluation
+section replaced in place."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from recipeforge.errors import RecipeError
+from recipeforge.outputs.evaluation.results import (comparison_table, read_checkpoint_results, read_results,
+                                                    split_scores, write_result)
+from recipeforge.outputs.evaluation.tasks import check_jsonl, resolve_tasks
+from recipeforge.outputs.model_card import EVAL_START, update_eval_section
+
+
+def _jsonl(path: Path, *rows) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def test_generation_task_becomes_an_lm_eval_config(tmp_path):
+    task = _jsonl(tmp_path / "my qa.jsonl", {"prompt": "2+2=", "reference": "4"})
+    (ref,) = resolve_tasks(["my qa.jsonl"], tmp_path, tmp_path / "inc", max_new_tokens=7)
+    assert ref.name == "my_qa" and ref.source == task
+    config = yaml.safe_load((tmp_path / "inc" / f"{ref.harness_name}.yaml").read_text())
+    assert config["task"] == ref.harness_name and config["output_type"] == "generate_until"
+    assert config["dataset_kwargs"]["data_files"]["test"] == str(task.resolve())
+    assert config["generation_kwargs"] == {"until": ["\n"], "do_sample": False, "max_gen_toks": 7}
+    assert config["metric_list"][0]["metric"] == "exact_match"
+
+
+def test_choice_rows(tmp_path):
+    task = _jsonl(tmp_path / "mc.jsonl", {"prompt": "sky", "choices": ["blue", "red"], "answer": 0})
+    assert check_jsonl(task) == "choices"
+    (ref,) = resolve_tasks([str(task)], Path("/nowhere"), tmp_path / "inc", max_new_tokens=7)
+    config = yaml.safe_load((tmp_path / "inc" / f"{ref.harness_name}.yaml").read_text())
+    assert config["output_type"] == "multiple_choice" and config["metric_list"][0]["metric"] == "acc"
+
+
+@pytest.mark.parametrize("rows, line, what", [
+    (['{"prompt": "a", "reference": "b"}', "{not json"], 2, "not JSON"),
+    ([{"prompt": "", "reference": "b"}], 1, "non-empty string \"prompt\""),
+    ([{"prompt": "a", "reference": 3}], 1, "\"reference\" must be a string"),
+    ([{"prompt": "a", "choices": ["x"], "answer": 0}], 1, "two or more strings"),
+    ([{"prompt": "a", "choices": ["x", "y"], "answer": 2}], 1, "index of the right choice"),
+    ([{"prompt": "a", "answer": "b"}], 1, "unexpected keys"),
+    ([{"prompt": "a", "reference": "b"}, {"prompt": "a", "choices": ["x", "y"], "answer": 1}], 2, "mixes"),
+])
+def test_malformed_rows_name_their_line(tmp_path, rows, line, what):
+    task = _jsonl(tmp_path / "bad.jsonl", *rows)
+    with pytest.raises(RecipeError) as err:
+        check_jsonl(task)
+    assert f"bad.jsonl:{line}: malformed task row" in str(err.value) and what in str(err.value)
+
+
+def test_missing_and_empty_task_files(tmp_path):
+    with pytest.raises(RecipeError, match="task file not found"):
+        resolve_tasks(["nope.jsonl"], tmp_path, tmp_path / "inc", max_new_tokens=7)
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(RecipeError, match="holds no rows"):
+        resolve_tasks(["empty.jsonl"], tmp_path, tmp_path / "inc", max_new_tokens=7)
+    (tmp_path / "t.yaml").write_text("dataset_path: json\n")
+    with pytest.raises(RecipeError, match="no `task:` name"):
+        resolve_tasks(["t.yaml"], tmp_path, tmp_path / "inc", max_new_tokens=7)
+
+
+def test_lm_eval_yaml_with_function_tags_is_read(tmp_path):
+    (tmp_path / "t.yaml").write_text("task: mine\nprocess_docs: !function utils.process\n")
+    (ref,) = resolve_tasks(["t.yaml"], tmp_path, tmp_path / "inc", max_new_tokens=7)
+    assert (ref.name, ref.harness_name) == ("mine", "mine")
+
+
+def test_harness_names_pass_through(tmp_path):
+    (ref,) = resolve_tasks(["arc_easy"], tmp_path, tmp_path / "inc", max_new_tokens=7)
+    assert ref.source is None and ref.harness_name == "arc_easy"
+
+
+def test_score_keys():
+    scores, stderr = split_scores({"alias": "x", "acc,none": 0.5, "acc_stderr,none": 0.1,
+                                   "exact_match,strict-match": 1.0, "sample_len": 3})
+    assert scores == {"acc": 0.5, "exact_match (strict-match)": 1.0} and stderr == {"acc": 0.1}
+
+
+def test_comparison_table():
+    a = {"qa": {"scores": {"exact_match": 0.0}}, "mc": {"scores": {"acc": 0.5}}}
+    b = {"qa": {"scores": {"exact_match": 1 / 3}}}
+    lines = comparison_table(["runs/a", "runs/b"], [a, b]).splitlines()
+    assert lines[0].split() == ["task", "metric", "runs/a", "runs/b"]
+    assert lines[1].split() == ["mc", "acc", "0.5", "-"] and lines[2].split() == ["qa", "exact_match", "0", "0.3333"]
+
+
+def test_card_section_is_replaced_in_place(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# run\n\n## Results\n\nx\n\n## Data\n\ny\n\n## Plan\n\nz\n")
+    write_result(tmp_path / "eval", "qa", {"scores": {"exact_match": 0.25}, "samples": 4, "versions": {"lm_eval": "0.4.13"}})
+    update_eval_section(readme, tmp_path)
+    write_result(tmp_path / "eval", "qa", {"scores": {"exact_match": 0.75}, "samples": 4, "versions": {"lm_eval": "0.4.13"}})
+    update_eval_section(readme, tmp_path)
+    text = readme.read_text()
+    assert text.count(EVAL_START) == 1 and "| qa | exact_match | 0.75 | 4 |" in text and "0.25" not in text
+    assert text.index("## Results") < text.index("## Evaluation") < text.index("## Data")
+
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _validate(tmp_path: Path, tasks: list[str], *, hide_lm_eval: bool = False) -> subprocess.CompletedProcess:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"extends: {REPO / 'examples/yaml/tiny/sft-lora.yaml'}\neval:\n  tasks: {json.dumps(tasks)}\n")
+    # lm-eval made unimportable in this one process, as Python sees a package that is not installed.
+    hide = "sys.modules['lm_eval'] = None; " if hide_lm_eval else ""
+    code = f"import sys; {hide}from recipeforge.cli import main; raise SystemExit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, "validate", str(recipe)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_validate_checks_local_eval_tasks_where_the_recipe_names_them(tmp_path):
+    _jsonl(tmp_path / "qa.jsonl", {"prompt": "a", "reference": "b"})
+    _jsonl(tmp_path / "bad.jsonl", {"prompt": "a", "reference": "b"}, {"prompt": 1})
+    assert _validate(tmp_path, ["qa.jsonl", "arc_easy"]).returncode == 0
+    proc = _validate(tmp_path, ["qa.jsonl", "bad.jsonl"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "r.yaml:3" in proc.stderr  # the line of eval.tasks in the recipe
+    assert "eval.tasks[1]: " in proc.stderr and "bad.jsonl:2: malformed task row" in proc.stderr
+    proc = _validate(tmp_path, ["missing.jsonl"])
+    assert proc.returncode == 2 and "task file not found: missing.jsonl" in proc.stderr
+
+
+def test_validate_asks_for_lm_eval_when_train_would_evaluate(tmp_path):
+    proc = _validate(tmp_path, ["arc_easy"], hide_lm_eval=True)
+    assert proc.returncode == 2 and "lm-eval is not installed" in proc.stderr
+    assert "pip install 'recipeforge[eval]'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_checkpoint_results_oldest_first_and_apart_from_final(tmp_path):
+    for where in ("eval", "eval/checkpoint-10", "eval/checkpoint-9"):
+        write_result(tmp_path / where, "qa", {"scores": {"exact_match": len(where) / 100}, "samples": 1})
+    (tmp_path / "eval" / "checkpoint-11").mkdir()  # evaluated nothing yet
+    assert list(read_checkpoint_results(tmp_path)) == ["checkpoint-9", "checkpoint-10"]
+    assert list(read_results(tmp_path)) == ["qa"]
