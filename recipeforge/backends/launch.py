@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from recipeforge.backends import elastic
 from recipeforge.backends.cluster import ClusterSpec
 from recipeforge.backends.worker_spec import OUTCOME_NAME, SPEC_ENV, SPEC_NAME, WorkerSpec
 from recipeforge.plan.world import processes_per_node
@@ -106,15 +107,11 @@ def launch_spec(plan, recipe, *, recipe_path: str, overrides: Sequence[str], run
                         "--main_process_port", str(cluster.master_port)]
         else:  # one machine: a free port, so runs side by side do not collide (unless one was given)
             command += ["--main_process_port", str(cluster.master_port if cluster.source != "local" else 0)]
-        command += worker
+        command += [*elastic.accelerate_args(recipe.distributed, cluster), *worker]
+        env.update(elastic.accelerate_env(recipe.distributed, cluster, run_dir))
     elif launcher == "torchrun":
         command = [*_launcher("torchrun", "torch.distributed.run"), "--nnodes", str(plan.nodes), "--nproc_per_node", str(per_node)]
-        if cluster.nnodes > 1:
-            command += ["--node_rank", str(cluster.node_rank), "--master_addr", cluster.master_addr,
-                        "--master_port", str(cluster.master_port)]
-        else:
-            command += ["--standalone"]
-        command += worker
+        command += [*elastic.torchrun_args(recipe.distributed, cluster, run_dir), *worker]
     else:
         command = [sys.executable, *worker]
     return LaunchSpec(launcher, command, env, files, plan_path, spec_path)

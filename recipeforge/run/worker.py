@@ -8,6 +8,9 @@ plans for the launcher's world and prepares the run directory while the others w
 `RECIPEFORGE_FAULT=exit:<rank>` kills that rank once the run has finished (after its outcome is
 written), so the launching command's answer to a worker that ends badly after the final save can be
 tested.
+
+With `distributed.max_restarts`, torch's elastic agent starts the whole group again after a worker
+fails; each restarted worker resumes from the newest complete checkpoint (`run.restarts`).
 """
 
 from __future__ import annotations
@@ -24,11 +27,11 @@ from recipeforge.backends.worker_spec import Outcome, OutcomeKind, WorkerSpec, c
 from recipeforge.config.pipeline import LoadedRecipe
 from recipeforge.errors import RecipeError, locate_problems
 from recipeforge.log import log
-from recipeforge.outputs import checkpoint
 from recipeforge.outputs.atomic import maybe_fault
 from recipeforge.outputs.run_dir import RunDir, default_run_dir
 from recipeforge.plan.types import Plan
 from recipeforge.plan.world import check_world, plan_for_world
+from recipeforge.run import restarts
 from recipeforge.run.run_directory import prepare_run
 from recipeforge.run.session import push_to_hub, run_stage
 from recipeforge.stages.base import DistInfo
@@ -47,8 +50,13 @@ def run_worker(loaded: LoadedRecipe, dist: DistInfo, *, overwrite: bool, force: 
         check_world(plan, dist.world_size)
         backend = get_backend(plan.backend)
         backend.check(plan, loaded.recipe)
-        resume_from = checkpoint.resume_checkpoint(loaded.recipe.output.resume, run.checkpoints)
-        run_stage(loaded, plan, run, backend, dist, resume_from)
+        if restarts.finished_earlier(run):  # a worker failed on its way out: final/ stands
+            if dist.is_main:
+                log(f"restart {restarts.restart_count()}: the run finished in an earlier attempt (final/ is "
+                    "written); nothing to train")
+        else:
+            resume_from = restarts.resume_point(loaded.recipe.output.resume, run, dist, tidy=spec is not None)
+            run_stage(loaded, plan, run, backend, dist, resume_from)
         w.finish()
     maybe_fault("exit", dist.rank)  # tests: a worker killed after the run finished
     if dist.is_main:
@@ -73,6 +81,12 @@ def plan_among_workers(loaded: LoadedRecipe, dist: DistInfo, *, overwrite: bool,
     nnodes, per_node = w.launched_world()
     plan = w.agreed_plan(w.on_main(lambda: plan_for_world(recipe, nnodes=nnodes, nproc_per_node=per_node), dist))
     check_world(plan, dist.world_size)
+    if restarts.is_restart():
+        # The same launch again (torchrun restarted the worker group): the run directory is this launch's,
+        # so it is neither wiped (--overwrite) nor checked as another run's; only tidied (`restarts`).
+        if not restarts.finished_earlier(run):
+            w.on_main(lambda: prepare_run(loaded, plan, run, overwrite=False, force=True), dist)
+        return plan, run
     w.on_main(lambda: prepare_run(loaded, plan, run, overwrite=overwrite, force=force), dist)
     return plan, run
 
