@@ -12,6 +12,7 @@ newest complete checkpoint (`run.restarts`).
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 from recipeforge.backends.cluster import ClusterSpec
@@ -71,3 +72,23 @@ def accelerate_env(distributed, cluster: ClusterSpec, run_dir: Path) -> dict[str
     if not is_elastic_rendezvous(distributed):
         return {}
     return {"PET_RDZV_ENDPOINT": endpoint(distributed), "PET_RDZV_ID": rdzv_id(distributed, run_dir)}
+
+
+def attempt_store_kwargs(timeout=None) -> dict:
+    """`init_process_group` arguments for a restarted worker: the agent's store under a prefix of this
+    attempt. The agent keeps one store for every attempt of a launch (``TORCHELASTIC_USE_AGENT_STORE``),
+    and a process group joined again under the same keys can read a peer's address left there by the
+    failed attempt, then fail to connect to a process that no longer exists. Empty for a first attempt
+    and where each attempt gets a fresh store."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if attempt in ("", "0") or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    timeout = timeout or timedelta(minutes=30)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=timeout)
+    return {"store": dist.PrefixStore(f"recipeforge/attempt_{attempt}", store),
+            "rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
