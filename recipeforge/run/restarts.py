@@ -39,15 +39,15 @@ def finished_earlier(run: RunDir) -> bool:
     return is_restart() and run.final.is_dir()
 
 
-def resume_point(resume: str, run: RunDir, dist: DistInfo, *, tidy: bool) -> Path | None:
-    """The checkpoint this worker resumes from (`output.resume`). On a restart with `tidy` (no
-    launching process prepared the run directory for this attempt), rank 0 tidies the run directory
-    first and every rank takes rank 0's choice."""
+def resume_point(resume: str, run: RunDir, dist: DistInfo) -> Path | None:
+    """The checkpoint this worker resumes from (`output.resume`). On a restart, rank 0 tidies the run
+    directory first (no launching process prepared it for this attempt) and every rank takes rank
+    0's choice."""
     if not is_restart():
         return checkpoint.resume_checkpoint(resume, run.checkpoints)
     from recipeforge.backends import worker as w
 
-    chosen = w.on_main(lambda: tidy_after_failure(resume, run) if tidy else _choice(resume, run), dist)
+    chosen = w.on_main(lambda: tidy_after_failure(resume, run), dist)
     chosen = w.broadcast(str(chosen) if chosen is not None else None)
     return Path(chosen) if chosen is not None else None
 

@@ -27,6 +27,7 @@ from recipeforge.backends.worker_spec import Outcome, OutcomeKind, WorkerSpec, c
 from recipeforge.config.pipeline import LoadedRecipe
 from recipeforge.errors import RecipeError, locate_problems
 from recipeforge.log import log
+from recipeforge.outputs import run_lock
 from recipeforge.outputs.atomic import maybe_fault
 from recipeforge.outputs.run_dir import RunDir, default_run_dir
 from recipeforge.plan.types import Plan
@@ -55,7 +56,7 @@ def run_worker(loaded: LoadedRecipe, dist: DistInfo, *, overwrite: bool, force: 
                 log(f"restart {restarts.restart_count()}: the run finished in an earlier attempt (final/ is "
                     "written); nothing to train")
         else:
-            resume_from = restarts.resume_point(loaded.recipe.output.resume, run, dist, tidy=spec is not None)
+            resume_from = restarts.resume_point(loaded.recipe.output.resume, run, dist)
             run_stage(loaded, plan, run, backend, dist, resume_from)
         w.finish()
     maybe_fault("exit", dist.rank)  # tests: a worker killed after the run finished
@@ -83,9 +84,9 @@ def plan_among_workers(loaded: LoadedRecipe, dist: DistInfo, *, overwrite: bool,
     check_world(plan, dist.world_size)
     if restarts.is_restart():
         # The same launch again (torchrun restarted the worker group): the run directory is this launch's,
-        # so it is neither wiped (--overwrite) nor checked as another run's; only tidied (`restarts`).
-        if not restarts.finished_earlier(run):
-            w.on_main(lambda: prepare_run(loaded, plan, run, overwrite=False, force=True), dist)
+        # so it is neither wiped (--overwrite) nor checked as another run's; rank 0 locks it for this
+        # attempt, and tidies it before resuming (`restarts.resume_point`).
+        w.on_main(lambda: run_lock.acquire(run.root, log=log), dist)
         return plan, run
     w.on_main(lambda: prepare_run(loaded, plan, run, overwrite=overwrite, force=force), dist)
     return plan, run
