@@ -187,3 +187,21 @@ def test_restart_keys_do_not_make_another_run():
     new = {"stage": "sft", "distributed": {"backend": "ddp", "max_restarts": 3, "rdzv_backend": "c10d",
                                            "rdzv_endpoint": "n1:29400", "rdzv_id": "x"}}
     assert recipe_diff(old, new) == []
+
+
+def test_a_worker_whose_peer_died_says_so_instead_of_asking_for_a_bug_report(monkeypatch):
+    from recipeforge.backends.peer_loss import lost_peer_message
+
+    gone = RuntimeError("[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:406. This is ...")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert lost_peer_message(gone) is None                    # one process: no peer to lose
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    message = lost_peer_message(gone)
+    assert message.startswith("worker 0 lost its connection to another worker of the job")
+    assert "the launcher restarts the worker group" in message and "Connection closed by peer" in message
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")    # the last attempt: no restart follows
+    assert "restarts" not in lost_peer_message(gone)
+    assert lost_peer_message(RuntimeError("shape mismatch")) is None
