@@ -89,3 +89,16 @@ def test_torchrun_restart_neither_wipes_nor_refuses_the_run_directory(tmp_path, 
            "-m", "recipeforge", "train", *_recipe_args(run, cache), "--overwrite"]
     proc = _run(cmd, tmp_path, {**FAULT, "OMP_NUM_THREADS": "1"})
     _assert_restarted_and_finished(proc, run)
+
+
+def test_a_restart_after_the_run_finished_trains_nothing(tmp_path, cache):
+    """Rank 1 killed after final/ was saved (`RECIPEFORGE_FAULT=exit:1`): the restarted group finds the
+    run finished, trains nothing, and the command exits 0 with the run as it was."""
+    run = tmp_path / "run"
+    proc = _run([sys.executable, "-m", "recipeforge", "train", *_recipe_args(run, cache, "distributed.max_restarts=1"),
+                 "--nproc-per-node", "2"], tmp_path, {"RECIPEFORGE_FAULT": "exit:1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "restart 1: the run finished in an earlier attempt (final/ is written); nothing to train" in proc.stderr
+    assert len(_train_losses(run)) == MAX_STEPS and (run / "final" / "model.safetensors").is_file()
+    assert json.loads((run / "outcome.json").read_text())["kind"] == "finished"
+    assert "warning: a worker exited" not in proc.stderr
