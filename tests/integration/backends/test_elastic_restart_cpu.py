@@ -5,7 +5,7 @@ and 5 again (the same losses) and finishes: exit 0, final/ written. With `max_re
 default) the same failure ends the job with a non-zero exit. Started through `recipeforge train` (the
 launcher holds the run directory's lock across attempts) and through ``torchrun -m recipeforge train
 --overwrite`` (each attempt's rank 0 prepares the run directory: a restart must neither wipe it nor be
-refused as another run).
+refused as another run). A restart after final/ trains nothing; a stop (SIGTERM) is not restarted.
 """
 
 from __future__ import annotations
@@ -102,3 +102,26 @@ def test_a_restart_after_the_run_finished_trains_nothing(tmp_path, cache):
     assert len(_train_losses(run)) == MAX_STEPS and (run / "final" / "model.safetensors").is_file()
     assert json.loads((run / "outcome.json").read_text())["kind"] == "finished"
     assert "warning: a worker exited" not in proc.stderr
+
+
+def test_a_preempted_job_stops_instead_of_restarting(tmp_path, cache):
+    """SIGTERM to `recipeforge train` with restarts left: the workers save and stop, and the elastic
+    agent does not start them again (a stop is no failure): exit 75, no restart."""
+    import signal
+    import time
+
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "recipeforge", "train",
+           *_recipe_args(run, cache, "distributed.max_restarts=2", "output.save_steps=5000"), "--nproc-per-node", "2"]
+    cmd = [part if part != f"train.max_steps={MAX_STEPS}" else "train.max_steps=2000" for part in cmd]
+    env = {k: v for k, v in os.environ.items() if k != "RECIPEFORGE_FAULT"}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not (run / "metrics.jsonl").is_file() or '"loss"' not in (run / "metrics.jsonl").read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it could be stopped"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 75, err[-4000:]
+    assert "stopped by SIGTERM; checkpoint saved at step" in err and "restart 1" not in err
+    assert not (run / "final").exists()
