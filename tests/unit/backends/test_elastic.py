@@ -63,6 +63,7 @@ def test_accelerate_dry_run_carries_restarts_and_rendezvous(tmp_path, capsys):
     assert "--max_restarts 3 --rdzv_backend c10d --same_network -m recipeforge train" in command
     assert "PET_RDZV_ENDPOINT=10.1.2.3:29400" in out.splitlines()
     assert f"PET_RDZV_ID={elastic.rdzv_id(_dist(), run)}" in out.splitlines()
+    assert "rdzv_backend: c10d" in out.splitlines()  # the config file says what the command line does
 
 
 def test_accelerate_and_torch_read_what_is_passed(monkeypatch):
