@@ -772,6 +772,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {scrub(failure.render())}", file=sys.stderr)
             return EXIT_USER_ERROR
 
+        from recipeforge.backends.peer_loss import lost_peer_message
+
+        lost = lost_peer_message(exc)  # a worker whose peer died: the launcher reports the cause
+        if lost is not None:
+            print(f"error: {scrub(lost)}", file=sys.stderr)
+            return EXIT_INTERNAL_ERROR
         from recipeforge.errors import bounded_text
 
         print(f"internal error: {type(exc).__name__}: {bounded_text(scrub(str(exc)))}\n(rerun with --debug for the traceback, "

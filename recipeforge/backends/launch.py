@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from recipeforge.backends import elastic
 from recipeforge.backends.cluster import ClusterSpec
 from recipeforge.backends.worker_spec import OUTCOME_NAME, SPEC_ENV, SPEC_NAME, WorkerSpec
 from recipeforge.plan.world import processes_per_node
@@ -99,34 +100,33 @@ def launch_spec(plan, recipe, *, recipe_path: str, overrides: Sequence[str], run
     worker = ["-m", "recipeforge", *flags, "train", str(recipe_path), *overrides]
     if launcher == "accelerate":
         cfg_path = where / "accelerate_config.yaml"
-        files[cfg_path] = accelerate_config_text(plan, backend.accelerate_config(plan, recipe, where))
+        files[cfg_path] = accelerate_config_text(plan, backend.accelerate_config(plan, recipe, where),
+                                                 rdzv_backend=recipe.distributed.rdzv_backend)
         command = [*_launcher("accelerate", "accelerate.commands.launch"), "--config_file", str(cfg_path)]
         if cluster.nnodes > 1:
             command += ["--machine_rank", str(cluster.node_rank), "--main_process_ip", cluster.master_addr,
                         "--main_process_port", str(cluster.master_port)]
         else:  # one machine: a free port, so runs side by side do not collide (unless one was given)
             command += ["--main_process_port", str(cluster.master_port if cluster.source != "local" else 0)]
-        command += worker
+        command += [*elastic.accelerate_args(recipe.distributed, cluster), *worker]
+        env.update(elastic.accelerate_env(recipe.distributed, cluster, run_dir))
     elif launcher == "torchrun":
         command = [*_launcher("torchrun", "torch.distributed.run"), "--nnodes", str(plan.nodes), "--nproc_per_node", str(per_node)]
-        if cluster.nnodes > 1:
-            command += ["--node_rank", str(cluster.node_rank), "--master_addr", cluster.master_addr,
-                        "--master_port", str(cluster.master_port)]
-        else:
-            command += ["--standalone"]
-        command += worker
+        command += [*elastic.torchrun_args(recipe.distributed, cluster, run_dir), *worker]
     else:
         command = [sys.executable, *worker]
     return LaunchSpec(launcher, command, env, files, plan_path, spec_path)
 
 
-def accelerate_config_text(plan, backend_section: dict) -> str:
-    """The accelerate config file: the process layout from the plan plus the backend's section."""
+def accelerate_config_text(plan, backend_section: dict, *, rdzv_backend: str = "static") -> str:
+    """The accelerate config file: the process layout from the plan plus the backend's section.
+    (`accelerate launch` takes the rendezvous backend from its command line, `elastic.accelerate_args`;
+    the file says the same, so a reader is not misled.)"""
     import yaml
 
     config = {"compute_environment": "LOCAL_MACHINE", **backend_section,
               "num_machines": plan.nodes, "num_processes": plan.world_size, "machine_rank": 0,
-              "rdzv_backend": "static", "same_network": True, "main_training_function": "main",
+              "rdzv_backend": rdzv_backend, "same_network": True, "main_training_function": "main",
               "gpu_ids": "all", "use_cpu": False, "downcast_bf16": "no", "enable_cpu_affinity": False}
     if backend_section.get("distributed_type") != "DEEPSPEED":
         # DeepSpeed takes precision from its own file; accelerate refuses it in both places.

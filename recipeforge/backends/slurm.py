@@ -9,6 +9,9 @@ the background so the shell's traps fire at once; they pass USR1 or TERM on to s
 them to every node's `recipeforge train`, whose processes finish their step, save a checkpoint and exit
 with 75. After a USR1 the script requeues the job (``scontrol requeue``); a preempted job is requeued by
 Slurm itself. The requeued job runs the same command, which resumes from the newest checkpoint.
+
+Elastic restarts (`distributed.max_restarts`) and the rendezvous (`distributed.rdzv_*`) travel in the
+recipe every node reads; the script's header says what they are (`elastic_lines`).
 """
 
 from __future__ import annotations
@@ -114,11 +117,29 @@ def write_sbatch(loaded, *, recipe: str, overrides: Sequence[str], options: Slur
                          gpus_per_node=plan.gpus_per_node if plan.device == "cuda" else 0,
                          recipe=str(Path(recipe).absolute()), overrides=[*overrides, f"output.dir={run_dir}"],
                          run_dir=run_dir, options=options, port=port or DEFAULT_PORT, train_flags=flags,
-                         layout=layout_lines(plan))
+                         layout=layout_lines(plan) + elastic_lines(r.distributed, run_dir))
     path = Path(output) if output else run_dir / "slurm.sbatch"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
+
+
+def elastic_lines(distributed, run_dir: Path) -> list[str]:
+    """The header's account of the recipe's restarts and rendezvous (`distributed.max_restarts`,
+    `rdzv_*`). The script passes nothing for them: every node's `recipeforge train` reads them from the
+    recipe, and an endpoint written as ``${env:MASTER_ADDR,...}:PORT`` resolves on each node to the
+    first node of the allocation, which the script exports as MASTER_ADDR."""
+    from recipeforge.backends import elastic
+
+    lines = []
+    if distributed.max_restarts:
+        lines.append(f"Elastic restarts: after a worker fails, torch's elastic agent restarts the worker group on "
+                     f"every node up to {distributed.max_restarts} time(s), resuming from the newest complete "
+                     "checkpoint; only then does the job fail")
+    if elastic.is_elastic_rendezvous(distributed):
+        lines.append(f"Rendezvous: {distributed.rdzv_backend} at {elastic.endpoint(distributed)} (as resolved when "
+                     f"this script was written), id {elastic.rdzv_id(distributed, run_dir)}")
+    return lines
 
 
 def layout_lines(plan) -> list[str]:

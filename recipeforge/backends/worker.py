@@ -60,7 +60,10 @@ def init_process_group(device: str, timeout_minutes: float | None = None) -> Non
         return
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    from recipeforge.backends.elastic import attempt_store_kwargs
+
     kwargs = {"timeout": process_group_timeout(timeout_minutes)} if timeout_minutes else {}
+    kwargs.update(attempt_store_kwargs(kwargs.get("timeout")))  # a restarted worker group: fresh keys
     dist.init_process_group(backend="nccl" if device == "cuda" else "gloo", **kwargs)
 
 

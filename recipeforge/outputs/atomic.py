@@ -13,6 +13,9 @@ be tested reproducibly: ``step`` (during training, after <step> optimizer steps)
 the save of <step>: weights written, optimizer not yet), ``save-staged`` (the whole checkpoint staged,
 not yet published), ``save-published`` (published, rotation not yet run). ``oom`` raises PyTorch's
 out-of-memory error at <step> instead, so the runtime answer to it can be tested without a GPU.
+``kill:<rank>:<step>`` SIGKILLs only that rank after <step> optimizer steps, and only in the first
+attempt of a launch (torch's elastic agent counts restarts in ``TORCHELASTIC_RESTART_COUNT``), so a
+restarted worker group runs through: the test of elastic restarts.
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ STAGING = ".staging"
 FAULT_ENV = "RECIPEFORGE_FAULT"
 
 
-def _fault_point() -> tuple[str, int] | None:
-    raw = os.environ.get(FAULT_ENV, "")
+def _fault_point(raw: str | None = None) -> tuple[str, int] | None:
+    raw = os.environ.get(FAULT_ENV, "") if raw is None else raw
     point, _, step = raw.partition(":")
     return (point, int(step)) if point and step.isdecimal() else None
 
@@ -41,6 +44,19 @@ def maybe_fault(point: str, step: int) -> None:
     """SIGKILL this process if `RECIPEFORGE_FAULT` names `point` at `step` (crash-safety tests)."""
     if _fault_point() == (point, step):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def rank_kill_step(raw: str) -> int | None:
+    """The step at which `raw` (``RECIPEFORGE_FAULT``) as ``kill:<rank>:<step>`` kills this process:
+    None unless this is that rank (``RANK``) in the first attempt of its launch (a restarted worker
+    must not fail again)."""
+    point, _, rest = raw.partition(":")
+    rank, _, step = rest.partition(":")
+    if point != "kill" or not (rank.isdecimal() and step.isdecimal()):
+        return None
+    if os.environ.get("RANK", "0") != rank or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return None
+    return int(step)
 
 
 def maybe_fail_oom(step: int) -> None:
@@ -100,19 +116,23 @@ class _CrashSafeCheckpoints:
 
     _rf_staging_root: str | None = None
     _rf_fault: tuple[str, int] | None = None  # RECIPEFORGE_FAULT, read once per train() call
+    _rf_kill: int | None = None               # its kill:<rank>:<step> form, for this process
 
     def _get_output_dir(self, trial):
         # While `_save_checkpoint` runs, the Trainer's own save writes under the staging directory.
         return self._rf_staging_root or super()._get_output_dir(trial)
 
     def train(self, *args, **kwargs):
-        self._rf_fault = _fault_point()  # not per step: the step hook below is free when unset
+        raw = os.environ.get(FAULT_ENV, "")  # not per step: the step hook below is free when unset
+        self._rf_fault, self._rf_kill = _fault_point(raw), (rank_kill_step(raw) if raw else None)
         return super().train(*args, **kwargs)
 
     def training_step(self, *args, **kwargs):
         if self._rf_fault is not None:
             maybe_fault("step", self.state.global_step)
             maybe_fail_oom(self.state.global_step)
+        if self._rf_kill is not None and self._rf_kill == self.state.global_step:
+            os.kill(os.getpid(), signal.SIGKILL)
         return super().training_step(*args, **kwargs)
 
     def _save_optimizer_and_scheduler(self, output_dir):

@@ -39,6 +39,12 @@ NEUTRAL: tuple[tuple[str, ...], ...] = (
     ("data", "num_proc"),
     ("data", "cache_dir"),
     ("lock",),                   # what the recipe was resolved against (checked by `train` on its own)
+    # How failed workers are restarted and where the nodes meet: a relaunch with more restarts, or on
+    # another rendezvous host, continues the same run.
+    ("distributed", "max_restarts"),
+    ("distributed", "rdzv_backend"),
+    ("distributed", "rdzv_endpoint"),
+    ("distributed", "rdzv_id"),
 )
 # Keys whose change makes it another run altogether: its checkpoints cannot be continued.
 IDENTITY: tuple[tuple[str, ...], ...] = (("stage",), ("model", "name_or_path"), ("adapter", "type"))

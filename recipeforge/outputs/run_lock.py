@@ -71,8 +71,27 @@ _held: dict[Path, RunLock] = {}
 def holder_info() -> dict:
     """Who this process is, as written into the lock file."""
     # The command without its overrides: those may carry values that must not land in a file.
-    return {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "command": " ".join(["recipeforge", *sys.argv[1:3]])[:500]}
+    launch = _elastic_launch()
+    if launch is not None:  # a worker of torch's elastic agent (``torchrun -m recipeforge train``)
+        info["launch"], info["attempt"] = launch
+    return info
+
+
+def _elastic_launch() -> tuple[str, int] | None:
+    """(run id, attempt) of the elastic launch this process is a worker of, if any."""
+    run_id, attempt = os.environ.get("TORCHELASTIC_RUN_ID"), os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return (run_id, int(attempt) if attempt.isdecimal() else 0) if run_id else None
+
+
+def _earlier_attempt(info: dict) -> bool:
+    """Whether `info` is the holder record of an earlier attempt of this process's elastic launch: the
+    agent ended every worker of that attempt before restarting, so the holder is gone even where it
+    cannot be checked (another host, a filesystem without flock). A new launch is never one."""
+    launch = _elastic_launch()
+    return (launch is not None and info.get("launch") == launch[0]
+            and isinstance(info.get("attempt"), int) and info["attempt"] < launch[1])
 
 
 def acquire(run_root: Path, *, log: Callable[[str], None] | None = None) -> RunLock:
@@ -113,10 +132,15 @@ def acquire(run_root: Path, *, log: Callable[[str], None] | None = None) -> RunL
     else:
         raise RecipeError(f"cannot lock run directory {root}: its lock file keeps changing", key="output.dir")
     previous = _read(fd)
-    if previous and not use_flock and _alive_elsewhere(previous):
+    earlier = bool(previous) and _earlier_attempt(previous)
+    if previous and not use_flock and not earlier and _alive_elsewhere(previous):
         os.close(fd)
         raise _busy(root, path, previous)
-    if previous and previous.get("pid") != os.getpid() and log is not None:
+    if earlier and log is not None:
+        log(f"restart {_elastic_launch()[1]} of launch {previous.get('launch')}: taking over the lock of run "
+            f"directory {root} from its attempt {previous.get('attempt')} (pid {previous.get('pid')} on "
+            f"{previous.get('host')})")
+    elif previous and previous.get("pid") != os.getpid() and log is not None:
         log(f"taking over the lock of run directory {root} from pid {previous.get('pid')} on "
             f"{previous.get('host')} (since {previous.get('since')}), which ended without releasing it")
     _write(fd, holder_info())

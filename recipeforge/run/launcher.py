@@ -41,6 +41,10 @@ def launch(loaded: LoadedRecipe, plan: Plan | None, opts: LaunchOptions, *, over
     backend = accepted_backend(loaded, plan, cluster, opts)
     run = RunDir(default_run_dir(loaded.recipe, Path(loaded.path)).absolute())
     if backend.launcher(plan) == "none" and not opts.dry_run:
+        if loaded.recipe.distributed.max_restarts:
+            # Restarts are the elastic agent's; one process trains here, with no agent to restart it.
+            log(f"warning: distributed.max_restarts={loaded.recipe.distributed.max_restarts} has no effect: one "
+                "process trains inside this command (no launcher); rerun the command to resume")
         return train_here(loaded, plan, run, backend, overwrite=overwrite, force=force)
     spec = worker_launch(loaded, plan, run, cluster, opts)
     if opts.dry_run:

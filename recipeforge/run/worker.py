@@ -8,6 +8,9 @@ plans for the launcher's world and prepares the run directory while the others w
 `RECIPEFORGE_FAULT=exit:<rank>` kills that rank once the run has finished (after its outcome is
 written), so the launching command's answer to a worker that ends badly after the final save can be
 tested.
+
+With `distributed.max_restarts`, torch's elastic agent starts the whole group again after a worker
+fails; each restarted worker resumes from the newest complete checkpoint (`run.restarts`).
 """
 
 from __future__ import annotations
@@ -24,11 +27,12 @@ from recipeforge.backends.worker_spec import Outcome, OutcomeKind, WorkerSpec, c
 from recipeforge.config.pipeline import LoadedRecipe
 from recipeforge.errors import RecipeError, locate_problems
 from recipeforge.log import log
-from recipeforge.outputs import checkpoint
+from recipeforge.outputs import run_lock
 from recipeforge.outputs.atomic import maybe_fault
 from recipeforge.outputs.run_dir import RunDir, default_run_dir
 from recipeforge.plan.types import Plan
 from recipeforge.plan.world import check_world, plan_for_world
+from recipeforge.run import restarts
 from recipeforge.run.run_directory import prepare_run
 from recipeforge.run.session import evaluate_after_training, push_to_hub, run_stage
 from recipeforge.stages.base import DistInfo
@@ -47,10 +51,16 @@ def run_worker(loaded: LoadedRecipe, dist: DistInfo, *, overwrite: bool, force: 
         check_world(plan, dist.world_size)
         backend = get_backend(plan.backend)
         backend.check(plan, loaded.recipe)
-        resume_from = checkpoint.resume_checkpoint(loaded.recipe.output.resume, run.checkpoints)
-        run_stage(loaded, plan, run, backend, dist, resume_from)
+        if restarts.finished_earlier(run):  # a worker failed on its way out: final/ stands
+            if dist.is_main:
+                log(f"restart {restarts.restart_count()}: the run finished in an earlier attempt (final/ is "
+                    "written); nothing to train")
+        else:
+            resume_from = restarts.resume_point(loaded.recipe.output.resume, run, dist)
+            run_stage(loaded, plan, run, backend, dist, resume_from)
         w.finish()
-    maybe_fault("exit", dist.rank)  # tests: a worker killed after the run finished
+    if not restarts.is_restart():  # tests: a worker killed after the run finished (once per launch)
+        maybe_fault("exit", dist.rank)
     if dist.is_main:
         log(f"done: {run.root}")
         if spec is None:  # launched directly (torchrun -m recipeforge): no launching command pushes
@@ -74,6 +84,12 @@ def plan_among_workers(loaded: LoadedRecipe, dist: DistInfo, *, overwrite: bool,
     nnodes, per_node = w.launched_world()
     plan = w.agreed_plan(w.on_main(lambda: plan_for_world(recipe, nnodes=nnodes, nproc_per_node=per_node), dist))
     check_world(plan, dist.world_size)
+    if restarts.is_restart():
+        # The same launch again (torchrun restarted the worker group): the run directory is this launch's,
+        # so it is neither wiped (--overwrite) nor checked as another run's; rank 0 locks it for this
+        # attempt, and tidies it before resuming (`restarts.resume_point`).
+        w.on_main(lambda: run_lock.acquire(run.root, log=log), dist)
+        return plan, run
     w.on_main(lambda: prepare_run(loaded, plan, run, overwrite=overwrite, force=force), dist)
     return plan, run
 

@@ -61,6 +61,25 @@ class DistributedConfig(Section):
                     "and the trainer's `ddp_timeout` (Axolotl's `ddp_timeout`, here in minutes). 60 leaves room "
                     "for the main process saving or merging a large model while the others wait, and still "
                     "ends a hung job within the hour (NCCL's own default is 10).")
+    max_restarts: int = Field(
+        0, ge=0, description="Elastic restarts: how often torch's elastic agent (torchrun, or accelerate launch "
+                             "through it) restarts the whole worker group after a worker fails before the job "
+                             "fails (`--max-restarts`). Each restarted worker resumes from the newest complete "
+                             "checkpoint of the run (`output.save_steps` sets how much work a restart repeats). "
+                             "0: a failed worker ends the job.")
+    rdzv_backend: Literal["static", "c10d", "etcd"] = Field(
+        "static", description="How the nodes of a launch find each other (`--rdzv-backend`): `static` (fixed node "
+                              "ranks at the main node's address and port), `c10d` (a TCP store at "
+                              "`rdzv_endpoint`; nodes may be replaced on a restart) or `etcd` (an etcd server at "
+                              "`rdzv_endpoint`). c10d on several nodes and etcd need `rdzv_endpoint`.")
+    rdzv_endpoint: Optional[str] = Field(
+        None, examples=["node001:29400", "${env:MASTER_ADDR}:29400"],
+        description="`host:port` of the rendezvous (`--rdzv-endpoint`): the c10d store, or the etcd server. "
+                    "Needed by etcd and by c10d on several nodes (every node names the same one); unset on one "
+                    "machine, the launcher hosts the store itself.")
+    rdzv_id: Optional[str] = Field(
+        None, description="The job id every node of one launch shares (`--rdzv-id`); unset: derived from the run "
+                          "directory, so the nodes of one run agree and two runs never join each other.")
 
 
     def pinned_size(self, key: str) -> int | None:

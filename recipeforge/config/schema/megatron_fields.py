@@ -174,6 +174,10 @@ FIELDS: dict[str, Field] = {
     "distributed.fsdp_sharding": refused("FSDP sharding applies on backend: fsdp"),
     "distributed.memory_headroom": mapped(PLANNER),
     "distributed.timeout_minutes": mapped("the process group's timeout (recipeforge's worker initialises it)"),
+    "distributed.max_restarts": mapped("torchrun --max-restarts (each restart resumes from the newest checkpoint)"),
+    "distributed.rdzv_backend": mapped("torchrun --rdzv-backend"),
+    "distributed.rdzv_endpoint": mapped("torchrun --rdzv-endpoint"),
+    "distributed.rdzv_id": mapped("torchrun --rdzv-id"),
     "hardware": mapped(PLANNER),
     "kernels": refused(f"kernels patch Hugging Face modules; Megatron-Core uses Transformer Engine's fused kernels. "
                        f"kernels apply on {HF}"),

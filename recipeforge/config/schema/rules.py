@@ -140,4 +140,28 @@ def _stage_specific(r: Recipe) -> Iterator[RuleProblem]:
                               f"use a multiple of {g.num_generations}, e.g. {g.num_generations * max(1, r.train.global_batch_size // g.num_generations)}")
 
 
-CORE_RULES = (_data, _adapter, _train, _distributed, _stage_specific)
+def _rendezvous(r: Recipe) -> Iterator[RuleProblem]:
+    """The elastic launch keys: etcd always, and c10d across machines, need the endpoint every node
+    meets at (no node can guess it: a c10d store has no fixed host, an etcd server is external)."""
+    d = r.distributed
+    nodes = r.hardware.nodes if r.hardware is not None else 1
+    if d.rdzv_endpoint is None and (d.rdzv_backend == "etcd" or (d.rdzv_backend == "c10d" and nodes > 1)):
+        where = "an etcd server" if d.rdzv_backend == "etcd" else f"a c10d store shared by the {nodes} nodes"
+        yield RuleProblem(("distributed", "rdzv_backend"), f"rdzv_backend {d.rdzv_backend} needs {where}, and "
+                          "distributed.rdzv_endpoint is unset",
+                          "set distributed.rdzv_endpoint: host:port (e.g. ${env:MASTER_ADDR}:29400), or use "
+                          "rdzv_backend: static")
+    if d.rdzv_endpoint is not None and not _host_port(d.rdzv_endpoint):
+        yield RuleProblem(("distributed", "rdzv_endpoint"), f"'{d.rdzv_endpoint}' is not host:port",
+                          "e.g. node001:29400")
+
+
+def _host_port(text: str) -> bool:
+    """Whether `text` reads as host[:port] (torchrun's rendezvous endpoint; its default port is 29400)."""
+    host, colon, port = text.strip().rpartition(":")
+    if not colon:
+        return bool(port) and " " not in port
+    return bool(host) and port.isdecimal() and 0 < int(port) < 65536
+
+
+CORE_RULES = (_data, _adapter, _train, _distributed, _rendezvous, _stage_specific)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -55,3 +56,33 @@ def test_sbatch_script_for_cpu_processes(tmp_path, capsys):
     text = out.read_text()
     assert "--gpus-per-node" not in text and "#SBATCH --nodes=1" in text
     assert "--nproc-per-node 2 &\n" in text
+
+
+def test_sbatch_script_states_the_recipes_restarts_and_rendezvous(tmp_path, capsys, monkeypatch):
+    """The keys reach every node through the recipe; the header says what they are, the endpoint as
+    it resolves (an ${env:MASTER_ADDR,...} endpoint resolves on each node to the exported address)."""
+    from recipeforge.backends import elastic
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MASTER_ADDR", "node001")
+    recipe = ROOT / "examples" / "yaml" / "llama3-70b-full-sft.yaml"
+    run = tmp_path / "runs" / "70b"
+    overrides = ["distributed.max_restarts=2", "distributed.rdzv_backend=c10d",
+                 "distributed.rdzv_endpoint=${env:MASTER_ADDR,localhost}:29400"]
+    assert main(["launch", "--slurm", str(recipe), f"output.dir={run}", *overrides]) == 0
+    capsys.readouterr()
+    lines = (run / "slurm.sbatch").read_text().splitlines()
+    assert any(line.startswith("# Elastic restarts:") and "up to 2 time(s)" in line for line in lines)
+    rdzv_id = elastic.rdzv_id(SimpleNamespace(rdzv_id=None), run)
+    assert f"# Rendezvous: c10d at node001:29400 (as resolved when this script was written), id {rdzv_id}" in lines
+    srun = shlex.split(next(line for line in lines if line.startswith("srun ")).removesuffix(" &"))
+    assert all(o in srun for o in overrides)  # every node resolves the same recipe
+
+
+def test_sbatch_script_of_a_static_recipe_has_no_elastic_header(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    assert main(["launch", "--slurm", str(ROOT / "examples" / "yaml" / "llama3-70b-full-sft.yaml"),
+                 f"output.dir={run}"]) == 0
+    text = (run / "slurm.sbatch").read_text()
+    assert "# Elastic restarts" not in text and "# Rendezvous" not in text
