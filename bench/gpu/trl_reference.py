@@ -45,8 +45,10 @@ def main(argv=None) -> int:
     tokenizer = build_tiny_tokenizer(1024)
     fields = json.loads((args.config / "config.json").read_text())
     model_type = fields.pop("model_type")
-    config = AutoConfig.for_model(model_type, **fields, bos_token_id=tokenizer.bos_token_id,
-                                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    # A real config.json names its own special token ids; the tokenizer the run trains with wins, as in recipeforge.
+    fields.update(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                  pad_token_id=tokenizer.pad_token_id)
+    config = AutoConfig.for_model(model_type, **fields)
     torch.manual_seed(42)
     quant = None
     if args.adapter == "qlora":

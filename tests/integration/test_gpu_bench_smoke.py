@@ -30,7 +30,10 @@ def test_suite_plans_trains_and_measures_a_case(tmp_path):
         assert case["plan_gb"] > 0 and case["tokens_per_s"] > 0 and case["loss_first"] is not None
         assert case["measured_reserved_gb"] is None  # a CPU has no allocator peak to measure
     assert result["cases"][1]["adapter"] == "lora"
-    assert (tmp_path / "runs" / "full-1b" / "final" / "model.safetensors").is_file()
+    # a measured run keeps its logs and metrics, not its weights (a suite of 8B runs would fill the disk)
+    run = tmp_path / "runs" / "full-1b"
+    assert (run / "metrics.jsonl").is_file() and (run / "final" / "config.json").is_file()
+    assert not list(run.rglob("*.safetensors")) and (tmp_path / "runs" / "full-1b.stderr").is_file()
     markdown = next(tmp_path.glob("gpu-*.md")).read_text()
     assert "| full-1b | single | none |" in markdown
 
