@@ -35,6 +35,7 @@ NOT_RUN = {
     "pip install 'recipeforge[report]'": "installs an extra that the dev extra already holds",
     "python -m pytest": "the test suite itself",
     "bash .ci/vllm-cpu": "the vLLM suite: its own CI step after the test suite",
+    "bash .ci/llmcompressor": "the compressed-tensors exports: their own CI step in a virtual environment of their own",
 }
 # A documented exit code other than 0 (`diff` exits 1 when the sides differ).
 EXIT_CODES = {"recipeforge diff examples/yaml/tiny/sft-lora.yaml runs/sft-lora": 1}
