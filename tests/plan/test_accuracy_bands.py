@@ -5,23 +5,6 @@ moves the spread makes this fail until the bands are written again), and every p
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "plan_calibration.py"
-
-
-@pytest.fixture(scope="module")
-def calibration():
-    spec = importlib.util.spec_from_file_location("plan_calibration_bands", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_the_committed_bands_are_the_measured_spread(calibration):
     rows = calibration.all_rows()

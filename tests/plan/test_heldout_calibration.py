@@ -5,22 +5,12 @@ to the fitting set's targets here."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "plan_calibration.py"
 
 
 @pytest.fixture(scope="module")
-def rows():
-    spec = importlib.util.spec_from_file_location("plan_calibration", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module.evaluate(folder=module.HELDOUT)
+def rows(calibration):
+    return calibration.evaluate(folder=calibration.HELDOUT)
 
 
 def test_no_held_out_run_is_refused(rows):
