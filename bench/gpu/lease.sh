@@ -3,7 +3,7 @@
 # `pytest -m gpu` beside the suite (bench/gpu/suite.py), then the throughput comparison with TRL
 # (bench/gpu/throughput.py) with what time is left. Results land in OUT before the allowance ends.
 #
-#   bash bench/gpu/lease.sh OUT SECONDS [--cases C ...] [--throughput C ...]
+#   bash bench/gpu/lease.sh OUT SECONDS [--cases C ...] [--throughput C ...] [--pytest TEST ...]
 #
 # Packages the machine lacks travel as wheels in .whl/ (see ../shared/gpu/wheels.sh); DeepSpeed ships as an
 # sdist, built in the background while the first cases run (its cases come late in the suite's order).
@@ -16,10 +16,11 @@
 # order the cases by what is least known and give one call everything the lease has left.
 set -u
 out=$(realpath -m "${1:?OUT}"); total=${2:?SECONDS}; shift 2
-cases=(); tput=(3b-full 8b-lora)
+cases=(); tput=(3b-full 8b-lora); tests=(-m gpu)
 while [ $# -gt 0 ]; do
   case $1 in
     --cases) shift; while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do cases+=("$1"); shift; done ;;
+    --pytest) shift; tests=(); while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do tests+=("$1"); shift; done ;;
     --throughput) shift; tput=(); while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do tput+=("$1"); shift; done ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
@@ -45,9 +46,9 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tm
 python3 -c "import torch, transformers, accelerate, peft, trl, datasets, pydantic, omegaconf; print('torch', torch.__version__, 'cuda', torch.version.cuda)" || exit 1
 echo "[lease] setup done at $(( $(date +%s) - start ))s"
 
-# pytest -m gpu trains tiny models only: beside the suite it costs the suite's timings little.
+# pytest -m gpu (or the tests named, in the order named) trains tiny models only: beside the suite it costs the suite's timings little.
 # SIGINT at the allowance: pytest then still prints the failures it has seen.
-(timeout -s INT $(( total * 6 / 10 )) python3 -m pytest -m gpu -q -p no:cacheprovider -o addopts="--import-mode=importlib" \
+(timeout -s INT $(( total * 6 / 10 )) python3 -m pytest "${tests[@]}" -q -p no:cacheprovider -o addopts="--import-mode=importlib" \
    -rfEs --tb=short --timeout 200 > "$out/pytest-gpu.txt" 2>&1; echo "[lease] pytest -m gpu: exit $? at $(( $(date +%s) - start ))s") &
 pytest_pid=$!
 
