@@ -149,9 +149,10 @@ class BackendSpec(PlannerSpec):
     def save_final(self, ctx: StageContext, trainer: Any, model: Any, tokenizer: Any) -> Path | None:
         """Write final/ on the main process; every process calls this (gathering may be collective)."""
         from recipeforge.outputs.export import save_pretrained_atomic
+        from recipeforge.stages.precision import final_weights_dtype
 
         if ctx.dist.is_main:
-            save_pretrained_atomic(model, tokenizer, ctx.run.final)
+            save_pretrained_atomic(model, tokenizer, ctx.run.final, dtype=final_weights_dtype(ctx.recipe, ctx.plan))
         return ctx.run.final
 
     def runtime_report(self, trainer: Any) -> dict[str, Any]:
@@ -177,11 +178,13 @@ def common_report(trainer: Any) -> dict[str, Any]:
 def full_state_dict_save(ctx: StageContext, model: Any, tokenizer: Any, state_dict: dict[str, Any] | None) -> Path:
     """Write final/ from a gathered full state dict (main process only), atomically."""
     from recipeforge.outputs.export import save_pretrained_atomic
+    from recipeforge.stages.precision import final_weights_dtype
 
     out = ctx.run.final
     if not ctx.dist.is_main:
         return out
     if state_dict is None:
         raise RuntimeError("gathering the sharded weights returned nothing on the main process")
-    saved: Path = save_pretrained_atomic(model, tokenizer, out, state_dict=state_dict)
+    saved: Path = save_pretrained_atomic(model, tokenizer, out, state_dict=state_dict,
+                                         dtype=final_weights_dtype(ctx.recipe, ctx.plan))
     return saved

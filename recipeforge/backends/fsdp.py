@@ -319,7 +319,9 @@ class FSDPBackend(BackendSpec):
                                      "tp": pc.tp_size, "cp": pc.cp_size}
         report["tp_size"] = getattr(model, "tp_size", None) or 1
         # QLoRA: bitsandbytes' 4-bit linears, whose packed weights (16-bit words) FSDP2 shards too
-        quantized = [m for m in model.modules() if type(m).__name__ == "Linear4bit"]
+        # (bitsandbytes' own class: peft's LoRA wrapper of such a layer is named Linear4bit too)
+        quantized = [m for m in model.modules()
+                     if type(m).__name__ == "Linear4bit" and type(m).__module__.startswith("bitsandbytes")]
         if quantized:
             report["quantized_modules"] = len(quantized)
             report["quantized_dtensor_weights"] = sum(1 for m in quantized if isinstance(m.weight, DTensor))

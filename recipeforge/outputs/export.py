@@ -35,9 +35,13 @@ def staged_folder(out: Path) -> Iterator[Path]:
         raise
 
 
-def save_pretrained_atomic(model, tokenizer, out: Path, state_dict: dict | None = None) -> Path:
+def save_pretrained_atomic(model, tokenizer, out: Path, state_dict: dict | None = None, dtype=None) -> Path:
     """`save_pretrained` (safetensors) + tokenizer into `out`, replacing it only once fully written.
-    `state_dict`: weights gathered from a sharded model (ZeRO-3, FSDP) to write instead of the model's."""
+    `state_dict`: weights gathered from a sharded model (ZeRO-3, FSDP) to write instead of the model's.
+    `dtype`: a 16-bit torch dtype to write fp32 full weights in (`weights_in`); adapters are written as
+    peft keeps them."""
+    if dtype is not None and not is_peft(model):
+        state_dict, dtype = weights_in(model, state_dict, dtype)
     with staged_folder(out) as tmp:
         config = getattr(model, "config", None)
         cache_flag = getattr(config, "use_cache", None)
@@ -55,9 +59,48 @@ def save_pretrained_atomic(model, tokenizer, out: Path, state_dict: dict | None 
                 config.use_cache = cache_flag
             if distributed is not None:
                 config.distributed_config = distributed
+        if dtype is not None:
+            _config_dtype(tmp / "config.json", dtype)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
     return out
+
+
+def weights_in(model, state_dict: dict | None, dtype) -> tuple[dict | None, object]:
+    """`state_dict` (default: the model's) with its fp32 tensors in `dtype`, on the CPU, and `dtype`;
+    or (`state_dict`, None) when no tensor is fp32. Modules the model keeps in fp32 whatever its dtype
+    (transformers' `_keep_in_fp32_modules`) stay fp32, and tensors sharing storage (tied weights)
+    still share it, so transformers drops the tied copy as it does for the model's own weights."""
+    import torch
+
+    source = state_dict if state_dict is not None else model.state_dict()
+    keep = tuple(getattr(model, "_keep_in_fp32_modules", None) or ()) \
+        + tuple(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
+    cast: dict[tuple, object] = {}
+    out = {}
+    for name, tensor in source.items():
+        if tensor.dtype != torch.float32 or any(k in name.split(".") for k in keep):
+            out[name] = tensor
+            continue
+        alias = (tensor.device, tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()))
+        if alias not in cast:
+            cast[alias] = tensor.detach().to("cpu", dtype)
+        out[name] = cast[alias]
+    return (out, dtype) if cast else (state_dict, None)
+
+
+def _config_dtype(config_json: Path, dtype) -> None:
+    """Record `dtype` as the weights' dtype in a written config.json (transformers writes the dtype of
+    the model's parameters, which were fp32)."""
+    if not config_json.is_file():
+        return
+    config = json.loads(config_json.read_text())
+    name = str(dtype).removeprefix("torch.")
+    for key in ("dtype", "torch_dtype"):
+        if key in config:
+            config[key] = name
+    config.setdefault("dtype", name)
+    config_json.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def save_base_model(model, tokenizer, out: Path) -> Path:

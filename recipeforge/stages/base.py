@@ -189,7 +189,10 @@ class TrainerStage:
         if ctx.save_final is not None and self.trainer is not None:  # every rank: gathering is collective
             ctx.save_final(ctx, self.trainer, model, self.tokenizer)
         elif ctx.dist.is_main:
-            save_pretrained_atomic(model, self.tokenizer, ctx.run.final)
+            from recipeforge.stages.precision import final_weights_dtype
+
+            save_pretrained_atomic(model, self.tokenizer, ctx.run.final,
+                                   dtype=final_weights_dtype(ctx.recipe, ctx.plan))
         return ctx.run.final
 
     # --- what a stage says ----------------------------------------------------------------------

@@ -162,6 +162,9 @@ def _check_weights(model, step: int, checkpoints: Path, *, before: str) -> None:
         flags = [(~torch.isfinite(t)).any().to(device) for t in local if t.numel()]
         bad = torch.stack(flags).any().float() if flags else torch.zeros((), device=device)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
+        from recipeforge.stages.preemption import collective_device
+
+        bad = bad.to(collective_device())  # NCCL refuses CPU tensors; the first weight may be on the CPU
         torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
     if bad.item() > 0:
         raise Diverged(f"training diverged: the weights hold NaN or infinite values at step {step}, so {before} "

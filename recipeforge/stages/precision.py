@@ -30,6 +30,19 @@ def loads_fp32_masters(plan, adapter_type: str, compute_dtype: str) -> bool:
         and precision_of(plan) == "mixed"
 
 
+def final_weights_dtype(recipe, plan):
+    """The torch dtype final/'s full weights are written in: the run's 16-bit compute dtype
+    (`model.dtype` on the plan's device), so a model trained on fp32 master weights (mixed precision,
+    FSDP2's fp32 sharded parameters) is written as the model it computes with, at half the size.
+    None when the run computes in fp32 (written as trained)."""
+    import torch
+
+    from recipeforge.components.models import resolve_dtype
+
+    dtype = resolve_dtype(recipe.model.dtype, plan.device)
+    return dtype if dtype in (torch.bfloat16, torch.float16) else None
+
+
 def tf32_argument(setting, device: str, capability: tuple[int, int] | None) -> bool | None:
     """`TrainingArguments.tf32` for `train.tf32`: None (leave torch's default) off CUDA; `auto` turns
     TF32 on for compute capability 8.0 (Ampere) or newer; `true` on an older GPU is refused, since

@@ -121,13 +121,21 @@ def agreed_stop(device=None) -> int:
         return local
     import torch
 
-    if "nccl" in str(dist.get_backend()):
-        device = torch.device("cuda", torch.cuda.current_device())
-    else:
-        device = torch.device("cpu")
-    flag = torch.tensor([local], dtype=torch.int32, device=device)
+    flag = torch.tensor([local], dtype=torch.int32, device=collective_device())
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return int(flag.item())
+
+
+def collective_device():
+    """The device a tensor must be on for a collective of the default process group: this process's
+    GPU under NCCL (which has no CPU transport), else the CPU. Never a model parameter's device, which
+    a sharded or placeholder-loaded model may hold anywhere."""
+    import torch
+    import torch.distributed as dist
+
+    if "nccl" in str(dist.get_backend()):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def make_callback(checkpoints: Path, resumed_from: Path | None):
