@@ -44,7 +44,9 @@ def deepspeed_config(plan: Plan, recipe) -> dict:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if plan.offload == "optimizer+params":
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-    dtype = _dtype(plan)
+    # The trainer's own mixed-precision switches are on only on GPUs (`stages.trainer_args`), and
+    # transformers refuses a DeepSpeed config that disagrees with them.
+    dtype = _dtype(plan) if plan.device == "cuda" else "fp32"
     t = recipe.train
     clip = t.max_grad_norm
     config = {

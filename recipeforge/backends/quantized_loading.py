@@ -202,15 +202,51 @@ def fill_zero3_partitions(model, path: str, *, compute_dtype, ds_config, device=
     keeps this process's slice (`ds_tensor`) and frees the rest. Returns what this process held
     (`read_checkpoint`)."""
     partition = zero3_partitioner(ds_config)
+    dtype = engine_dtype(ds_config)
 
     def keep(module, pname: str, param, full):
         # The placeholder object stays the parameter: tied holders, peft's wrappers and the 4-bit
-        # state on it keep pointing at what ZeRO-3 partitions and later gathers.
+        # state on it keep pointing at what ZeRO-3 partitions and later gathers. Other tensors take
+        # the engine's dtype, which it gives a model loaded whole (`in_engine_dtype`).
+        if dtype is not None and type(param).__name__ != "Params4bit" and full.is_floating_point():
+            full = full.to(dtype)
         param.data = full
         partition([param])
         return param, param.ds_tensor
 
     return read_checkpoint(model, path, compute_dtype=compute_dtype, device=device, keep=keep)
+
+
+def engine_dtype(ds_config):
+    """The dtype DeepSpeed trains the model's weights in under `ds_config` (bf16, fp16), or None (fp32)."""
+    import torch
+
+    for key, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        if str((ds_config.get(key) or {}).get("enabled", False)).lower() == "true":
+            return dtype
+    return None
+
+
+def in_engine_dtype(model, ds_config) -> int:
+    """Give the parameters of `model` not yet ZeRO-3 partitioned (the adapters and peft's trainable
+    copies, modules_to_save, which peft keeps in fp32) the dtype the DeepSpeed engine computes in, as
+    the engine itself does to a model loaded whole (`module.bfloat16()`) but not to one already
+    partitioned; in fp32 they would meet its 16-bit activations. The base was partitioned in that
+    dtype (`fill_zero3_partitions`); 4-bit weights (packed words) are left alone. Returns how many
+    were cast."""
+    dtype = engine_dtype(ds_config)
+    if dtype is None:
+        return 0
+    cast = 0
+    for param in model.parameters():
+        if type(param).__name__ == "Params4bit" or not param.is_floating_point():
+            continue
+        if hasattr(param, "ds_tensor"):  # the base's: partitioned in this dtype (`fill_zero3_partitions`)
+            continue
+        if param.dtype != dtype:
+            param.data = param.data.to(dtype)
+            cast += 1
+    return cast
 
 
 def zero3_partitioner(ds_config):
@@ -529,6 +565,7 @@ def partition_and_fill(ctx, record: dict):
         ds_config = trainer.accelerator.state.deepspeed_plugin.deepspeed_config
         stats = fill_zero3_partitions(trainer.model, source, compute_dtype=dtype, ds_config=ds_config,
                                       device=trainer.accelerator.device)
+        in_engine_dtype(trainer.model, ds_config)
         write_report(ctx, record, stats, rss_start)
 
     return prepare

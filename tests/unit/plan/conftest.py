@@ -9,12 +9,12 @@ from recipeforge.config.schema import recipe_adapter
 _FORMATS = {"sft": "alpaca", "pretrain": "text", "dpo": "preference", "grpo": "prompt"}
 
 
-def build_recipe(model: str = "tiny:llama", stage: str = "sft", **sections):
-    """A validated recipe for `model` and `stage`; keyword arguments are top-level sections
+def build_recipe(model_name: str = "tiny:llama", stage: str = "sft", **sections):
+    """A validated recipe for `model_name` and `stage`; keyword arguments are top-level sections
     (``adapter={...}``, ``train={...}``, ...) merged over a minimal valid recipe."""
     data = {"datasets": [{"path": "data.jsonl", "format": _FORMATS[stage]}]}
     data.update(sections.pop("data", {}))
-    raw = {"stage": stage, "model": {"name_or_path": model, **sections.pop("model", {})}, "data": data}
+    raw = {"stage": stage, "model": {"name_or_path": model_name, **sections.pop("model", {})}, "data": data}
     if stage == "grpo":
         raw["grpo"] = {"rewards": [{"name": "exact_match"}], **sections.pop("grpo", {})}
     raw.update(sections)

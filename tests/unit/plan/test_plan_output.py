@@ -72,6 +72,13 @@ def test_deepspeed_config_is_consistent(recipe):
     json.dumps(cfg)
 
 
+def test_deepspeed_config_on_a_cpu_has_no_mixed_precision(recipe):
+    # The trainer's bf16/fp16 switches are off on a CPU; transformers refuses a DeepSpeed config that disagrees.
+    r = recipe("Qwen/Qwen2.5-0.5B", distributed={"backend": "deepspeed"}, model={"dtype": "bf16"})
+    cfg = deepspeed_config(make_plan(r, parse_hardware("cpu")), r)
+    assert not cfg["bf16"]["enabled"] and not cfg["fp16"]["enabled"]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed")
 def test_deepspeed_accepts_the_configs(recipe, tmp_path):
     # One GPU, so DeepSpeed's batch check (micro x accumulation x world) holds without a process group;
