@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from typing import Any
 
 from recipeforge.errors import RecipeError
 from recipeforge.plan.memory import spec_of
@@ -30,7 +31,7 @@ def loads_fp32_masters(plan, adapter_type: str, compute_dtype: str) -> bool:
         and precision_of(plan) == "mixed"
 
 
-def final_weights_dtype(recipe, plan):
+def final_weights_dtype(recipe: Any, plan: Any) -> Any:
     """The torch dtype final/'s full weights are written in: the run's 16-bit compute dtype
     (`model.dtype` on the plan's device), so a model trained on fp32 master weights (mixed precision,
     FSDP2's fp32 sharded parameters) is written as the model it computes with, at half the size.

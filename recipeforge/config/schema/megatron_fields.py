@@ -67,6 +67,10 @@ FIELDS: dict[str, Field] = {
     "model.special_tokens": refused(
         "the megatron backend trains the vocabulary of the converted checkpoint; new tokens need new embedding rows "
         f"there. Save a tokenizer and model with them first, or use one of {HF}"),
+    **{f"model.vision.{key}": refused(
+        "vision-language models train on the Hugging Face backends (single, ddp, deepspeed, fsdp); the megatron "
+        "backend trains causal language models") for key in
+       ("train_tower", "train_projector", "min_pixels", "max_pixels", "images_per_sample")},
     "model.tokens": refused(
         "the megatron backend trains the vocabulary of the converted checkpoint; model.tokens needs new embedding "
         f"rows (runs on {HF})"),

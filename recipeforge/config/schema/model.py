@@ -13,6 +13,27 @@ Dtype = Literal["auto", "bf16", "fp16", "fp32"]
 AttnImplementation = Literal["auto", "eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"]
 
 
+class VisionConfig(Section):
+    """A vision-language model's image side: which parts train, and how images are sized. Read only for
+    models with a vision tower (transformers' `AutoModelForImageTextToText` models)."""
+
+    train_tower: bool = Field(
+        False, description="Train the vision encoder (ViT) too. Off: its weights stay as loaded (frozen); LoRA "
+                            "never targets it.")
+    train_projector: bool = Field(
+        False, description="Train the projector (merger) that maps image features into the language model. Full "
+                           "fine-tuning trains its weights; with LoRA its linears get adapters.")
+    min_pixels: Optional[int] = Field(
+        None, gt=0, description="Smallest image area in pixels the processor resizes to (Qwen-VL style processors; "
+                                "others: shortest edge squared). Default: the processor's own.")
+    max_pixels: Optional[int] = Field(
+        None, gt=0, description="Largest image area in pixels the processor resizes to: bounds the image tokens of "
+                                "one image, and the planner sizes images at it. Default: the processor's own.")
+    images_per_sample: int = Field(
+        1, ge=0, description="Images in a training sample, for the planner's activation estimate (the data may "
+                             "hold fewer).")
+
+
 class ModelConfig(Section):
     """The base model: a local directory, a hub id, or a built-in ``tiny:<arch>`` model for offline runs."""
 
@@ -50,5 +71,9 @@ class ModelConfig(Section):
         (), description="Tokens that end a turn when that is not the EOS token (e.g. ['<|eot_id|>']): added when "
                         "missing, generation stops at them, and with chat templates without generation blocks a "
                         "reply's trained part ends at the last one.")
+
+    vision: VisionConfig = Field(
+        default_factory=VisionConfig,
+        description="Vision-language models: which of the vision tower and projector train, and image sizes.")
 
     _tokens_ok = field_validator("tokens", "eot_tokens")(classmethod(lambda cls, v: check_tokens(v)))
