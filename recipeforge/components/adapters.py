@@ -11,12 +11,17 @@ from recipeforge.errors import Location, RecipeError
 _BNB_CPU_MIN = (0, 48)
 
 
-def lora_config(adapter, *, task_type: str = "CAUSAL_LM", trainable_tokens: dict | None = None):
+def lora_config(adapter, *, task_type: str = "CAUSAL_LM", trainable_tokens: dict | None = None,
+                target_modules: list[str] | None = None):
     """The peft `LoraConfig` of an `adapter:` section (type lora or qlora); `trainable_tokens` (module
-    name -> token ids) trains those embedding rows too (tokens the recipe added)."""
+    name -> token ids) trains those embedding rows too (tokens the recipe added). `target_modules`
+    (full module names) replaces `adapter.target_modules` once resolved against the model (a
+    vision-language model's language side, `components.vision_model.lora_targets`)."""
     from peft import LoraConfig
 
     target = adapter.target_modules if isinstance(adapter.target_modules, str) else list(adapter.target_modules)
+    if target_modules is not None:
+        target = list(target_modules)
     return LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, lora_dropout=adapter.dropout, target_modules=target,
                       modules_to_save=list(adapter.modules_to_save) or None, use_rslora=adapter.use_rslora,
                       use_dora=adapter.use_dora, bias="none", task_type=task_type,
@@ -87,7 +92,8 @@ def prepare_quantized(model, *, gradient_checkpointing: bool, device: str, shard
 
 
 def apply_lora(model, adapter, *, seed: int, gradient_checkpointing: bool = False,
-               trainable_dtype: Any = None, trainable_tokens: dict | None = None) -> Any:
+               trainable_dtype: Any = None, trainable_tokens: dict | None = None,
+               target_modules: list[str] | None = None) -> Any:
     """Wrap `model` with trainable LoRA adapters (base weights frozen), initialized from `seed`.
 
     `trainable_dtype` (a quantized base under ZeRO-3 or FSDP): every trainable parameter is cast to
@@ -104,7 +110,8 @@ def apply_lora(model, adapter, *, seed: int, gradient_checkpointing: bool = Fals
     # LoRA A matrices start random: seed them, or two runs of one recipe start from different points.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = get_peft_model(model, lora_config(adapter, trainable_tokens=trainable_tokens))
+        model = get_peft_model(model, lora_config(adapter, trainable_tokens=trainable_tokens,
+                                                  target_modules=target_modules))
     if trainable_dtype is not None:
         for param in model.parameters():
             if param.requires_grad and param.dtype != trainable_dtype:

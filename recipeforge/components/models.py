@@ -95,7 +95,12 @@ def tiny_config(arch: str, tokenizer, *, max_position_embeddings: int | None = N
         raise RecipeError(f"unknown tiny model 'tiny:{arch}'", key="model.name_or_path", location=location,
                           hint=did_you_mean(arch, TINY_CONFIGS) or
                           f"available: {', '.join('tiny:' + a for a in TINY_CONFIGS)}")
-    return config_for(TINY_CONFIGS[arch], tokenizer, max_position_embeddings=max_position_embeddings)
+    fields = TINY_CONFIGS[arch]
+    if "vision_config" in fields:
+        from recipeforge.components.vision_model import tiny_vision_config
+
+        return tiny_vision_config(fields, tokenizer)
+    return config_for(fields, tokenizer, max_position_embeddings=max_position_embeddings)
 
 
 def config_for(fields: dict, tokenizer, *, max_position_embeddings: int | None = None):
@@ -138,9 +143,11 @@ def build_random_model(config: dict, tokenizer, *, name: str, seed: int, dtype, 
 def _random_init(config, tokenizer, *, seed: int, dtype, attn_implementation: str, name: str,
                  num_labels: int | None = None):
     import torch
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSequenceClassification
 
-    auto = AutoModelForCausalLM
+    from recipeforge.components.vision_model import is_vision_model
+
+    auto = AutoModelForImageTextToText if is_vision_model(config) else AutoModelForCausalLM
     if num_labels is not None:
         # The same decoder with a `score` head of num_labels outputs (reward models: one).
         config.num_labels = num_labels
@@ -255,9 +262,11 @@ def _load_pretrained(name_or_path: str, tokenizer, *, device: str, dtype, attn_i
                      revision: str | None, trust_remote_code: bool, max_position_embeddings: int | None,
                      quantization_config: Any, num_labels: int | None, location: Location | None):
     """A local directory or hub id through transformers' auto classes, its embeddings grown to the tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSequenceClassification
 
     auto = AutoModelForCausalLM if num_labels is None else AutoModelForSequenceClassification
+    if num_labels is None and _is_vision_checkpoint(name_or_path, revision, trust_remote_code):
+        auto = AutoModelForImageTextToText  # a vision-language model: its tower, projector and processor
     kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": attn_implementation, "revision": revision,
                               "trust_remote_code": trust_remote_code}
     if num_labels is not None:
@@ -273,6 +282,19 @@ def _load_pretrained(name_or_path: str, tokenizer, *, device: str, dtype, attn_i
         model.resize_token_embeddings(len(tokenizer))
     _sync_generation_config(model, tokenizer)
     return model
+
+
+def _is_vision_checkpoint(name_or_path: str, revision: str | None, trust_remote_code: bool) -> bool:
+    """Whether the checkpoint's config has a vision part (False when it cannot be read: the load says why)."""
+    from transformers import AutoConfig
+
+    from recipeforge.components.vision_model import is_vision_model
+
+    try:
+        return is_vision_model(AutoConfig.from_pretrained(name_or_path, revision=revision,
+                                                          trust_remote_code=trust_remote_code))
+    except (OSError, ValueError, KeyError):
+        return False
 
 
 def _from_pretrained(auto, name_or_path: str, kwargs: dict[str, Any], *, location: Location | None):

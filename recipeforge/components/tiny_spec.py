@@ -33,6 +33,43 @@ TINY_CONFIGS: dict[str, dict] = {
         "max_position_embeddings": 2048,
         "tie_word_embeddings": True,
     },
+    # A vision-language model (LLaVA layout): a 2-layer CLIP vision tower on 28x28 images (16 patches of
+    # 7x7, each one image token), a 2-layer MLP projector and the tiny Llama. The vocabulary is the tiny
+    # tokenizer's 1024 tokens plus the image token; `image_token_id` is set from the tokenizer.
+    "llava": {
+        "model_type": "llava",
+        "text_config": {
+            "model_type": "llama",
+            "vocab_size": 1025,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 2048,
+            "tie_word_embeddings": False,
+        },
+        "vision_config": {
+            "model_type": "clip_vision_model",
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "image_size": 28,
+            "patch_size": 7,
+            "projection_dim": 32,
+        },
+        "vision_feature_select_strategy": "default",
+        "vision_feature_layer": -1,
+        "projector_hidden_act": "gelu",
+        "tie_word_embeddings": False,
+    },
+}
+
+# The image side of the tiny vision-language models: the token that stands for an image in the text
+# (added to the tiny tokenizer) and the image size the processor resizes and crops to.
+TINY_VISION: dict[str, dict] = {
+    "llava": {"image_token": "<image>", "image_size": 28, "patch_size": 7},
 }
 
 

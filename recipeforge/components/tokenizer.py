@@ -110,8 +110,13 @@ def load_tokenizer(name_or_path: str, *, revision: str | None = None, trust_remo
     """
     from recipeforge.components.tiny_spec import tiny_arch
 
-    if tiny_arch(name_or_path) is not None:
-        return build_tiny_tokenizer(vocab_size or 1024)
+    arch = tiny_arch(name_or_path)
+    if arch is not None:
+        from recipeforge.components.vision_model import prepare_tiny_tokenizer
+
+        tokenizer = build_tiny_tokenizer(vocab_size or 1024)
+        prepare_tiny_tokenizer(tokenizer, arch)  # a tiny VLM's image token and image-aware template
+        return tokenizer
     from transformers import AutoTokenizer
 
     try:

@@ -46,6 +46,7 @@ class TrainerStage:
     stage: str = ""
     trainer_class: str = ""  # the library class `build_trainer` constructs, e.g. "trl.DPOTrainer"
     num_labels: int | None = None  # outputs of a sequence-classification head (reward models); None: the LM head
+    takes_images = False  # whether the runner trains vision-language models (`stages.vision`)
 
     def __init__(self, ctx: RecipeContext):
         from recipeforge.outputs.console import TokenRate
@@ -53,6 +54,7 @@ class TrainerStage:
         self.ctx: Any = ctx  # a StageContext when training; a RecipeContext for data preparation alone
         self.recipe = ctx.recipe
         self.tokenizer: Any = None
+        self.processor: Any = None  # a vision-language model's processor (`stages.vision`), else None
         self.vocab: Any = None
         self.data: PreparedData | None = None
         self.models: ModelBuilder | None = None
@@ -108,6 +110,13 @@ class TrainerStage:
 
         ctx = self.context
         check_sr_optimizer(ctx.plan)
+        if not self.takes_images:
+            from recipeforge.components.vision_model import refuse_vision
+
+            stage = self.stage or self.recipe.stage
+            why = ("recipeforge's rollout engines and reward functions take text prompts only" if stage == "grpo"
+                   else "its trainer takes text rows only")
+            refuse_vision(self.recipe, stage, why=why, location=ctx.locate(("stage",)))
         if self.recipe.train.activation_offloading:
             from recipeforge.stages.activation_offload import check_activation_offloading
 
@@ -186,12 +195,14 @@ class TrainerStage:
 
         ctx = self.context
         model = self.trainer.accelerator.unwrap_model(self.trainer.model) if self.trainer is not None else self.model
+        # A VLM's processor is saved with it: tokenizer, image processor and chat template.
+        files = self.processor if self.processor is not None else self.tokenizer
         if ctx.save_final is not None and self.trainer is not None:  # every rank: gathering is collective
-            ctx.save_final(ctx, self.trainer, model, self.tokenizer)
+            ctx.save_final(ctx, self.trainer, model, files)
         elif ctx.dist.is_main:
             from recipeforge.stages.precision import final_weights_dtype
 
-            save_pretrained_atomic(model, self.tokenizer, ctx.run.final,
+            save_pretrained_atomic(model, files, ctx.run.final,
                                    dtype=final_weights_dtype(ctx.recipe, ctx.plan))
         return ctx.run.final
 
@@ -249,6 +260,12 @@ class TrainerStage:
         if self.recipe.train.unfrozen_parameters:
             apply_unfrozen_parameters(model, list(self.recipe.train.unfrozen_parameters),
                                       locate=self.ctx.locate, log=self.ctx.log)
+        from recipeforge.components.vision_model import freeze_vision, is_vision_model
+
+        if is_vision_model(model) and self.recipe.adapter.type == "none":
+            # Full fine-tuning of a VLM: the tower and the projector train only when the recipe says so.
+            freeze_vision(model, self.recipe.model.vision, log=self.ctx.log,
+                          location=self.ctx.locate(("model", "name_or_path")))
         # A full-size model takes minutes to build or read; the line says where a slow start went.
         self.ctx.log(f"model: {self.recipe.model.name_or_path} ready in {time.perf_counter() - started:.1f}s")
         return model
@@ -260,7 +277,7 @@ class TrainerStage:
 
         if self.models is None:
             self.models = ModelBuilder(self.context, self.tokenizer, self.vocab, num_labels=self.num_labels,
-                                       base_on_disk=self.needs_base_on_disk())
+                                       base_on_disk=self.needs_base_on_disk(), processor=self.processor)
         return self.models
 
     @property
@@ -283,7 +300,8 @@ class TrainerStage:
 
         if self.recipe.adapter.type == "none":
             return None
-        return lora_config(self.recipe.adapter, trainable_tokens=self.builder.trainable_tokens(self.model))
+        return lora_config(self.recipe.adapter, trainable_tokens=self.builder.trainable_tokens(self.model),
+                           target_modules=self.builder.lora_targets(self.model))
 
     def frozen_reference(self, name: str) -> Any:
         """The frozen reference model of a preference stage (`ModelBuilder.reference`)."""

@@ -25,9 +25,12 @@ class ModelBuilder:
     """
 
     def __init__(self, ctx: "StageContext", tokenizer: Any, vocab: Any = None, *, num_labels: int | None = None,
-                 base_on_disk: bool = False):
+                 base_on_disk: bool = False, processor: Any = None):
         self.ctx = ctx
         self.tokenizer = tokenizer
+        # What is written next to weights (base_model/): a VLM's processor (tokenizer, image processor
+        # and chat template), else the tokenizer.
+        self.files = processor if processor is not None else tokenizer
         self.vocab = vocab
         self.num_labels = num_labels
         self.base_on_disk = base_on_disk
@@ -99,7 +102,7 @@ class ModelBuilder:
         base = load_model(self.ctx.recipe.model.name_or_path, self.tokenizer, **common)
         built = time.perf_counter()
         if self.ctx.dist.is_main:
-            save_base_model(base, self.tokenizer, run.base_model)
+            save_base_model(base, self.files, run.base_model)
             self.ctx.log(f"model: random init in {built - started:.1f}s, written to {run.base_model} in "
                          f"{time.perf_counter() - built:.1f}s")
         if quant is not None:
@@ -123,7 +126,7 @@ class ModelBuilder:
         path = name
         if random_init:
             if self.ctx.dist.is_main:
-                save_base_model(load_model(name, self.tokenizer, **common), self.tokenizer, self.ctx.run.base_model)
+                save_base_model(load_model(name, self.tokenizer, **common), self.files, self.ctx.run.base_model)
             self.ctx.barrier()
             path = str(self.ctx.run.base_model.resolve())
         return self.ctx.load_sharded(path, dtype=resolve_dtype(common["dtype"], common["device"]),
@@ -155,7 +158,18 @@ class ModelBuilder:
 
         r = self.ctx.recipe
         return apply_lora(model, r.adapter, seed=r.train.seed, gradient_checkpointing=self.ctx.plan.gradient_checkpointing,
-                          trainable_dtype=self.sharded_trainable_dtype(), trainable_tokens=self.trainable_tokens(model))
+                          trainable_dtype=self.sharded_trainable_dtype(), trainable_tokens=self.trainable_tokens(model),
+                          target_modules=self.lora_targets(model))
+
+    def lora_targets(self, model: Any) -> Any:
+        """The modules LoRA adapts when the recipe's names need the model to resolve: a vision-language
+        model's language side (`components.vision_model.lora_targets`); None otherwise."""
+        from recipeforge.components.vision_model import is_vision_model, lora_targets
+
+        if not is_vision_model(model):
+            return None
+        r = self.ctx.recipe
+        return lora_targets(model, r.adapter, r.model.vision, location=self.ctx.locate(("adapter", "target_modules")))
 
     def trainable_tokens(self, model: Any) -> Any:
         """peft `trainable_token_indices` for the embedding rows of the tokens the recipe added."""

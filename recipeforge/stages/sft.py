@@ -10,3 +10,13 @@ class SFTStage(LMStage):
     (`components.lm_data`, prompt tokens get label -100)."""
 
     stage = "sft"
+
+    def __new__(cls, ctx, *args, **kwargs):
+        # A vision-language model trains on TRL's SFTTrainer with its processor (`stages.vision`).
+        from recipeforge.components.vision_model import is_vision_recipe
+
+        if cls is SFTStage and is_vision_recipe(ctx.recipe):
+            from recipeforge.stages.vision import VisionSFTStage
+
+            return VisionSFTStage(ctx)
+        return super().__new__(cls)
