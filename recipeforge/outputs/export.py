@@ -138,6 +138,12 @@ def merge_adapter(run_dir: Path, out_dir: Path | None = None) -> Path:
     auto, head = AutoModelForCausalLM, {}
     if adapter.get("task_type") == "SEQ_CLS":
         auto, head = AutoModelForSequenceClassification, {"num_labels": 1}
+    # A vision-language model (its processor saved in final/): the base with its tower and projector.
+    vision = (final / "processor_config.json").is_file() or (final / "preprocessor_config.json").is_file()
+    if vision:
+        from transformers import AutoModelForImageTextToText
+
+        auto = AutoModelForImageTextToText
 
     dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(model_cfg.get("dtype", "auto"), "auto")
     try:
@@ -150,8 +156,13 @@ def merge_adapter(run_dir: Path, out_dir: Path | None = None) -> Path:
         raise RecipeError(f"cannot load the base model '{base}' to merge into: {str(exc).splitlines()[0]}",
                           hint="the base must be reachable (a local directory, or the hub when online)") from None
     merged = PeftModel.from_pretrained(base_model, str(final)).merge_and_unload()
-    tokenizer = AutoTokenizer.from_pretrained(str(final))
-    return save_pretrained_atomic(merged, tokenizer, out)
+    if vision:
+        from transformers import AutoProcessor
+
+        files = AutoProcessor.from_pretrained(str(final))  # tokenizer, image processor, chat template
+    else:
+        files = AutoTokenizer.from_pretrained(str(final))
+    return save_pretrained_atomic(merged, files, out)
 
 
 def _resolved_recipe(run_dir: Path) -> dict:
