@@ -80,7 +80,7 @@ def test_lora_sft_learns_colours_and_saves_processor(tmp_path):
     proc = _train(TINY / "vlm-sft-lora.yaml", run, tmp_path / "cache")
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses = _losses(run)
-    assert losses[-1] < 0.3 * losses[0], losses  # 6.9 -> ~0.8
+    assert losses[-1] < 0.1 * losses[0], losses  # 6.9 -> ~0.13
     adapter = json.loads((run / "final" / "adapter_config.json").read_text())
     targets = adapter["target_modules"]
     assert not any("vision_tower" in t for t in targets), targets
@@ -91,7 +91,7 @@ def test_lora_sft_learns_colours_and_saves_processor(tmp_path):
             {p.name for p in (run / folder).iterdir()}, folder
     answers = _answers(run / "merged")
     right = [c for c, a in answers.items() if a.strip() == c]
-    assert len(right) >= 5, answers
+    assert len(right) >= 5, answers  # all six on this machine
     # final/ (the adapter) loads the same way, onto base_model/.
     assert _answers(run / "final") == answers
     # The frozen tower of the base is the one the run started from.
@@ -103,12 +103,12 @@ def test_lora_sft_learns_colours_and_saves_processor(tmp_path):
 def test_full_sft_freezes_the_tower_unless_asked(tmp_path):
     start = _start_weights()
     frozen, trained = tmp_path / "frozen", tmp_path / "tower"
-    common = ("adapter.type=none", "~adapter.modules_to_save", "output.merge_adapter=false", "train.max_steps=12",
-              "train.learning_rate=3e-3")
+    common = ("adapter.type=none", "~adapter.modules_to_save", "output.merge_adapter=false", "train.max_steps=40",
+              "train.learning_rate=1e-2")
     proc = _train(TINY / "vlm-sft-lora.yaml", frozen, tmp_path / "cache", *common)
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses = _losses(frozen)
-    assert losses[-1] < 0.5 * losses[0], losses
+    assert losses[-1] < 0.1 * losses[0], losses  # 6.9 -> ~0.3
     final = _tensors(frozen / "final")
     for part, same in ((TOWER, True), (PROJECTOR, False)):  # the recipe trains the projector
         got, want = _by_suffix(final, part), _by_suffix(start, part)
@@ -116,14 +116,14 @@ def test_full_sft_freezes_the_tower_unless_asked(tmp_path):
         assert all(got[k].equal(want[k]) for k in want) is same, part
     lm = [k for k in final if "language_model" in k and k.endswith("q_proj.weight")]
     assert lm and not final[lm[0]].equal(_by_suffix(start, "language_model.")[lm[0][lm[0].index("language_model."):]])
+    answers = _answers(frozen / "final")  # final/ of a full run loads with the auto classes and answers
+    assert sum(a.strip() == c for c, a in answers.items()) >= 5, answers
 
     proc = _train(TINY / "vlm-sft-lora.yaml", trained, tmp_path / "cache", *common, "model.vision.train_tower=true",
                   "train.max_steps=4")
     assert proc.returncode == 0, proc.stderr[-3000:]
     got, want = _by_suffix(_tensors(trained / "final"), TOWER), _by_suffix(start, TOWER)
     assert any(not got[k].equal(want[k]) for k in want)
-    # final/ of a full run loads with the auto classes and generates.
-    assert set(_answers(trained / "final")) == set(COLOURS)
 
 
 @pytest.mark.slow
