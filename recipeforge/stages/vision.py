@@ -33,6 +33,7 @@ class VisionStage(TrainerStage):
 
     def check(self) -> None:
         super().check()
+        check_libraries(self.stage)
         if self.recipe.data.packing:
             raise RecipeError("packing is not possible with images: packed samples would share position ids and "
                               "the image grids of several samples, which vision-language models do not separate",
@@ -170,6 +171,30 @@ class VisionDPOStage(VisionStage):
 
         check_image_tokens(collate, _distinct_rows(self.train_rows), self.trainer.model.config,
                            self.processor.tokenizer.convert_tokens_to_ids(self.processor.image_token), None)
+
+
+# TRL limits the loss to assistant replies on image rows only with this transformers (the chat
+# template's assistant mask for processors); recipeforge trains VLMs with that mask only.
+VISION_TRANSFORMERS_MIN = "5.18.0"
+
+
+def check_libraries(stage: str) -> None:
+    """Refuse, before anything loads, a transformers or TRL too old for images in `stage`."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    installed = version("transformers")
+    if Version(installed) < Version(VISION_TRANSFORMERS_MIN):
+        raise RecipeError(f"stage {stage} with a vision-language model needs transformers >= {VISION_TRANSFORMERS_MIN} "
+                          f"(installed: {installed}) to limit the loss to the assistant replies of image rows",
+                          key="model.name_or_path", hint=f"pip install 'transformers>={VISION_TRANSFORMERS_MIN}'")
+    from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
+
+    if "assistant_only_loss" not in getattr(DataCollatorForVisionLanguageModeling, "__dataclass_fields__", {}):
+        raise RecipeError(f"stage {stage} with a vision-language model needs a TRL whose vision collator masks "
+                          f"everything but the assistant replies (trl {version('trl')} has none)",
+                          key="model.name_or_path", hint="pip install -U 'trl<1.17'")
 
 
 def _distinct_rows(rows) -> list[tuple[str, dict]]:

@@ -39,7 +39,8 @@ class ModelConfig(Section):
 
     name_or_path: str = Field(
         description="Local directory with config.json, a hub id (e.g. meta-llama/Llama-3.1-8B), or "
-                    "`tiny:llama` / `tiny:qwen2` for a small random-init model built locally (offline).",
+                    "`tiny:llama` / `tiny:qwen2` for a small random-init model built locally (offline; "
+                    "`tiny:llava` is a vision-language one).",
         min_length=1)
     revision: Optional[str] = Field(None, description="Hub revision (branch, tag or commit) to load.")
     tokenizer: Optional[str] = Field(
