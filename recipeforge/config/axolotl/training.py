@@ -184,12 +184,12 @@ def _target_regex(conv, pattern: str) -> list[str]:
 
     found = target_names(pattern)
     if found is None:
-        conv.note("lora_target_modules", f"'{pattern}' is a regular expression to PEFT; recipeforge takes module "
+        conv.note("lora_target_modules", f"PEFT reads '{pattern}' as a regular expression; recipeforge takes module "
                                          f"names, so the recipe lists it as one name: replace it with the names")
         return [pattern]
     names, path = found
-    why = (f"'{pattern}' is a regular expression to PEFT; recipeforge takes module names, so the recipe lists the "
-           f"names it ends in ({', '.join(names)})")
+    why = (f"PEFT reads '{pattern}' as a regular expression; recipeforge takes module names, so the recipe lists "
+           f"the names it ends in ({', '.join(names)})")
     if path_restricts(path):
         why += (f"; its path '{path}' selects only some modules of those names, which names cannot say: every "
                 f"module of those names gets an adapter")
