@@ -337,7 +337,7 @@ def dataset_notes(conv, entry: dict, spec: dict, where: str) -> None:
                                         f"per row) or `image`, or put {{type: image, image: <path>}} parts in "
                                         f"the messages")
     section = where.split("[")[0]
-    if conv.vision is not None and spec.get("format") == "messages" and section not in conv.notes:
+    if conv.vision is not None and spec.get("format") == "messages" and "image rows" not in conv.notes.get(section, ""):
         conv.note(section, "image rows: recipeforge reads {type: image, image: <path>} parts in the messages' "
                          "content lists, or an `images` / `image` column whose images fill the {type: image} "
                          "or <image> placeholders in order; parts that give the image as `path`, `url` or "
