@@ -206,7 +206,8 @@ def _resolve(ref: Any, row: _Row, where: str) -> str:
 
 def _column_images(raw: dict, row: _Row, column: str | None) -> list[str]:
     """The images of layout (b)'s image column, resolved, in order; [] when the row has none."""
-    name = column or next((c for c in IMAGE_COLUMNS if c in raw), None)
+    # The first default column with a value: rows read through `datasets` have every column, None where empty.
+    name = column or next((c for c in IMAGE_COLUMNS if raw.get(c) is not None), None)
     value = raw.get(name) if name else None
     if value is None:
         return []

@@ -112,6 +112,11 @@ def test_named_image_column_bare_entries_urls_and_file_urls(data_dir):
                           {"role": "assistant", "content": "ok"}]}]
     (out,) = _convert(data_dir, rows, image_column="pics")
     assert out["images"] == [str(red), "https://example.com/a.png", str(red)]
+    # the default column is the first of `images`, `image` that holds a value
+    (out,) = _convert(data_dir, [{"images": None, "image": "img/blue.png",
+                                  "messages": [{"role": "user", "content": "<image>"},
+                                               {"role": "assistant", "content": "blue"}]}])
+    assert out["images"] == [str(data_dir / "img" / "blue.png")]
 
 
 def test_image_root_and_the_dataset_folder(tmp_path):
@@ -261,3 +266,22 @@ def test_reading_the_module_does_not_import_pil():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr
+
+
+def test_rows_read_from_parquet_convert_like_the_json_lines(tmp_path):
+    # Parquet (struct columns) gives every content entry every key and every row every column, None where
+    # unused; the LLaVA-style row below adds an `image` column the others have as None.
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [json.loads(line) for line in (EXAMPLES / "vlm-sft.jsonl").read_text().splitlines()]
+    rows.insert(0, {"image": "images/red.png", "messages": [{"role": "user", "content": [_text("<image>Colour?")]},
+                                                             {"role": "assistant", "content": [_text("red")]}]})
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "mixed.parquet")
+    read = datasets.Dataset.from_parquet(str(tmp_path / "mixed.parquet"), cache_dir=str(tmp_path / "cache")).to_list()
+    assert read[1]["image"] is None and read[1]["messages"][0]["content"][0]["text"] is None
+    base = image_base_dir(EXAMPLES / "vlm-sft.jsonl")
+    converted = vision_rows(read, source="mixed.parquet", base_dir=base)
+    assert converted == vision_rows(rows, source="mixed.jsonl", base_dir=base)
+    assert converted[0]["messages"][0]["content"] == [IMAGE, _text("Colour?")]
