@@ -285,3 +285,16 @@ def test_rows_read_from_parquet_convert_like_the_json_lines(tmp_path):
     converted = vision_rows(read, source="mixed.parquet", base_dir=base)
     assert converted == vision_rows(rows, source="mixed.jsonl", base_dir=base)
     assert converted[0]["messages"][0]["content"] == [IMAGE, _text("Colour?")]
+
+
+def test_validate_refuses_an_image_column_on_a_text_format(tmp_path, capsys):
+    from recipeforge.cli import main
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"stage: sft\nmodel: {{name_or_path: 'tiny:llama'}}\ndata:\n  datasets:\n"
+                      f"    - {{path: {EXAMPLES / 'sft-alpaca.jsonl'}, format: alpaca, images: pics}}\n")
+    assert main(["validate", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert "r.yaml:5" in err and "`images` needs format: messages or preference (got format: alpaca)" in err
+    recipe.write_text(recipe.read_text().replace("alpaca.jsonl", "chat.jsonl").replace("alpaca,", "messages,"))
+    assert main(["validate", str(recipe)]) == 0
