@@ -298,3 +298,13 @@ def test_validate_refuses_an_image_column_on_a_text_format(tmp_path, capsys):
     assert "r.yaml:5" in err and "`images` needs format: messages or preference (got format: alpaca)" in err
     recipe.write_text(recipe.read_text().replace("alpaca.jsonl", "chat.jsonl").replace("alpaca,", "messages,"))
     assert main(["validate", str(recipe)]) == 0
+
+
+def test_a_truncated_jpeg_is_refused(data_dir, tmp_path):
+    Image.effect_noise((64, 64), 50).convert("RGB").save(tmp_path / "full.jpg", quality=95)
+    body = (tmp_path / "full.jpg").read_bytes()
+    (data_dir / "img" / "cut.jpg").write_bytes(body[: len(body) // 2])
+    row = {"images": ["img/red.png", "img/cut.jpg"],
+           "conversations": [{"from": "human", "value": "<image><image>"}, {"from": "gpt", "value": "x"}]}
+    message = _error(data_dir, [row])
+    assert "row 1: image 'img/cut.jpg'" in message and "cannot be read as an image" in message
