@@ -40,7 +40,8 @@ class VisionSpec:
     projector_params: int
     layer_linears: tuple[Linear, ...]       # the linears of one ViT layer
     projector_linears: tuple[Linear, ...]   # in call order (an activation between consecutive ones)
-    projector_norm: int = 0           # per LLM token, the width a norm ahead of the projector reads (0: none)
+    projector_norm: int = 0           # per projector row, the width a norm ahead of it reads (0: none)
+    projector_hidden: int = 0         # per projector row, the width of the activations between its linears
     other_linear_params: int = 0      # tower linears outside the layers (SigLIP's pooling head)
     merge: int = 1                    # Qwen: spatial_merge_size (merge^2 patches -> one LLM token)
     dynamic: bool = False             # Qwen: the image's resolution follows min/max_pixels
@@ -57,6 +58,11 @@ class VisionSpec:
     @property
     def params(self) -> int:
         return self.tower_params + self.projector_params
+
+    def projector_rows(self, image: "ImageTokens") -> int:
+        """Rows one image passes through the projector: its LLM tokens, or (Mllama, whose images stay
+        out of the text sequence) every vision token."""
+        return image.llm_tokens if self.in_sequence else image.patches
 
     def layer_params(self) -> int:
         return sum(lin.params for lin in self.layer_linears)
@@ -185,7 +191,8 @@ def _qwen(v: dict, family: str, h: int, i: int, out: int, *, gated: bool, layer_
     return VisionSpec(family=family, depth=depth, hidden_size=h, intermediate_size=i,
                       num_heads=int(v.get("num_heads", 16)), gated_mlp=gated, patch_size=patch,
                       patch_values=patch_values, tower_params=tower, projector_params=projector,
-                      layer_linears=layer, projector_linears=merger * (1 + deepstack), projector_norm=wide,
+                      layer_linears=layer, projector_linears=merger * (1 + deepstack), projector_norm=wide * (1 + deepstack),
+                      projector_hidden=wide * (1 + deepstack),
                       merge=merge, dynamic=True, min_pixels=min_pixels, max_pixels=max_pixels)
 
 
@@ -238,7 +245,8 @@ def _llava(config: dict, v: dict, text_hidden: int) -> VisionSpec:
     return VisionSpec(family="llava", depth=layers, hidden_size=h, intermediate_size=i, num_heads=heads,
                       gated_mlp=False, patch_size=patch, patch_values=3 * patch * patch, tower_params=tower,
                       projector_params=sum(lin.params for lin in projector), layer_linears=layer,
-                      projector_linears=projector, other_linear_params=_siglip_head_linears(v, h, i)
+                      projector_linears=projector, projector_hidden=text_hidden,
+                      other_linear_params=_siglip_head_linears(v, h, i)
                       if kind.startswith("siglip") else 0,
                       image_size=image, patches_per_tile=n, llm_tokens_fixed=llm_tokens)
 
