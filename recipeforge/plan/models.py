@@ -25,15 +25,14 @@ DECODER_LAYER_CLASS = {
     "gpt2": "GPT2Block", "olmo2": "Olmo2DecoderLayer", "starcoder2": "Starcoder2DecoderLayer",
     "deepseek_v3": "DeepseekV3DecoderLayer", "gpt_oss": "GptOssDecoderLayer",
     # the language models of vision-language models (their own decoder layer classes)
-    "qwen2_vl": "Qwen2VLDecoderLayer", "qwen2_vl_text": "Qwen2VLDecoderLayer",
-    "qwen2_5_vl": "Qwen2_5_VLDecoderLayer", "qwen2_5_vl_text": "Qwen2_5_VLDecoderLayer",
-    "qwen3_vl": "Qwen3VLTextDecoderLayer", "qwen3_vl_text": "Qwen3VLTextDecoderLayer",
+    # (`_model_type` names a Qwen-VL text_config by its model's type)
+    "qwen2_vl": "Qwen2VLDecoderLayer", "qwen2_5_vl": "Qwen2_5_VLDecoderLayer", "qwen3_vl": "Qwen3VLTextDecoderLayer",
     "mllama_text_model": "MllamaSelfAttentionDecoderLayer",
 }
 # Architectures whose attention projections carry biases (q, k, v; not o).
-_QKV_BIAS = {"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"}
+_QKV_BIAS = {"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"}
 # Architectures with a per-head RMSNorm on queries and keys.
-_QK_NORM = {"qwen3", "qwen3_moe", "gemma3_text", "qwen3_vl", "qwen3_vl_text"}
+_QK_NORM = {"qwen3", "qwen3_moe", "gemma3_text", "qwen3_vl"}
 # Gemma 2/3 normalise before and after both sub-blocks: four norms per layer.
 _FOUR_NORMS = {"gemma2", "gemma3_text"}
 # Non-gated MLPs with biases and LayerNorm (weight + bias).
@@ -431,6 +430,10 @@ def _model_type(cfg: dict, notes: list[str]) -> str:
     model_type = str(cfg.get("model_type", "llama"))
     if model_type == "gemma3":
         model_type = "gemma3_text"
+    # Qwen-VL's language models by the type of the whole model (flat configs carry only that one),
+    # whose decoder layer class FSDP wraps and which has no tensor-parallel plan
+    model_type = {"qwen2_vl_text": "qwen2_vl", "qwen2_5_vl_text": "qwen2_5_vl",
+                  "qwen3_vl_text": "qwen3_vl"}.get(model_type, model_type)
     if model_type not in DECODER_LAYER_CLASS:
         notes.append(f"model_type '{model_type}' is counted as a Llama-style decoder")
     return model_type
