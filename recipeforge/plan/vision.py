@@ -191,42 +191,55 @@ def _qwen(v: dict, family: str, h: int, i: int, out: int, *, gated: bool, layer_
     return VisionSpec(family=family, depth=depth, hidden_size=h, intermediate_size=i,
                       num_heads=int(v.get("num_heads", 16)), gated_mlp=gated, patch_size=patch,
                       patch_values=patch_values, tower_params=tower, projector_params=projector,
-                      layer_linears=layer, projector_linears=merger * (1 + deepstack), projector_norm=wide * (1 + deepstack),
-                      projector_hidden=wide * (1 + deepstack),
+                      layer_linears=layer, projector_linears=merger * (1 + deepstack),
+                      projector_norm=wide * (1 + deepstack), projector_hidden=wide * (1 + deepstack),
                       merge=merge, dynamic=True, min_pixels=min_pixels, max_pixels=max_pixels)
 
 
 # ----------------------------------------------------------------------------- fixed-resolution towers
 
-def _clip_or_siglip(v: dict, default_type: str) -> tuple[str, int, int, int, int, int, int, tuple[Linear, ...], int, int]:
-    """A CLIP or SigLIP vision transformer: (kind, width, MLP width, layers, heads, image size, patch
-    size, one layer's linears, tower parameters, patches per image)."""
-    kind = str(v.get("model_type", default_type))
-    siglip = kind.startswith("siglip")
+@dataclass(frozen=True)
+class _ViT:
+    """A CLIP or SigLIP vision transformer as LLaVA and Gemma 3 build it."""
+
+    siglip: bool
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    image: int
+    patch: int
+    layer: tuple[Linear, ...]
+    params: int
+    patches: int          # tokens per image (CLIP: with its class token)
+    head_linears: int     # SigLIP's attention-pooling head's linear weights
+
+
+def _clip_or_siglip(v: dict, default_type: str) -> _ViT:
+    """The `_ViT` of a CLIP or SigLIP ``vision_config`` (transformers' defaults for missing keys)."""
+    siglip = str(v.get("model_type", default_type)).startswith("siglip")
     h = int(v.get("hidden_size", 1024 if not siglip else 1152))
     i = int(v.get("intermediate_size", 4096 if not siglip else 4304))
     layers = int(v.get("num_hidden_layers", 24 if not siglip else 27))
-    heads = int(v.get("num_attention_heads", 16))
     image, patch = _patch(v, "image_size", 336 if not siglip else 384), _patch(v, "patch_size", 14)
     channels = int(v.get("num_channels", 3))
     n = (image // patch) ** 2
     layer = _vit_layer(h, i, fused_qkv=False)
     per_layer = sum(lin.params for lin in layer) + 2 * _ln(h)
+    head_linears = 0
     if siglip:
         # biased patch embedding, one position per patch, a final LayerNorm; the attention-pooling
         # head unless vision_use_head is off (Gemma 3 turns it off)
         tower = channels * patch * patch * h + h + n * h + layers * per_layer + _ln(h)
         if v.get("vision_use_head", True):
             tower += h + (3 * h * h + 3 * h) + (h * h + h) + _ln(h) + (h * i + i) + (i * h + h)
+            head_linears = 3 * h * h + h * h + h * i + i * h
     else:
         # CLIP: a class token and its position, pre- and post-LayerNorm
         tower = h + channels * patch * patch * h + (n + 1) * h + _ln(h) + layers * per_layer + _ln(h)
         n += 1
-    return kind, h, i, layers, heads, image, patch, layer, tower, n
-
-
-def _siglip_head_linears(v: dict, h: int, i: int) -> int:
-    return (3 * h * h + h * h + h * i + i * h) if v.get("vision_use_head", True) else 0
+    return _ViT(siglip=siglip, hidden=h, intermediate=i, layers=layers, heads=int(v.get("num_attention_heads", 16)),
+                image=image, patch=patch, layer=layer, params=tower, patches=n, head_linears=head_linears)
 
 
 def _llava(config: dict, v: dict, text_hidden: int) -> VisionSpec:
@@ -234,34 +247,35 @@ def _llava(config: dict, v: dict, text_hidden: int) -> VisionSpec:
     layer(s) to the LLM. Every tower layer is built and counted, though features come from
     `vision_feature_layer` (-2 by default); the image tokens are the patches (`default` strategy
     drops CLIP's class token)."""
-    kind, h, i, layers, heads, image, patch, layer, tower, n = _clip_or_siglip(v, "clip_vision_model")
+    vit = _clip_or_siglip(v, "clip_vision_model")
     feature = config.get("vision_feature_layer", -2)
-    inputs = h * (len(feature) if isinstance(feature, (list, tuple)) else 1)
+    inputs = vit.hidden * (len(feature) if isinstance(feature, (list, tuple)) else 1)
     bias = bool(config.get("multimodal_projector_bias", True))
-    projector = (Linear("linear_1", inputs, text_hidden, bias=bias), Linear("linear_2", text_hidden, text_hidden, bias=bias))
-    strategy = config.get("vision_feature_select_strategy", "default")
-    has_cls = not kind.startswith("siglip")
-    llm_tokens = n - 1 if has_cls and strategy == "default" else n
-    return VisionSpec(family="llava", depth=layers, hidden_size=h, intermediate_size=i, num_heads=heads,
-                      gated_mlp=False, patch_size=patch, patch_values=3 * patch * patch, tower_params=tower,
-                      projector_params=sum(lin.params for lin in projector), layer_linears=layer,
-                      projector_linears=projector, projector_hidden=text_hidden,
-                      other_linear_params=_siglip_head_linears(v, h, i)
-                      if kind.startswith("siglip") else 0,
-                      image_size=image, patches_per_tile=n, llm_tokens_fixed=llm_tokens)
+    projector = (Linear("linear_1", inputs, text_hidden, bias=bias),
+                 Linear("linear_2", text_hidden, text_hidden, bias=bias))
+    default_strategy = config.get("vision_feature_select_strategy", "default") == "default"
+    llm_tokens = vit.patches - 1 if not vit.siglip and default_strategy else vit.patches
+    return VisionSpec(family="llava", depth=vit.layers, hidden_size=vit.hidden, intermediate_size=vit.intermediate,
+                      num_heads=vit.heads, gated_mlp=False, patch_size=vit.patch, patch_values=3 * vit.patch ** 2,
+                      tower_params=vit.params, projector_params=sum(lin.params for lin in projector),
+                      layer_linears=vit.layer, projector_linears=projector, projector_hidden=text_hidden,
+                      other_linear_params=vit.head_linears, image_size=vit.image, patches_per_tile=vit.patches,
+                      llm_tokens_fixed=llm_tokens)
 
 
 def _gemma3(config: dict, v: dict, text_hidden: int) -> VisionSpec:
     """Gemma 3: a SigLIP tower at 896 px (4096 patches, no pooling head), average-pooled to
     `mm_tokens_per_image` (256) tokens, RMS-normalised and projected by one matrix (no bias)."""
     v = {"model_type": "siglip_vision_model", "image_size": 896, "vision_use_head": False, **v}
-    kind, h, i, layers, heads, image, patch, layer, tower, n = _clip_or_siglip(v, "siglip_vision_model")
+    vit = _clip_or_siglip(v, "siglip_vision_model")
+    h = vit.hidden
     projector = (Linear("mm_input_projection", h, text_hidden),)
-    return VisionSpec(family="gemma3", depth=layers, hidden_size=h, intermediate_size=i, num_heads=heads,
-                      gated_mlp=False, patch_size=patch, patch_values=3 * patch * patch, tower_params=tower,
-                      projector_params=h * text_hidden + h, layer_linears=layer, projector_linears=projector,
-                      projector_norm=h, other_linear_params=_siglip_head_linears(v, h, i), image_size=image,
-                      patches_per_tile=n, llm_tokens_fixed=int(config.get("mm_tokens_per_image", 256)))
+    return VisionSpec(family="gemma3", depth=vit.layers, hidden_size=h, intermediate_size=vit.intermediate,
+                      num_heads=vit.heads, gated_mlp=False, patch_size=vit.patch, patch_values=3 * vit.patch ** 2,
+                      tower_params=vit.params, projector_params=h * text_hidden + h, layer_linears=vit.layer,
+                      projector_linears=projector, projector_norm=h, other_linear_params=vit.head_linears,
+                      image_size=vit.image, patches_per_tile=vit.patches,
+                      llm_tokens_fixed=int(config.get("mm_tokens_per_image", 256)))
 
 
 def _mllama(config: dict, v: dict, text_hidden: int) -> VisionSpec:

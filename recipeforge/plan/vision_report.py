@@ -26,7 +26,7 @@ def vision_summary(w: Workload, micro_batch: int, checkpointing: bool) -> dict[s
         return {}
     spec, image = v.spec, v.image
     kept = per_image(w, checkpointing)
-    trained_tower = per_image(replace(w, vision=replace(v, train_tower=True)), checkpointing)
+    trained_tower = per_image(replace(w, vision=v.with_tower_trained()), checkpointing)
     images = images_per_micro_batch(w, micro_batch)
     return {
         "family": spec.family,
@@ -64,9 +64,10 @@ def vision_lines(vision: dict[str, Any], sequence_len: int) -> list[str]:
 
     per = vision["activation_bytes_per_image"]
     images = vision["images_per_sample"]
-    lines = [f"Vision: {vision['family']} tower {human_count(vision['tower_params'])} params "
-             f"({trains(vision['train_tower'], vision['tower_adapters'])}), projector "
-             f"{human_count(vision['projector_params'])} ({trains(vision['train_projector'], vision['projector_adapters'])}); "
+    tower = trains(vision["train_tower"], vision["tower_adapters"])
+    projector = trains(vision["train_projector"], vision["projector_adapters"])
+    lines = [f"Vision: {vision['family']} tower {human_count(vision['tower_params'])} params ({tower}), projector "
+             f"{human_count(vision['projector_params'])} ({projector}); "
              f"{images} image{'' if images == 1 else 's'} per sample"]
     lines.append(f"  one {vision['image_pixels']}-px image = {vision['patches_per_image']} patches -> "
                  f"{vision['llm_tokens_per_image']} LLM tokens"

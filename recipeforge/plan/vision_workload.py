@@ -7,7 +7,7 @@ Read from `model.vision` for a model whose config has a vision tower the planner
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from recipeforge.plan.models import Linear
 from recipeforge.plan.vision import ImageTokens, VisionSpec
@@ -24,6 +24,11 @@ class VisionLoad:
     train_projector: bool
     tower_lora: tuple[Linear, ...] = ()      # one ViT layer's linears with adapters (LoRA + train_tower)
     projector_lora: tuple[Linear, ...] = ()  # projector linears with adapters (LoRA + train_projector)
+    tower_targets: tuple[Linear, ...] = ()   # what target_modules would adapt in the tower, were it trained
+
+    def with_tower_trained(self) -> "VisionLoad":
+        """This load with the tower trained (for the plan's what-if), adapters where LoRA would put them."""
+        return replace(self, train_tower=True, tower_lora=self.tower_targets)
 
     @property
     def image_tokens_per_sample(self) -> int:
@@ -55,20 +60,19 @@ def build_vision_load(vision_cfg, spec: VisionSpec, adapter, notes: list[str]) -
     what the estimate assumes."""
     max_pixels = vision_cfg.max_pixels
     if not spec.dynamic and (vision_cfg.max_pixels or vision_cfg.min_pixels):
-        notes.append(f"model.vision min/max_pixels do not apply to {spec.family}: its processor resizes every image "
-                     f"to {spec.image_size}x{spec.image_size}" + (f" (up to {spec.tiles} tiles)" if spec.tiles > 1 else ""))
+        tiles = f" (up to {spec.tiles} tiles)" if spec.tiles > 1 else ""
+        notes.append(f"model.vision min/max_pixels do not apply to {spec.family}: its processor resizes every "
+                     f"image to {spec.image_size}x{spec.image_size}{tiles}")
         max_pixels = None
     image = spec.image_tokens(max_pixels)
-    tower_lora: tuple[Linear, ...] = ()
-    projector_lora: tuple[Linear, ...] = ()
-    if adapter.type != "none":
-        if vision_cfg.train_tower:
-            tower_lora = _tower_targets(spec, adapter.target_modules)
-        if vision_cfg.train_projector:
-            projector_lora = spec.projector_linears
+    # LoRA reaches the tower only when it trains; with it, the projector's linears all get adapters
+    lora = adapter.type != "none"
+    targets = _tower_targets(spec, adapter.target_modules) if lora else ()
     return VisionLoad(spec=spec, images_per_sample=vision_cfg.images_per_sample, image=image,
                       train_tower=vision_cfg.train_tower, train_projector=vision_cfg.train_projector,
-                      tower_lora=tower_lora, projector_lora=projector_lora)
+                      tower_lora=targets if vision_cfg.train_tower else (),
+                      projector_lora=spec.projector_linears if lora and vision_cfg.train_projector else (),
+                      tower_targets=targets)
 
 
 def _tower_targets(spec: VisionSpec, target_modules) -> tuple[Linear, ...]:

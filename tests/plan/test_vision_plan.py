@@ -38,7 +38,8 @@ def test_plan_json_carries_the_same_fields():
     plan = json.loads(out.stdout)
     vision = plan["extra"]["vision"]
     assert vision["tower_params"] == 631_975_680 and vision["projector_params"] == 44_574_464
-    assert (vision["image_pixels"], vision["patches_per_image"], vision["llm_tokens_per_image"]) == (1003520, 5120, 1280)
+    image = (vision["image_pixels"], vision["patches_per_image"], vision["llm_tokens_per_image"])
+    assert image == (1003520, 5120, 1280)
     assert vision["train_tower"] is False and vision["train_projector"] is True
     assert plan["memory_gb"]["vision_activations"] > 0
     assert plan["extra"]["model"]["params"] == 8_292_166_656

@@ -205,3 +205,42 @@ def test_vision_activation_bytes_are_gib_scale_for_a_trained_qwen_tower():
     w = _workload(vision={"train_tower": True}, adapter={"type": "none"})
     gib = estimate(w, SINGLE, 1, False).components["vision_activations"] / GIB
     assert 5 < gib < 15
+
+
+# Small configs of each family (two text layers, a short tower): the count must equal the parameters
+# transformers builds for the whole model on the meta device; Mllama differs by what its note says.
+_BUILT = {
+    "qwen2_vl": {"text_config": {"num_hidden_layers": 2}, "vision_config": {"depth": 2}},
+    "qwen2_5_vl": {"text_config": {"num_hidden_layers": 2, "hidden_size": 3584, "intermediate_size": 18944,
+                                   "num_attention_heads": 28, "num_key_value_heads": 4},
+                   "vision_config": {"depth": 2, "hidden_size": 1280, "out_hidden_size": 3584}},
+    "qwen3_vl": {"text_config": {"num_hidden_layers": 2}, "vision_config": {"depth": 2}},
+    "llava-clip": {"text_config": {"model_type": "llama", "num_hidden_layers": 2},
+                   "vision_config": {"model_type": "clip_vision_model", "num_hidden_layers": 2}},
+    "llava-siglip": {"text_config": {"model_type": "llama", "num_hidden_layers": 2},
+                     "vision_config": {"model_type": "siglip_vision_model", "num_hidden_layers": 2}},
+    "gemma3": {"text_config": {"num_hidden_layers": 2}, "vision_config": {"num_hidden_layers": 2}},
+    "mllama": {"text_config": {"num_hidden_layers": 4, "cross_attention_layers": [1, 3]},
+               "vision_config": {"num_hidden_layers": 2, "num_global_layers": 1}},
+}
+
+
+@pytest.mark.parametrize("name", list(_BUILT))
+def test_vision_counts_equal_what_transformers_builds(name):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.for_model(name.split("-")[0], **_BUILT[name])
+    with torch.device("meta"):
+        model = transformers.AutoModelForImageTextToText.from_config(config)
+    built = sum({id(p): p.numel() for p in model.parameters()}.values())
+    spec = spec_from_config(config.to_dict())
+    vision = sum(p.numel() for n, p in model.named_parameters()
+                 if n.startswith(("model.visual", "model.vision_tower", "model.vision_model",
+                                  "model.multi_modal_projector")))
+    assert spec.vision_params() == vision
+    if name == "mllama":  # 8 extra embedding rows, and the cross-attention layers' q/k norms and gates
+        text = config.text_config
+        extra = 8 * text.hidden_size + 2 * (2 * (text.hidden_size // text.num_attention_heads) + 2)
+        assert built - spec.total_params() == extra
+    else:
+        assert spec.total_params() == built
