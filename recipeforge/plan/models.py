@@ -11,10 +11,9 @@ Qwen's `decoder_sparse_step` / `mlp_only_layers`) count their dense MLP in both.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # a type only: vision.py builds on `Linear` from here
-    from recipeforge.plan.vision import VisionSpec
+from recipeforge.plan.linear import Linear
+from recipeforge.plan.vision import VisionSpec, vision_from_config
 
 # model_type -> decoder layer class (FSDP wraps these; they are also transformers' _no_split_modules).
 DECODER_LAYER_CLASS = {
@@ -37,21 +36,6 @@ _QK_NORM = {"qwen3", "qwen3_moe", "gemma3_text", "qwen3_vl"}
 _FOUR_NORMS = {"gemma2", "gemma3_text"}
 # Non-gated MLPs with biases and LayerNorm (weight + bias).
 _CLASSIC = {"gpt2", "phi", "starcoder2"}
-
-
-@dataclass(frozen=True)
-class Linear:
-    """A linear projection inside one decoder layer (per layer, counted `count` times)."""
-
-    name: str
-    in_features: int
-    out_features: int
-    count: int = 1          # e.g. the number of experts holding this projection
-    bias: bool = False
-
-    @property
-    def params(self) -> int:
-        return self.count * (self.in_features * self.out_features + (self.out_features if self.bias else 0))
 
 
 @dataclass(frozen=True)
@@ -361,8 +345,6 @@ def spec_from_config(config: dict, name: str = "") -> ModelSpec:
     notes: list[str] = []
     cfg = _language_config(config, notes)
     model_type = _model_type(cfg, notes)
-    from recipeforge.plan.vision import vision_from_config  # noqa: PLC0415 - vision.py imports this module
-
     vision = vision_from_config(config, int(cfg.get("hidden_size") or 0))
     _multimodal_notes(config, vision, notes)
     if model_type == "gpt2":

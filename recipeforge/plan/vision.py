@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from recipeforge.plan.models import Linear
+from recipeforge.plan.linear import Linear
 
 # Qwen2-VL / Qwen2.5-VL image processor defaults: 56x56 to 28x28x1280 pixels.
 QWEN_MIN_PIXELS = 56 * 56

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from recipeforge.plan.models import Linear
+from recipeforge.plan.linear import Linear
 from recipeforge.plan.vision import ImageTokens, VisionSpec
 
 
