@@ -89,7 +89,10 @@ def vit_layer_bytes(w: Workload) -> float:
 
 def projector_row_bytes(w: Workload) -> float:
     """Per projector row (an LLM token's worth of merged patches), the inputs of the projector's
-    linears, the activation's input between them, and the norm's fp32 input."""
-    spec, c = w.vision.spec, w.compute_bytes
+    linears and the activation's input between them; the norm ahead of them keeps its fp32 input
+    only when a gradient passes it (a trained tower below) or its own weight trains (full fine-tune)."""
+    v, c = w.vision, w.compute_bytes
+    spec = v.spec
     inputs = sum(lin.in_features for lin in spec.projector_linears)
-    return c * (inputs + spec.projector_hidden) + 4 * spec.projector_norm
+    norm_keeps = v.train_tower or (v.train_projector and w.full_finetune)
+    return c * (inputs + spec.projector_hidden) + (4 * spec.projector_norm if norm_keeps else 0)

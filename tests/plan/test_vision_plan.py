@@ -27,7 +27,7 @@ def test_plan_shows_the_vision_side_and_the_cost_of_one_image():
     assert "Vision: qwen2_5_vl tower 632.0M params (frozen), projector 44.6M (trains, LoRA adapters)" in text
     assert "one 1003520-px image = 5120 patches -> 1280 LLM tokens" in text
     assert "1280 of the 4096 tokens of a sample are image tokens" in text
-    assert "tower 0 (frozen: nothing kept)" in text and "projector 62.5 MiB" in text
+    assert "tower 0 (frozen: nothing kept)" in text and "projector 37.5 MiB" in text
     assert "data.sequence_len bounds text and image tokens together" in text
     assert any(line.strip().startswith("vision activations") for line in text.splitlines())
 
