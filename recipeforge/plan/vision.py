@@ -20,6 +20,8 @@ QWEN_MAX_PIXELS = 28 * 28 * 1280
 # Qwen3-VL's processor works on 16-pixel patches merged 2x2 (32-pixel units): 2^16 pixels up to 2^24.
 QWEN3_MIN_PIXELS = 65536
 QWEN3_MAX_PIXELS = 16777216
+# transformers' class of one ViT layer of each Qwen vision tower
+QWEN_BLOCKS = {"qwen2_vl": "Qwen2VLVisionBlock", "qwen2_5_vl": "Qwen2_5_VLVisionBlock", "qwen3_vl": "Qwen3VLVisionBlock"}
 # Mllama's default tiling: at most 4 tiles, these 8 aspect ratios (rows x columns of tiles).
 _MLLAMA_RATIOS = 8
 
@@ -54,6 +56,7 @@ class VisionSpec:
     in_sequence: bool = True          # image tokens occupy the text sequence (Mllama: cross-attention)
     cross_attention_layers: int = 0   # Mllama: text layers attending to the image
     approximate: str = ""             # what the count leaves approximate, said in the plan
+    block_class: str = ""             # transformers' class of one ViT layer (FSDP wraps each as a unit)
 
     @property
     def params(self) -> int:
@@ -193,7 +196,8 @@ def _qwen(v: dict, family: str, h: int, i: int, out: int, *, gated: bool, layer_
                       patch_values=patch_values, tower_params=tower, projector_params=projector,
                       layer_linears=layer, projector_linears=merger * (1 + deepstack),
                       projector_norm=wide * (1 + deepstack), projector_hidden=wide * (1 + deepstack),
-                      merge=merge, dynamic=True, min_pixels=min_pixels, max_pixels=max_pixels)
+                      merge=merge, dynamic=True, min_pixels=min_pixels, max_pixels=max_pixels,
+                      block_class=QWEN_BLOCKS[family])
 
 
 # ----------------------------------------------------------------------------- fixed-resolution towers
@@ -213,6 +217,10 @@ class _ViT:
     params: int
     patches: int          # tokens per image (CLIP: with its class token)
     head_linears: int     # SigLIP's attention-pooling head's linear weights
+
+    @property
+    def block_class(self) -> str:
+        return "SiglipEncoderLayer" if self.siglip else "CLIPEncoderLayer"
 
 
 def _clip_or_siglip(v: dict, default_type: str) -> _ViT:
@@ -255,7 +263,7 @@ def _llava(config: dict, v: dict, text_hidden: int) -> VisionSpec:
                  Linear("linear_2", text_hidden, text_hidden, bias=bias))
     default_strategy = config.get("vision_feature_select_strategy", "default") == "default"
     llm_tokens = vit.patches - 1 if not vit.siglip and default_strategy else vit.patches
-    return VisionSpec(family="llava", depth=vit.layers, hidden_size=vit.hidden, intermediate_size=vit.intermediate,
+    return VisionSpec(family="llava", block_class=vit.block_class, depth=vit.layers, hidden_size=vit.hidden, intermediate_size=vit.intermediate,
                       num_heads=vit.heads, gated_mlp=False, patch_size=vit.patch, patch_values=3 * vit.patch ** 2,
                       tower_params=vit.params, projector_params=sum(lin.params for lin in projector),
                       layer_linears=vit.layer, projector_linears=projector, projector_hidden=text_hidden,
@@ -270,7 +278,7 @@ def _gemma3(config: dict, v: dict, text_hidden: int) -> VisionSpec:
     vit = _clip_or_siglip(v, "siglip_vision_model")
     h = vit.hidden
     projector = (Linear("mm_input_projection", h, text_hidden),)
-    return VisionSpec(family="gemma3", depth=vit.layers, hidden_size=h, intermediate_size=vit.intermediate,
+    return VisionSpec(family="gemma3", block_class=vit.block_class, depth=vit.layers, hidden_size=h, intermediate_size=vit.intermediate,
                       num_heads=vit.heads, gated_mlp=False, patch_size=vit.patch, patch_values=3 * vit.patch ** 2,
                       tower_params=vit.params, projector_params=h * text_hidden + h, layer_linears=vit.layer,
                       projector_linears=projector, projector_norm=h, other_linear_params=vit.head_linears,
@@ -302,7 +310,7 @@ def _mllama(config: dict, v: dict, text_hidden: int) -> VisionSpec:
     projector = (Linear("multi_modal_projector", out, text_hidden, bias=True),)
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
     cross = len(text.get("cross_attention_layers") or (3, 8, 13, 18, 23, 28, 33, 38))
-    return VisionSpec(family="mllama", depth=local + global_, hidden_size=h, intermediate_size=i,
+    return VisionSpec(family="mllama", block_class="MllamaVisionEncoderLayer", depth=local + global_, hidden_size=h, intermediate_size=i,
                       num_heads=int(v.get("attention_heads", 16)), gated_mlp=False, patch_size=patch,
                       patch_values=channels * patch * patch, tower_params=tower,
                       projector_params=projector[0].params, layer_linears=layer, projector_linears=projector,

@@ -238,9 +238,26 @@ def test_vision_counts_equal_what_transformers_builds(name):
                  if n.startswith(("model.visual", "model.vision_tower", "model.vision_model",
                                   "model.multi_modal_projector")))
     assert spec.vision_params() == vision
+    # the class FSDP wraps each vision layer by is the one transformers builds them with, once per layer
+    blocks = [m for m in model.modules() if type(m).__name__ == spec.vision.block_class]
+    assert len(blocks) == spec.vision.depth
     if name == "mllama":  # 8 extra embedding rows, and the cross-attention layers' q/k norms and gates
         text = config.text_config
         extra = 8 * text.hidden_size + 2 * (2 * (text.hidden_size // text.num_attention_heads) + 2)
         assert built - spec.total_params() == extra
     else:
         assert spec.total_params() == built
+
+
+def test_fsdp_wraps_the_vision_layers_as_units_too():
+    # The memory model shards the tower layer by layer; FSDP must wrap those layers for that to hold.
+    from recipeforge.backends.artifacts import fsdp_plugin_config
+
+    r = build_recipe(QWEN_VL, model={"dtype": "bf16"}, distributed={"backend": "fsdp"})
+    plan = make_plan(r, parse_hardware("8xH100-80GB"))
+    assert plan.extra.model["vision_block_class"] == "Qwen2_5_VLVisionBlock"
+    wrapped = fsdp_plugin_config(plan, r)["transformer_cls_names_to_wrap"]
+    assert wrapped == [plan.extra.model["decoder_layer_class"], "Qwen2_5_VLVisionBlock"]
+    text = build_recipe("meta-llama/Llama-3.1-8B", model={"dtype": "bf16"}, distributed={"backend": "fsdp"})
+    assert fsdp_plugin_config(make_plan(text, parse_hardware("8xH100-80GB")), text)[
+        "transformer_cls_names_to_wrap"] == ["LlamaDecoderLayer"]
