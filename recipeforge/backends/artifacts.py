@@ -93,7 +93,9 @@ def fsdp_plugin_config(plan: Plan, recipe) -> dict:
         # sharding reshards too, inside each node (the backend adds the replicate/shard mesh)
         "reshard_after_forward": sharding != "shard_grad_op",
         "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-        "transformer_cls_names_to_wrap": [layer_class] if layer_class else None,
+        # a vision tower's layers are units of their own too, as the planner shards them
+        "transformer_cls_names_to_wrap": [c for c in (layer_class, plan.extra.model.get("vision_block_class")) if c]
+        or None,
         # FSDP's own checkpointing is whole layers; selective or every-N-th checkpointing is the
         # runner's, inside each wrapped layer (`stages.checkpointing`)
         "activation_checkpointing": plan.gradient_checkpointing and plan.checkpoint_mode == "full"

@@ -369,8 +369,21 @@ def _local_part(param, full, device):
     for dim, (start, size) in enumerate(zip(offset, shape)):
         part = part.narrow(dim, start, size)
     local = part.to(device, _local(param).dtype, copy=True).contiguous()
-    return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
-                              shape=param.shape, stride=param.stride())
+    return _dtensor_like(local, param)
+
+
+def _dtensor_like(local, like):
+    """A DTensor of `local` laid out as the DTensor `like`, left on `local`'s device. (`DTensor.from_local`
+    would move it to the mesh's device type: a CPU shard of a CUDA mesh, as FSDP2's CPU offload keeps
+    them, would land on the GPU, and FSDP2 refuses offloaded parameters off the CPU. FSDP2 builds its
+    own sharded parameters this way.)"""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_common import _from_local_no_grad
+    except ImportError:  # an older layout of torch's FSDP2 package
+        from torch.distributed.tensor import DTensor
+
+        return DTensor(local, like._spec, requires_grad=local.requires_grad)
+    return _from_local_no_grad(local, like._spec)
 
 
 def _quantize(module, weight):
@@ -539,11 +552,6 @@ def shard_and_fill(ctx, record: dict):
         dtype = prepared.config.quantization_config.bnb_4bit_compute_dtype
         device, shard_device = _devices(trainer.accelerator)
         stats = fill_local_shards(prepared, source, compute_dtype=dtype, device=device, shard_device=shard_device)
-        if str(shard_device) == "cpu":
-            moved = shards_to_cpu(prepared)
-            if moved:  # FSDP2 refuses offloaded parameters held elsewhere at its first forward
-                ctx.log(f"warning: {len(moved)} sharded parameter(s) were not on the CPU under FSDP2 offload and were "
-                        f"moved there: {', '.join(moved[:5])}")
         write_report(ctx, record, stats, rss_sharded)
 
     return prepare
@@ -590,33 +598,6 @@ def write_report(ctx, record: dict, stats: dict, rss_before_fill: int) -> None:
     out.write_text(json.dumps(stats, indent=2) + "\n")
     ctx.log(f"4-bit base loaded sharded: {stats['local_base_bytes'] / 2**20:.1f} MiB of "
             f"{stats['full_base_bytes'] / 2**20:.1f} MiB on rank {ctx.dist.rank}")
-
-
-def shards_to_cpu(model) -> list[str]:
-    """Move every sharded parameter (DTensor) whose local shard is not on the CPU there, re-registered
-    as FSDP2's sharded parameter (`load_state_dict(assign=True)`, as `fill_local_shards` does).
-    FSDP2 with CPU offload requires all of them on the CPU at its lazy initialization. Returns the
-    names of those moved."""
-    import torch
-    from torch.distributed.tensor import DTensor
-
-    moved: list[str] = []
-    replaced: dict[int, tuple] = {}  # id of a moved parameter -> (it, its CPU one): tied holders share it
-    for prefix, module in model.named_modules():
-        for pname, param in list(module.named_parameters(recurse=False)):
-            if id(param) in replaced:
-                setattr(module, pname, replaced[id(param)][1])
-                continue
-            if not isinstance(param, DTensor) or param.to_local().device.type in ("cpu", "meta"):
-                continue
-            local = param.to_local().to("cpu", copy=True)
-            part = DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
-                                      shape=param.shape, stride=param.stride())
-            module.load_state_dict({pname: torch.nn.Parameter(part, requires_grad=param.requires_grad)},
-                                   strict=False, assign=True)
-            replaced[id(param)] = (param, module._parameters[pname])
-            moved.append(f"{prefix}.{pname}" if prefix else pname)
-    return moved
 
 
 def _devices(accelerator):

@@ -20,8 +20,9 @@ _MIN_SAVING = 0.5 * GIB  # advice below this is noise next to the band
 def band_class(w: Workload, layout: Layout) -> str:
     """Which measured spread covers the estimate for `w` on `layout`: ``calibrated`` (one GPU, DDP,
     ZeRO-1/2 without offload), ``sharded`` (FSDP2, ZeRO-3, offload: engine buffers vary with their
-    configs) or ``uncalibrated`` (no published figure covers it: Megatron, GRPO generation, MoE)."""
-    if w.rollout is not None or w.model.is_moe:
+    configs) or ``uncalibrated`` (no published figure covers it: Megatron, GRPO generation, MoE,
+    vision-language models)."""
+    if w.rollout is not None or w.model.is_moe or w.vision is not None:
         return "uncalibrated"
     return spec_of(layout.backend).accuracy_band(w, layout)
 

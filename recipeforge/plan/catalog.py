@@ -27,6 +27,13 @@ def _llama(v, h, i, layers, heads, kv, tie=False, model_type="llama", **extra) -
                 num_attention_heads=heads, num_key_value_heads=kv, tie_word_embeddings=tie, **extra)
 
 
+def _qwen25_vision(out_hidden_size: int) -> dict:
+    """The `vision_config` of the published Qwen2.5-VL checkpoints (3B, 7B; 72B the same ViT)."""
+    return dict(depth=32, hidden_act="silu", hidden_size=1280, intermediate_size=3420, num_heads=16, in_chans=3,
+                out_hidden_size=out_hidden_size, patch_size=14, spatial_merge_size=2, spatial_patch_size=14,
+                window_size=112, fullatt_block_indexes=[7, 15, 23, 31], tokens_per_second=2, temporal_patch_size=2)
+
+
 KNOWN_CONFIGS: dict[str, dict] = {
     # Meta Llama 3.x
     "meta-llama/Llama-3.1-8B": _llama(128256, 4096, 14336, 32, 32, 8),
@@ -54,6 +61,12 @@ KNOWN_CONFIGS: dict[str, dict] = {
     "Qwen/Qwen2.5-14B": _llama(152064, 5120, 13824, 48, 40, 8, model_type="qwen2"),
     "Qwen/Qwen2.5-32B": _llama(152064, 5120, 27648, 64, 40, 8, model_type="qwen2"),
     "Qwen/Qwen2.5-72B": _llama(152064, 8192, 29568, 80, 64, 8, model_type="qwen2"),
+    # Qwen 2.5-VL (flat layout as published: Qwen2.5's text fields next to `vision_config`; a 32-layer
+    # 1280-wide ViT with window attention but in `fullatt_block_indexes`, merged 2x2 into the LLM's width)
+    "Qwen/Qwen2.5-VL-7B-Instruct": _llama(152064, 3584, 18944, 28, 28, 4, model_type="qwen2_5_vl",
+                                          vision_config=_qwen25_vision(3584)),
+    "Qwen/Qwen2.5-VL-3B-Instruct": _llama(151936, 2048, 11008, 36, 16, 2, tie=True, model_type="qwen2_5_vl",
+                                          vision_config=_qwen25_vision(2048)),
     # Qwen 3 (head_dim 128 throughout)
     "Qwen/Qwen3-0.6B": _llama(151936, 1024, 3072, 28, 16, 8, tie=True, model_type="qwen3", head_dim=128),
     "Qwen/Qwen3-1.7B": _llama(151936, 2048, 6144, 28, 16, 8, tie=True, model_type="qwen3", head_dim=128),

@@ -29,6 +29,7 @@ from recipeforge.plan.estimators import zero_model_states
 from recipeforge.plan.hardware import GIB
 from recipeforge.plan.offload_activations import offload_note
 from recipeforge.plan.train_phase import Copies, LayerGradient, Moment, Step, train_peak
+from recipeforge.plan.vision_activations import vision_activation_bytes
 from recipeforge.plan.workload import Workload
 
 CUDA_RUNTIME = 0.75 * GIB      # CUDA context, cuBLAS/cuDNN workspaces (not in torch's allocator stats)
@@ -41,7 +42,8 @@ ALLOCATOR_SLACK = 0.08
 
 PERSISTENT = ("weights", "gradients", "optimizer", "adapter", "reference_model", "comm_buffers",
               "rollout_engine", "runtime")
-TRAIN_PHASE = ("activations", "logits", "gathered_params", "autocast_weights", "output_gradient", "layer_gradient")
+TRAIN_PHASE = ("activations", "vision_activations", "logits", "gathered_params", "autocast_weights",
+               "output_gradient", "layer_gradient")
 OPTIMIZER_PHASE = ("optimizer_step", "paged_optimizer")
 GENERATION_PHASE = ("kv_cache", "generation_params")
 LOAD_PHASE = ("quantized_load",)
@@ -189,6 +191,9 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
     # ---- activations, logits and what else one micro batch's forward and backward hold at their peak
     peak, host = _train_peak(w, layout, micro_batch, checkpointing, part["gathered_params"])
     part.update(peak.parts)
+    # a vision-language model's image side: kept from the vision forward to the end of backward, so
+    # alive at every moment of the train phase (`vision_activations`)
+    part["vision_activations"] = vision_activation_bytes(w, micro_batch, checkpointing)
     if host:
         cpu += host * layout.gpus_per_node
         notes.append(offload_note(part["activations"], host, GIB))

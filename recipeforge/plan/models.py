@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from recipeforge.plan.linear import Linear
+from recipeforge.plan.vision import VisionSpec, vision_from_config
+
 # model_type -> decoder layer class (FSDP wraps these; they are also transformers' _no_split_modules).
 DECODER_LAYER_CLASS = {
     "llama": "LlamaDecoderLayer", "mistral": "MistralDecoderLayer", "mixtral": "MixtralDecoderLayer",
@@ -20,30 +23,19 @@ DECODER_LAYER_CLASS = {
     "gemma3_text": "Gemma3DecoderLayer", "phi3": "Phi3DecoderLayer", "phi": "PhiDecoderLayer",
     "gpt2": "GPT2Block", "olmo2": "Olmo2DecoderLayer", "starcoder2": "Starcoder2DecoderLayer",
     "deepseek_v3": "DeepseekV3DecoderLayer", "gpt_oss": "GptOssDecoderLayer",
+    # the language models of vision-language models (their own decoder layer classes)
+    # (`_model_type` names a Qwen-VL text_config by its model's type)
+    "qwen2_vl": "Qwen2VLDecoderLayer", "qwen2_5_vl": "Qwen2_5_VLDecoderLayer", "qwen3_vl": "Qwen3VLTextDecoderLayer",
+    "mllama_text_model": "MllamaSelfAttentionDecoderLayer",
 }
 # Architectures whose attention projections carry biases (q, k, v; not o).
-_QKV_BIAS = {"qwen2", "qwen2_moe"}
+_QKV_BIAS = {"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"}
 # Architectures with a per-head RMSNorm on queries and keys.
-_QK_NORM = {"qwen3", "qwen3_moe", "gemma3_text"}
+_QK_NORM = {"qwen3", "qwen3_moe", "gemma3_text", "qwen3_vl"}
 # Gemma 2/3 normalise before and after both sub-blocks: four norms per layer.
 _FOUR_NORMS = {"gemma2", "gemma3_text"}
 # Non-gated MLPs with biases and LayerNorm (weight + bias).
 _CLASSIC = {"gpt2", "phi", "starcoder2"}
-
-
-@dataclass(frozen=True)
-class Linear:
-    """A linear projection inside one decoder layer (per layer, counted `count` times)."""
-
-    name: str
-    in_features: int
-    out_features: int
-    count: int = 1          # e.g. the number of experts holding this projection
-    bias: bool = False
-
-    @property
-    def params(self) -> int:
-        return self.count * (self.in_features * self.out_features + (self.out_features if self.bias else 0))
 
 
 @dataclass(frozen=True)
@@ -73,6 +65,7 @@ class ModelSpec:
     v_head_dim: int = 0                   # DeepSeek MLA: value head width
     max_position_embeddings: int = 0      # only GPT-2 stores positions as parameters
     num_labels: int = 0                   # a sequence-classification head's outputs (0: the LM head)
+    vision: VisionSpec | None = None      # a vision-language model's image side (`plan.vision`)
     name: str = ""
     notes: tuple[str, ...] = field(default=())
 
@@ -239,14 +232,22 @@ class ModelSpec:
     def final_norm_params(self) -> int:
         return 2 * self.hidden_size if self.model_type in _CLASSIC else self.hidden_size
 
-    def total_params(self) -> int:
-        """All parameters (tied embeddings counted once)."""
+    def text_params(self) -> int:
+        """The language model's parameters (tied embeddings counted once)."""
         return self.embedding_params() + self.decoder_params() + self.final_norm_params() + self.head_params()
+
+    def vision_params(self) -> int:
+        """A vision-language model's vision tower and projector (0 for a text-only model)."""
+        return self.vision.params if self.vision is not None else 0
+
+    def total_params(self) -> int:
+        """All parameters (tied embeddings counted once): the language model and any vision tower."""
+        return self.text_params() + self.vision_params()
 
     def active_params(self) -> int:
         """Parameters used per token (equals `total_params` for dense models)."""
         return (self.embedding_params() + self.decoder_params(active=True)
-                + self.final_norm_params() + self.head_params())
+                + self.final_norm_params() + self.head_params() + self.vision_params())
 
     def linear_params(self) -> int:
         """Parameters inside the decoder layers' linear weights, routed experts included (QLoRA
@@ -272,10 +273,13 @@ class ModelSpec:
         def weights(linears: list[Linear]) -> int:
             return sum(lin.count * lin.in_features * lin.out_features for lin in linears)
 
+        # transformers' bitsandbytes integration replaces every nn.Linear but the output layer, so a
+        # vision tower's and projector's linears are quantized as well
+        vision = self.vision.linear_weight_params() if self.vision is not None else 0
         if not self.is_moe:
-            return self.linear_params()
+            return self.linear_params() + vision
         return (self.moe_layers * weights(self.nn_linears())
-                + self.dense_layer_count * weights(self.attention_linears() + self.dense_mlp_linears()))
+                + self.dense_layer_count * weights(self.attention_linears() + self.dense_mlp_linears()) + vision)
 
     def _all_linears(self) -> list[Linear]:
         return self.layer_linears() + (self.dense_mlp_linears() if self.is_moe and self.dense_layers else [])
@@ -297,7 +301,8 @@ class ModelSpec:
 
     def flops_terms(self) -> tuple[float, float]:
         """(training FLOPs per token from the active weights, attention FLOPs per token and position)."""
-        matmul = self.active_params() - self.vocab_size * self.hidden_size
+        # the language model's tokens only: images pass the vision tower once, not per text token
+        matmul = self.active_params() - self.vision_params() - self.vocab_size * self.hidden_size
         if self.model_type == "gpt2":
             matmul -= self.max_position_embeddings * self.hidden_size  # learned positions: a lookup
         if self.tie_embeddings and not self.num_labels:
@@ -340,6 +345,8 @@ def spec_from_config(config: dict, name: str = "") -> ModelSpec:
     notes: list[str] = []
     cfg = _language_config(config, notes)
     model_type = _model_type(cfg, notes)
+    vision = vision_from_config(config, int(cfg.get("hidden_size") or 0))
+    _multimodal_notes(config, vision, notes)
     if model_type == "gpt2":
         return _gpt2_spec(cfg, name, notes)
 
@@ -372,18 +379,32 @@ def spec_from_config(config: dict, name: str = "") -> ModelSpec:
         dense_layers=_dense_layers(cfg, layers) if experts else (),
         attention_bias=attention_bias and model_type not in _QKV_BIAS and model_type not in _CLASSIC,
         mlp_bias=bool(cfg.get("mlp_bias", False)) and model_type not in _CLASSIC, **mla,
-        max_position_embeddings=int(cfg.get("max_position_embeddings") or 0), name=name, notes=tuple(notes))
+        max_position_embeddings=int(cfg.get("max_position_embeddings") or 0), vision=vision, name=name,
+        notes=tuple(notes))
 
 
 def _language_config(config: dict, notes: list[str]) -> dict:
-    """The language model's config: a multimodal config's ``text_config``, else the config itself."""
+    """The language model's config: a multimodal config's ``text_config``, else the config itself
+    (Qwen2-VL and Qwen2.5-VL also store their text fields at the top, next to ``vision_config``)."""
     cfg = dict(config)
     if isinstance(cfg.get("text_config"), dict):
         text = dict(cfg["text_config"])
         text.setdefault("tie_word_embeddings", cfg.get("tie_word_embeddings", text.get("tie_word_embeddings")))
         cfg = text
-        notes.append("counted the language model only (text_config); vision/audio towers are not included")
     return cfg
+
+
+def _multimodal_notes(config: dict, vision, notes: list[str]) -> None:
+    """Say which towers of a multimodal config the count leaves out (or counts approximately)."""
+    if isinstance(config.get("vision_config"), dict) and vision is None:
+        notes.append(f"model_type '{config.get('model_type')}': its vision tower is not sized (the planner reads "
+                     "Qwen2/2.5/3-VL, LLaVA, Gemma 3 and Mllama vision configs); counted the language model only")
+    elif isinstance(config.get("text_config"), dict) and vision is None:
+        notes.append("counted the language model only (text_config); other towers are not included")
+    if isinstance(config.get("audio_config"), dict):
+        notes.append("counted without the audio tower (audio_config is not sized)")
+    if vision is not None and vision.approximate:
+        notes.append(vision.approximate)
 
 
 def _model_type(cfg: dict, notes: list[str]) -> str:
@@ -391,6 +412,10 @@ def _model_type(cfg: dict, notes: list[str]) -> str:
     model_type = str(cfg.get("model_type", "llama"))
     if model_type == "gemma3":
         model_type = "gemma3_text"
+    # Qwen-VL's language models by the type of the whole model (flat configs carry only that one),
+    # whose decoder layer class FSDP wraps and which has no tensor-parallel plan
+    model_type = {"qwen2_vl_text": "qwen2_vl", "qwen2_5_vl_text": "qwen2_5_vl",
+                  "qwen3_vl_text": "qwen3_vl"}.get(model_type, model_type)
     if model_type not in DECODER_LAYER_CLASS:
         notes.append(f"model_type '{model_type}' is counted as a Llama-style decoder")
     return model_type

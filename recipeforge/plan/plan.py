@@ -20,6 +20,7 @@ from recipeforge.plan.presets import get_preset
 from recipeforge.plan.policy import Decision, Evaluation, decide, install_hint, known_presets
 from recipeforge.plan.precision import choose_precision, tf32_choice
 from recipeforge.plan.types import Choice, Plan, PlanExtras
+from recipeforge.plan.vision_report import vision_summary
 from recipeforge.plan.vocab import vocab_choice
 from recipeforge.plan.workload import Workload, build_workload, lora_targets
 from recipeforge.stage_specs import Stage
@@ -325,7 +326,8 @@ def _plan_extras(w: Workload, hw: Hardware, ev: Evaluation, decision: Decision, 
     return PlanExtras(
         hardware=hw.to_dict(),
         model={**w.model.summary(), "source": model_source, "trainable_params": w.trainable_params(),
-               "decoder_layer_class": w.model.decoder_layer_class},
+               "decoder_layer_class": w.model.decoder_layer_class,
+               "vision_block_class": w.model.vision.block_class if w.model.vision is not None else None},
         dtype=w.dtype,
         precision=_precision(spec, w),
         attention=w.attention,
@@ -337,6 +339,7 @@ def _plan_extras(w: Workload, hw: Hardware, ev: Evaluation, decision: Decision, 
         context_parallel=ev.layout.context_parallel,
         activations=terms,
         accuracy_class=band_class(w, ev.layout),
+        vision=vision_summary(w, ev.micro_batch, ev.checkpointing),
     )
 
 

@@ -6,12 +6,13 @@ from recipeforge.credentials import redact_credentials
 from recipeforge.plan.memory import COMPONENTS, spec_of
 from recipeforge.plan.models import human_count
 from recipeforge.plan.types import Plan
+from recipeforge.plan.vision_report import vision_lines
 
 _LABELS = {
     "weights": "weights", "gradients": "gradients", "optimizer": "optimizer states",
     "adapter": "LoRA adapter (w+g+opt)",
     "reference_model": "reference model", "comm_buffers": "communication buffers", "rollout_engine": "rollout engine",
-    "runtime": "CUDA/NCCL runtime", "activations": "activations", "logits": "logits + loss",
+    "runtime": "CUDA/NCCL runtime", "activations": "activations", "vision_activations": "vision activations", "logits": "logits + loss",
     "gathered_params": "gathered/dequantized weights", "optimizer_step": "optimizer step temporaries",
     "kv_cache": "generation KV cache", "generation_params": "weights gathered to generate",
     "output_gradient": "output-layer gradient", "layer_gradient": "layer weight gradient (in backward)",
@@ -59,6 +60,7 @@ def _head_lines(plan: Plan) -> list[str]:
         lines.append(f"Model: {model.get('name')} ({model.get('model_type')}, {size}; "
                      f"trainable {human_count(model.get('trainable_params', 0))})")
     lines.append(f"Precision: {x.precision}")
+    lines.extend(vision_lines(x.vision, x.sequence_len))
     compute = _compute_line(plan)
     if compute:
         lines.append(compute)

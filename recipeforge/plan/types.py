@@ -43,6 +43,7 @@ class PlanExtras:
     activations: str = ""                  # the activation-memory terms of the chosen layout, for the report
     accuracy_class: str = ""               # calibrated | sharded | uncalibrated: whose measured spread the band is
     plugins: list[dict[str, Any]] = field(default_factory=list)  # plugin components the recipe uses
+    vision: dict[str, Any] = field(default_factory=dict)  # a vision-language model's image side (`vision_report`)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> "PlanExtras":

@@ -13,6 +13,7 @@ from typing import NamedTuple
 from recipeforge.stage_specs import Stage
 from recipeforge.plan.hardware import Hardware
 from recipeforge.plan.models import Linear, ModelSpec
+from recipeforge.plan.vision_workload import VisionLoad, build_vision_load
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -72,6 +73,7 @@ class Workload:
     attention_mask: bool = False      # sdpa with a dense mask in every layer (packed rows; `sdpa_masks_packed_rows`)
     checkpoint_mode: str = "full"     # with checkpointing: "full" or "selective" (train.gradient_checkpointing)
     checkpoint_every: int = 1         # full checkpointing of every N-th layer (train.checkpoint_every)
+    vision: VisionLoad | None = None  # a vision-language model's images and what of its vision side trains
     # Backends that recipe settings outside the capability record rule out: (backend, key, message).
     setting_refusals: tuple[tuple[str, str, str], ...] = ()
     notes: tuple[str, ...] = field(default=())
@@ -102,9 +104,14 @@ class Workload:
         return self.model.num_layers * per_layer
 
     def trainable_params(self) -> int:
+        """Parameters with gradients and optimizer states. A vision tower and projector train only
+        where `model.vision` says so (train.unfrozen_parameters selects among the language model's)."""
+        vision = self.vision
         if self.full_finetune:
-            return self.model.total_params() if self.unfrozen_params is None else self.unfrozen_params
-        return self.lora_params() + self.modules_to_save_params
+            text = self.model.text_params() if self.unfrozen_params is None else self.unfrozen_params
+            return text + (vision.full_trainable_params() if vision else 0)
+        adapters = vision.adapter_params(self.lora_rank, self.lora_dora) if vision else 0
+        return self.lora_params() + self.modules_to_save_params + adapters
 
 
 def resolve_dtype(dtype: str, hardware: Hardware) -> str:
@@ -152,6 +159,7 @@ def build_workload(recipe, model: ModelSpec, hardware: Hardware) -> Workload:
 
         kinds = unfrozen_kinds(model, list(recipe.train.unfrozen_parameters))
     fused_loss, fused_kernels = _liger_flags(recipe, model)
+    vision = _vision_load(recipe, model, shape.seq_len, notes)
     return Workload(
         model=model, stage=recipe.stage, dtype=dtype, adapter=adapter.type, optimizer=recipe.train.optimizer,
         attention=attention, seq_len=shape.seq_len, logit_tokens=shape.logit_tokens,
@@ -166,7 +174,22 @@ def build_workload(recipe, model: ModelSpec, hardware: Hardware) -> Workload:
         setting_refusals=_setting_refusals(recipe), unfrozen_params=unfrozen, unfrozen_kinds=kinds,
         activation_offloading=recipe.train.activation_offloading and hardware.device == "cuda",
         checkpoint_mode="selective" if recipe.train.gradient_checkpointing == "selective" else "full",
-        checkpoint_every=recipe.train.checkpoint_every)
+        checkpoint_every=recipe.train.checkpoint_every, vision=vision)
+
+
+def _vision_load(recipe, model: ModelSpec, seq_len: int, notes: list[str]) -> VisionLoad | None:
+    """The recipe's images for a vision-language model (None for a text-only one). Image tokens are
+    part of the text sequence (the processor expands each image into its tokens in input_ids), so
+    data.sequence_len bounds text and image tokens together: the language model's terms stay sized
+    at sequence_len, and images that alone fill it leave no room for text."""
+    if model.vision is None:
+        return None
+    load = build_vision_load(recipe.model.vision, model.vision, recipe.adapter, notes)
+    if load.image_tokens_per_sample >= seq_len:
+        notes.append(f"{load.images_per_sample} image(s) of {load.image.llm_tokens} tokens fill the whole "
+                     f"{seq_len}-token sequence (data.sequence_len counts image tokens): raise data.sequence_len "
+                     "or lower model.vision.max_pixels")
+    return load
 
 
 class _StageShape(NamedTuple):

@@ -8,8 +8,8 @@ counterpart and what the recipe does instead; nothing is dropped silently. The Y
 (`--trust-code` or `allow_code: true`, which the converter never writes).
 
 Modules: `convert` (this file: the pass over the config), `datasets` (dataset entries and their
-types), `training` (model, adapter, optimisation, precision, logging, output), `backend`
-(DeepSpeed, FSDP).
+types), `training` (model, adapter, optimisation, precision, logging, output), `vision`
+(multimodal configs: `model.vision`, image sizes, processor keys), `backend` (DeepSpeed, FSDP).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ class Conversion:
     recipe: dict[str, Any] = field(default_factory=dict)
     mapped: dict[str, str] = field(default_factory=dict)   # axolotl key -> recipe key(s) it became
     notes: dict[str, str] = field(default_factory=dict)    # axolotl key -> why it has no counterpart / what instead
+    vision: str | None = None  # why the config trains a vision-language model; None: a text model
 
     def get(self, key: str, default: Any = None) -> Any:
         """The config's value of `key` (top level)."""
@@ -70,7 +71,13 @@ class Conversion:
         lines = self.report_lines()
         head = (f"converted {self.source} ({len(self.mapped)} keys mapped, {len(lines)} in this report; global "
                 f"batch assumes a world size of {self.world_size})\n")
+        if self.vision is not None:
+            head += f"{self.vision_line()}\n"
         return head + "".join(f"  {line}\n" for line in lines)
+
+    def vision_line(self) -> str:
+        return (f"A vision-language model ({self.vision}): model.vision says which of its parts train and how "
+                f"images are sized.")
 
     def recipe_text(self) -> str:
         """The recipe YAML, headed by the report as comments."""
@@ -79,6 +86,7 @@ class Conversion:
         head = [f"Converted from the Axolotl config {self.source.name} by `recipeforge convert axolotl`.",
                 f"Global batch = micro_batch_size x gradient_accumulation_steps x world size {self.world_size} "
                 f"(--world-size).",
+                *([self.vision_line()] if self.vision is not None else []),
                 "Keys without a counterpart, and what this recipe does instead:"]
         comments = [f"# {line}" for line in head]
         for line in self.report_lines():
@@ -120,9 +128,9 @@ def read_config(path: str | Path) -> dict[str, Any]:
 def convert_config(config: dict[str, Any], source: str | Path = "config.yaml", *, world_size: int = 1) -> Conversion:
     """Convert Axolotl `config` (data) to a recipe; `source` is the file it came from (DeepSpeed JSON
     paths are read relative to it)."""
-    from recipeforge.config.axolotl import backend, datasets, training
+    from recipeforge.config.axolotl import backend, datasets, training, vision
 
-    conv = Conversion(config=config, source=Path(source), world_size=world_size)
+    conv = Conversion(config=config, source=Path(source), world_size=world_size, vision=vision.detect(config))
     for key, value in config.items():
         if value is None or value == [] or value == {}:
             conv.mapped[key] = "(unset: the recipe default)"
@@ -134,6 +142,7 @@ def convert_config(config: dict[str, Any], source: str | Path = "config.yaml", *
     datasets.data(conv)
     training.optimisation(conv)
     training.stage_settings(conv)
+    vision.settings(conv)
     backend.distributed(conv)
     training.logging_output(conv)
     backend.compatibility(conv)

@@ -166,6 +166,16 @@ def _chat_template(conv, name: Any, key: str) -> None:
     if name == "jinja":  # the template is chat_template_jinja's
         conv.map(key, "data.chat_template")
         return
+    if conv.vision is not None and name != "tokenizer_default":
+        from recipeforge.config.axolotl.vision import chat_template_note
+
+        current = conv.recipe.get("data", {}).get("chat_template")
+        if current not in (None, "tokenizer"):  # a .jinja file of the user's own is kept
+            conv.note(key, f"recipeforge has one chat template for all datasets; {current} is kept")
+            return
+        conv.put("data.chat_template", "tokenizer")
+        conv.note(key, chat_template_note(name))
+        return
     if name in CHAT_TEMPLATES:
         current = conv.recipe.get("data", {}).get("chat_template")
         if current is not None and current != CHAT_TEMPLATES[name]:
@@ -222,6 +232,9 @@ def _entry(conv, entry: Any, where: str) -> dict:
                                        f"rewards")
     else:
         handled |= _lm(conv, entry, spec, where, stage)
+    from recipeforge.config.axolotl.vision import dataset_notes
+
+    dataset_notes(conv, entry, spec, where)
     for key in entry:
         full = f"{where}.{key}"
         if full in conv.notes or full in conv.mapped:

@@ -83,10 +83,11 @@ def model(conv) -> None:
                      ("trust_remote_code", "model.trust_remote_code")):
         if conv.get(src) is not None:
             conv.put(dst, conv.get(src), src)
+    loads = ("a vision-language model with AutoModelForImageTextToText and its processor with AutoProcessor"
+             if conv.vision else "the model with AutoModelForCausalLM and the tokenizer with AutoTokenizer")
     for src in ("model_type", "tokenizer_type", "base_model_config", "tokenizer_use_fast", "tokenizer_legacy"):
         if conv.get(src) is not None and src not in conv.mapped and src not in conv.notes:
-            conv.note(src, "not needed: recipeforge loads the model with AutoModelForCausalLM and the tokenizer "
-                           "with AutoTokenizer from model.name_or_path (or model.tokenizer)")
+            conv.note(src, f"not needed: recipeforge loads {loads} from model.name_or_path (or model.tokenizer)")
     if conv.get("random_init_weights") is not None:
         conv.put("model.init", "random" if conv.get("random_init_weights") is True else "pretrained",
                  "random_init_weights")
@@ -147,10 +148,7 @@ def adapter(conv) -> None:
             conv.put(f"adapter.{dst}", conv.get(src), src)
     modules = conv.get("lora_target_modules")
     if isinstance(modules, str):
-        if any(c in modules for c in ".*[]()|\\"):
-            conv.note("lora_target_modules", f"'{modules}' is a regular expression to PEFT; recipeforge takes module "
-                                             f"names, so the recipe lists it as one name: replace it with the names")
-        modules = [modules]
+        modules = _target_regex(conv, modules) if any(c in modules for c in ".*[]()|\\") else [modules]
     if conv.get("lora_target_linear"):
         conv.put("adapter.target_modules", "all-linear", "lora_target_linear")
         if modules:
@@ -176,6 +174,34 @@ def adapter(conv) -> None:
     for src in ("lora_model_dir", "lora_fan_in_fan_out", "lora_on_cpu", "peft_layers_to_transform"):
         if conv.get(src) is not None:
             conv.note(src, "no counterpart; the recipe starts new adapters on every targeted module")
+
+
+def _target_regex(conv, pattern: str) -> list[str]:
+    """A `lora_target_modules` regular expression (PEFT matches it against full module paths) as the
+    module names it ends in, e.g. ``model.language_model.layers.[\\d]+.(mlp|self_attn).(up|q)_proj`` as
+    [up_proj, q_proj]; a pattern that does not end in literal names is kept as one name, reported."""
+    from recipeforge.config.axolotl.vision import parts, path_restricts, target_names
+
+    found = target_names(pattern)
+    if found is None:
+        conv.note("lora_target_modules", f"PEFT reads '{pattern}' as a regular expression; recipeforge takes module "
+                                         f"names, so the recipe lists it as one name: replace it with the names")
+        return [pattern]
+    names, path = found
+    why = (f"PEFT reads '{pattern}' as a regular expression; recipeforge takes module names, so the recipe lists "
+           f"the names it ends in ({', '.join(names)})")
+    if path_restricts(path):
+        why += (f"; its path '{path}' selects only some modules of those names, which names cannot say: every "
+                f"module of those names gets an adapter")
+    if conv.vision is not None:
+        named = parts(path)
+        if "tower" in named:
+            why += "; its path names the vision tower, so model.vision.train_tower is true (adapters there too)"
+        elif "language" in named:
+            why += ("; its path keeps them on the language model, as recipeforge does while "
+                    "model.vision.train_tower is false")
+    conv.note("lora_target_modules", why)
+    return names
 
 
 def optimisation(conv) -> None:
@@ -328,7 +354,9 @@ def unfrozen(conv) -> None:
     elif conv.get("adapter") is not None:
         conv.note("unfrozen_parameters", "not converted next to an adapter: the adapter freezes the base model "
                                          "and saves only itself (list whole modules under adapter.modules_to_save "
-                                         "to train them too)")
+                                         "to train them too" + ("; model.vision.train_tower / train_projector put "
+                                                                "adapters on the vision tower / projector)"
+                                                                if conv.vision else ")"))
     else:
         conv.put("train.unfrozen_parameters", list(patterns), "unfrozen_parameters")
 

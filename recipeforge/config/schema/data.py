@@ -65,6 +65,17 @@ class DatasetSpec(Section):
         None, description="Format `messages`: where the messages, their roles and texts are (field mappings).")
     dedup: Optional[bool] = Field(
         None, description="Drop rows identical to an earlier row of this dataset (default: `data.dedup`).")
+    images: Optional[str] = Field(
+        None, min_length=1,
+        description="Vision-language models: the column holding each row's image paths (a list, or one path) for "
+                    "rows that mark where images go with `<image>` placeholders in their texts (LLaVA / ShareGPT "
+                    "layout). Default: `images` when the rows have it, else `image`. A row with images but no "
+                    "placeholder gets them at the start of its first user turn. Rows whose message content lists "
+                    "name their images (`{type: image, image: path}`) need no column.")
+    image_root: Optional[str] = Field(
+        None, min_length=1,
+        description="Vision-language models: the folder relative image paths start at (itself relative to the "
+                    "recipe file). Default: the dataset file's folder.")
     weight: Optional[float] = Field(
         None, gt=0,
         description="Relative sampling weight when mixing several datasets: each training row is drawn from "
@@ -85,6 +96,15 @@ class DatasetSpec(Section):
             expected = ", ".join(repr(n) for n in names[:-1]) + f" or {names[-1]!r}" if len(names) > 1 else repr(names[0])
             raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
         return value
+
+    @model_validator(mode="after")
+    def _images_need_a_chat_format(self):
+        # Images go into chat turns (SFT) or the prompt (preference); other layouts have nowhere to put them.
+        for name in ("images", "image_root"):
+            if getattr(self, name) is not None and self.format not in ("messages", "preference"):
+                raise PydanticCustomError("images_format", "`{name}` needs format: messages or preference (got "
+                                          "format: {format})", {"name": name, "format": self.format})
+        return self
 
     @model_validator(mode="after")
     def _messages_need_the_messages_format(self):

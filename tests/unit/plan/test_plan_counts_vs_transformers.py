@@ -28,8 +28,10 @@ def _one_per_type() -> dict[str, dict]:
 def _hf_count(cfg: dict) -> int:
     kwargs = {k: v for k, v in cfg.items() if k not in ("model_type", "name")}
     config = transformers.AutoConfig.for_model(cfg["model_type"], **kwargs)
+    # vision-language models are built with their vision tower, which the planner counts too
+    auto = transformers.AutoModelForImageTextToText if "vision_config" in cfg else transformers.AutoModelForCausalLM
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config)
+        model = auto.from_config(config)
     return sum({id(p): p.numel() for p in model.parameters()}.values())
 
 
