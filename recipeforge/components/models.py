@@ -99,7 +99,7 @@ def tiny_config(arch: str, tokenizer, *, max_position_embeddings: int | None = N
     if "vision_config" in fields:
         from recipeforge.components.vision_model import tiny_vision_config
 
-        return tiny_vision_config(fields, tokenizer)
+        return tiny_vision_config(arch, fields, tokenizer, location=location)
     return config_for(fields, tokenizer, max_position_embeddings=max_position_embeddings)
 
 

@@ -78,3 +78,21 @@ def tiny_arch(name_or_path: str) -> str | None:
     if not name_or_path.startswith(TINY_PREFIX):
         return None
     return name_or_path[len(TINY_PREFIX):]
+
+
+# The tiny VLMs' chat template: ChatML, an image entry written as the image token, and each assistant
+# reply with its turn end inside {% generation %} (the tokens that carry the loss).
+TINY_VISION_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['role'] == 'assistant' -%}{%- generation -%}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}{%- else -%}"
+    "{%- for c in message['content'] -%}{%- if c['type'] == 'text' -%}{{- c['text'] -}}{%- endif -%}{%- endfor -%}"
+    "{%- endif -%}{{- '<|im_end|>' -}}{%- endgeneration -%}{{- '\\n' -}}"
+    "{%- else -%}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}{%- else -%}"
+    "{%- for c in message['content'] -%}"
+    "{%- if c['type'] == 'image' -%}{{- '<image>' -}}{%- elif c['type'] == 'text' -%}{{- c['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}{{- '<|im_end|>\\n' -}}"
+    "{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}")

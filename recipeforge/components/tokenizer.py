@@ -112,10 +112,12 @@ def load_tokenizer(name_or_path: str, *, revision: str | None = None, trust_remo
 
     arch = tiny_arch(name_or_path)
     if arch is not None:
-        from recipeforge.components.vision_model import prepare_tiny_tokenizer
+        from recipeforge.components.tiny_spec import TINY_VISION, TINY_VISION_TEMPLATE
 
         tokenizer = build_tiny_tokenizer(vocab_size or 1024)
-        prepare_tiny_tokenizer(tokenizer, arch)  # a tiny VLM's image token and image-aware template
+        if arch in TINY_VISION:  # a tiny VLM: its image token, and a template that writes images
+            add_tokens(tokenizer, special=(TINY_VISION[arch]["image_token"],))
+            tokenizer.chat_template = TINY_VISION_TEMPLATE
         return tokenizer
     from transformers import AutoTokenizer
 

@@ -35,24 +35,6 @@ VISION_PARTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "smolvlm": (("vision_model",), ("connector",)),
 }
 
-# The tiny VLMs' chat template: ChatML, an image entry written as the image token, and each assistant
-# reply with its turn end inside {% generation %} (the tokens that carry the loss).
-TINY_VISION_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-    "{%- if message['role'] == 'assistant' -%}{%- generation -%}"
-    "{%- if message['content'] is string -%}{{- message['content'] -}}{%- else -%}"
-    "{%- for c in message['content'] -%}{%- if c['type'] == 'text' -%}{{- c['text'] -}}{%- endif -%}{%- endfor -%}"
-    "{%- endif -%}{{- '<|im_end|>' -}}{%- endgeneration -%}{{- '\\n' -}}"
-    "{%- else -%}"
-    "{%- if message['content'] is string -%}{{- message['content'] -}}{%- else -%}"
-    "{%- for c in message['content'] -%}"
-    "{%- if c['type'] == 'image' -%}{{- '<image>' -}}{%- elif c['type'] == 'text' -%}{{- c['text'] -}}{%- endif -%}"
-    "{%- endfor -%}{%- endif -%}{{- '<|im_end|>\\n' -}}"
-    "{%- endif -%}{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}")
-
-
 # --- recognising a VLM (no torch) ---------------------------------------------------------------
 def is_vision_config(fields: dict | None) -> bool:
     """Whether config.json `fields` describe a vision-language model."""
@@ -63,25 +45,6 @@ def is_vision_model(config: Any) -> bool:
     """Whether a transformers config (or a model's) belongs to a vision-language model."""
     config = getattr(config, "config", config)
     return getattr(config, "vision_config", None) is not None
-
-
-def is_vision_recipe(recipe: Any) -> bool:
-    """Whether the recipe's model is a VLM, from its config.json alone (tiny spec, local file,
-    catalog, or the hub's config when reachable); False when no config can be read."""
-    from recipeforge.plan.catalog import architecture_config
-
-    try:
-        return is_vision_config(architecture_config(recipe.model.name_or_path, recipe.model.revision))
-    except (RecipeError, OSError, ValueError):
-        return False
-
-
-def refuse_vision(recipe: Any, stage: str, *, why: str, location: Location | None = None) -> None:
-    """A stage that cannot train a VLM refuses one, before anything loads."""
-    if is_vision_recipe(recipe):
-        raise RecipeError(f"stage {stage} cannot train the vision-language model '{recipe.model.name_or_path}': "
-                          f"{why}", key="stage", location=location,
-                          hint="train vision-language models with stage: sft or stage: dpo")
 
 
 # --- the tower and the projector ------------------------------------------------------------
@@ -169,27 +132,21 @@ def tiny_vision(arch: str | None) -> dict | None:
     return TINY_VISION.get(arch) if arch else None
 
 
-def prepare_tiny_tokenizer(tokenizer, arch: str | None) -> None:
-    """Give the tiny tokenizer of a tiny VLM its image token and the image-aware chat template."""
-    spec = tiny_vision(arch)
-    if spec is None:
-        return
-    from recipeforge.components.tokenizer import add_tokens
-
-    add_tokens(tokenizer, special=(spec["image_token"],))
-    tokenizer.chat_template = TINY_VISION_TEMPLATE
-
-
-def tiny_vision_config(fields: dict, tokenizer):
+def tiny_vision_config(arch: str, fields: dict, tokenizer, *, location: Location | None = None):
     """The transformers config of a tiny VLM: its text side takes the tokenizer's special token ids,
-    the model its image token id."""
+    the model its image token id (the tokenizer must have it: the tiny tokenizer of `arch` does)."""
     from transformers import AutoConfig
+
+    image_token = tiny_vision(arch)["image_token"]
+    if image_token not in tokenizer.get_vocab():
+        raise RecipeError(f"the tokenizer has no image token {image_token}, which tiny:{arch} needs",
+                          key="model.tokenizer", location=location,
+                          hint=f"leave model.tokenizer unset: tiny:{arch} builds its own")
 
     kwargs = {k: v for k, v in fields.items() if k != "model_type"}
     text = dict(kwargs.pop("text_config"))
     text.update(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                 eos_token_id=tokenizer.eos_token_id)
-    image_token = next(t for t in tokenizer.get_vocab() if t == "<image>")
     return AutoConfig.for_model(fields["model_type"], text_config=text, **kwargs,
                                 image_token_id=tokenizer.convert_tokens_to_ids(image_token),
                                 pad_token_id=tokenizer.pad_token_id)

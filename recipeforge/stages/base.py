@@ -111,10 +111,11 @@ class TrainerStage:
         ctx = self.context
         check_sr_optimizer(ctx.plan)
         if not self.takes_images:
-            from recipeforge.components.vision_model import refuse_vision
+            from recipeforge.stage_specs import Stage
+            from recipeforge.stages.vision_check import refuse_vision
 
             stage = self.stage or self.recipe.stage
-            why = ("recipeforge's rollout engines and reward functions take text prompts only" if stage == "grpo"
+            why = ("recipeforge's rollout engines and reward functions take text prompts only" if stage == Stage.GRPO
                    else "its trainer takes text rows only")
             refuse_vision(self.recipe, stage, why=why, location=ctx.locate(("stage",)))
         if self.recipe.train.activation_offloading:

@@ -7,7 +7,11 @@ model `dpo.reference` names.
 
 from __future__ import annotations
 
+from typing import Any
+
+from recipeforge.stage_specs import Stage
 from recipeforge.stages.base import TrainerStage
+from recipeforge.stages.vision import VisionStage, distinct_rows
 
 # TRL's name for the NLL term on chosen answers among DPOConfig.loss_type values
 TRL_NLL_LOSS = "sft"
@@ -32,17 +36,15 @@ def dpo_arguments(recipe, config_cls) -> dict:
 
 
 class DPOStage(TrainerStage):
-    """DPO on prompt/chosen/rejected rows (a vision-language model's: `stages.vision.VisionDPOStage`)."""
+    """DPO on prompt/chosen/rejected rows (a vision-language model's: `VisionDPOStage`)."""
 
     stage = "dpo"
     trainer_class = "trl.DPOTrainer"
 
     def __new__(cls, ctx, *args, **kwargs):
-        from recipeforge.components.vision_model import is_vision_recipe
+        from recipeforge.stages.vision_check import is_vision_recipe
 
         if cls is DPOStage and is_vision_recipe(ctx.recipe):
-            from recipeforge.stages.vision import VisionDPOStage
-
             return VisionDPOStage(ctx)
         return super().__new__(cls)
 
@@ -62,3 +64,40 @@ class DPOStage(TrainerStage):
                           train_dataset=self.train_rows, eval_dataset=self.eval_rows,
                           processing_class=self.tokenizer, peft_config=self.peft_config(),
                           callbacks=self.callbacks())
+
+
+class VisionDPOStage(VisionStage):
+    """DPO of a VLM on TRL's `DPOTrainer`: the images belong to the prompt."""
+
+    stage = Stage.DPO
+    trainer_class = "trl.DPOTrainer"
+
+    def reference_model(self) -> Any:
+        return self.frozen_reference(self.recipe.dpo.reference)
+
+    def build_trainer(self) -> Any:
+        from trl import DPOConfig, DPOTrainer
+
+        from recipeforge.outputs.atomic import crash_safe
+
+        args = self.training_arguments(DPOConfig, **dpo_arguments(self.recipe, DPOConfig),
+                                       remove_unused_columns=False)
+        return crash_safe(DPOTrainer)(model=self.model, ref_model=self.reference_model(), args=args,
+                                      train_dataset=self.train_rows, eval_dataset=self.eval_rows,
+                                      processing_class=self.processor, peft_config=self.peft_config(),
+                                      callbacks=self.callbacks())
+
+    def check_images(self) -> None:
+        from recipeforge.components.vision_model import check_image_tokens
+
+        from trl.data_utils import prepare_multimodal_messages
+
+        def collate(rows: list[dict]) -> dict:
+            # The prompt with its images, as DPO's collator encodes it (the answers hold no image).
+            row = rows[0]
+            messages = prepare_multimodal_messages(row["prompt"], images=row["images"])
+            return self.processor.apply_chat_template([messages], tokenize=True, return_dict=True,
+                                                      return_tensors="pt", add_generation_prompt=True)
+
+        check_image_tokens(collate, distinct_rows(self.train_rows), self.trainer.model.config,
+                           self.processor.tokenizer.convert_tokens_to_ids(self.processor.image_token), None)

@@ -13,7 +13,7 @@ class SFTStage(LMStage):
 
     def __new__(cls, ctx, *args, **kwargs):
         # A vision-language model trains on TRL's SFTTrainer with its processor (`stages.vision`).
-        from recipeforge.components.vision_model import is_vision_recipe
+        from recipeforge.stages.vision_check import is_vision_recipe
 
         if cls is SFTStage and is_vision_recipe(ctx.recipe):
             from recipeforge.stages.vision import VisionSFTStage

@@ -20,10 +20,11 @@ from typing import Any
 
 from recipeforge.components.prepared import PreparedData
 from recipeforge.errors import RecipeError
+from recipeforge.stage_specs import Stage
 from recipeforge.stages.base import TrainerStage
 
 # The dataset formats each vision stage reads, and the `vision_rows` kind they become.
-VISION_FORMATS = {"sft": ("messages", "messages"), "dpo": ("preference", "preference")}
+VISION_FORMATS = {Stage.SFT: ("messages", "messages"), Stage.DPO: ("preference", "preference")}
 
 
 class VisionStage(TrainerStage):
@@ -105,7 +106,7 @@ class VisionStage(TrainerStage):
 class VisionSFTStage(VisionStage):
     """SFT of a VLM on TRL's `SFTTrainer`: loss on the assistant replies, images per batch."""
 
-    stage = "sft"
+    stage = Stage.SFT
     trainer_class = "trl.SFTTrainer"
 
     def build_trainer(self) -> Any:
@@ -130,47 +131,9 @@ class VisionSFTStage(VisionStage):
         # The trainer's collator, without its cut: the check sees whole rows.
         collate = DataCollatorForVisionLanguageModeling(processor=self.processor, max_length=None,
                                                         assistant_only_loss=True)
-        check_image_tokens(collate, _distinct_rows(self.train_rows), self.trainer.model.config,
+        check_image_tokens(collate, distinct_rows(self.train_rows), self.trainer.model.config,
                            self.processor.tokenizer.convert_tokens_to_ids(self.processor.image_token),
                            self.recipe.data.sequence_len)
-
-
-class VisionDPOStage(VisionStage):
-    """DPO of a VLM on TRL's `DPOTrainer`: the images belong to the prompt."""
-
-    stage = "dpo"
-    trainer_class = "trl.DPOTrainer"
-
-    def reference_model(self) -> Any:
-        return self.frozen_reference(self.recipe.dpo.reference)
-
-    def build_trainer(self) -> Any:
-        from trl import DPOConfig, DPOTrainer
-
-        from recipeforge.outputs.atomic import crash_safe
-        from recipeforge.stages.dpo import dpo_arguments
-
-        args = self.training_arguments(DPOConfig, **dpo_arguments(self.recipe, DPOConfig),
-                                       remove_unused_columns=False)
-        return crash_safe(DPOTrainer)(model=self.model, ref_model=self.reference_model(), args=args,
-                                      train_dataset=self.train_rows, eval_dataset=self.eval_rows,
-                                      processing_class=self.processor, peft_config=self.peft_config(),
-                                      callbacks=self.callbacks())
-
-    def check_images(self) -> None:
-        from recipeforge.components.vision_model import check_image_tokens
-
-        from trl.data_utils import prepare_multimodal_messages
-
-        def collate(rows: list[dict]) -> dict:
-            # The prompt with its images, as DPO's collator encodes it (the answers hold no image).
-            row = rows[0]
-            messages = prepare_multimodal_messages(row["prompt"], images=row["images"])
-            return self.processor.apply_chat_template([messages], tokenize=True, return_dict=True,
-                                                      return_tensors="pt", add_generation_prompt=True)
-
-        check_image_tokens(collate, _distinct_rows(self.train_rows), self.trainer.model.config,
-                           self.processor.tokenizer.convert_tokens_to_ids(self.processor.image_token), None)
 
 
 # TRL limits the loss to assistant replies on image rows only with this transformers (the chat
@@ -197,7 +160,7 @@ def check_libraries(stage: str) -> None:
                           key="model.name_or_path", hint="pip install -U 'trl<1.17'")
 
 
-def _distinct_rows(rows) -> list[tuple[str, dict]]:
+def distinct_rows(rows) -> list[tuple[str, dict]]:
     """(where, row) for the first row of each distinct (image count, image sizes) shape."""
     from PIL import Image
 

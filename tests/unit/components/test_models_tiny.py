@@ -17,7 +17,9 @@ def tok():
     return build_tiny_tokenizer(1024)
 
 
-@pytest.mark.parametrize("arch", sorted(TINY_CONFIGS))
+# The tiny language models; the tiny vision-language ones (a text_config inside) are tested in
+# tests/integration/test_vlm.py.
+@pytest.mark.parametrize("arch", sorted(a for a, c in TINY_CONFIGS.items() if "text_config" not in c))
 def test_tiny_models_follow_the_spec_and_the_seed(tok, arch):
     import torch
 
