@@ -44,6 +44,7 @@ class VisionStage(TrainerStage):
     def prepare(self) -> PreparedData:
         from recipeforge.components.vision_model import load_processor
 
+        check_libraries(self.stage)  # data may be prepared before `check` runs (preprocess, the launcher)
         self.tokenizer = self.load_tokenizer()
         self.processor = load_processor(self.recipe, self.tokenizer, location=self.ctx.locate(("model", "name_or_path")))
         self.data = self.prepare_data()
