@@ -66,7 +66,7 @@ class VisionStage(TrainerStage):
         else:
             train_ds = datasets.Dataset.from_list(train)
             eval_ds = datasets.Dataset.from_list(evaluation) if evaluation else None
-        images = sum(len(r["images"]) for r in train)
+        images = sum(len(i or ()) for i in train_ds["images"])
         stats = {"train_rows": len(train_ds), "eval_rows": len(eval_ds) if eval_ds is not None else 0,
                  "train_images": images}
         return PreparedData(train=train_ds, eval=eval_ds, stats=stats, unit="rows with images")
