@@ -226,3 +226,35 @@ def test_lora_targets_follow_the_vision_settings():
     assert not any("vision_tower" in t for t in targets(False, True))
     assert any("vision_tower" in t for t in targets(True, False))
     assert all(t.endswith(("q_proj", "v_proj")) for t in targets(True, True, ["q_proj", "v_proj"]))
+
+
+def test_qwen_vl_tower_and_merger_are_found():
+    """The table's Qwen2.5-VL entry against a real (small, random) Qwen2.5-VL: `model.visual` is the
+    tower, `visual.merger` the projector; full fine-tuning freezes both, LoRA adapts neither."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import AutoModelForImageTextToText, Qwen2_5_VLConfig
+
+    from recipeforge.components.vision_model import freeze_vision, lora_targets
+
+    config = Qwen2_5_VLConfig(
+        text_config=dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2,
+                         rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}),
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14,
+                           spatial_merge_size=2, out_hidden_size=64, fullatt_block_indexes=[1]),
+        image_token_id=250, video_token_id=251, vision_start_token_id=252, vision_end_token_id=253)
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(config)
+    frozen = SimpleNamespace(train_tower=False, train_projector=False)
+    counts = freeze_vision(model, frozen)
+    assert counts["tower"] == counts["projector"] == 0 and counts["language"] > 0
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert not any(".visual." in f".{n}" for n in trainable)
+    assert any("visual.merger" in n for n, _ in model.named_parameters())
+    adapter = SimpleNamespace(target_modules="all-linear", modules_to_save=())
+    targets = lora_targets(model, adapter, frozen)
+    assert targets and not any("visual" in t for t in targets)
+    with_merger = lora_targets(model, adapter, SimpleNamespace(train_tower=False, train_projector=True))
+    assert {t for t in with_merger if "visual" in t} and all("visual.merger" in t for t in with_merger if "visual" in t)
