@@ -128,10 +128,20 @@ def test_floor_versions_are_what_is_installed(floor_python):
         assert Version(installed[name.lower()]) == Version(version), (name, installed.get(name.lower()))
 
 
-def _recipes() -> list[str]:
+def _recipes(*, vision: bool = False) -> list[str]:
+    """The tiny example recipes: text-only ones, or (`vision`) those of a vision-language model."""
     import yaml
 
-    return sorted(p.stem for p in TINY.glob("*.yaml") if "stage" in (yaml.safe_load(p.read_text()) or {}))
+    from recipeforge.components.tiny_spec import TINY_VISION, tiny_arch
+
+    base = (yaml.safe_load((TINY / "base.yaml").read_text()) or {}).get("model", {})
+    out = []
+    for p in TINY.glob("*.yaml"):
+        recipe = yaml.safe_load(p.read_text()) or {}
+        model = recipe.get("model", {}).get("name_or_path") or base.get("name_or_path", "")  # the rest extend base.yaml
+        if "stage" in recipe and (tiny_arch(model) in TINY_VISION) == vision:
+            out.append(p.stem)
+    return sorted(out)
 
 
 def _mean(xs):
@@ -144,11 +154,15 @@ QLORA = ["adapter.type=qlora", "train.max_steps=20", "data.val_size=8", "train.e
          "output.merge_adapter=false"]
 
 
-def _train(python: Path, recipe: str, tmp_path: Path, overrides: list[str]) -> list[dict]:
-    run = tmp_path / "run"
-    proc = _run([python, "-m", "recipeforge", "train", TINY / f"{recipe}.yaml", f"output.dir={run}",
+def _launch(python: Path, recipe: str, tmp_path: Path, overrides: list[str]):
+    return _run([python, "-m", "recipeforge", "train", TINY / f"{recipe}.yaml", f"output.dir={tmp_path / 'run'}",
                  f"data.cache_dir={tmp_path / 'cache'}", "logging.progress_bar=false", *overrides],
                 cwd=tmp_path, env=_clean_env(RECIPEFORGE_CACHE=str(tmp_path / "cache")))
+
+
+def _train(python: Path, recipe: str, tmp_path: Path, overrides: list[str]) -> list[dict]:
+    run = tmp_path / "run"
+    proc = _launch(python, recipe, tmp_path, overrides)
     assert proc.returncode == 0, proc.stderr[-4000:]
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return [r for r in records if r.get("split") == "train"]
@@ -165,6 +179,18 @@ def test_tiny_recipe_trains_at_the_floor(floor_python, recipe, tmp_path):
         assert len(loss) >= 3 and loss[-1] < loss[0], loss
 
 
+@pytest.mark.parametrize("recipe", _recipes(vision=True))
+def test_vision_recipes_are_refused_below_their_own_floor(floor_python, recipe, tmp_path):
+    # Images need a newer transformers than text (the processor's assistant mask); below it the run
+    # stops before loading anything, with the version to install.
+    from recipeforge.stages.vision import VISION_TRANSFORMERS_MIN
+
+    proc = _launch(floor_python, recipe, tmp_path, [])
+    assert proc.returncode == 2, proc.stderr[-4000:]
+    assert f"transformers >= {VISION_TRANSFORMERS_MIN}" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run" / "final").exists()
+
+
 def test_qlora_trains_at_the_floor(floor_python, tmp_path):
     loss = [r["loss"] for r in _train(floor_python, "sft-lora", tmp_path, QLORA) if "loss" in r]
     assert loss[-1] < loss[0] - 1.0, loss
@@ -178,3 +204,4 @@ def test_prompt_lengths_at_the_floor(floor_python):
 
 def test_recipes_are_found():
     assert {"pretrain", "sft-full", "sft-lora", "dpo", "grpo"} <= set(_recipes())
+    assert {"vlm-sft-lora", "vlm-dpo"} <= set(_recipes(vision=True))
