@@ -3,11 +3,14 @@
 Environment: ``RECIPEFORGE_TRAIN__LEARNING_RATE=1e-4`` sets ``train.learning_rate`` (``__`` separates
 levels, names are lower-cased); only variables whose first part is a recipe section are read, so
 settings such as ``RECIPEFORGE_CACHE_DIR`` never leak in. CLI: ``train.learning_rate=1e-4`` sets,
-``~adapter.dropout`` deletes, ``data.datasets.0.path=x.jsonl`` indexes lists. Values are typed by YAML
+``~adapter.dropout`` deletes, ``data.datasets.0.path=x.jsonl`` (or ``data.datasets[0].path``, as errors
+print keys) indexes lists. Values are typed by YAML
 rules (``1e-4`` is a float, ``true`` a bool, ``[a, b]`` a list).
 """
 
 from __future__ import annotations
+
+import re
 
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
@@ -86,6 +89,8 @@ def _cli_location(arg: str) -> Location:
 
 
 def _parse_path(dotted: str, arg: str) -> tuple:
+    # `data.datasets[0].path`, as errors print keys, is `data.datasets.0.path`
+    dotted = re.sub(r"\[(\d+)\](?=\.|$)", r".\1", dotted)
     parts = dotted.split(".")
     if not dotted or not all(p.strip() for p in parts) or any(0xD800 <= ord(c) <= 0xDFFF for c in dotted):
         raise RecipeError("bad key in override", location=_cli_location(arg),

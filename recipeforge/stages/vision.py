@@ -89,8 +89,10 @@ class VisionStage(TrainerStage):
             if spec.max_samples:
                 raw = raw.shuffle(seed=self.recipe.train.seed).select(range(min(spec.max_samples, len(raw))))
             source = local if local is not None else spec.path
-            base = image_base_dir(local) if local is not None else self.ctx.base_dir
-            rows += vision_rows(raw.to_list(), source=source, base_dir=base, kind=kind,
+            base = (image_base_dir(local if local is not None else self.ctx.base_dir, spec.image_root,
+                                   recipe_dir=self.ctx.base_dir)
+                    if local is not None or spec.image_root else self.ctx.base_dir)
+            rows += vision_rows(raw.to_list(), source=source, base_dir=base, kind=kind, image_column=spec.images,
                                 location=self.ctx.locate(ref.path_key + ("path",)))
         return rows
 

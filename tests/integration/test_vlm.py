@@ -139,6 +139,25 @@ def test_dpo_with_images_raises_reward_accuracy(tmp_path):
     assert (run / "final" / "processor_config.json").is_file()
 
 
+def test_llava_rows_with_an_image_root_train(tmp_path):
+    # ShareGPT rows with an `image` column and <image> placeholders, the images under a folder of their own
+    rows = (REPO / "examples" / "data" / "vlm-sft-llava.jsonl").read_text()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "rows.jsonl").write_text(rows)
+    run = tmp_path / "run"
+    proc = _train(TINY / "vlm-sft-lora.yaml", run, tmp_path / "cache", f"data.datasets[0].path={tmp_path}/data/rows.jsonl",
+                  f"data.datasets[0].image_root={REPO}/examples/data", "data.datasets[0].images=image",
+                  "train.max_steps=30", "output.save_steps=30", "output.merge_adapter=false")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loss = _losses(run)
+    assert loss[-1] < loss[0] - 2.0, loss
+    # without the root, the relative paths are looked for next to the dataset, and the error says where
+    missing = _train(TINY / "vlm-sft-lora.yaml", tmp_path / "run2", tmp_path / "cache",
+                     f"data.datasets[0].path={tmp_path}/data/rows.jsonl")
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert "rows.jsonl" in missing.stderr and "row 1" in missing.stderr and "images/red.png" in missing.stderr
+
+
 def test_packing_with_images_refused(tmp_path):
     proc = _train(TINY / "vlm-sft-lora.yaml", tmp_path / "run", tmp_path / "cache", "data.packing=true")
     assert proc.returncode == 2, proc.stderr[-2000:]

@@ -17,6 +17,15 @@ def test_cli_values_are_typed_by_yaml_rules(write):
     assert r.data.datasets[0].path == "other.jsonl"
 
 
+def test_list_items_take_the_key_form_errors_print(write):
+    # errors name keys as data.datasets[0].path; a user copying that into an override gets the same item
+    path = write("r.yaml", MINIMAL)
+    r = load_recipe(path, ["data.datasets[0].path=other.jsonl", "data.datasets[0].max_samples=5"]).recipe
+    assert (r.data.datasets[0].path, r.data.datasets[0].max_samples) == ("other.jsonl", 5)
+    with pytest.raises(RecipeError, match="out of range"):
+        load_recipe(path, ["data.datasets[3].path=x.jsonl"])
+
+
 def test_cli_creates_sections_and_deletes_keys(write):
     path = write("r.yaml", MINIMAL + "adapter: {type: lora, r: 4}\n")
     loaded = load_recipe(path, ["logging.wandb.project=demo", "~adapter.r"])
