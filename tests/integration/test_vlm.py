@@ -158,6 +158,37 @@ def test_llava_rows_with_an_image_root_train(tmp_path):
     assert "rows.jsonl" in missing.stderr and "row 1" in missing.stderr and "images/red.png" in missing.stderr
 
 
+BAD_ROWS = {
+    "corrupt image": ({"messages": [{"role": "user", "content": [{"type": "image", "image": "broken.png"},
+                                                                 {"type": "text", "text": "What colour?"}]},
+                                    {"role": "assistant", "content": "red"}]}, ["broken.png", "cannot be read"]),
+    "missing image": ({"messages": [{"role": "user", "content": [{"type": "image", "image": "nowhere.png"},
+                                                                 {"type": "text", "text": "What colour?"}]},
+                                    {"role": "assistant", "content": "red"}]}, ["nowhere.png", "not found"]),
+    "placeholder count": ({"images": [str(IMAGES / "red.png")],
+                           "messages": [{"role": "user", "content": "<image><image> What colours?"},
+                                        {"role": "assistant", "content": "red"}]},
+                          ["2 <image> placeholders", "1 image"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_ROWS))
+def test_bad_image_rows_are_located_errors(tmp_path, case):
+    row, words = BAD_ROWS[case]
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4)
+    good = json.loads((REPO / "examples" / "data" / "vlm-sft.jsonl").read_text().splitlines()[0])
+    good["messages"][0]["content"] = [dict(c, image=str(IMAGES / Path(c["image"]).name)) if c.get("type") == "image"
+                                      else c for c in good["messages"][0]["content"]]
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps(good) + "\n" + json.dumps(row) + "\n")
+    proc = _train(TINY / "vlm-sft-lora.yaml", tmp_path / "run", tmp_path / "cache", f"data.datasets[0].path={data}")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    for word in ["rows.jsonl", "row 2", *words]:
+        assert word in proc.stderr, (word, proc.stderr[-2000:])
+    assert not (tmp_path / "run" / "final").exists()
+
+
 def test_packing_with_images_refused(tmp_path):
     proc = _train(TINY / "vlm-sft-lora.yaml", tmp_path / "run", tmp_path / "cache", "data.packing=true")
     assert proc.returncode == 2, proc.stderr[-2000:]
