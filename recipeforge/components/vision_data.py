@@ -43,7 +43,8 @@ _LOCATION_HINT = ("relative image paths start at the dataset file's folder, or a
 
 
 def vision_rows(rows: list[dict], *, source: Path | str, base_dir: Path, kind: str = "messages",
-                location: Any = None, image_column: str | None = None) -> list[dict]:
+                location: Any = None, image_column: str | None = None,
+                embedded_dir: Path | None = None) -> list[dict]:
     """Raw dataset rows as TRL vision rows, every local image checked.
 
     `source` names the dataset in messages; `base_dir` is where relative image paths start (the
@@ -52,13 +53,17 @@ def vision_rows(rows: list[dict], *, source: Path | str, base_dir: Path, kind: s
     "images"}``). `image_column` names the column of layout (b); default: ``images`` when a row has
     it, else ``image``. A row's number is its ``_row`` value when the loader added one, else its
     1-based position. Problems raise `RecipeError` (at `location`, the dataset's entry in the recipe).
-    """
+
+    Images held in the data itself (a `datasets` Image column, as hub datasets store them: ``{"bytes",
+    "path"}`` or decoded PIL images) are written once to `embedded_dir`, named by their content's hash,
+    and referred to by that path like any other image (`embedded_image_path`)."""
     if kind not in ("messages", "preference"):
         raise ValueError(f"kind must be 'messages' or 'preference', got {kind!r}")
     convert = _sft_row if kind == "messages" else _preference_row
     out = []
     for i, raw in enumerate(rows, start=1):
-        row = _Row(source, raw.get("_row", i) if isinstance(raw, dict) else i, Path(base_dir), location)
+        row = _Row(source, raw.get("_row", i) if isinstance(raw, dict) else i, Path(base_dir), location,
+                   embedded_dir)
         if not isinstance(raw, dict):
             raise row.error(f"is a {type(raw).__name__}, not a mapping of columns")
         result = convert(raw, row, _column_images(raw, row, image_column))
@@ -161,8 +166,10 @@ def _decode(path: str) -> str | None:
 class _Row:
     """Where a row is, for its error messages."""
 
-    def __init__(self, source: Path | str, number: int, base_dir: Path, location: Any):
+    def __init__(self, source: Path | str, number: int, base_dir: Path, location: Any,
+                 embedded_dir: Path | None = None):
         self.source, self.number, self.base_dir, self.location = str(source), number, base_dir, location
+        self.embedded_dir = embedded_dir
         self.written: dict[str, str] = {}  # resolved path -> the reference as the row wrote it
 
     def named(self, path: str) -> str:
@@ -190,6 +197,8 @@ def _file_url_path(ref: str) -> str:
 
 def _resolve(ref: Any, row: _Row, where: str) -> str:
     """An image reference as an absolute local path (relative ones from `row.base_dir`) or an http(s) URL."""
+    if isinstance(ref, dict) and ref.get("bytes") or type(ref).__module__.startswith("PIL."):
+        return embedded_image_path(ref, row, where)
     if isinstance(ref, dict):  # a datasets Image feature read without decoding: {"path", "bytes"}
         ref = ref.get("path") or ref.get("url")
     if not isinstance(ref, str) or not ref.strip():
@@ -205,6 +214,44 @@ def _resolve(ref: Any, row: _Row, where: str) -> str:
     resolved = str(path if path.is_absolute() else (row.base_dir / path).resolve())
     row.written.setdefault(resolved, ref)
     return resolved
+
+
+def embedded_image_path(image: Any, row: _Row, where: str) -> str:
+    """The file an image held in the data is kept in: `row.embedded_dir`/<sha256 of its bytes>.<format>,
+    written once (atomically) and shared by every row and run holding the same image. `image` is a
+    `datasets` Image value (``{"bytes", "path"}``) or a PIL image (encoded as PNG)."""
+    import hashlib
+    import io
+    import os
+    import tempfile
+
+    if row.embedded_dir is None:
+        raise row.error(f"{where} is held in the data itself, and this command keeps no image folder",
+                        hint="train or preprocess the recipe (they keep such images under data.cache_dir)")
+    if isinstance(image, dict):
+        data = bytes(image["bytes"])
+    else:
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        data = buffer.getvalue()
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            suffix = (img.format or "png").lower()
+    except Exception as exc:  # PIL raises many kinds for bytes that are no image
+        raise row.error(f"{where} holds bytes that are not an image ({_first_line(exc)})",
+                        hint="fix or drop this row") from None
+    folder = Path(row.embedded_dir)
+    path = folder / f"{hashlib.sha256(data).hexdigest()[:32]}.{suffix}"
+    if not path.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".part")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)  # concurrent writers of the same image write the same bytes
+    row.written.setdefault(str(path), f"{where} (held in the data)")
+    return str(path)
 
 
 def _column_images(raw: dict, row: _Row, column: str | None) -> list[str]:

@@ -93,8 +93,18 @@ class VisionStage(TrainerStage):
                                    recipe_dir=self.ctx.base_dir)
                     if local is not None or spec.image_root else self.ctx.base_dir)
             rows += vision_rows(raw.to_list(), source=source, base_dir=base, kind=kind, image_column=spec.images,
-                                location=self.ctx.locate(ref.path_key + ("path",)))
+                                location=self.ctx.locate(ref.path_key + ("path",)), embedded_dir=self._image_dir())
         return rows
+
+    def _image_dir(self):
+        """Where images held in the data itself (hub datasets' Image columns) are kept as files: beside
+        the tokenized-data cache, named by content, shared by runs."""
+        from pathlib import Path
+
+        from recipeforge.components.lm_data import default_cache_root
+
+        cache = self.recipe.data.cache_dir
+        return (Path(cache).expanduser() if cache else default_cache_root()) / "images"
 
     def finish_trainer(self) -> None:
         super().finish_trainer()

@@ -158,6 +158,25 @@ def test_llava_rows_with_an_image_root_train(tmp_path):
     assert "rows.jsonl" in missing.stderr and "row 1" in missing.stderr and "images/red.png" in missing.stderr
 
 
+def test_images_held_in_a_parquet_image_column_train(tmp_path):
+    # as hub datasets store them: a `datasets` Image column, the image bytes inside the file
+    import datasets
+    from PIL import Image
+
+    rows = [json.loads(line) for line in (REPO / "examples" / "data" / "vlm-sft-llava.jsonl").read_text().splitlines()]
+    table = [{"images": [Image.open(IMAGES / Path(r["image"]).name).convert("RGB")],
+              "messages": [{"role": "user" if t["from"] == "human" else "assistant", "content": t["value"]}
+                           for t in r["conversations"]]} for r in rows]
+    datasets.Dataset.from_list(table).to_parquet(str(tmp_path / "colours.parquet"))
+    run = tmp_path / "run"
+    proc = _train(TINY / "vlm-sft-lora.yaml", run, tmp_path / "cache", f"data.datasets[0].path={tmp_path}/colours.parquet",
+                  "train.max_steps=30", "output.save_steps=30", "output.merge_adapter=false")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loss = _losses(run)
+    assert loss[-1] < loss[0] - 2.0, loss
+    assert len(list((tmp_path / "cache" / "images").iterdir())) == len(COLOURS)  # one file per distinct image
+
+
 BAD_ROWS = {
     "corrupt image": ({"messages": [{"role": "user", "content": [{"type": "image", "image": "broken.png"},
                                                                  {"type": "text", "text": "What colour?"}]},

@@ -308,3 +308,39 @@ def test_a_truncated_jpeg_is_refused(data_dir, tmp_path):
            "conversations": [{"from": "human", "value": "<image><image>"}, {"from": "gpt", "value": "x"}]}
     message = _error(data_dir, [row])
     assert "row 1: image 'img/cut.jpg'" in message and "cannot be read as an image" in message
+
+
+def test_images_held_in_the_data_are_kept_as_files_named_by_content(tmp_path):
+    # hub datasets store images in an Image column: {"bytes", "path"} undecoded, or PIL images decoded
+    import io
+
+    from PIL import Image
+
+    from recipeforge.components.vision_data import vision_rows
+
+    red = Image.new("RGB", (8, 8), (255, 0, 0))
+    buffer = io.BytesIO()
+    red.save(buffer, format="PNG")
+    rows = [{"images": [{"bytes": buffer.getvalue(), "path": None}],
+             "messages": [{"role": "user", "content": "<image>What colour?"}, {"role": "assistant", "content": "red"}]},
+            {"images": [red],
+             "messages": [{"role": "user", "content": "<image>And this?"}, {"role": "assistant", "content": "red"}]}]
+    out = vision_rows(rows, source="hub/colours", base_dir=tmp_path, embedded_dir=tmp_path / "images")
+    first, second = out[0]["images"][0], out[1]["images"][0]
+    assert first == second and first.startswith(str(tmp_path / "images")) and first.endswith(".png")
+    with Image.open(first) as img:
+        assert img.convert("RGB").getpixel((0, 0)) == (255, 0, 0)
+    assert out[0]["messages"][0]["content"][0] == {"type": "image"}
+    assert [p.name for p in (tmp_path / "images").iterdir()] == [Path(first).name]  # written once
+
+
+def test_bad_bytes_held_in_the_data_are_a_located_error(tmp_path):
+    from recipeforge.components.vision_data import vision_rows
+    from recipeforge.errors import RecipeError
+
+    rows = [{"images": [{"bytes": b"not an image", "path": None}],
+             "messages": [{"role": "user", "content": "<image>?"}, {"role": "assistant", "content": "x"}]}]
+    with pytest.raises(RecipeError, match=r"hub/colours: row 1: image 1 of column 'images' holds bytes that are not"):
+        vision_rows(rows, source="hub/colours", base_dir=tmp_path, embedded_dir=tmp_path / "images")
+    with pytest.raises(RecipeError, match="no image folder"):
+        vision_rows(rows, source="hub/colours", base_dir=tmp_path)
