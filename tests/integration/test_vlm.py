@@ -177,6 +177,18 @@ def test_images_held_in_a_parquet_image_column_train(tmp_path):
     assert len(list((tmp_path / "cache" / "images").iterdir())) == len(COLOURS)  # one file per distinct image
 
 
+@pytest.mark.skipif(__import__("importlib").util.find_spec("bitsandbytes") is None, reason="needs bitsandbytes")
+def test_qlora_on_a_vision_model_learns(tmp_path):
+    run = tmp_path / "run"
+    proc = _train(TINY / "vlm-sft-lora.yaml", run, tmp_path / "cache", "adapter.type=qlora", "train.max_steps=40",
+                  "output.save_steps=40", "output.merge_adapter=false")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loss = _losses(run)
+    assert loss[-1] < loss[0] - 3.0, loss
+    targets = json.loads((run / "final" / "adapter_config.json").read_text())["target_modules"]
+    assert targets and not any(TOWER in t for t in targets)
+
+
 BAD_ROWS = {
     "corrupt image": ({"messages": [{"role": "user", "content": [{"type": "image", "image": "broken.png"},
                                                                  {"type": "text", "text": "What colour?"}]},
