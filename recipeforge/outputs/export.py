@@ -129,6 +129,35 @@ def merge_adapter(run_dir: Path, out_dir: Path | None = None) -> Path:
     base = _base_path(run_dir, adapter, model_cfg)
     out = Path(out_dir) if out_dir is not None else run_dir / "merged"
 
+    with whole_model_loading():
+        return _merge(run_dir, final, base, adapter, model_cfg, out)
+
+
+@contextlib.contextmanager
+def whole_model_loading() -> Iterator[None]:
+    """Load models whole in this process while the block runs. A ZeRO-3 run leaves transformers'
+    DeepSpeed config set for the process (the trainer's arguments hold it), under which
+    `from_pretrained` partitions what it loads with collectives: after training, rank 0 alone merging
+    or evaluating would wait forever for ranks that have finished."""
+    try:
+        from transformers.integrations import deepspeed as hf_deepspeed
+    except ImportError:  # no DeepSpeed integration in this transformers: nothing is partitioned
+        yield
+        return
+    ref = getattr(hf_deepspeed, "_hf_deepspeed_config_weak_ref", None)
+    held = ref() if ref is not None else None
+    if held is None:
+        yield
+        return
+    hf_deepspeed.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        hf_deepspeed.set_hf_deepspeed_config(held)
+
+
+def _merge(run_dir: Path, final: Path, base: str, adapter: dict, model_cfg: dict, out: Path) -> Path:
+    """`merge_adapter`'s work: the base loaded whole, the adapter merged in, the result written to `out`."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 

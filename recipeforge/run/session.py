@@ -121,9 +121,12 @@ def evaluate_after_training(loaded: LoadedRecipe, run_root: Path) -> None:
 
     options = options_for(section.model_dump(), batch_size=None, limit=None, device=None)
     _free_training_memory()
+    from recipeforge.outputs.export import whole_model_loading
+
     try:
-        done = evaluate_run(run_root, list(section.tasks), Path(loaded.path).resolve().parent, options, log=log,
-                            checkpoints=section.at_checkpoints)
+        with whole_model_loading():  # a ZeRO-3 worker's process: the model loads whole, without its peers
+            done = evaluate_run(run_root, list(section.tasks), Path(loaded.path).resolve().parent, options,
+                                log=log, checkpoints=section.at_checkpoints)
     except RecipeError as exc:
         log(f"warning: evaluation skipped: {exc.render()}\n  the run is complete; evaluate it with: "
             f"recipeforge eval {run_root}")

@@ -34,8 +34,8 @@ needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is No
 TOL = 1e-3
 
 
-def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=900)
+def _run(cmd: list[str], cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout)
     assert proc.returncode == 0, f"{cmd}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}"
     return proc
 
@@ -45,9 +45,9 @@ def _args(tiny, recipe: Path, run: Path, *overrides: str) -> list[str]:
             *overrides]
 
 
-def recipeforge(tiny, recipe, run, *overrides, nproc=2):
+def recipeforge(tiny, recipe, run, *overrides, nproc=2, timeout=900):
     return _run([sys.executable, "-m", "recipeforge", "train", *_args(tiny, recipe, run, *overrides),
-                 "--nproc-per-node", str(nproc)], run.parent)
+                 "--nproc-per-node", str(nproc)], run.parent, timeout)
 
 
 def _losses(tiny, run: Path) -> list[float]:
@@ -178,3 +178,17 @@ def test_dpo_on_two_processes_launched_by_accelerate(tiny, workdir):
     assert (seen["num_processes"], seen["ddp"]) == (2, True)
     assert _losses(tiny, run) == pytest.approx(_losses(tiny, single), abs=TOL)
     assert (run / "final" / "adapter_model.safetensors").is_file()
+
+
+@needs_deepspeed
+def test_lora_on_zero3_merges_after_training(tiny, workdir):
+    # rank 0 merges alone after training: the base must load whole, not through ZeRO-3's collective
+    # partitioning that the trainer's DeepSpeed config would otherwise switch on in that process
+    run = workdir / "zero3-lora-merged"
+    recipeforge(tiny, REPO / "examples" / "yaml" / "tiny" / "sft-lora.yaml", run, *VARIANT,
+                "distributed.backend=deepspeed", "distributed.zero_stage=3", "output.merge_adapter=true",
+                timeout=300)  # the merge used to hang for good
+    from transformers import AutoModelForCausalLM
+
+    merged = AutoModelForCausalLM.from_pretrained(run / "merged")
+    assert merged.config.num_hidden_layers == 2 and not any("lora" in n for n, _ in merged.named_parameters())
