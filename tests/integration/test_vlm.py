@@ -189,6 +189,22 @@ def test_qlora_on_a_vision_model_learns(tmp_path):
     assert targets and not any(TOWER in t for t in targets)
 
 
+def test_fsdp_on_two_processes_shards_the_tower_layer_by_layer(tmp_path):
+    run = tmp_path / "run"
+    proc = _train(TINY / "vlm-sft-lora.yaml", run, tmp_path / "cache", "train.max_steps=30", "output.save_steps=30",
+                  "train.micro_batch_size=auto", "distributed.backend=fsdp", "output.merge_adapter=false",
+                  "--nproc-per-node", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer,CLIPEncoderLayer" in \
+        (run / "accelerate_config.yaml").read_text()
+    seen = json.loads((run / "backend.json").read_text())["observed"]
+    assert seen["num_processes"] == 2 and seen["dtensor_params"] == seen["params"]
+    # each process holds half of every weight (uneven dimensions: up to a row more)
+    assert seen["full_param_elements"] / 2 <= seen["local_param_elements"] < seen["full_param_elements"] * 0.51
+    loss = _losses(run)
+    assert loss[-1] < loss[0] - 3.0, loss
+
+
 BAD_ROWS = {
     "corrupt image": ({"messages": [{"role": "user", "content": [{"type": "image", "image": "broken.png"},
                                                                  {"type": "text", "text": "What colour?"}]},
