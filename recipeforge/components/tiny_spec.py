@@ -9,19 +9,22 @@ from __future__ import annotations
 
 TINY_PREFIX = "tiny:"
 
+# The tiny Llama, also the language model of the tiny vision-language model.
+_LLAMA = {
+    "model_type": "llama",
+    "vocab_size": 1024,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": False,
+}
+
 # transformers config class name -> kwargs. Vocabulary matches the locally built tokenizer.
 TINY_CONFIGS: dict[str, dict] = {
-    "llama": {
-        "model_type": "llama",
-        "vocab_size": 1024,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 2048,
-        "tie_word_embeddings": False,
-    },
+    "llama": _LLAMA,
     "qwen2": {
         "model_type": "qwen2",
         "vocab_size": 1024,
@@ -38,17 +41,7 @@ TINY_CONFIGS: dict[str, dict] = {
     # tokenizer's 1024 tokens plus the image token; `image_token_id` is set from the tokenizer.
     "llava": {
         "model_type": "llava",
-        "text_config": {
-            "model_type": "llama",
-            "vocab_size": 1025,
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "max_position_embeddings": 2048,
-            "tie_word_embeddings": False,
-        },
+        "text_config": {**_LLAMA, "vocab_size": 1025},
         "vision_config": {
             "model_type": "clip_vision_model",
             "hidden_size": 32,

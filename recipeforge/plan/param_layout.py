@@ -11,10 +11,25 @@ from __future__ import annotations
 from recipeforge.plan.models import _CLASSIC, _FOUR_NORMS, _QK_NORM, Linear, ModelSpec
 
 
+# Where transformers puts the language model of a vision-language model (Qwen-VL, LLaVA, Gemma 3,
+# Mllama alike): its decoder under this prefix, the output layer at the top as in a text model.
+VISION_LANGUAGE_PREFIX = "model.language_model."
+
+
 def parameter_layout(spec: ModelSpec) -> list[tuple[str, int]]:
-    """``(name, numel)`` of every parameter of `spec`, in module order."""
+    """``(name, numel)`` of every parameter of `spec`, in module order. For a vision-language model,
+    those of its language model (named as in the whole model); the vision tower's and projector's are
+    not listed."""
     if spec.model_type == "gpt2":
         return _gpt2(spec)
+    if spec.vision is not None:
+        return [(VISION_LANGUAGE_PREFIX + n.removeprefix("model.") if n.startswith("model.") else n, size)
+                for n, size in _decoder(spec)]
+    return _decoder(spec)
+
+
+def _decoder(spec: ModelSpec) -> list[tuple[str, int]]:
+    """The layout of a decoder-only language model (Llama-style names)."""
     h = spec.hidden_size
     out = [("model.embed_tokens.weight", spec.vocab_size * h)]
     dense = set(spec.dense_layers) if spec.is_moe else set(range(spec.num_layers))

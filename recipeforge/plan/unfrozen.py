@@ -35,14 +35,16 @@ def unfrozen_count(spec: ModelSpec, patterns: list[str]) -> tuple[int, list[str]
     chosen, unused = selected(compiled, names)
     notes: list[str] = []
     if unused:
-        known = spec.model_type in DECODER_LAYER_CLASS
+        # A vision-language model's tower and projector are not laid out: a pattern may select them.
+        known = spec.model_type in DECODER_LAYER_CLASS and spec.vision is None
         listed = ", ".join(f"[{i}] {patterns[i]!r}" for i in unused)
         if known:
             raise RecipeError([Problem(f"{KEY}[{i}] {patterns[i]!r} selects no parameter of {spec.model_type} "
                                        f"(patterns match from the start of the name)", key=f"{KEY}[{i}]",
                                        hint=f"parameter names look like: {examples(names)}") for i in unused])
-        notes.append(f"{KEY} {listed} select no parameter of the Llama-style layout assumed for "
-                     f"'{spec.model_type}'; the run checks them against the loaded model")
+        laid_out = "language model" if spec.vision is not None else "Llama-style layout assumed for"
+        notes.append(f"{KEY} {listed} select no parameter of the {laid_out} '{spec.model_type}' "
+                     f"(counted as frozen here); the run checks them against the loaded model")
     sizes = dict(layout)
     count = sum(sizes[n] for n in chosen)
     notes.append(f"{KEY}: {len(chosen)} of {len(names)} parameter tensors train "
