@@ -39,7 +39,9 @@ def check_data_numbers(recipe: Any, plan: Any, data: PreparedData,
                        log: Callable[[str], None] = lambda message: None) -> None:
     """Check the recipe's batch, steps and warmup against the prepared training `data` (`plan` is
     None for `recipeforge preprocess`, which checks against the recipe's own global batch)."""
-    rows = len(data.train) if data.train is not None else 0
+    if not hasattr(data.train, "__len__"):
+        return  # a stream (`data.streaming`): no length to check against; train.max_steps is required
+    rows = len(data.train)
     if rows <= 0:
         return
     if plan is not None:

@@ -48,6 +48,7 @@ class Encoded:
     labels: Any     # np.int32 [total]
     lengths: Any    # np.int64 [samples kept]
     status: Any     # np.int8 [samples produced]
+    rows: Any = None  # np.int64 [samples kept]: the chunk row each kept sample comes from
 
 
 def resolve_processes(num_proc: int | str, rows: int) -> int:
@@ -262,6 +263,7 @@ def _cut(flat, labels, before, row_start: list[int], row_len: list[int], options
     seq = options.sequence_len
     out_start: list[int] = []
     out_len: list[int] = []
+    out_row: list[int] = []
     status: list[int] = []
     starts = np.asarray(row_start, dtype=np.int64)
     kept = np.minimum(np.asarray(row_len, dtype=np.int64), seq)
@@ -279,6 +281,7 @@ def _cut(flat, labels, before, row_start: list[int], row_len: list[int], options
                     if size > 1:  # a 1-token tail predicts nothing
                         out_start.append(piece)
                         out_len.append(size)
+                        out_row.append(i)
                         status.append(SPLIT)
                 continue
             n, state = seq, TRUNCATED
@@ -287,10 +290,12 @@ def _cut(flat, labels, before, row_start: list[int], row_len: list[int], options
             continue
         out_start.append(start)
         out_len.append(n)
+        out_row.append(i)
         status.append(state)
     lengths = np.asarray(out_len, dtype=np.int64)
     index = gather_index(np.asarray(out_start, dtype=np.int64), lengths)
-    return Encoded(flat[index], labels[index], lengths, np.asarray(status, dtype=np.int8))
+    return Encoded(flat[index], labels[index], lengths, np.asarray(status, dtype=np.int8),
+                   np.asarray(out_row, dtype=np.int64))
 
 
 def to_arrow(columns: dict, lengths):

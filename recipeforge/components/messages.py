@@ -102,7 +102,9 @@ def apply_message_fields(ds, fields, *, key: str, where=None):
     drop = [c for c in (fields.field, fields.system_field) if c and c != "messages"]
     datasets.disable_progress_bars()
     try:
-        out = ds.map(convert, batched=True, with_indices=True, load_from_cache_file=False,
+        # A stream (`data.streaming`) converts rows as they are read: it has no cache file to skip.
+        cached = {} if isinstance(ds, datasets.IterableDataset) else {"load_from_cache_file": False}
+        out = ds.map(convert, batched=True, with_indices=True, **cached,
                      remove_columns=list(dict.fromkeys([*drop, *(["messages"] if "messages" in found else [])])))
     except RecipeError as exc:
         raise RecipeError([type(p)(p.message, p.location or where, p.key, p.hint) for p in exc.problems]) from None

@@ -26,10 +26,39 @@ class LMStage(TrainerStage):
         conversational = any(get_format(s.format).conversational({}) for s in specs)
         set_chat_template(self.tokenizer, data.chat_template, required=conversational,
                           location=self.ctx.locate(("data", "chat_template")))
+        if data.streaming:
+            return self.streamed_data()
         lm = prepare_lm_data(self.recipe, self.tokenizer, base_dir=self.ctx.base_dir, locate=self.ctx.locate)
         return PreparedData(train=lm.train, eval=lm.eval, stats=dict(lm.stats), packed=lm.packed,
                             unit="packed sequences" if lm.packed else "sequences",
                             fingerprint=lm.fingerprint, cache_path=lm.cache_path)
+
+    def streamed_data(self) -> PreparedData:
+        """`data.streaming`: this process's stream of training sequences (`components.lm_stream`), and the
+        eval datasets tokenized and cached as usual. Preparing the data before a launch (or `recipeforge
+        preprocess`) reads the first window only: the rows' errors show before any worker starts."""
+        from recipeforge.stages.context import StageContext
+        from recipeforge.stages.streamed_data import eval_data, probe, training_stream
+
+        training = isinstance(self.ctx, StageContext)
+        if training and (self.ctx.plan.data_parallel or 1) != self.ctx.dist.world_size:
+            from recipeforge.errors import RecipeError
+
+            raise RecipeError(f"each process reads its own share of a stream, and this plan has "
+                              f"{self.ctx.dist.world_size} processes in {self.ctx.plan.data_parallel} data-parallel "
+                              "groups (tensor, context or pipeline parallel ranks share their rows)",
+                              key="data.streaming", location=self.ctx.locate(("data", "streaming")),
+                              hint="stream with data parallelism alone (ddp, deepspeed, fsdp), or set data.streaming: "
+                                   "false")
+        stream = training_stream(self.recipe, self.tokenizer, self.ctx, rank=self.ctx.dist.rank if training else 0,
+                                 world=self.ctx.dist.world_size if training else 1)
+        evaluation = eval_data(self.recipe, self.tokenizer, self.ctx)
+        stats = stream.stats() if training else probe(stream)
+        if evaluation is not None:
+            stats["eval_rows"] = len(evaluation.train)
+        return PreparedData(train=stream, eval=evaluation.train if evaluation is not None else None, stats=stats,
+                            packed=bool(self.recipe.data.packing),
+                            unit="packed sequences" if self.recipe.data.packing else "sequences")
 
     def load_model(self):
         model = super().load_model()
@@ -58,7 +87,15 @@ class LMStage(TrainerStage):
                 collator.counter.real = collator.counter.total = 0
 
         # Our collator needs the position_ids/labels columns as they are: no column pruning.
-        args = self.training_arguments(TrainingArguments, remove_unused_columns=False)
-        return crash_safe(Trainer)(model=self.model, args=args, data_collator=collator, train_dataset=data.train,
+        streaming = self.recipe.data.streaming
+        args = self.training_arguments(TrainingArguments, remove_unused_columns=False,
+                                       **({"ignore_data_skip": True} if streaming else {}))
+        if streaming:
+            from recipeforge.stages.streamed_trainer import order_log_path, streamed
+
+            if self.recipe.data.stream_log:
+                data.train.order_log = order_log_path(self.context.run.root, self.context.dist.rank)
+        trainer_cls = streamed(Trainer) if streaming else Trainer
+        return crash_safe(trainer_cls)(model=self.model, args=args, data_collator=collator, train_dataset=data.train,
                        eval_dataset=data.eval, processing_class=self.tokenizer,
                        callbacks=self.callbacks() + [ForgetEvalBatches()])

@@ -45,6 +45,10 @@ class VisionStage(TrainerStage):
         from recipeforge.components.vision_model import load_processor
 
         check_libraries(self.stage)  # data may be prepared before `check` runs (preprocess, the launcher)
+        if self.recipe.data.streaming:
+            raise RecipeError("image rows are read whole (every image is checked before training); streaming is for "
+                              "text corpora", key="data.streaming", location=self.ctx.locate(("data", "streaming")),
+                              hint="set data.streaming: false")
         self.tokenizer = self.load_tokenizer()
         self.processor = load_processor(self.recipe, self.tokenizer, location=self.ctx.locate(("model", "name_or_path")))
         self.data = self.prepare_data()

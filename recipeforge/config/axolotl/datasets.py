@@ -74,7 +74,7 @@ def data(conv) -> None:
         for i, entry in enumerate(pre if isinstance(pre, list) else [pre]):
             out.append(_pretraining(conv, entry, f"pretraining_dataset[{i}]"))
         conv.map("pretraining_dataset", "data.datasets")
-        conv.note("pretraining_dataset", "read as a whole dataset (not streamed); stage pretrain packs it")
+        conv.put("data.streaming", True)  # Axolotl streams its pretraining datasets too (max_steps required)
     for i, entry in enumerate(conv.get("datasets") or []):
         out.append(_entry(conv, entry, f"datasets[{i}]"))
     if conv.get("datasets"):
@@ -105,10 +105,12 @@ def data(conv) -> None:
         conv.note("pad_to_sequence_len", "no counterpart; batches are padded to their longest row, and packing "
                                          "(data.packing) fills sequences to data.sequence_len")
     for src in ("eval_sample_packing", "sample_packing_eff_est", "sample_packing_group_size",
-                "sample_packing_bin_size", "total_num_tokens", "group_by_length", "streaming",
+                "sample_packing_bin_size", "total_num_tokens", "group_by_length",
                 "curriculum_sampling"):
         if conv.get(src) is not None:
             conv.note(src, "no counterpart; recipeforge packs (data.packing) or pads each batch on its own")
+    if conv.get("streaming") is not None:
+        conv.put("data.streaming", bool(conv.get("streaming")) or bool(pre), "streaming")
     template = conv.get("chat_template")
     if template is not None:
         _chat_template(conv, template, "chat_template")

@@ -152,6 +152,25 @@ class DataConfig(Section):
                        "resolved to that number when the recipe is loaded. Datasets under 1,000 rows per process "
                        "use fewer. With 1, the tokenizer still uses every core for its own part.")
     cache_dir: Optional[str] = Field(None, description="Where tokenized data is cached (default: ~/.cache/recipeforge).")
+    streaming: bool = Field(
+        False,
+        description="Pretrain/SFT: read the training datasets as streams (local files, folders or glob patterns of "
+                    "shards, hub datasets, object stores) and tokenize and pack them while training runs, a window "
+                    "at a time; nothing is cached, so a corpus larger than the disk trains. Each process reads its "
+                    "own share; checkpoints keep every process's position, and a resume goes on from there (no row "
+                    "trained twice, none skipped). Needs `train.max_steps` (the stream starts over when it runs "
+                    "out); evaluation data comes from `eval_datasets` (tokenized and cached as usual).")
+    stream_window: int = Field(
+        8192, gt=0, le=10_000_000,
+        description="`streaming`: rows read, tokenized, packed and shuffled together. Larger windows pack tighter and "
+                    "shuffle wider, and hold more tokens in memory; a corpus within one window gives exactly the "
+                    "cached path's sequences.")
+    stream_log: bool = Field(
+        False,
+        description="`streaming`: write which rows each optimizer step trained on to "
+                    "RUN/data_order/rank-<r>.jsonl, one line per batch: {\"step\": N, \"rows\": [[dataset, row], "
+                    "...]} (dataset: its index in `datasets`; row: 1-based in its source), e.g. to find the "
+                    "documents behind a loss spike.")
 
     @field_validator("num_proc")
     @classmethod

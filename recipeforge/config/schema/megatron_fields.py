@@ -113,6 +113,8 @@ FIELDS: dict[str, Field] = {
                                f"data.shuffle: false applies on {HF}"),
     "data.num_proc": mapped(DATA_STEP),
     "data.cache_dir": mapped(DATA_STEP),
+    **{f"data.{key}": refused("Megatron-Bridge trains on its own indexed dataset, written whole before the job; "
+                              f"streamed corpora train on {HF}") for key in ("streaming", "stream_window", "stream_log")},
     # train
     "train.epochs": mapped("train.train_iters (epochs x rows / global batch)"),
     "train.max_steps": mapped("train.train_iters"),

@@ -31,6 +31,32 @@ def _data(r: Recipe) -> Iterator[RuleProblem]:
     if r.data.val_size and r.data.eval_datasets:
         yield RuleProblem(("data", "val_size"), "set either val_size or eval_datasets, not both",
                           "drop one of them")
+    yield from _streaming(r)
+
+
+def _streaming(r: Recipe) -> Iterator[RuleProblem]:
+    """`data.streaming` and the settings that need (or cannot have) a corpus read whole."""
+    d = r.data
+    if not d.streaming:
+        for key in ("stream_log", "stream_window"):
+            if getattr(d, key) != type(d).model_fields[key].default:  # a written copy holds the defaults
+                yield RuleProblem(("data", key), f"data.{key} has no effect without data.streaming: true",
+                                  f"set data.streaming: true, or drop data.{key}")
+        return
+    if r.stage not in ("pretrain", "sft"):
+        yield RuleProblem(("data", "streaming"), f"stage {r.stage} reads its rows whole (its trainer tokenizes them); "
+                          "streaming is for pretrain and sft", "set data.streaming: false")
+    if r.train.max_steps is None:
+        yield RuleProblem(("train", "max_steps"), "a streamed corpus has no length to count epochs in: training "
+                          "needs train.max_steps", "set train.max_steps (the stream starts over when it runs out)")
+    if d.val_size:
+        yield RuleProblem(("data", "val_size"), "rows cannot be held out of a stream for evaluation",
+                          "use data.eval_datasets for evaluation data, or set data.val_size: 0")
+    if d.dedup or any(s.dedup for s in d.datasets):
+        key = ("data", "dedup") if d.dedup else ("data", "datasets", next(i for i, s in enumerate(d.datasets) if s.dedup),
+                                                  "dedup")
+        yield RuleProblem(key, "dropping duplicates needs every row seen before, which a stream does not keep",
+                          "deduplicate the corpus beforehand, or set data.streaming: false")
 
 
 def _adapter(r: Recipe) -> Iterator[RuleProblem]:

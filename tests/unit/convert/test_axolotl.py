@@ -216,7 +216,7 @@ def test_pretraining_and_other_dataset_types(tmp_path):
     ds = loaded.recipe.data.datasets[0]
     assert (loaded.recipe.stage, ds.path, ds.name, loaded.recipe.data.num_proc) == (
         "pretrain", "HuggingFaceFW/fineweb-edu", "sample-10BT", 8)
-    assert "pretraining_dataset[0].skip" in conv.notes and "streaming" in conv.notes
+    assert "pretraining_dataset[0].skip" in conv.notes and loaded.recipe.data.streaming
     conv, loaded = convert_and_load(ROOT / "tests/data/axolotl/sft-input-output.yaml", tmp_path)
     assert loaded.recipe.data.datasets[0].format == "completion" and "datasets[0].type" in conv.notes
     assert len(loaded.recipe.data.eval_datasets) == 1
