@@ -25,6 +25,8 @@ import glob as globbing
 import itertools
 import json
 import os
+import queue
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -213,27 +215,37 @@ class StreamedLM(torch.utils.data.IterableDataset):
                                        "have no trained tokens)")
 
     def _one_pass(self, start: StreamPosition):
-        """One pass over the rows from `start`; returns whether it handed out any sequence."""
+        """One pass over the rows from `start`; returns whether it handed out any sequence. The next
+        window is read and tokenized in a thread while this one's sequences train."""
+        emitted, skip = False, start.skip
+        for window in _made_ahead(self._windows(start)):
+            for k in range(skip, len(window.sequences)):
+                self.position = StreamPosition(passes=start.passes, window=window.index, source=window.state,
+                                               skip=k + 1, rows=window.rows_before,
+                                               sequences=self.position.sequences + 1)
+                emitted = True
+                yield window.sequences[k]
+            skip = 0
+            self.position = StreamPosition(passes=start.passes, window=window.index + 1, source=window.state_after,
+                                           skip=0, rows=window.rows_before + window.rows,
+                                           sequences=self.position.sequences)
+        return emitted
+
+    def _windows(self, start: StreamPosition) -> Iterator["_Window"]:
+        """The windows of one pass from `start`'s window on, each with the source's state at its first row
+        and after its last."""
         source = self.open_rows()
         if start.source is not None:
             source.load_state_dict(start.source)
         rows = iter(source)
-        window, state, skip, emitted = start.window, start.source, start.skip, False
-        read_before = start.rows
+        index, state, before = start.window, start.source, start.rows
         while True:
             chunk = list(itertools.islice(rows, self.window_rows))
             if not chunk:
-                return emitted
-            sequences = self.window_sequences(chunk, start.passes, window)
-            for k in range(skip, len(sequences)):
-                self.position = StreamPosition(passes=start.passes, window=window, source=state, skip=k + 1,
-                                               rows=read_before, sequences=self.position.sequences + 1)
-                emitted = True
-                yield sequences[k]
-            read_before += len(chunk)
-            window, skip, state = window + 1, 0, source.state_dict()
-            self.position = StreamPosition(passes=start.passes, window=window, source=state, skip=0,
-                                           rows=read_before, sequences=self.position.sequences)
+                return
+            after = source.state_dict()  # read before the next window's first row
+            yield _Window(index, state, after, before, len(chunk), self.window_sequences(chunk, start.passes, index))
+            index, state, before = index + 1, after, before + len(chunk)
 
     def window_sequences(self, chunk: list[dict], passes: int, window: int) -> list[dict]:
         """The sequences of one window of rows, in the order they are handed out."""
@@ -307,6 +319,61 @@ class StreamedLM(torch.utils.data.IterableDataset):
         """The data statistics: how the stream is read, and what happened to the rows read so far."""
         read = {k: v for k, v in asdict(self.counts).items() if v} if self.counts.rows else {}
         return {"streamed": True, "window_rows": self.window_rows, **read}
+
+
+@dataclass(frozen=True)
+class _Window:
+    """One window of a pass: its sequences, and where the source stood at its first row and after its last."""
+
+    index: int
+    state: dict | None
+    state_after: dict
+    rows_before: int
+    rows: int
+    sequences: list = field(repr=False)
+
+
+def _made_ahead(windows: Iterator[_Window]) -> Iterator[_Window]:
+    """`windows`, each made in a thread while the one before it is handed out (tokenizing releases the
+    GIL); an error there is raised here, and the thread stops when the consumer does."""
+    ready: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+    end = object()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def make() -> None:
+        try:
+            for window in windows:
+                if not put(window):
+                    return
+            put(end)
+        except BaseException as exc:  # handed to the consumer, which raises it
+            put(_Failed(exc))
+
+    threading.Thread(target=make, name="recipeforge-stream", daemon=True).start()
+    try:
+        while True:
+            item = ready.get()
+            if item is end:
+                return
+            if isinstance(item, _Failed):
+                raise item.error
+            yield item
+    finally:
+        stop.set()
+
+
+@dataclass(frozen=True)
+class _Failed:
+    error: BaseException
 
 
 def write_order(path: Path, step: int, rows: list[dict]) -> None:

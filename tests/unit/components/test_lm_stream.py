@@ -163,3 +163,14 @@ def test_a_missing_column_is_said_before_training(tmp_path):
     recipe = _recipe(tmp_path, "pretrain", [(bad, "text")], streaming=True)
     with pytest.raises(RecipeError, match="format 'text' needs column 'text'.*columns found: body"):
         _stream(recipe, _tokenizer(False), tmp_path)
+
+
+def test_a_bad_row_further_on_stops_the_stream_with_its_row_number(tmp_path):
+    rows = [{"text": "the cow says moo"}] * 90 + [{"text": None}] + [{"text": "one two"}] * 9
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recipe = _recipe(tmp_path, "pretrain", [(path, "text")], streaming=True, stream_window=32)
+    stream = _stream(recipe, _tokenizer(False), tmp_path)
+    with pytest.raises(RecipeError, match="row 91"):
+        for _ in iter(stream):
+            pass
