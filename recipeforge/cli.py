@@ -516,7 +516,8 @@ def _train(args, loaded, opts) -> int:
 
             from recipeforge.credentials import redact_credentials
 
-            again = redact_credentials(shlex.join(["recipeforge", "train", args.recipe, *args.overrides]))
+            command = ["launch", "--ray"] if getattr(args, "ray", False) else ["train"]
+            again = redact_credentials(shlex.join(["recipeforge", *command, args.recipe, *args.overrides]))
             print(f"[recipeforge] {stop.describe()}\n[recipeforge] to continue, run the same command again "
                   f"(it resumes from the newest checkpoint): {again}", file=sys.stderr)
         return EXIT_PREEMPTED
