@@ -19,9 +19,10 @@ from pathlib import Path
 
 from recipeforge.backends.ray_launch import INSTALL_HINT, RayJob, describe
 
-# What accelerate's launcher sets for the process layout and the rendezvous: Ray sets these itself.
+# What accelerate's launcher sets for the process layout and the rendezvous (Ray sets these itself), and
+# the launching machine's module path (DeepSpeed's launch adds its working directory; a node has its own).
 LAYOUT_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
-              "GROUP_RANK", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
+              "GROUP_RANK", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "PYTHONPATH")
 
 
 def log(message: str) -> None:

@@ -151,3 +151,24 @@ def test_launch_targets_are_exclusive(capsys):
     with pytest.raises(SystemExit):
         main(["launch", str(TINY), "--ray", "--slurm"])
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_workers_get_the_environment_accelerate_launch_would_give_them(tmp_path, capsys, monkeypatch):
+    """The driver derives accelerate's worker environment from the launch's own config file (here
+    DeepSpeed ZeRO-3), less the process layout Ray sets and this machine's module path."""
+    from recipeforge.backends.ray_driver import accelerate_env
+    from recipeforge.backends.ray_launch import RayJob
+
+    run = tmp_path / "run"
+    out, _ = _dry_run(capsys, str(BIG), f"output.dir={run}", "distributed.preset=zero3_offload")
+    for section in out.split("\n# file ")[1:]:  # what the launch would write, as written
+        path, _, text = section.partition("\n")
+        if not path.endswith("plan.json"):
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text.rstrip("\n") + "\n")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    env = accelerate_env(RayJob.read(run / "ray_job.json").accelerate_argv)
+    assert env["ACCELERATE_USE_DEEPSPEED"] == "true"
+    assert env["ACCELERATE_DEEPSPEED_CONFIG_FILE"] == str(run / "deepspeed.json")
+    assert not {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "PYTHONPATH"} & set(env)
+    assert accelerate_env([]) == {}  # a torchrun launch (Megatron): nothing to add
