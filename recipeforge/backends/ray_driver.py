@@ -1,8 +1,9 @@
-"""The Ray driver of a `launcher: ray` launch: ``python -m recipeforge.backends.ray_driver RUN/ray_job.json``.
+"""The Ray driver of a `launcher: ray` launch (``python -m recipeforge.ray_entry RUN/ray_job.json`` runs
+`run_job` with the worker function of `recipeforge.ray_entry`).
 
 `run_launcher` starts it as it starts torchrun: in the foreground, holding the run directory's lock,
 stop signals ignored until this module installs its own. It connects to the Ray cluster, submits
-Ray Train's `TorchTrainer` (one worker per planned process, `backends.ray_worker.train_loop` in each)
+Ray Train's `TorchTrainer` (one worker per planned process, `ray_entry.train_loop` in each)
 and waits. Exit code: 0 when the workers finished (or stopped on request: the outcome file says which),
 1 when the worker group failed more often than `max_failures` allows, 2 when Ray is missing or the
 cluster cannot be reached. A stop signal (SIGTERM, SIGUSR1, Ctrl-C, SIGHUP when the launching command
@@ -70,9 +71,9 @@ def request_stop_on_signals(job: RayJob) -> None:
         signal.signal(sig, on_signal)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    job = RayJob.read(Path(argv[0]))
+def run_job(job_path: Path, train_loop) -> int:
+    """Submit the job at `job_path` with `train_loop` as each worker's function, wait; the exit code."""
+    job = RayJob.read(Path(job_path))
     job.stop_path.unlink(missing_ok=True)  # an earlier launch's
     if job.attempts_dir.is_dir():
         for marker in job.attempts_dir.iterdir():
@@ -93,8 +94,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     request_stop_on_signals(job)
     log(describe(job))
-    from recipeforge.backends.ray_worker import train_loop
-
     config = {"argv": job.worker_argv, "env": env, "cwd": job.cwd, "stop_path": str(job.stop_path),
               "attempts_dir": str(job.attempts_dir), "use_gpu": job.use_gpu}
     trainer = TorchTrainer(
@@ -115,7 +114,3 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:  # noqa: BLE001 - the job's result stands
             pass
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

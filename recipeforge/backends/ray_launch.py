@@ -2,7 +2,7 @@
 
 The launch is the one `recipeforge train` makes for torchrun or accelerate (plan, run directory, data
 prepared, worker spec, launch files); only the way the workers start differs. Instead of the backend's
-launcher, `run_launcher` starts a Ray driver (``python -m recipeforge.backends.ray_driver RUN/ray_job.json``)
+launcher, `run_launcher` starts a Ray driver (``python -m recipeforge.ray_entry RUN/ray_job.json``, `ray_driver`)
 that connects to an existing Ray cluster and runs Ray Train's `TorchTrainer`: one Ray worker per planned
 process (one GPU each on a CUDA plan, one CPU otherwise), its process group set up by Ray (NCCL or gloo).
 Each Ray worker sets what the backend's launcher would have set (accelerate's environment from the same
@@ -137,7 +137,7 @@ def ray_launch_spec(spec, plan, recipe, *, run_dir: Path, address: str):
         spec_path=str(spec.spec_path), cwd=os.getcwd(), accelerate_argv=accelerate_argv)
     job_path = Path(spec.spec_path).with_name(JOB_NAME)
     files = {**spec.files, job_path: job.to_json()}
-    driver = [sys.executable, "-m", "recipeforge.backends.ray_driver", str(job_path)]
+    driver = [sys.executable, "-m", "recipeforge.ray_entry", str(job_path)]
     return LaunchSpec("ray", driver, dict(spec.env), files, spec.plan_path, spec.spec_path)
 
 

@@ -92,7 +92,7 @@ def test_dry_run_of_two_nodes_of_eight_gpus(tmp_path, capsys, monkeypatch):
                         "--ray-address", "ray://head:10001")
     assert out.startswith("# plan: deepspeed")
     command = out.split("# command\n", 1)[1].splitlines()[0].split()
-    assert command[1:] == ["-m", "recipeforge.backends.ray_driver", str(run / "ray_job.json")]
+    assert command[1:] == ["-m", "recipeforge.ray_entry", str(run / "ray_job.json")]
     assert job["address"] == "ray://head:10001" and job["num_workers"] == 16  # one Ray worker per planned process
     assert job["use_gpu"] and job["resources_per_worker"] == {"CPU": 1.0, "GPU": 1.0}
     assert (job["torch_backend"], job["max_failures"], job["timeout_s"]) == ("nccl", 3, 3600)
