@@ -577,6 +577,10 @@ def _launch_ray(args) -> int:
     from recipeforge.backends.ray_launch import check_ray_installed
     from recipeforge.run import LaunchOptions
 
+    given = [flag for flag, value in (("-o/--output", args.output), ("--master-port", args.master_port)) if value]
+    if given:  # Ray sets up the workers' rendezvous, and the run directory is what the launch writes
+        raise RecipeError(f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} for launch --slurm and --k8s, "
+                          "not --ray")
     if not args.dry_run:
         check_ray_installed()  # before planning: a short error without Ray
     args.overrides = [*args.overrides, *_hardware_overrides(args)]  # the workers plan nothing; they load the same

@@ -141,6 +141,8 @@ def test_without_ray_a_short_error(tmp_path, capsys, monkeypatch):
     (["--ray", "--image", "x"], "--image is for launch --k8s only, not --ray"),
     (["--slurm", "--ray-address", "auto"], "--ray-address is for launch --ray only, not --slurm"),
     (["--k8s", "--overwrite"], "--overwrite is for launch --ray only, not --k8s"),
+    (["--ray", "-o", "x.yaml", "--master-port", "29400"],
+     "-o/--output and --master-port are for launch --slurm and --k8s, not --ray"),
 ])
 def test_flags_of_another_launch_target_are_refused(tmp_path, capsys, argv, message):
     assert main(["launch", str(TINY), *argv]) == 2
