@@ -71,6 +71,34 @@ def request_stop_on_signals(job: RayJob) -> None:
         signal.signal(sig, on_signal)
 
 
+CONNECT_TIMEOUT_S = 10.0
+RAY_CLIENT_PORT = 10001
+
+
+def unreachable(address: str) -> str | None:
+    """Why the cluster at `address` cannot be reached (None: it answers, or `auto`, which Ray looks up
+    itself). `ray.init` waits minutes on a head that does not answer; a TCP connect says so in seconds."""
+    import socket
+
+    if address == "auto":
+        try:  # the cluster `ray start` left its address for on this machine (Ray's own lookup)
+            from ray._private.services import canonicalize_bootstrap_address
+
+            address = canonicalize_bootstrap_address("auto") or ""
+        except Exception:  # noqa: BLE001 - a private helper: without it, ray.init looks up and says
+            return None
+        if not address:
+            return None  # none started here: ray.init says so at once
+    target = address[len("ray://"):] if address.startswith("ray://") else address
+    host, colon, port = target.rpartition(":")
+    host, port = (host, int(port)) if colon else (target, RAY_CLIENT_PORT)
+    try:
+        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
+            return None
+    except OSError as exc:
+        return f"nothing answers at {host}:{port} ({exc})"
+
+
 def run_job(job_path: Path, train_loop) -> int:
     """Submit the job at `job_path` with `train_loop` as each worker's function, wait; the exit code."""
     job = RayJob.read(Path(job_path))
@@ -87,6 +115,9 @@ def run_job(job_path: Path, train_loop) -> int:
         return 2
     env = worker_env(job)
     try:
+        why = unreachable(job.address)
+        if why is not None:
+            raise ConnectionError(why)
         ray.init(address=job.address, log_to_driver=True, configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         print(f"error: cannot connect to the Ray cluster at {job.address}: {exc}\n  hint: start one (`ray start "

@@ -172,3 +172,12 @@ def test_sigterm_saves_and_exits_75_without_a_restart(tmp_path, cache, ray_clust
     step = outcome["preempted"]["step"]
     assert (run / "checkpoints" / f"checkpoint-{step}").is_dir() and not (run / "final").exists()
     assert sorted(p.name for p in (run / "ray_attempts").iterdir()) == ["attempt-0"]  # a stop is no failure
+
+
+def test_a_cluster_that_does_not_answer_is_a_short_error(tmp_path, cache):
+    run = tmp_path / "run"
+    started = time.monotonic()
+    proc = _ray_launch(run, cache, f"127.0.0.1:{_free_port()}")
+    assert proc.returncode == 2, _output(proc)
+    assert "cannot connect to the Ray cluster at 127.0.0.1:" in proc.stderr and "ray start --head" in proc.stderr
+    assert time.monotonic() - started < 60 and not (run / "final").exists()

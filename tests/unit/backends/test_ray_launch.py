@@ -174,3 +174,17 @@ def test_workers_get_the_environment_accelerate_launch_would_give_them(tmp_path,
     assert env["ACCELERATE_DEEPSPEED_CONFIG_FILE"] == str(run / "deepspeed.json")
     assert not {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "PYTHONPATH"} & set(env)
     assert accelerate_env([]) == {}  # a torchrun launch (Megatron): nothing to add
+
+
+def test_an_address_nothing_answers_at_is_said_in_seconds():
+    """`ray.init` waits minutes on a head that does not answer; the driver's TCP check says so first."""
+    import socket
+
+    from recipeforge.backends.ray_driver import unreachable
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        assert unreachable(f"127.0.0.1:{port}") is None and unreachable(f"ray://127.0.0.1:{port}") is None
+    assert f"nothing answers at 127.0.0.1:{port}" in unreachable(f"127.0.0.1:{port}")
