@@ -50,9 +50,17 @@ class Offload(Names):
     OPTIMIZER_AND_PARAMS = "optimizer+params"
 
 
+class Launcher(Names):
+    """`distributed.launcher`: who starts the worker processes."""
+
+    AUTO = "auto"   # the backend's own launcher (accelerate launch / torchrun) on this machine, or in place
+    RAY = "ray"     # Ray Train's TorchTrainer, one Ray worker per planned process, on an existing Ray cluster
+
+
 DEVICES = tuple(d.value for d in Device)
 ADAPTERS = tuple(a.value for a in Adapter)
 OFFLOAD_MODES = tuple(o.value for o in Offload)
+LAUNCHERS = tuple(launcher.value for launcher in Launcher)
 
 
 @dataclass(frozen=True)

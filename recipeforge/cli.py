@@ -149,12 +149,14 @@ SLURM_FLAGS = {"--partition": "partition", "--account": "account", "--time": "ti
                "--cpus-per-task": "cpus_per_task", "--sbatch-option": "sbatch_option"}
 K8S_FLAGS = {"--image": "image", "--pvc": "pvc", "--k8s-api": "k8s_api", "--namespace": "namespace",
              "--grace-period": "grace_period"}
+RAY_FLAGS = {"--ray-address": "ray_address", "--overwrite": "overwrite", "--force": "force", "--dry-run": "dry_run"}
 
 
 def _launch_prepare_commands(sub: Any) -> None:
     """The commands launch, preprocess and convert-checkpoint: before a run."""
     p = sub.add_parser("launch", help="write a cluster job for a recipe: an sbatch script (Slurm) or "
-                                      "Kubernetes manifests (Kubeflow TrainJob or PyTorchJob)")
+                                      "Kubernetes manifests (Kubeflow TrainJob or PyTorchJob); or run it on a "
+                                      "Ray cluster (Ray Train)")
     _recipe_args(p)
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--slurm", action="store_true",
@@ -162,6 +164,9 @@ def _launch_prepare_commands(sub: Any) -> None:
     where.add_argument("--k8s", action="store_true",
                        help="write a ConfigMap with the resolved recipe and a job running one recipeforge "
                             "launcher per pod (one pod per node), as multi-document YAML")
+    where.add_argument("--ray", action="store_true",
+                       help="train on an existing Ray cluster through Ray Train's TorchTrainer, one Ray worker per "
+                            "planned process, and wait for it (as `train` with distributed.launcher: ray)")
     p.add_argument("-o", "--output", help="where to write (default: RUN_DIR/slurm.sbatch for --slurm, stdout "
                                           "for --k8s)")
     p.add_argument("--hardware", help="the cluster's nodes, when the recipe has no `hardware:` section: "
@@ -189,6 +194,15 @@ def _launch_prepare_commands(sub: Any) -> None:
     g.add_argument("--grace-period", type=int, metavar="SECONDS",
                    help="terminationGracePeriodSeconds: time between SIGTERM and SIGKILL for the checkpoint "
                         "save (default 120, the lead `--slurm` asks for)")
+    g = p.add_argument_group("Ray (--ray)")
+    g.add_argument("--ray-address", metavar="ADDRESS",
+                   help="the Ray cluster: host:port of its head, ray://host:10001, or auto (default: "
+                        "distributed.ray_address, else RAY_ADDRESS, else auto)")
+    g.add_argument("--overwrite", action="store_true", help="as `train --overwrite`")
+    g.add_argument("--force", action="store_true", help="as `train --force`")
+    g.add_argument("--dry-run", action="store_true",
+                   help="print the Ray job (workers, resources, their command and environment) and the generated "
+                        "files; start nothing")
     p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("preprocess", help="tokenize and cache a recipe's datasets ahead of training")
@@ -317,11 +331,12 @@ def _load(args):
     from recipeforge.config.load import check_finite_numbers
 
     check_finite_numbers(loaded.recipe.model_dump(), loaded.tree.locate)  # '1e999' or 'nan' for a number
-    if args.command in ("validate", "plan", "train"):
+    trains = args.command == "train" or getattr(args, "ray", False)  # `launch --ray` trains too
+    if args.command in ("validate", "plan") or trains:
         from recipeforge.config.validate import check_components
 
         check_components(loaded)
-    if args.command in ("validate", "train"):
+    if args.command == "validate" or trains:
         # Local eval task files and lm-eval itself are checked before hours of training, not after.
         from recipeforge.outputs.evaluation.tasks import check_recipe_tasks
 
@@ -456,17 +471,28 @@ def _launch_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_train(args) -> int:
-    from recipeforge.outputs.console import verbose
-    from recipeforge.registry import code_trust
-    from recipeforge.run import LaunchFailed, LaunchOptions, summary, train
+    from recipeforge.run import LaunchOptions
 
     loaded = _load(args)
     opts = LaunchOptions(recipe_path=args.recipe, overrides=tuple(args.overrides),
                          nproc_per_node=args.nproc_per_node, nnodes=args.nnodes, node_rank=args.node_rank,
                          master_addr=args.master_addr, master_port=args.master_port, dry_run=args.dry_run,
-                         strict=args.strict,
-                         debug=args.debug or os.environ.get("RECIPEFORGE_DEBUG", "") not in ("", "0"),
-                         verbose=verbose(), trust_code=code_trust()[0])
+                         strict=args.strict, **_worker_flags(args))
+    return _train(args, loaded, opts)
+
+
+def _worker_flags(args) -> dict[str, bool]:
+    """The launching command's flags its workers get on their command line."""
+    from recipeforge.outputs.console import verbose
+    from recipeforge.registry import code_trust
+
+    return dict(debug=args.debug or os.environ.get("RECIPEFORGE_DEBUG", "") not in ("", "0"),
+                verbose=verbose(), trust_code=code_trust()[0])
+
+
+def _train(args, loaded, opts) -> int:
+    """Train `loaded` as `opts` says (`train`, `launch --ray`) and report the result."""
+    from recipeforge.run import LaunchFailed, summary, train
     from recipeforge.outputs.hub import PushFailed
     from recipeforge.backends.worker_spec import launched_worker
     from recipeforge.stages.base import DistInfo
@@ -490,7 +516,8 @@ def cmd_train(args) -> int:
 
             from recipeforge.credentials import redact_credentials
 
-            again = redact_credentials(shlex.join(["recipeforge", "train", args.recipe, *args.overrides]))
+            command = ["launch", "--ray"] if getattr(args, "ray", False) else ["train"]
+            again = redact_credentials(shlex.join(["recipeforge", *command, args.recipe, *args.overrides]))
             print(f"[recipeforge] {stop.describe()}\n[recipeforge] to continue, run the same command again "
                   f"(it resumes from the newest checkpoint): {again}", file=sys.stderr)
         return EXIT_PREEMPTED
@@ -507,6 +534,8 @@ def cmd_launch(args) -> int:
     _check_scheduler_flags(args)
     if args.k8s:
         return _launch_k8s(args)
+    if args.ray:
+        return _launch_ray(args)
     from recipeforge.backends.slurm import SlurmOptions, write_sbatch
 
     options = SlurmOptions(partition=args.partition, account=args.account, time=args.time,
@@ -531,11 +560,34 @@ def _hardware_overrides(args) -> list[str]:
 
 
 def _check_scheduler_flags(args) -> None:
-    """A Slurm flag with --k8s, or a Kubernetes flag with --slurm, is a mistake worth saying."""
-    other, mode = (SLURM_FLAGS, "--slurm") if args.k8s else (K8S_FLAGS, "--k8s")
-    given = [flag for flag, dest in other.items() if getattr(args, dest) not in (None, [])]
+    """A flag of one launch target (--slurm, --k8s, --ray) given with another is a mistake worth saying."""
+    mode = "--k8s" if args.k8s else "--ray" if args.ray else "--slurm"
+    other = {"--slurm": {**K8S_FLAGS, **RAY_FLAGS}, "--k8s": {**SLURM_FLAGS, **RAY_FLAGS},
+             "--ray": {**SLURM_FLAGS, **K8S_FLAGS}}[mode]
+    given = [flag for flag, dest in other.items() if getattr(args, dest) not in (None, [], False)]
     if given:
-        raise RecipeError(f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} for launch {mode} only")
+        owner = {**{f: "--slurm" for f in SLURM_FLAGS}, **{f: "--k8s" for f in K8S_FLAGS}, **{f: "--ray" for f in RAY_FLAGS}}
+        raise RecipeError(f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} for launch "
+                          f"{owner[given[0]]} only, not {mode}")
+
+
+def _launch_ray(args) -> int:
+    """`launch --ray`: `train` with its workers started by Ray Train on a Ray cluster, in the foreground
+    (exit codes as `train`'s: 0, 2, 75, 1)."""
+    from recipeforge.backends.ray_launch import check_ray_installed
+    from recipeforge.run import LaunchOptions
+
+    given = [flag for flag, value in (("-o/--output", args.output), ("--master-port", args.master_port)) if value]
+    if given:  # Ray sets up the workers' rendezvous, and the run directory is what the launch writes
+        raise RecipeError(f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} for launch --slurm and --k8s, "
+                          "not --ray")
+    if not args.dry_run:
+        check_ray_installed()  # before planning: a short error without Ray
+    args.overrides = [*args.overrides, *_hardware_overrides(args)]  # the workers plan nothing; they load the same
+    loaded = _load(args)
+    opts = LaunchOptions(recipe_path=args.recipe, overrides=tuple(args.overrides), nproc_per_node=args.nproc_per_node,
+                         dry_run=args.dry_run, ray=True, ray_address=args.ray_address, **_worker_flags(args))
+    return _train(args, loaded, opts)
 
 
 def _launch_k8s(args) -> int:

@@ -36,7 +36,7 @@ from recipeforge.plan.world import processes_per_node
 class LaunchSpec:
     """Everything `recipeforge train` does to start a multi-process run (and `--dry-run` prints)."""
 
-    launcher: str                                   # accelerate | torchrun | none
+    launcher: str                                   # accelerate | torchrun | none | ray (`ray_launch`)
     command: list[str]
     env: dict[str, str]                             # added to the inherited environment
     files: dict[Path, str] = field(default_factory=dict)   # written before the launcher starts
@@ -213,8 +213,10 @@ def run_launcher(spec: LaunchSpec, *, log=None, pass_fds: Sequence[int] = ()) ->
                 if handled == 0 and log is not None:
                     log(f"{signal.Signals(first).name} received: passing it to the workers, which save a "
                         "checkpoint and stop" + (" (Ctrl-C again kills them)" if first == signal.SIGINT else ""))
+                # A Ray driver passes the stop on to its workers itself (they run on the cluster's nodes).
                 _signal_tree(proc.pid, signal.SIGTERM if first == signal.SIGINT else first,
-                             include_root=spec.launcher not in ("accelerate", "torchrun"))
+                             include_root=spec.launcher not in ("accelerate", "torchrun"),
+                             children=spec.launcher != "ray")
                 sent_at, handled = time.monotonic(), len(stops)
     finally:
         for sig, handler in previous.items():
@@ -233,15 +235,17 @@ def _ignore_stop_signals() -> None:
     end_with_parent(signal.SIGHUP)
 
 
-def _signal_tree(pid: int, sig: int, *, recursive: bool = False, include_root: bool = True) -> None:
+def _signal_tree(pid: int, sig: int, *, recursive: bool = False, include_root: bool = True,
+                 children: bool = True) -> None:
     """Send `sig` to the children of the launcher `pid` (its workers; with `recursive`, everything
-    below) and, with `include_root`, to `pid` itself (a worker started without a launcher)."""
+    below; none without `children`) and, with `include_root`, to `pid` itself (a worker started
+    without a launcher, a Ray driver)."""
     import psutil
 
     try:
         root = psutil.Process(pid)
         targets = [root] if include_root else []
-        targets += root.children(recursive=recursive)
+        targets += root.children(recursive=recursive) if children or recursive else []
     except psutil.Error:
         return
     for proc in targets:

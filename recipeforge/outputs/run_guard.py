@@ -39,9 +39,11 @@ NEUTRAL: tuple[tuple[str, ...], ...] = (
     ("data", "num_proc"),
     ("data", "cache_dir"),
     ("lock",),                   # what the recipe was resolved against (checked by `train` on its own)
-    # How failed workers are restarted and where the nodes meet: a relaunch with more restarts, or on
-    # another rendezvous host, continues the same run.
+    # How failed workers are restarted, who starts them and where the nodes meet: a relaunch with more
+    # restarts, on another rendezvous host, or through Ray (or no longer), continues the same run.
     ("distributed", "max_restarts"),
+    ("distributed", "launcher"),
+    ("distributed", "ray_address"),
     ("distributed", "rdzv_backend"),
     ("distributed", "rdzv_endpoint"),
     ("distributed", "rdzv_id"),

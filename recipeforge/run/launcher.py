@@ -16,6 +16,7 @@ from recipeforge.backends.base import Backend
 from recipeforge.backends.cluster import ClusterSpec, detect_cluster
 from recipeforge.backends.data_ready import build_before_launch
 from recipeforge.backends.launch import LaunchSpec, launch_spec, run_launcher
+from recipeforge.backends.ray_launch import check_ray_installed, ray_address, ray_launch_spec, wants_ray
 from recipeforge.backends.worker_spec import OUTCOME_NAME, Outcome, OutcomeKind, read_outcome, write_outcome_file
 from recipeforge.config.pipeline import LoadedRecipe
 from recipeforge.errors import RecipeError
@@ -40,13 +41,19 @@ def launch(loaded: LoadedRecipe, plan: Plan | None, opts: LaunchOptions, *, over
                                   nproc_per_node=opts.nproc_per_node)
     backend = accepted_backend(loaded, plan, cluster, opts)
     run = RunDir(default_run_dir(loaded.recipe, Path(loaded.path)).absolute())
-    if backend.launcher(plan) == "none" and not opts.dry_run:
+    on_ray = wants_ray(loaded.recipe, opts)
+    if on_ray and not opts.dry_run:
+        check_ray_installed()
+    if backend.launcher(plan) == "none" and not opts.dry_run and not on_ray:
         if loaded.recipe.distributed.max_restarts:
             # Restarts are the elastic agent's; one process trains here, with no agent to restart it.
             log(f"warning: distributed.max_restarts={loaded.recipe.distributed.max_restarts} has no effect: one "
                 "process trains inside this command (no launcher); rerun the command to resume")
         return train_here(loaded, plan, run, backend, overwrite=overwrite, force=force)
     spec = worker_launch(loaded, plan, run, cluster, opts)
+    if on_ray:  # the same launch, its workers started by Ray Train on a Ray cluster
+        spec = ray_launch_spec(spec, plan, loaded.recipe, run_dir=run.root,
+                               address=ray_address(loaded.recipe, opts.ray_address))
     if opts.dry_run:
         print_dry_run(plan, spec)
         return None
@@ -77,7 +84,7 @@ def accepted_backend(loaded: LoadedRecipe, plan: Plan, cluster: ClusterSpec, opt
         from recipeforge.config.lock import check_lock, plan_hardware
 
         check_lock(loaded, plan_hardware(plan), strict=opts.strict, warn=log)
-    if plan.nodes != cluster.nnodes:
+    if plan.nodes != cluster.nnodes and not wants_ray(loaded.recipe, opts):  # Ray places workers on its nodes
         raise RecipeError(f"the plan spans {plan.nodes} nodes, and this command was started for {cluster.nnodes}",
                           key="hardware.nodes",
                           hint="start one `recipeforge train` per node with --nnodes/--node-rank/--master-addr, "

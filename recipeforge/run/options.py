@@ -22,6 +22,9 @@ class LaunchOptions:
     verbose: bool = False                     # library warnings on the console (the workers' too)
     trust_code: bool = False                  # --trust-code: the workers get it on their command line
     strict: bool = False                      # a locked recipe: refuse (not warn) when the environment differs
+    ray: bool = False                         # `launch --ray`: start the workers on a Ray cluster (as
+                                              # distributed.launcher: ray)
+    ray_address: str | None = None            # `launch --ray --ray-address`: over the recipe's and RAY_ADDRESS
 
 
 class LaunchFailed(Exception):

@@ -77,6 +77,14 @@ def _handler(signum, frame) -> None:
             pass
 
 
+def request(signum: int) -> None:
+    """Ask this process to stop as the signal `signum` would (for a stop that arrives other than as a
+    signal: a Ray worker's training runs off the main thread, and its stop comes from the launching
+    command through a file, `backends.ray_worker`)."""
+    if not _state["signal"]:
+        _handler(signal.SIGTERM if signum == signal.SIGINT else signum, None)
+
+
 def install() -> None:
     """Install the stop handlers in this process (main thread only; idempotent)."""
     import threading

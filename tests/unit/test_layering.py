@@ -46,7 +46,8 @@ TOP_LEVEL = {"recipeforge": "errors", "recipeforge.errors": "errors", "recipefor
              "recipeforge.capabilities": "registry",  # what each backend runs: read by config, plan, backends
              "recipeforge.stage_specs": "errors",  # the stages, named once; imports nothing
              "recipeforge.run": "run", "recipeforge.plugins": "plugins", "recipeforge.cli": "cli",
-             "recipeforge.__main__": "cli"}
+             "recipeforge.__main__": "cli",
+             "recipeforge.ray_entry": "cli"}  # a Ray launch's driver and worker function: process entry points
 SUBPACKAGES = {"components", "config", "plan", "outputs", "stages", "backends"}
 
 

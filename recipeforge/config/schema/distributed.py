@@ -8,7 +8,7 @@ from pydantic import Field
 
 from recipeforge.config.schema.base import Section
 
-from recipeforge.capabilities import OFFLOAD_MODES, BackendName
+from recipeforge.capabilities import LAUNCHERS, OFFLOAD_MODES, BackendName
 
 # A built-in backend's name, `auto`, or a plugin backend's name (checked against the registry).
 Backend = Annotated[str, Field(min_length=1, examples=["auto", *(b.value for b in BackendName)])]
@@ -80,7 +80,17 @@ class DistributedConfig(Section):
     rdzv_id: Optional[str] = Field(
         None, description="The job id every node of one launch shares (`--rdzv-id`); unset: derived from the run "
                           "directory, so the nodes of one run agree and two runs never join each other.")
-
+    launcher: Literal[LAUNCHERS] = Field(
+        "auto", description="Who starts the worker processes: `auto` (the backend's launcher, accelerate launch "
+                            "or torchrun, on this machine; one process trains in place) or `ray` (Ray Train's "
+                            "`TorchTrainer` on an existing Ray cluster, one Ray worker per planned process; "
+                            "`recipeforge launch --ray` asks for it too). Ray restarts the worker group up to "
+                            "`max_restarts` times (`FailureConfig(max_failures=...)`).")
+    ray_address: Optional[str] = Field(
+        None, examples=["auto", "10.0.0.1:6379", "ray://head:10001"],
+        description="The Ray cluster `launcher: ray` runs on: `host:port` of its head (GCS), `ray://host:port` "
+                    "(Ray Client) or `auto` (a cluster started on this machine). Unset: the `RAY_ADDRESS` "
+                    "environment variable, else `auto`.")
 
     def pinned_size(self, key: str) -> int | None:
         """The size the recipe pins for parallel dimension `key` (None: `auto`, the planner chooses)."""

@@ -184,6 +184,8 @@ FIELDS: dict[str, Field] = {
     "distributed.rdzv_backend": mapped("torchrun --rdzv-backend"),
     "distributed.rdzv_endpoint": mapped("torchrun --rdzv-endpoint"),
     "distributed.rdzv_id": mapped("torchrun --rdzv-id"),
+    "distributed.launcher": mapped("who starts the workers: torchrun, or Ray Train's TorchTrainer (launcher: ray)"),
+    "distributed.ray_address": mapped("the Ray cluster of launcher: ray"),
     "hardware": mapped(PLANNER),
     "kernels": refused(f"kernels patch Hugging Face modules; Megatron-Core uses Transformer Engine's fused kernels. "
                        f"kernels apply on {HF}"),

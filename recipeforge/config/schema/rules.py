@@ -182,6 +182,37 @@ def _rendezvous(r: Recipe) -> Iterator[RuleProblem]:
                           "e.g. node001:29400")
 
 
+def _ray(r: Recipe) -> Iterator[RuleProblem]:
+    """`launcher: ray`: Ray places the workers and hosts their rendezvous, so torchrun's rendezvous keys
+    have nothing to set; `ray_address` is read by the Ray launcher only, and names a cluster."""
+    from recipeforge.capabilities import Launcher
+
+    d = r.distributed
+    if d.launcher != Launcher.RAY:
+        if d.ray_address is not None:
+            yield RuleProblem(("distributed", "ray_address"), "is read only with distributed.launcher: ray",
+                              "set distributed.launcher: ray (or run `recipeforge launch --ray`), or drop ray_address")
+        return
+    for key, value, default in (("rdzv_backend", d.rdzv_backend, "static"), ("rdzv_endpoint", d.rdzv_endpoint, None),
+                                ("rdzv_id", d.rdzv_id, None)):
+        if value != default:
+            yield RuleProblem(("distributed", key), "has no effect with launcher: ray (Ray Train places the workers "
+                              "and sets up their process group)", f"drop distributed.{key}")
+    if d.ray_address is not None and not ray_address_ok(d.ray_address):
+        yield RuleProblem(("distributed", "ray_address"), f"'{d.ray_address}' is not a Ray cluster address",
+                          "host:port of the head node (e.g. 10.0.0.1:6379), ray://host:10001, or auto")
+
+
+def ray_address_ok(text: str) -> bool:
+    """Whether `text` reads as a Ray address: `auto`, `host:port`, or `ray://host[:port]`."""
+    text = text.strip()
+    if text == "auto":
+        return True
+    if text.startswith("ray://"):
+        return _host_port(text[len("ray://"):])
+    return ":" in text and _host_port(text)
+
+
 def _host_port(text: str) -> bool:
     """Whether `text` reads as host[:port] (torchrun's rendezvous endpoint; its default port is 29400)."""
     host, colon, port = text.strip().rpartition(":")
@@ -190,4 +221,4 @@ def _host_port(text: str) -> bool:
     return bool(host) and port.isdecimal() and 0 < int(port) < 65536
 
 
-CORE_RULES = (_data, _adapter, _train, _distributed, _rendezvous, _stage_specific)
+CORE_RULES = (_data, _adapter, _train, _distributed, _rendezvous, _ray, _stage_specific)
