@@ -1,4 +1,4 @@
-"""Ten launches in a row of the job whose teardown used to abort: QLoRA on DeepSpeed ZeRO-3 over two gloo
+"""Six launches in a row of the job whose teardown used to abort: QLoRA on DeepSpeed ZeRO-3 over two gloo
 processes. Every one must end cleanly on every rank: exit 0, no C++ abort in the log, no warning of a
 worker that exited uncleanly after the final save, and an outcome that says finished with nothing to add.
 One run in five used to end rank 1 with "terminate called without an active exception" after "done".
@@ -23,10 +23,10 @@ pytestmark = [pytest.mark.slow,
 
 REPO = Path(__file__).resolve().parents[2]
 LORA = REPO / "examples" / "yaml" / "tiny" / "sft-lora.yaml"
-RUNS = 10
+RUNS = 6  # the abort it guards against came one run in five: six runs meet it three times in four
 
 
-def test_ten_qlora_zero3_launches_end_cleanly(tiny, tmp_path):
+def test_repeated_qlora_zero3_launches_end_cleanly(tiny, tmp_path):
     unclean = []
     for i in range(RUNS):
         run = tmp_path / f"run-{i}"
