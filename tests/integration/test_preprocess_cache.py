@@ -47,3 +47,31 @@ def test_preprocess_checks_preference_and_prompt_rows(tiny, tmp_path):
     assert dpo["train_rows"] == 40 and dpo["eval_rows"] == 8
     grpo = preprocess(tiny.load("grpo", tmp_path / "run"))
     assert grpo["train_rows"] == 32
+
+
+def test_preprocess_command_ends_its_process_cleanly(tmp_path):
+    """`python -m recipeforge preprocess` ends the process itself once the cache is written: the statistics
+    are all printed, the exit code is 0 and atexit handlers (here one a wrapper registered) still run;
+    the cache it wrote is complete (a second run hits it)."""
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    wrapper = textwrap.dedent("""
+        import atexit, runpy, sys
+        atexit.register(lambda: print("ATEXIT_RAN", file=sys.stderr))
+        sys.argv = ["recipeforge", *sys.argv[1:]]
+        runpy.run_module("recipeforge", run_name="__main__", alter_sys=True)
+        print("NOT_REACHED", file=sys.stderr)
+    """)
+    recipe = root / "examples" / "yaml" / "tiny" / "sft-full.yaml"
+    env = {**__import__("os").environ, "PYTHONPATH": str(root), "RECIPEFORGE_CACHE": str(tmp_path / "rc")}
+    runs = [subprocess.run([sys.executable, "-c", wrapper, "preprocess", str(recipe), f"data.cache_dir={tmp_path}"],
+                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300) for _ in range(2)]
+    for proc, cache in zip(runs, ("miss", "hit")):
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "ATEXIT_RAN" in proc.stderr and "NOT_REACHED" not in proc.stderr
+        stats = json.loads(proc.stdout[proc.stdout.index("{"):])
+        assert stats["cache"] == cache and stats["train_rows"] == 59
