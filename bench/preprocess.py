@@ -15,8 +15,11 @@ model's vocabulary size and per-token cost), or a local tokenizer directory.
     python bench/preprocess.py --tokenizer bpe32k --num-proc 1 2 auto --runs 5
     python bench/preprocess.py --scaling 20000 200000 1000000     # cost per row and peak RSS as rows grow
 
+Whole-process figures come with the process's CPU time (user + system, forked workers included; the least of the
+runs): on a shared machine other processes stretch wall times far more than CPU times, so compare those there.
+
 `--scaling` runs one whole `recipeforge preprocess` per row count (num_proc 1, the first tokenizer, a cold
-cache) and prints wall time, time per row, the process's peak resident memory (its own rusage) and its
+cache) and prints wall and CPU time, time per row, the process's peak resident memory (its own rusage) and its
 peak anonymous resident memory (RssAnon: without the pages of memory-mapped files, which the kernel can
 drop), so a cost that grows faster than the rows, or memory that grows with them, shows.
 """
@@ -113,23 +116,29 @@ def write_workload(folder: Path, rows: int, sequence_len: int, tokenizer: str, n
     return recipe
 
 
-def whole_process(recipe: Path, runs: int, tree: Path = ROOT) -> tuple[float, dict]:
-    """Fastest wall time of `python -m recipeforge preprocess` (the recipeforge of `tree`) with a cold cache, and
-    its statistics."""
-    best, stats = float("inf"), {}
+def whole_process(recipe: Path, runs: int, tree: Path = ROOT) -> tuple[float, dict, float]:
+    """Fastest wall time of `python -m recipeforge preprocess` (the recipeforge of `tree`) with a cold cache, its
+    statistics, and the least CPU time (user + system, its forked workers included) of the runs: on a shared
+    machine other processes stretch the wall time, much less the CPU time."""
+    import resource
+
+    best, stats, cpu = float("inf"), {}, float("inf")
     env = {**os.environ, "PYTHONPATH": str(tree)}
     for _ in range(runs):
         with tempfile.TemporaryDirectory() as cache:
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
             out = subprocess.run([sys.executable, "-m", "recipeforge", "preprocess", str(recipe),
                                   f"data.cache_dir={cache}"], capture_output=True, text=True, env=env,
                                  cwd=tree)  # `-m` puts the working directory first on sys.path
             seconds = time.perf_counter() - t0
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if out.returncode != 0:
             raise SystemExit(out.stderr[-2000:])
+        cpu = min(cpu, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
         if seconds < best:
             best, stats = seconds, json.loads(out.stdout[out.stdout.index("{"):])
-    return best, stats
+    return best, stats, cpu
 
 
 def scaled_rows(n: int, pool: int = 20_000) -> list[dict]:
@@ -140,11 +149,12 @@ def scaled_rows(n: int, pool: int = 20_000) -> list[dict]:
             for i, r in ((i, base[i % len(base)]) for i in range(n))]
 
 
-def peak_rss_run(cmd: list[str], env: dict, cwd: Path) -> tuple[float, int, str, int, int]:
+def peak_rss_run(cmd: list[str], env: dict, cwd: Path) -> tuple[float, int, str, int, int, float]:
     """Run `cmd`; its wall seconds, exit code, stdout, peak resident memory in KiB (this child's own
-    rusage, from wait4, not the maximum over every child so far) and peak anonymous resident memory in
+    rusage, from wait4, not the maximum over every child so far), peak anonymous resident memory in
     KiB (RssAnon, sampled from /proc every 50 ms: the memory the process holds, without the pages of
-    memory-mapped files, which the kernel can drop; 0 where /proc has no such line)."""
+    memory-mapped files, which the kernel can drop; 0 where /proc has no such line) and its CPU seconds
+    (user + system, from the same rusage)."""
     import threading
 
     t0 = time.perf_counter()
@@ -168,7 +178,8 @@ def peak_rss_run(cmd: list[str], env: dict, cwd: Path) -> tuple[float, int, str,
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     sampler.join()
-    return time.perf_counter() - t0, proc.returncode, out, usage.ru_maxrss, peak_anon[0]
+    return (time.perf_counter() - t0, proc.returncode, out, usage.ru_maxrss, peak_anon[0],
+            usage.ru_utime + usage.ru_stime)
 
 
 def scaling(counts: list[int], tokenizer: str, sequence_len: int, tree: Path) -> list[dict]:
@@ -182,13 +193,14 @@ def scaling(counts: list[int], tokenizer: str, sequence_len: int, tree: Path) ->
             with open(data, "w") as fh:
                 fh.writelines(json.dumps(r) + "\n" for r in scaled_rows(n))
             recipe = write_workload(folder, n, sequence_len, tokenizer, 1)
-            seconds, code, out, rss_kib, anon_kib = peak_rss_run(
+            seconds, code, out, rss_kib, anon_kib, cpu = peak_rss_run(
                 [sys.executable, "-m", "recipeforge", "preprocess", str(recipe), f"data.cache_dir={folder / 'cache'}"],
                 env, tree)
             if code != 0:
                 raise SystemExit(f"preprocess of {n} rows failed (exit {code})")
             stats = json.loads(out[out.index("{"):])
-        table.append({"rows": n, "seconds": round(seconds, 1), "us_per_row": round(seconds / n * 1e6, 1),
+        table.append({"rows": n, "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1),
+                      "us_per_row": round(seconds / n * 1e6, 1),
                       "pipeline_us_per_row": round(stats["preprocess_seconds"] / n * 1e6, 1),
                       "tokens": stats["train_tokens"], "peak_rss_mib": round(rss_kib / 1024),
                       "peak_anon_rss_mib": round(anon_kib / 1024)})
@@ -239,10 +251,10 @@ def main(argv=None) -> int:
         if args.json:
             print(json.dumps(table, indent=2))
             return 0
-        print(f"{'rows':>9} {'wall s':>8} {'us/row':>8} {'pipeline us/row':>16} {'tokens':>13} {'peak RSS MiB':>13} "
+        print(f"{'rows':>9} {'wall s':>8} {'CPU s':>7} {'us/row':>8} {'pipeline us/row':>16} {'tokens':>13} {'peak RSS MiB':>13} "
               f"{'anon RSS MiB':>13}")
         for r in table:
-            print(f"{r['rows']:>9,} {r['seconds']:>8.1f} {r['us_per_row']:>8.1f} {r['pipeline_us_per_row']:>16.1f} "
+            print(f"{r['rows']:>9,} {r['seconds']:>8.1f} {r['cpu_seconds']:>7.1f} {r['us_per_row']:>8.1f} {r['pipeline_us_per_row']:>16.1f} "
                   f"{r['tokens']:>13,} {r['peak_rss_mib']:>13,} {r['peak_anon_rss_mib']:>13,}")
         return 0
 
@@ -253,9 +265,10 @@ def main(argv=None) -> int:
             folder.mkdir()
             entry = {"tokenizer": tokenizer, "rows": args.rows, "sequence_len": args.sequence_len, "whole": {}}
             for num_proc in args.num_proc:
-                seconds, stats = whole_process(write_workload(folder, args.rows, args.sequence_len, tokenizer,
-                                                              num_proc), args.runs, args.tree)
-                entry["whole"][num_proc] = {"seconds": round(seconds, 2), "tokens": stats["train_tokens"],
+                seconds, stats, cpu = whole_process(write_workload(folder, args.rows, args.sequence_len, tokenizer,
+                                                                   num_proc), args.runs, args.tree)
+                entry["whole"][num_proc] = {"seconds": round(seconds, 2), "cpu_seconds": round(cpu, 2),
+                                            "tokens": stats["train_tokens"],
                                             "tokens_per_second": round(stats["train_tokens"] / seconds)}
             report.append(entry)
             if args.no_in_process:
@@ -276,7 +289,8 @@ def main(argv=None) -> int:
               f"{tokens:,} tokens (fastest of {args.runs})")
         for num_proc, w in e["whole"].items():
             print(f"  whole process, num_proc {num_proc:<4}  {w['seconds']:6.2f} s  "
-                  f"{w['tokens_per_second']:>10,} tokens/s  (python -m recipeforge preprocess, cold cache)")
+                  f"{w['tokens_per_second']:>10,} tokens/s  CPU {w['cpu_seconds']:6.2f} s  "
+                  f"(python -m recipeforge preprocess, cold cache)")
         i = e.get("in_process")
         if i is None:
             continue

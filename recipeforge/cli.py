@@ -207,7 +207,7 @@ def _launch_prepare_commands(sub: Any) -> None:
 
     p = sub.add_parser("preprocess", help="tokenize and cache a recipe's datasets ahead of training")
     _recipe_args(p)
-    p.set_defaults(func=cmd_preprocess)
+    p.set_defaults(func=cmd_preprocess, owns_process=True)
 
     p = sub.add_parser("convert-checkpoint",
                        help="convert a recipe's Hugging Face model to a Megatron checkpoint (cached; megatron backend)")
@@ -611,7 +611,10 @@ def _launch_k8s(args) -> int:
 def cmd_preprocess(args) -> int:
     from recipeforge.run import preprocess
 
-    stats = preprocess(_load(args))
+    loaded = _load(args)
+    if getattr(args, "owns_process", False):
+        _freeze_start_up()
+    stats = preprocess(loaded)
     print(json.dumps(stats, indent=2, default=str))
     return 0
 
@@ -770,7 +773,13 @@ def _looks_like_override(arg: str) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the process exit code."""
+    """Run the CLI; returns the process exit code.
+
+    With the process's own command line (no `argv`: the `recipeforge` script, ``python -m recipeforge``),
+    a command that runs a pipeline and prints its results (`preprocess`) owns the process: it freezes
+    its start-up objects out of the garbage collector's way (`_freeze_start_up`) and ends the process
+    itself once it succeeds (`_end_process`).
+    """
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # Overrides may come after flags too (`train x.yaml --dry-run train.learning_rate=1e-4`); anything
@@ -794,8 +803,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return EXIT_USER_ERROR
+    # A command run as the process itself (no argv) that asks for it owns the process: its start-up
+    # objects are frozen (`_freeze_start_up`) and it ends the process when done (`_end_process`).
+    args.owns_process = argv is None and getattr(args, "owns_process", False)
+    if args.owns_process:
+        import gc
+
+        gc.disable()  # until `_freeze_start_up`: importing makes objects that live as long as the process
     try:
-        return func(args)
+        code = func(args)
     except RecipeError as exc:
         if debug:
             raise
@@ -835,6 +851,53 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"internal error: {type(exc).__name__}: {bounded_text(scrub(str(exc)))}\n(rerun with --debug for the traceback, "
               f"and please report it)", file=sys.stderr)
         return EXIT_INTERNAL_ERROR
+    if args.owns_process and code == 0:
+        _end_process(code)
+    return code
+
+
+def _freeze_start_up() -> None:
+    """Import what preprocessing runs on (transformers' tokenizer classes, datasets), then freeze every
+    object made so far, and turn the garbage collector back on (`main` turned it off).
+
+    The ~250k objects of those libraries' modules live until the process ends, yet each full collection
+    walked them all again: ~0.15 s while importing and ~0.3 s while tokenizing 20k rows. Frozen, they are
+    never examined (nor collected: only for a process the command owns); forked workers then share
+    their pages instead of copying them when a collection would touch them.
+    """
+    import gc
+
+    try:
+        import datasets  # noqa: F401
+        from transformers import PreTrainedTokenizerFast  # noqa: F401
+    except ImportError:  # the command itself says what is missing
+        pass
+    gc.freeze()
+    gc.enable()
+
+
+def _end_process(code: int) -> None:
+    """End the process with `code` as a normal exit does, less the teardown of the interpreter.
+
+    Freeing every module and object of transformers, datasets and pyarrow takes ~0.2 s at exit and
+    does nothing for results already written and printed. The atexit handlers run (logging,
+    multiprocessing, temporary folders, any the caller registered) and the output is flushed, as at
+    any exit. While a non-daemon thread runs, this returns and the process exits the usual way,
+    waiting for it.
+    """
+    import atexit
+    import threading
+
+    main_thread = threading.main_thread()
+    if any(t is not main_thread and t.is_alive() and not t.daemon for t in threading.enumerate()):
+        return
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more can reach it
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":

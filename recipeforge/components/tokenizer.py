@@ -71,7 +71,70 @@ def _corpus(rows: int = 4000, seed: int = 0) -> list[str]:
 
 @lru_cache(maxsize=4)
 def _tiny_tokenizer_json(vocab_size: int) -> str:
-    """Train the tiny byte-level BPE once per process and keep its serialized form."""
+    """The tiny byte-level BPE's serialized form: trained once per machine (kept under the cache root, keyed by
+    everything training depends on) and once per process."""
+    path = _tiny_cache_path(vocab_size)
+    try:
+        text = path.read_text(encoding="utf-8")
+        if _tiny_vocab_size(text) == vocab_size:
+            return text
+    except (OSError, ValueError):  # not there yet, unreadable or damaged: train it
+        pass
+    text = _train_tiny_tokenizer(vocab_size)
+    try:  # written whole or not at all: concurrent processes write the same text
+        import os
+        import tempfile
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except OSError:  # a read-only or full cache folder: train again next time
+        pass
+    return text
+
+
+def _tiny_cache_path(vocab_size: int):
+    """Where the trained tiny tokenizer of `vocab_size` is kept: under ``RECIPEFORGE_CACHE`` (default
+    ~/.cache/recipeforge), named by a hash of what training depends on (corpus, special tokens, the
+    `tokenizers` and Python versions), so a change of any of them trains a new one."""
+    import os
+    import sys
+    from pathlib import Path
+
+    import tokenizers
+
+    env = os.environ.get("RECIPEFORGE_CACHE")
+    root = Path(env).expanduser() if env else Path.home() / ".cache" / "recipeforge"
+    key = json.dumps([vocab_size, _WORDS, _PUNCT, TINY_SPECIAL_TOKENS, tokenizers.__version__, sys.version_info[:2],
+                      _code_key(_corpus.__code__), _code_key(_train_tiny_tokenizer.__code__)])
+    return root / "tiny-tokenizer" / f"{vocab_size}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def _tiny_vocab_size(text: str) -> int:
+    """The vocabulary size of a serialized tokenizer (ValueError when it does not parse)."""
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_str(text).get_vocab_size()
+    except Exception as exc:  # the Rust side raises plain Exception for a damaged file
+        raise ValueError(str(exc)) from None
+
+
+def _code_key(code) -> list:
+    """What a function's code object does, as plain data (its bytecode, names and constants): a change of
+    the corpus generator or the training settings changes the tiny tokenizer's cache key."""
+    consts = [_code_key(c) if hasattr(c, "co_code") else repr(c) for c in code.co_consts]
+    return [code.co_code.hex(), list(code.co_names), consts]
+
+
+def _train_tiny_tokenizer(vocab_size: int) -> str:
+    """Train the tiny byte-level BPE on the built-in corpus; its serialized form."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())

@@ -47,3 +47,47 @@ def test_preprocess_checks_preference_and_prompt_rows(tiny, tmp_path):
     assert dpo["train_rows"] == 40 and dpo["eval_rows"] == 8
     grpo = preprocess(tiny.load("grpo", tmp_path / "run"))
     assert grpo["train_rows"] == 32
+
+
+def test_preprocess_command_ends_its_process_cleanly(tmp_path):
+    """`python -m recipeforge preprocess` owns its process: it freezes its start-up objects (the garbage
+    collector runs again after) and ends the process itself once the cache is written: the statistics
+    are all printed, the exit code is 0 and atexit handlers (here one a wrapper registered) still run;
+    the cache it wrote is complete (a second run hits it)."""
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    wrapper = textwrap.dedent("""
+        import atexit, runpy, sys
+        import gc
+        atexit.register(lambda: print("ATEXIT_RAN", gc.isenabled(), gc.get_freeze_count() > 10000, file=sys.stderr))
+        sys.argv = ["recipeforge", *sys.argv[1:]]
+        runpy.run_module("recipeforge", run_name="__main__", alter_sys=True)
+        print("NOT_REACHED", file=sys.stderr)
+    """)
+    recipe = root / "examples" / "yaml" / "tiny" / "sft-full.yaml"
+    env = {**__import__("os").environ, "PYTHONPATH": str(root), "RECIPEFORGE_CACHE": str(tmp_path / "rc")}
+    runs = [subprocess.run([sys.executable, "-c", wrapper, "preprocess", str(recipe), f"data.cache_dir={tmp_path}"],
+                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300) for _ in range(2)]
+    for proc, cache in zip(runs, ("miss", "hit")):
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        # the start-up objects were frozen out of the collector's way, and it runs again
+        assert "ATEXIT_RAN True True" in proc.stderr and "NOT_REACHED" not in proc.stderr
+        stats = json.loads(proc.stdout[proc.stdout.index("{"):])
+        assert stats["cache"] == cache and stats["train_rows"] == 59
+
+
+def test_preprocess_called_in_process_leaves_the_collector_alone(tiny, tmp_path, capsys):
+    """`main([...])` (a caller's own process) neither freezes objects nor ends the process."""
+    import gc
+
+    from recipeforge.cli import main
+
+    frozen = gc.get_freeze_count()
+    recipe = tiny.recipes / "sft-full.yaml"
+    assert main(["preprocess", str(recipe), f"data.cache_dir={tmp_path}", f"output.dir={tmp_path / 'run'}"]) == 0
+    assert gc.isenabled() and gc.get_freeze_count() == frozen
+    assert json.loads(capsys.readouterr().out)["train_rows"] == 59

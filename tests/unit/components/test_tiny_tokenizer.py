@@ -81,3 +81,55 @@ def test_missing_tokenizer_is_a_recipe_error(tmp_path):
     with pytest.raises(RecipeError, match="cannot load a tokenizer") as info:
         load_tokenizer(str(tmp_path / "nothing-here"))
     assert info.value.problems[0].key == "model.name_or_path"
+
+
+def test_trained_once_per_machine(tmp_path, monkeypatch):
+    """The trained tokenizer is kept under the cache root and read back the same; a damaged file is
+    trained again and replaced."""
+    from recipeforge.components import tokenizer as tk
+
+    monkeypatch.setenv("RECIPEFORGE_CACHE", str(tmp_path))
+    fresh = tk._train_tiny_tokenizer(1024)
+    tk._tiny_tokenizer_json.cache_clear()
+    try:
+        assert tk._tiny_tokenizer_json(1024) == fresh  # trained and written
+        kept = tk._tiny_cache_path(1024)
+        assert kept.parent == tmp_path / "tiny-tokenizer" and kept.read_text() == fresh
+        kept.write_text(fresh + "\n")  # the same tokenizer, told apart from a freshly trained one
+        tk._tiny_tokenizer_json.cache_clear()
+        assert tk._tiny_tokenizer_json(1024) == fresh + "\n"  # read back, not trained
+        kept.write_text(fresh[: len(fresh) // 2])
+        tk._tiny_tokenizer_json.cache_clear()
+        assert tk._tiny_tokenizer_json(1024) == fresh and kept.read_text() == fresh  # damaged: trained again
+        assert [p.name for p in kept.parent.iterdir()] == [kept.name]  # no temporary files left
+    finally:
+        tk._tiny_tokenizer_json.cache_clear()
+
+
+def test_cache_key_follows_the_training(monkeypatch):
+    from recipeforge.components import tokenizer as tk
+
+    key = tk._tiny_cache_path(1024)
+    assert tk._tiny_cache_path(512) != key
+    monkeypatch.setattr(tk, "_WORDS", tk._WORDS + " zebra")
+    assert tk._tiny_cache_path(1024) != key
+    monkeypatch.undo()
+
+    def _corpus(rows: int = 4001, seed: int = 0) -> list[str]:  # another corpus generator
+        return []
+
+    monkeypatch.setattr(tk, "_corpus", _corpus)
+    assert tk._tiny_cache_path(1024) != key
+
+
+def test_unwritable_cache_still_builds(tmp_path, monkeypatch):
+    from recipeforge.components import tokenizer as tk
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("RECIPEFORGE_CACHE", str(blocker))  # a file where the folder should be
+    tk._tiny_tokenizer_json.cache_clear()
+    try:
+        assert len(build_tiny_tokenizer(1024)) == 1024
+    finally:
+        tk._tiny_tokenizer_json.cache_clear()
