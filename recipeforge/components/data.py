@@ -7,10 +7,8 @@ Every problem a user can cause (a missing file, a missing column, an empty datas
 from __future__ import annotations
 
 import collections
-import contextlib
 import math
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -145,30 +143,8 @@ def _read_file(path: Path, builder: str):
     readers = {"json": datasets.Dataset.from_json, "csv": datasets.Dataset.from_csv,
                "parquet": datasets.Dataset.from_parquet, "text": datasets.Dataset.from_text}
     if builder in readers:
-        with _scipy_io_unused():
-            return readers[builder](str(path))
+        return readers[builder](str(path))
     return datasets.Dataset.from_file(str(path))  # .arrow
-
-
-@contextlib.contextmanager
-def _scipy_io_unused():
-    """`scipy.io` marked missing, as on a machine without scipy, unless it is imported already.
-
-    Setting up any builder, `datasets` imports scipy and scipy.io (~0.15 s of a preprocess) only to
-    patch ``scipy.io.loadmat`` for streaming inside the builder's own module. The json, csv, parquet
-    and text builders never call it, and a missing module is skipped by that patching, so their rows
-    are the same. A later real ``import scipy.io`` works as usual.
-    """
-    blocked = next((name for name in ("scipy", "scipy.io") if name not in sys.modules), None)
-    if blocked is None:
-        yield
-        return
-    sys.modules[blocked] = None  # what `import scipy.io` meets when scipy is not installed
-    try:
-        yield
-    finally:
-        if blocked in sys.modules and sys.modules[blocked] is None:
-            del sys.modules[blocked]
 
 
 def _check_jsonl(path: Path, name: str, *, key: str, location) -> None:
