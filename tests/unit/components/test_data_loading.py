@@ -113,33 +113,3 @@ def test_eval_datasets_and_max_samples(tmp_path):
                                       eval_datasets=[{"path": "e.jsonl", "format": "alpaca"}])
     assert (len(train), len(evaluation)) == (4, 3) and stats == {"train_rows": 4, "eval_rows": 3}
     assert "_row" in train.column_names  # source row numbers travel along for error messages
-
-
-def test_local_files_are_read_without_scipy(tmp_path):
-    """`datasets` would import scipy (for a streaming patch the local readers never use); reading a local
-    file leaves it out, and a later `import scipy.io` works."""
-    import subprocess
-    import sys
-    import textwrap
-    from pathlib import Path
-
-    _write(tmp_path / "d.jsonl", ROWS)
-    code = textwrap.dedent(f"""
-        import sys
-        from recipeforge.components.data import load_raw
-        from recipeforge.components.formats import get_format
-        from recipeforge.components.data import DatasetRef
-        from recipeforge.config.schema import DatasetSpec
-        ds = load_raw(DatasetRef(DatasetSpec(path={str(tmp_path / "d.jsonl")!r}, format="alpaca"), "datasets", 0),
-                      base_dir=None)
-        assert len(ds) == 10, len(ds)
-        print("SCIPY", "scipy" in sys.modules, sys.modules.get("scipy.io", "absent"))
-        import scipy.io
-        print("LOADMAT", callable(scipy.io.loadmat))
-    """)
-    root = Path(__file__).resolve().parents[3]
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120,
-                          env={**__import__("os").environ, "PYTHONPATH": str(root),
-                               "HF_DATASETS_CACHE": str(tmp_path / "hf")})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "SCIPY False absent" in proc.stdout and "LOADMAT True" in proc.stdout
