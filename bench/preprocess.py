@@ -14,6 +14,7 @@ model's vocabulary size and per-token cost), or a local tokenizer directory.
     python bench/preprocess.py                                  # 20k rows, tiny:llama and bpe32k
     python bench/preprocess.py --tokenizer bpe32k --num-proc 1 2 auto --runs 5
     python bench/preprocess.py --scaling 20000 200000 1000000     # cost per row and peak RSS as rows grow
+    python bench/preprocess.py --scaling 20000 200000 --streamed  # the same rows as a stream too
 
 Whole-process figures come with the process's CPU time (user + system, forked workers included; the least of the
 runs): on a shared machine other processes stretch wall times far more than CPU times, so compare those there.
@@ -100,8 +101,9 @@ def bpe32k() -> Path:
     return BPE_DIR
 
 
-def write_workload(folder: Path, rows: int, sequence_len: int, tokenizer: str, num_proc) -> Path:
-    """The data file and the recipe `recipeforge preprocess` runs on."""
+def write_workload(folder: Path, rows: int, sequence_len: int, tokenizer: str, num_proc, *,
+                   streaming: bool = False) -> Path:
+    """The data file and the recipe `recipeforge preprocess` runs on (`streaming`: read as a stream)."""
     data = folder / "alpaca.jsonl"
     if not data.exists():
         data.write_text("".join(json.dumps(r) + "\n" for r in synthetic_rows(rows)))
@@ -111,7 +113,7 @@ def write_workload(folder: Path, rows: int, sequence_len: int, tokenizer: str, n
         "stage: sft\n"
         f"model: {{name_or_path: 'tiny:llama', tokenizer: '{tok}'}}\n"
         f"data: {{datasets: [{{path: {data}, format: alpaca}}], sequence_len: {sequence_len}, "
-        f"packing: true, chat_template: chatml, num_proc: {num_proc}}}\n"
+        f"packing: true, chat_template: chatml, num_proc: {num_proc}, streaming: {str(streaming).lower()}}}\n"
         "train: {max_steps: 1, global_batch_size: 8}\n")
     return recipe
 
@@ -207,6 +209,61 @@ def scaling(counts: list[int], tokenizer: str, sequence_len: int, tree: Path) ->
     return table
 
 
+def streamed_scaling(counts: list[int], tokenizer: str, sequence_len: int, tree: Path) -> list[dict]:
+    """One pass over a streamed corpus per row count (`data.streaming`, in a process of its own, see
+    `stream_pass`): wall and CPU seconds, microseconds per row, peak RSS, for the same rows as `scaling`."""
+    table = []
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    for n in counts:
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp)
+            with open(folder / "alpaca.jsonl", "w") as fh:
+                fh.writelines(json.dumps(r) + "\n" for r in scaled_rows(n))
+            recipe = write_workload(folder, n, sequence_len, tokenizer, 1, streaming=True)
+            seconds, code, out, rss_kib, anon_kib, cpu = peak_rss_run(
+                [sys.executable, str(Path(__file__).resolve()), "--stream-pass", str(recipe)], env, tree)
+            if code != 0:
+                raise SystemExit(f"the streamed pass over {n} rows failed (exit {code})")
+            stats = json.loads(out[out.index("{"):])
+        table.append({"rows": n, "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1),
+                      "us_per_row": round(seconds / n * 1e6, 1),
+                      "pipeline_us_per_row": round(stats["seconds"] / n * 1e6, 1),
+                      "tokens": stats["tokens"], "peak_rss_mib": round(rss_kib / 1024),
+                      "peak_anon_rss_mib": round(anon_kib / 1024)})
+    return table
+
+
+def stream_pass(recipe: Path) -> dict:
+    """Read one whole pass of a streamed recipe's training stream as training would (one process, every
+    window tokenized and packed, the next one made in a thread): rows, sequences, tokens and seconds."""
+    from recipeforge.components.tokenizer import load_tokenizer, set_chat_template
+    from recipeforge.config import load_recipe
+    from recipeforge.stages.streamed_data import training_stream
+
+    loaded = load_recipe(recipe)
+    m = loaded.recipe.model
+    tok = load_tokenizer(m.tokenizer or m.name_or_path, vocab_size=1024)
+    set_chat_template(tok, "chatml", required=True)
+
+    class Context:
+        base_dir = recipe.parent
+
+        @staticmethod
+        def locate(path):
+            return None
+
+    t0 = time.perf_counter()
+    stream = training_stream(loaded.recipe, tok, Context, rank=0, world=1)
+    sequences = tokens = 0
+    for seq in stream:
+        if stream.position.passes > 0:
+            break
+        sequences += 1
+        tokens += len(seq["input_ids"])
+    return {"rows": stream.position.rows, "sequences": sequences, "tokens": tokens,
+            "seconds": time.perf_counter() - t0}
+
+
 def in_process(recipe: Path, runs: int, micro_batch: int) -> dict:
     """`prepare_lm_data` timed in this process (no cache; fastest of `runs`), with packing figures."""
     from recipeforge.components.collate import LMCollator
@@ -245,17 +302,29 @@ def main(argv=None) -> int:
     ap.add_argument("--no-in-process", action="store_true", help="whole-process figures only")
     ap.add_argument("--scaling", type=int, nargs="+", metavar="ROWS",
                     help="time per row and peak RSS of one preprocess per row count (see the module docstring)")
+    ap.add_argument("--streamed", action="store_true",
+                    help="with --scaling: also one pass over the same rows as a stream (data.streaming)")
+    ap.add_argument("--stream-pass", type=Path, metavar="RECIPE", help=argparse.SUPPRESS)  # --streamed's child
     args = ap.parse_args(argv)
+    if args.stream_pass:
+        print(json.dumps(stream_pass(args.stream_pass)))
+        return 0
     if args.scaling:
-        table = scaling(args.scaling, args.tokenizer[0], args.sequence_len, args.tree)
+        tables = {"cached": scaling(args.scaling, args.tokenizer[0], args.sequence_len, args.tree)}
+        if args.streamed:
+            tables["streamed"] = streamed_scaling(args.scaling, args.tokenizer[0], args.sequence_len, args.tree)
         if args.json:
-            print(json.dumps(table, indent=2))
+            print(json.dumps(tables, indent=2))
             return 0
-        print(f"{'rows':>9} {'wall s':>8} {'CPU s':>7} {'us/row':>8} {'pipeline us/row':>16} {'tokens':>13} {'peak RSS MiB':>13} "
-              f"{'anon RSS MiB':>13}")
-        for r in table:
-            print(f"{r['rows']:>9,} {r['seconds']:>8.1f} {r['cpu_seconds']:>7.1f} {r['us_per_row']:>8.1f} {r['pipeline_us_per_row']:>16.1f} "
-                  f"{r['tokens']:>13,} {r['peak_rss_mib']:>13,} {r['peak_anon_rss_mib']:>13,}")
+        for name, table in tables.items():
+            print(f"{name}: " + ("`recipeforge preprocess`, cold cache" if name == "cached"
+                                 else "one pass over the stream, tokenized and packed a window at a time"))
+            print(f"{'rows':>9} {'wall s':>8} {'CPU s':>7} {'us/row':>8} {'pipeline us/row':>16} {'tokens':>13} "
+                  f"{'peak RSS MiB':>13} {'anon RSS MiB':>13}")
+            for r in table:
+                print(f"{r['rows']:>9,} {r['seconds']:>8.1f} {r['cpu_seconds']:>7.1f} {r['us_per_row']:>8.1f} "
+                      f"{r['pipeline_us_per_row']:>16.1f} {r['tokens']:>13,} {r['peak_rss_mib']:>13,} "
+                      f"{r['peak_anon_rss_mib']:>13,}")
         return 0
 
     report = []

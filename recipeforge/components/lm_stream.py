@@ -36,7 +36,8 @@ import torch.utils.data
 from recipeforge.components.data import (LOCAL_BUILDERS, DatasetRef, Locate, _first_line, _no_location, no_telemetry,
                                          remap_and_check, resolve_local, spec_base_dir)
 from recipeforge.components.formats import Format, get_format
-from recipeforge.components.lm_encode import NO_TARGET, SPLIT, TOO_LONG, TRUNCATED, EncodeOptions, encode_rows
+from recipeforge.components.lm_encode import (CHUNK_ROWS, NO_TARGET, SPLIT, TOO_LONG, TRUNCATED, EncodeOptions,
+                                              encode_rows)
 from recipeforge.components.packing import IGNORE, best_fit_decreasing
 from recipeforge.errors import RecipeError
 
@@ -254,43 +255,56 @@ class StreamedLM(torch.utils.data.IterableDataset):
         ids, labels, lengths, origin = [], [], [], []
         for source in sorted({r[SOURCE] for r in chunk}):
             fmt = self.formats[source]
-            mine = [r for r in chunk if r[SOURCE] == source]
-            columns = {c: [r.get(c) for r in mine] for c in (*fmt.required, *fmt.optional, ROW)}
-            columns["_format"] = [fmt.name] * len(mine)
-            encoded = encode_rows(columns, fmt, self.tokenizer, self.options)
-            self.counts.add(encoded.status)
-            ids.append(encoded.ids)
-            labels.append(encoded.labels)
-            lengths.append(encoded.lengths)
-            origin.extend([source, int(columns[ROW][i])] for i in encoded.rows)
+            rows = [r for r in chunk if r[SOURCE] == source]
+            # A tokenizer call per CHUNK_ROWS rows, as the cached path: its encodings (offsets and all)
+            # are much larger than the ids they give.
+            for part in (rows[i:i + CHUNK_ROWS] for i in range(0, len(rows), CHUNK_ROWS)):
+                columns = {c: [r.get(c) for r in part] for c in (*fmt.required, *fmt.optional, ROW)}
+                columns["_format"] = [fmt.name] * len(part)
+                encoded = encode_rows(columns, fmt, self.tokenizer, self.options)
+                self.counts.add(encoded.status)
+                ids.append(encoded.ids)
+                labels.append(encoded.labels)
+                lengths.append(encoded.lengths)
+                origin.extend([source, int(columns[ROW][i])] for i in encoded.rows)
         self.counts.rows += len(chunk)
         flat_ids = np.concatenate(ids) if ids else np.zeros(0, np.int32)
         flat_labels = np.concatenate(labels) if labels else np.zeros(0, np.int32)
         sample_len = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
         self.counts.samples += len(sample_len)
-        starts = np.cumsum(sample_len) - sample_len
         groups = (best_fit_decreasing(sample_len.tolist(), self.options.sequence_len) if self.packing
                   else [[i] for i in range(len(sample_len))])
-        out = [self._sequence(sorted(group), flat_ids, flat_labels, starts, sample_len, origin) for group in groups]
+        out = self._sequences([sorted(g) for g in groups], flat_ids, flat_labels, sample_len, origin)
         if self.shuffle:
             order = np.random.default_rng([self.seed, passes, window]).permutation(len(out))
             out = [out[i] for i in order]
         return out
 
-    def _sequence(self, samples: list[int], ids, labels, starts, lengths, origin) -> dict:
-        """One training row: the samples `samples` end to end (packed), or one sample."""
+    def _sequences(self, groups: list[list[int]], ids, labels, lengths, origin) -> list[dict]:
+        """The training rows of a window: each group's samples end to end (packed), or one sample each, as
+        int32 arrays (views of one array per column: a window's tokens are held once)."""
         import numpy as np
 
-        parts = [slice(int(starts[i]), int(starts[i] + lengths[i])) for i in samples]
-        row_ids = np.concatenate([ids[p] for p in parts])
-        row_labels = np.concatenate([labels[p] for p in parts]).copy()
-        row = {"input_ids": row_ids.tolist(), "_rows": [origin[i] for i in samples]}
+        from recipeforge.components.packing import gather_index
+
+        samples = np.fromiter(itertools.chain.from_iterable(groups), dtype=np.int64)
+        sample_len = lengths[samples]
+        starts = np.cumsum(lengths) - lengths
+        index = gather_index(starts[samples], sample_len)
+        row_ids, row_labels = ids[index], labels[index]  # copies, in the order of the rows
+        first = np.cumsum(sample_len) - sample_len  # where each sample begins in that order
+        positions = (np.arange(len(index), dtype=np.int64) - np.repeat(first, sample_len)).astype(np.int32)
         if self.packing:
-            first = np.cumsum([lengths[i] for i in samples]) - [lengths[i] for i in samples]
-            row_labels[first] = IGNORE  # nothing before a sample in the sequence predicts its first token
-            row["position_ids"] = np.concatenate([np.arange(int(lengths[i])) for i in samples]).tolist()
-        row["labels"] = row_labels.tolist()
-        return row
+            row_labels[first[sample_len > 0]] = IGNORE  # nothing before a sample in its sequence predicts it
+        bounds = np.cumsum([int(lengths[g].sum()) for g in groups])[:-1]
+        out = []
+        for group, a, b, c in zip(groups, np.split(row_ids, bounds), np.split(row_labels, bounds),
+                                  np.split(positions, bounds)):
+            row = {"input_ids": a, "labels": b, "_rows": [origin[i] for i in group]}
+            if self.packing:
+                row["position_ids"] = c
+            out.append(row)
+        return out
 
     # --- checkpoints ----------------------------------------------------------------------------
     def save(self, checkpoint: Path, rank: int) -> None:
