@@ -184,34 +184,9 @@ def peak_rss_run(cmd: list[str], env: dict, cwd: Path) -> tuple[float, int, str,
             usage.ru_utime + usage.ru_stime)
 
 
-def scaling(counts: list[int], tokenizer: str, sequence_len: int, tree: Path) -> list[dict]:
-    """One cold whole-process preprocess per row count: seconds, microseconds per row, peak RSS."""
-    table = []
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    for n in counts:
-        with tempfile.TemporaryDirectory() as tmp:
-            folder = Path(tmp)
-            data = folder / "alpaca.jsonl"
-            with open(data, "w") as fh:
-                fh.writelines(json.dumps(r) + "\n" for r in scaled_rows(n))
-            recipe = write_workload(folder, n, sequence_len, tokenizer, 1)
-            seconds, code, out, rss_kib, anon_kib, cpu = peak_rss_run(
-                [sys.executable, "-m", "recipeforge", "preprocess", str(recipe), f"data.cache_dir={folder / 'cache'}"],
-                env, tree)
-            if code != 0:
-                raise SystemExit(f"preprocess of {n} rows failed (exit {code})")
-            stats = json.loads(out[out.index("{"):])
-        table.append({"rows": n, "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1),
-                      "us_per_row": round(seconds / n * 1e6, 1),
-                      "pipeline_us_per_row": round(stats["preprocess_seconds"] / n * 1e6, 1),
-                      "tokens": stats["train_tokens"], "peak_rss_mib": round(rss_kib / 1024),
-                      "peak_anon_rss_mib": round(anon_kib / 1024)})
-    return table
-
-
-def streamed_scaling(counts: list[int], tokenizer: str, sequence_len: int, tree: Path) -> list[dict]:
-    """One pass over a streamed corpus per row count (`data.streaming`, in a process of its own, see
-    `stream_pass`): wall and CPU seconds, microseconds per row, peak RSS, for the same rows as `scaling`."""
+def scaling(counts: list[int], tokenizer: str, sequence_len: int, tree: Path, *, streamed: bool = False) -> list[dict]:
+    """One cold whole-process preprocess per row count (`streamed`: one pass over the same rows as a stream,
+    `data.streaming`, in a process of its own, see `stream_pass`): seconds, microseconds per row, peak RSS."""
     table = []
     env = {**os.environ, "PYTHONPATH": str(tree)}
     for n in counts:
@@ -219,16 +194,18 @@ def streamed_scaling(counts: list[int], tokenizer: str, sequence_len: int, tree:
             folder = Path(tmp)
             with open(folder / "alpaca.jsonl", "w") as fh:
                 fh.writelines(json.dumps(r) + "\n" for r in scaled_rows(n))
-            recipe = write_workload(folder, n, sequence_len, tokenizer, 1, streaming=True)
-            seconds, code, out, rss_kib, anon_kib, cpu = peak_rss_run(
-                [sys.executable, str(Path(__file__).resolve()), "--stream-pass", str(recipe)], env, tree)
+            recipe = write_workload(folder, n, sequence_len, tokenizer, 1, streaming=streamed)
+            cmd = ([sys.executable, str(Path(__file__).resolve()), "--stream-pass", str(recipe)] if streamed else
+                   [sys.executable, "-m", "recipeforge", "preprocess", str(recipe), f"data.cache_dir={folder / 'cache'}"])
+            seconds, code, out, rss_kib, anon_kib, cpu = peak_rss_run(cmd, env, tree)
             if code != 0:
-                raise SystemExit(f"the streamed pass over {n} rows failed (exit {code})")
+                raise SystemExit(f"{'the streamed pass over' if streamed else 'preprocess of'} {n} rows failed "
+                                 f"(exit {code})")
             stats = json.loads(out[out.index("{"):])
+        pipeline = stats["seconds"] if streamed else stats["preprocess_seconds"]
         table.append({"rows": n, "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1),
-                      "us_per_row": round(seconds / n * 1e6, 1),
-                      "pipeline_us_per_row": round(stats["seconds"] / n * 1e6, 1),
-                      "tokens": stats["tokens"], "peak_rss_mib": round(rss_kib / 1024),
+                      "us_per_row": round(seconds / n * 1e6, 1), "pipeline_us_per_row": round(pipeline / n * 1e6, 1),
+                      "tokens": stats["tokens" if streamed else "train_tokens"], "peak_rss_mib": round(rss_kib / 1024),
                       "peak_anon_rss_mib": round(anon_kib / 1024)})
     return table
 
@@ -312,7 +289,7 @@ def main(argv=None) -> int:
     if args.scaling:
         tables = {"cached": scaling(args.scaling, args.tokenizer[0], args.sequence_len, args.tree)}
         if args.streamed:
-            tables["streamed"] = streamed_scaling(args.scaling, args.tokenizer[0], args.sequence_len, args.tree)
+            tables["streamed"] = scaling(args.scaling, args.tokenizer[0], args.sequence_len, args.tree, streamed=True)
         if args.json:
             print(json.dumps(tables, indent=2))
             return 0
