@@ -36,6 +36,10 @@ NOT_RUN = {
     "python -m pytest": "the test suite itself",
     "bash .ci/vllm-cpu": "the vLLM suite: its own CI step after the test suite",
     "bash .ci/llmcompressor": "the compressed-tensors exports: their own CI step in a virtual environment of their own",
+    "bash .ci/ray": "the Ray launcher on a local Ray cluster: its own CI step in a virtual environment of its own",
+    "ray start --head --port 6379": "starts a Ray cluster: .ci/ray's tests start their own",
+    "recipeforge launch --ray examples/yaml/llama3-8b-full-sft.yaml --ray-address HEAD:6379 "
+    "output.dir=/shared/runs/llama3-8b-sft": "needs a Ray cluster of GPU nodes (.ci/ray launches the tiny recipe on a local one)",
 }
 # A documented exit code other than 0 (`diff` exits 1 when the sides differ).
 EXIT_CODES = {"recipeforge diff examples/yaml/tiny/sft-lora.yaml runs/sft-lora": 1}
