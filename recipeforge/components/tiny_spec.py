@@ -25,17 +25,7 @@ _LLAMA = {
 # transformers config class name -> kwargs. Vocabulary matches the locally built tokenizer.
 TINY_CONFIGS: dict[str, dict] = {
     "llama": _LLAMA,
-    "qwen2": {
-        "model_type": "qwen2",
-        "vocab_size": 1024,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 2048,
-        "tie_word_embeddings": True,
-    },
+    "qwen2": {**_LLAMA, "model_type": "qwen2", "tie_word_embeddings": True},
     # A vision-language model (LLaVA layout): a 2-layer CLIP vision tower on 28x28 images (16 patches of
     # 7x7, each one image token), a 2-layer MLP projector and the tiny Llama. The vocabulary is the tiny
     # tokenizer's 1024 tokens plus the image token; `image_token_id` is set from the tokenizer.
