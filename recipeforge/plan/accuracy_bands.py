@@ -6,8 +6,8 @@ Written by `python bench/plan_calibration.py --write-bands`; tests/plan/test_acc
 it no longer matches the figures. Not edited by hand.
 """
 
-BANDS = {'calibrated': 0.18, 'sharded': 0.29}
+BANDS = {'calibrated': 0.17, 'sharded': 0.19}
 FIGURES = {'calibrated': 15, 'sharded': 30}  # how many published figures each band rests on
 # A class no published figure covers (Megatron, GRPO generation, MoE): the widest measured band plus
 # five points, and never under 25%; a stated margin, not a measurement.
-UNCALIBRATED = 0.34
+UNCALIBRATED = 0.25

@@ -317,6 +317,28 @@ def logits_phases(w: Workload, tokens: int, tensor_parallel: int = 1) -> tuple[f
     return tokens * forward, tokens * backward
 
 
+def upcast_logits_bytes(w: Workload, tokens: int, tensor_parallel: int = 1) -> float:
+    """The 16-bit logits of `tokens` tokens that the loss upcasts to fp32 and then frees (0 where no
+    vocabulary-wide 16-bit logits are made: fp32 compute, a fused loss, a classification head)."""
+    m, c = w.model, w.compute_bytes
+    if m.num_labels or w.fused_loss or c >= 4:
+        return 0.0
+    return tokens * c * m.vocab_size / tensor_parallel
+
+
+def idle_at_loss(w: Workload, act: Activations, logit_tokens: int, checkpointing: bool,
+                 tensor_parallel: int = 1) -> tuple[float, float]:
+    """Bytes the caching allocator holds in free blocks too small for the loss's requests, at the end
+    of the forward pass and in the loss's backward (`train_phase.Moment.idle`). The blocks the
+    layers' working tensors leave (with recomputation: one layer's forward, freed as each checkpointed
+    layer returns; without: one layer's backward of the previous step) are each far smaller than a
+    vocabulary-wide tensor, and so is the 16-bit logits block the upcast frees before the loss's
+    backward asks for its 4-byte gradients. Checked against a replay of the caching allocator's rules
+    on traces of real steps (bench/allocator_replay.py)."""
+    working = act.recomputed if checkpointing else act.working + act.mlp_backward
+    return working, working + upcast_logits_bytes(w, logit_tokens, tensor_parallel)
+
+
 def kv_cache_bytes(w: Workload, sequences: int) -> float:
     """K and V of every layer for `sequences` prompt+completion sequences (transformers' generate)."""
     r, m = w.rollout, w.model

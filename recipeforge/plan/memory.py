@@ -23,12 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from recipeforge.plan.activations import (Activations, activation_bytes, activation_split,  # noqa: F401
-                                          kv_cache_bytes, layer_activation_bytes_per_token, logits_bytes,
-                                          logits_phases, widest_linear)
+                                          idle_at_loss, kv_cache_bytes, layer_activation_bytes_per_token,
+                                          logits_bytes, logits_phases, widest_linear)
 from recipeforge.plan.estimators import zero_model_states
 from recipeforge.plan.hardware import GIB
 from recipeforge.plan.offload_activations import offload_note
-from recipeforge.plan.train_phase import Copies, LayerGradient, Moment, Step, train_peak
+from recipeforge.plan.train_phase import Copies, LayerGradient, Moment, Step, reserved_peak, train_peak
 from recipeforge.plan.vision_activations import vision_activation_bytes
 from recipeforge.plan.workload import Workload
 
@@ -189,7 +189,7 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
         part["reference_model"] = psi * c / (shards * mp)
 
     # ---- activations, logits and what else one micro batch's forward and backward hold at their peak
-    peak, host = _train_peak(w, layout, micro_batch, checkpointing, part["gathered_params"])
+    peak, idle, host = _train_peak(w, layout, micro_batch, checkpointing, part["gathered_params"])
     part.update(peak.parts)
     # a vision-language model's image side: kept from the vision forward to the end of backward, so
     # alive at every moment of the train phase (`vision_activations`)
@@ -201,7 +201,7 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
     _book_rollout(w, layout, part, notes, micro_batch * accumulation, gpu_memory)
     part["runtime"] = (CUDA_RUNTIME + (NCCL_BUFFERS if layout.world_size > 1 else 0.0)) if gpu_memory else 0.0
     _book_paged_optimizer(w, layout, part, notes)
-    total = _phase_peak(w, layout, part, accumulation)
+    total = _phase_peak(w, layout, part, accumulation, idle)
     load_peak = _book_quantized_load(w, layout, part, notes)
     if load_peak > total:  # loading is the peak: nothing else exists yet
         notes.append(f"loading the quantized model whole ({part['quantized_load'] / GIB:.1f} GB per GPU) is "
@@ -253,8 +253,10 @@ def _book_paged_optimizer(w: Workload, layout: Layout, part: dict[str, float], n
                      "optimizer step only")
 
 
-def _phase_peak(w: Workload, layout: Layout, part: dict[str, float], accumulation: int) -> float:
-    """Persistent memory plus the largest phase plus the allocator's reserve (which it books)."""
+def _phase_peak(w: Workload, layout: Layout, part: dict[str, float], accumulation: int, idle: float) -> float:
+    """Persistent memory plus the largest phase as the caching allocator holds it: the train phase
+    with the `idle` free blocks its fullest moment cannot use. Books the allocator reserve, what that
+    adds to the allocated peak."""
     # torch-owned gradients are allocated in backward and freed by zero_grad(set_to_none=True)
     deferred = (spec_of(layout.backend).torch_allocates_gradients and w.full_finetune
                 and layout.offload == "none")
@@ -263,11 +265,10 @@ def _phase_peak(w: Workload, layout: Layout, part: dict[str, float], accumulatio
     train = sum(part[k] for k in TRAIN_PHASE) + (grads if deferred and accumulation > 1 else 0.0)
     step = sum(part[k] for k in OPTIMIZER_PHASE) + (grads if deferred else 0.0)
     generation = sum(part[k] for k in GENERATION_PHASE)
-    peak_phase = max(train, step, generation)
-    transient = max(sum(part[k] for k in TRAIN_PHASE), sum(part[k] for k in GENERATION_PHASE),
-                    part["optimizer_step"])
-    part["allocator_reserve"] = ALLOCATOR_SLACK * transient
-    return persistent + peak_phase + part["allocator_reserve"]
+    allocated = max(train, step, generation)
+    held = max(train + idle, step, generation)
+    part["allocator_reserve"] = held - allocated
+    return persistent + held
 
 
 def _book_quantized_load(w: Workload, layout: Layout, part: dict[str, float], notes: list[str]) -> float:
@@ -289,9 +290,10 @@ def _book_quantized_load(w: Workload, layout: Layout, part: dict[str, float], no
 
 
 def _train_peak(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
-                engine_gathered: float) -> tuple[Moment, float]:
+                engine_gathered: float) -> tuple[Moment, float, float]:
     """The largest moment of one micro batch's forward and backward (`train_phase`) on `layout`,
-    and the activation bytes TRL's offloading moves to host memory. `engine_gathered`: DeepSpeed's
+    what the caching allocator holds beyond it in blocks it cannot use, and the activation bytes
+    TRL's offloading moves to host memory. `engine_gathered`: DeepSpeed's
     gathered buffers, the same throughout the step."""
     m, c = w.model, w.compute_bytes
     tokens = micro_batch * w.sequences_per_sample * w.seq_len
@@ -310,18 +312,20 @@ def _train_peak(w: Workload, layout: Layout, micro_batch: int, checkpointing: bo
                                              tensor_parallel=tp, context_parallel=cp,
                                              sequence_parallel=sequence_parallel)
         act = Activations(stored=on_gpu, recomputed=0.0, layer=0.0, outside=0.0, norm_backward=0.0)
-    logits = logits_phases(w, micro_batch * w.sequences_per_sample * w.logit_tokens // cp, tp if sequence_parallel else 1)
+    logit_tokens = micro_batch * w.sequences_per_sample * w.logit_tokens // cp
+    logits = logits_phases(w, logit_tokens, tp if sequence_parallel else 1)
     extra = 0.0
     if w.adapter == "qlora":
         extra += 2 * m.largest_linear_params() * c  # one dequantized weight, forward and backward
     if w.lora_dora:
         extra += m.largest_linear_params() * c      # DoRA's weight norm needs the full matrix
     gathered = spec_of(layout.backend).gathered(w, layout, engine_gathered)
-    peak = train_peak(Step(act, logits, checkpointing, copies=autocast_copies(w) if fp32_weights else Copies(),
-                           output_gradient=output_gradient_bytes(w, layout, fp32_weights),
-                           layer_gradient=layer_gradient_bytes(w, layout, fp32_weights),
-                           gathered=gathered.plus(extra)))
-    return peak, host
+    step = Step(act, logits, checkpointing, copies=autocast_copies(w) if fp32_weights else Copies(),
+                output_gradient=output_gradient_bytes(w, layout, fp32_weights),
+                layer_gradient=layer_gradient_bytes(w, layout, fp32_weights), gathered=gathered.plus(extra),
+                idle_at_loss=idle_at_loss(w, act, logit_tokens, checkpointing, tp if sequence_parallel else 1))
+    peak = train_peak(step)
+    return peak, reserved_peak(step) - peak.total, host
 
 
 def measured_view(memory_gb: dict, measure: str) -> float:

@@ -87,14 +87,17 @@ class Step:
     output_gradient: float = 0.0
     layer_gradient: LayerGradient = LayerGradient()
     gathered: Gathered = Gathered()
+    idle_at_loss: tuple[float, float] = (0.0, 0.0)
 
 
 @dataclass(frozen=True)
 class Moment:
-    """One moment of the step: its name and the bytes alive in it by `memory.TRAIN_PHASE` part."""
+    """One moment of the step: its name, the bytes alive in it by `memory.TRAIN_PHASE` part, and the
+    bytes the caching allocator holds in it in free blocks too small for its requests (`idle`)."""
 
     name: str
     parts: dict[str, float]
+    idle: float = 0.0
 
     @property
     def total(self) -> float:
@@ -104,6 +107,13 @@ class Moment:
 def train_peak(step: Step) -> Moment:
     """The largest moment of one micro batch's forward and backward."""
     return max(moments(step), key=lambda mo: mo.total)
+
+
+def reserved_peak(step: Step) -> float:
+    """What the caching allocator holds at the step's fullest moment: the moment's tensors and the
+    free blocks it cannot use (`Step.idle_at_loss`). After the loss, the freed logits blocks are
+    larger than every later request and are split to serve them: nothing idle is counted there."""
+    return max(mo.total + mo.idle for mo in moments(step))
 
 
 def moments(step: Step) -> list[Moment]:
@@ -116,9 +126,9 @@ def moments(step: Step) -> list[Moment]:
         Moment("the first layers' forward", {"gathered_params": g.forward}),
         Moment("the end of the forward pass (the loss)",
                {"activations": kept, "logits": step.logits[0], "autocast_weights": copies.every,
-                "gathered_params": g.forward_end}),
+                "gathered_params": g.forward_end}, step.idle_at_loss[0]),
         Moment("the loss's backward", {"activations": kept, "logits": step.logits[1], "autocast_weights": bwd_copies,
-                                       "gathered_params": g.backward}),
+                                       "gathered_params": g.backward}, step.idle_at_loss[1]),
         Moment("the output layer's backward",
                {"activations": kept, "autocast_weights": bwd_copies - copies.head,
                 "output_gradient": step.output_gradient + g.output_gradient, "gathered_params": g.backward}),

@@ -54,7 +54,8 @@ def test_estimate_moves_the_activations_to_pinned_host_memory():
     moved = b.components["activations"] - a.components["activations"]
     assert moved > 10 * GIB                                    # 32 layers x 8192 tokens of an 8B model
     assert a.cpu_per_node - b.cpu_per_node == pytest.approx(moved)
-    assert a.total == pytest.approx(b.total - moved * 1.08, rel=0.01)  # and the allocator's share of them
+    reserve = b.components["allocator_reserve"] - a.components["allocator_reserve"]
+    assert a.total == pytest.approx(b.total - moved - reserve)  # and the idle blocks of their working tensors
     assert any("pinned host memory" in n for n in a.notes)
     assert a.components["logits"] == b.components["logits"]   # the loss still runs on the GPU
     # every GPU process of a node pins its own

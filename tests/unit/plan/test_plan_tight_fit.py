@@ -27,7 +27,7 @@ def test_inside_the_margin_no_warning(capsys):
 
 
 def test_above_the_margin_but_within_the_band_plans_with_a_warning(capsys):
-    code, out = _plan(capsys, "data.sequence_len=5120")
+    code, out = _plan(capsys, "data.sequence_len=5632")
     assert code == 0, out
     line = next(line for line in out.splitlines() if "tight fit" in line)
     # the numbers: the estimate with its band, the margin it exceeds and the band's low end
