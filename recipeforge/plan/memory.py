@@ -8,7 +8,8 @@ Every formula is documented with its source in docs/planner.md. Amounts are byte
                               parameters),
           optimizer step: temporaries (+ paged optimizer states),
           generation: KV cache + gathered parameters)
-    + allocator reserve (a share of the transient memory the caching allocator keeps)
+    + allocator reserve (free blocks the caching allocator keeps at the train phase's fullest moment
+                         that are too small for its requests: `activations.idle_at_loss`)
 
 because activations are freed before the optimizer step and GRPO generates outside the training step.
 Where torch owns the gradients (one GPU, DDP, FSDP2) they are allocated during backward and freed by
@@ -35,10 +36,6 @@ from recipeforge.plan.workload import Workload
 CUDA_RUNTIME = 0.75 * GIB      # CUDA context, cuBLAS/cuDNN workspaces (not in torch's allocator stats)
 NCCL_BUFFERS = 0.5 * GIB       # communicator buffers once more than one process trains
 BUFFER_FACTOR = 1.5            # DeepSpeed's additional_buffer_factor on its host-memory estimates
-# The caching allocator keeps freed blocks reserved; blocks freed by one step's transient tensors
-# (activations, logits, gathered weights) are split and reused by differently sized requests, so
-# part of them cannot be handed out again: reserved exceeds allocated by about this share of them.
-ALLOCATOR_SLACK = 0.08
 
 PERSISTENT = ("weights", "gradients", "optimizer", "adapter", "reference_model", "comm_buffers",
               "rollout_engine", "runtime")
