@@ -95,7 +95,9 @@ def test_planner_counts_the_fused_loss(tmp_path):
     from recipeforge.plan import make_plan
     from recipeforge.plan.hardware import hardware_for
 
-    base = SFT.replace("tiny:llama", "meta-llama/Llama-3.1-8B") + "adapter: {type: lora}\n"
+    # the same micro batch and recomputation in both (the planner may choose differently for each)
+    base = (SFT.replace("tiny:llama", "meta-llama/Llama-3.1-8B") + "adapter: {type: lora}\n"
+            + "train: {micro_batch_size: 4, gradient_checkpointing: true}\n")
     plain, fused = (tmp_path / "plain.yaml"), (tmp_path / "fused.yaml")
     plain.write_text(base)
     fused.write_text(base + "kernels: [liger]\n")
