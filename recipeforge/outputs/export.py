@@ -104,8 +104,102 @@ def _config_dtype(config_json: Path, dtype) -> None:
 
 
 def save_base_model(model, tokenizer, out: Path) -> Path:
-    """Keep the random-init base of a tiny model next to its adapter (it exists nowhere else)."""
+    """Keep a model built in memory (no checkpoint anywhere) as a model folder at `out`."""
     return save_pretrained_atomic(model, tokenizer, out)
+
+
+# Tensors of one safetensors file of a written base: the most host memory writing it takes.
+BASE_SHARD_BYTES = 2 * 2**30
+
+
+def write_random_base(spec, files, out: Path, *, device, tokenizer=None, generation_config=None,
+                      shard_bytes: int = BASE_SHARD_BYTES) -> Path:
+    """Write the random-init base `spec` (a `components.model_init.RandomInit`) to `out` as a model
+    folder transformers loads: safetensors files, config.json, the generation config and `files`'
+    (the tokenizer's or processor's). The weights are made again on `device`, one module at a time,
+    exactly as training made them (same seeds, same device type), so no process ever holds the whole
+    model; a 4-bit base is written in its compute dtype, which quantizes to the words training used.
+    Written into a staging folder and moved into place whole. `tokenizer`: the one whose special
+    tokens the config takes (default: `files`)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from recipeforge.components.model_init import RandomWeights, build_skeleton, forked_rng, marked_modules
+
+    skeleton, _ = build_skeleton(spec.config, dtype=spec.dtype, attn_implementation=spec.attn_implementation,
+                                 num_labels=spec.num_labels)
+    device = torch.device(device)
+    weights = RandomWeights(skeleton, spec, device=device)
+    owners: dict[int, tuple] = {}  # a tied parameter is made by its first holder, as in training
+    for _, module in marked_modules(skeleton):
+        for name, p in module.named_parameters(recurse=False):
+            owners.setdefault(id(p), (module, name))
+    entries = _state_entries(skeleton)
+    shards = _plan_shards(entries, shard_bytes)
+    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" if len(shards) > 1 else "model.safetensors"
+             for i in range(len(shards))]
+    with staged_folder(out) as tmp, forked_rng(device), torch.no_grad():
+        made: tuple[int, dict] = (0, {})
+        weight_map = {}
+        for shard, name in zip(shards, names):
+            tensors = {}
+            for key, tensor in shard:
+                if id(tensor) in owners:  # a parameter: made with the rest of its module
+                    module, pname = owners[id(tensor)]
+                    if made[0] != id(module):
+                        made = (id(module), weights.module_tensors(module))
+                    tensors[key] = made[1].pop(pname).to("cpu").contiguous()
+                else:  # a persistent buffer, computed when the skeleton was built
+                    tensors[key] = tensor.detach().to("cpu").contiguous()
+                weight_map[key] = name
+            save_file(tensors, str(tmp / name), metadata={"format": "pt"})
+            del tensors
+        if len(shards) > 1:
+            total = sum(_nbytes(t) for shard in shards for _, t in shard)
+            (tmp / "model.safetensors.index.json").write_text(json.dumps(
+                {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+        config = skeleton.config
+        config.architectures = [type(skeleton).__name__]
+        tok = tokenizer if tokenizer is not None else getattr(files, "tokenizer", files)
+        if tok is not None:
+            config.pad_token_id = tok.pad_token_id
+        config.save_pretrained(str(tmp))
+        if generation_config is not None:
+            generation_config.save_pretrained(str(tmp))
+        if files is not None:
+            files.save_pretrained(str(tmp))
+    return out
+
+
+def _state_entries(model) -> list[tuple[str, object]]:
+    """(key, tensor) of what a saved model holds: parameters and persistent buffers, a tied parameter
+    once (under its first name; transformers ties the others again when it loads)."""
+    seen: set[int] = set()
+    entries = []
+    for key, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        entries.append((key, tensor))
+    return entries
+
+
+def _plan_shards(entries: list, shard_bytes: int) -> list[list]:
+    """`entries` cut, in order, into files of at most `shard_bytes` (a larger tensor alone in its file)."""
+    shards: list[list] = [[]]
+    size = 0
+    for key, tensor in entries:
+        n = _nbytes(tensor)
+        if shards[-1] and size + n > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append((key, tensor))
+        size += n
+    return shards
+
+
+def _nbytes(tensor) -> int:
+    return tensor.numel() * tensor.element_size()
 
 
 def merge_adapter(run_dir: Path, out_dir: Path | None = None) -> Path:

@@ -54,7 +54,10 @@ class ModelConfig(Section):
         "pretrained",
         description="`pretrained`: load the weights at `name_or_path`. `random`: build the architecture from its "
                     "config.json (a local directory, a known hub id, or the hub) with random weights, seeded by "
-                    "`train.seed`: pretraining from scratch, or benchmarking a model's shape without its weights.")
+                    "`train.seed`: pretraining from scratch, or benchmarking a model's shape without its weights. "
+                    "The weights are made on the training device one module at a time (each process only its "
+                    "shards under FSDP2 and ZeRO-3), the same for a seed whatever the number of processes; with "
+                    "an adapter, the base is written to base_model/ at the first save.")
     trust_remote_code: bool = Field(
         False, description="Allow the model's own Python code from the hub to run. Off unless you trust it.")
     max_position_embeddings: Optional[int] = Field(
