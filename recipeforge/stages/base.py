@@ -145,7 +145,12 @@ class TrainerStage:
 
         ctx = self.context
         if ctx.prepare_trainer is not None:
-            ctx.prepare_trainer(self.trainer)
+            import time
+
+            started = time.perf_counter()
+            ctx.prepare_trainer(self.trainer)  # a base loaded or made shard by shard gets its values here
+            if self.model_load_seconds is not None:
+                self.model_load_seconds += time.perf_counter() - started
         if self.recipe.train.activation_offloading:  # TRL's trainers with the field do it themselves
             from recipeforge.stages.activation_offload import wrap_training_step
 
