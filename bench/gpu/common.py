@@ -139,20 +139,22 @@ def plan_json(recipe: Path, *extra: str) -> dict:
 
 def train(recipe: Path, run_dir: Path, *extra: str, timeout: float = 1800) -> tuple[subprocess.CompletedProcess, float]:
     """`recipeforge train RECIPE output.dir=RUN_DIR --overwrite`, and its wall time. The run's whole
-    stderr is kept beside the run directory (RUN_DIR.stderr), which `prune` leaves alone; the process
-    runs with `-X importtime`, whose lines (kept out of `proc.stderr`) say which of the repository's
+    stderr is kept beside the run directory (RUN_DIR.stderr), which `prune` leaves alone; its processes
+    run with `-X importtime`, whose lines (kept out of `proc.stderr`) say which of the repository's
     modules the case depends on (`ledger.deps_of`). RUN_DIR.started holds the launch's wall-clock
     time, from which `measured` counts the seconds to the first step."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     run_dir.with_name(run_dir.name + ".started").write_text(f"{time.time():.3f}\n")
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "recipeforge", "train", str(recipe),
-                           f"output.dir={run_dir}", "--overwrite", *extra], capture_output=True, text=True,
-                          timeout=timeout, env=dict(os.environ), cwd=REPO)
+    # PYTHONPROFILEIMPORTTIME (= -X importtime) reaches the worker processes a launch starts too.
+    proc = subprocess.run([sys.executable, "-m", "recipeforge", "train", str(recipe), f"output.dir={run_dir}",
+                           "--overwrite", *extra], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}, cwd=REPO)
     wall = time.perf_counter() - start
     lines = (proc.stderr or "").splitlines()
-    run_dir.with_name(run_dir.name + ".imports").write_text("\n".join(l for l in lines if l.startswith("import time:")))
-    proc.stderr = "\n".join(l for l in lines if not l.startswith("import time:"))
+    # A worker's lines may carry a launcher's prefix ("[rank0]:").
+    run_dir.with_name(run_dir.name + ".imports").write_text("\n".join(l for l in lines if "import time:" in l))
+    proc.stderr = "\n".join(l for l in lines if "import time:" not in l)
     run_dir.with_name(run_dir.name + ".stderr").write_text(proc.stderr)
     return proc, wall
 

@@ -55,8 +55,9 @@ def imported_modules(stderr: str, prefixes: tuple[str, ...] = ("recipeforge",)) 
     start with one of `prefixes` (``recipeforge`` also matches ``recipeforge_liger``)."""
     names = []
     for line in stderr.splitlines():
-        if line.startswith("import time:") and line.count("|") == 2:
-            name = line.rsplit("|", 1)[1].strip()
+        _, marker, rest = line.partition("import time:")  # a worker's line may carry a launcher's prefix
+        if marker and rest.count("|") == 2:
+            name = rest.rsplit("|", 1)[1].strip()
             if name.startswith(prefixes):
                 names.append(name)
     return names
@@ -93,11 +94,12 @@ FIGURES = ("plan_gb", "measured_reserved_gb", "plan_error", "tokens_per_s", "mfu
            "init_s", "first_step_s", "loss_first", "loss_last")
 
 
-def record(ledger: dict, result: dict, *, commit: str | None) -> int:
-    """Add the cases of one results file (bench/gpu/suite.py or throughput.py output) to `ledger`;
-    cases not run (skipped) are left out. Returns how many were recorded."""
+def record(ledger: dict, result: dict, *, commit: str | None, gpu: str | None = None) -> int:
+    """Add the cases of one results file (bench/gpu/suite.py or throughput.py output) to `ledger`, under
+    `gpu` (default: the accelerator the results name); cases not run (skipped) are left out. Returns
+    how many were recorded."""
     kind = "throughput" if "sequence_len" in result and "flop_convention" not in result else "suite"
-    gpu = result.get("accelerator") or result.get("gpu")
+    gpu = gpu or result.get("accelerator") or result.get("gpu")
     n = 0
     for row in result.get("cases", []):
         if row.get("status") == "skipped" or "case" not in row or row["case"] == "pytest -m gpu":
@@ -164,6 +166,7 @@ def main(argv=None) -> int:
     rec = sub.add_parser("record", help="add results files to the ledger")
     rec.add_argument("results", nargs="+", type=Path)
     rec.add_argument("--commit", help="the commit the results were measured at (default: HEAD)")
+    rec.add_argument("--gpu", help="the GPU to record them under (default: the one the results name)")
     sub.add_parser("show", help="the ledger, a line per entry")
     ap.add_argument("--ledger", type=Path, default=LEDGER)
     args = ap.parse_args(argv)
@@ -179,7 +182,8 @@ def main(argv=None) -> int:
     elif args.command == "record":
         commit = args.commit or git_commit()
         for path in args.results:
-            print(f"{path}: {record(ledger, json.loads(path.read_text()), commit=commit)} case(s) recorded")
+            n = record(ledger, json.loads(path.read_text()), commit=commit, gpu=args.gpu)
+            print(f"{path}: {n} case(s) recorded")
         save(ledger, args.ledger)
     else:
         for e in ledger["entries"]:

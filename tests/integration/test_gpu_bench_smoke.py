@@ -77,7 +77,8 @@ def test_the_runs_keep_their_records_not_their_weights(lease):
 @pytest.mark.timeout(3400)
 def test_recorded_results_move_their_cases_to_the_end_of_the_next_lease(lease, tmp_path):
     book = tmp_path / "ledger.json"
-    assert ledger.main(["--ledger", str(book), "record", *map(str, lease.glob("gpu-*.json")), "--commit", "x"]) == 0
+    assert ledger.main(["--ledger", str(book), "record", *map(str, lease.glob("gpu-*.json")), "--commit", "x",
+                        "--gpu", "H100-80GB"]) == 0
     order = ledger.next_cases(ledger.load(book), "H100-80GB")
     assert all(why.startswith("measured on this code") for name, why in order if name != "lora-8b-ckpt-liger")
     assert ledger.next_cases(ledger.load(book), "H200-141GB")[0][1] == "never measured on this GPU"
