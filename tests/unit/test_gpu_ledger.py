@@ -18,6 +18,7 @@ import time:       120 |        120 |   recipeforge.stages.base
 import time:        80 |         80 |     recipeforge.components.model_init
 import time:        50 |         50 |   transformers.trainer
 import time:        30 |         30 | recipeforge_liger
+[rank0]:import time:    40 |         40 |   recipeforge.backends.sharded_loading
 """
 
 
@@ -29,7 +30,8 @@ def _result(case: str, status: str = "ok", deps: dict | None = None, date: str =
 def test_a_run_depends_on_the_repository_modules_it_imported():
     deps = ledger.deps_of(IMPORTS, [BENCH / "common.py"])
     assert set(deps) == {"recipeforge/stages/base.py", "recipeforge/components/model_init.py",
-                         "plugins/recipeforge-liger/src/recipeforge_liger/__init__.py", "bench/gpu/common.py"}
+                         "plugins/recipeforge-liger/src/recipeforge_liger/__init__.py", "bench/gpu/common.py",
+                         "recipeforge/backends/sharded_loading.py"}  # a launched worker's line, prefixed
     assert all(len(h) == 12 for h in deps.values()) and ledger.changed(deps) == []
     assert ledger.changed({**deps, "recipeforge/stages/base.py": "0" * 12}) == ["recipeforge/stages/base.py"]
 
