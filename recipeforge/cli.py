@@ -45,8 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show the libraries' warnings on the console (by default a run writes them to "
                              "RUN_DIR/logs/warnings.log); same as RECIPEFORGE_VERBOSE=1")
     parser.add_argument("--trust-code", action="store_true",
-                        help="allow the recipe to import Python code by dotted path (e.g. a reward my_mod:f); "
-                             "same as allow_code: true in the recipe")
+                        help="allow the recipe or the command to run Python code it names: a reward by dotted "
+                             "path (my_mod:f), model.trust_remote_code, lm-eval task files (.yaml); same as "
+                             "allow_code: true in the recipe")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _recipe_commands(sub)
     _report_convert_schema_commands(sub)
@@ -342,7 +343,7 @@ def _load(args):
 
         section = loaded.recipe.eval
         check_recipe_tasks(list(section.tasks), Path(loaded.path).resolve().parent,
-                           needs_harness=section.after_training)
+                           needs_harness=section.after_training, allow_code=loaded.recipe.allow_code)
     return loaded
 
 
@@ -767,6 +768,9 @@ def _write(text: str, path: str | None) -> None:
 
 # -- entry point ------------------------------------------------------------------------------------
 
+GLOBAL_FLAGS = ("--debug", "--verbose", "--trust-code")
+
+
 def _looks_like_override(arg: str) -> bool:
     """`key=value` or `~key`: an override, wherever it stands on the command line."""
     return not arg.startswith("-") and ("=" in arg or arg.startswith("~"))
@@ -788,6 +792,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if hasattr(args, "overrides") and overrides:
         args.overrides = [*args.overrides, *overrides]
         extra = [a for a in extra if a not in overrides]
+    # The global flags also after the command (`recipeforge eval RUN --trust-code`), where a hint that
+    # says "pass --trust-code" leads the user to type them.
+    for flag in GLOBAL_FLAGS:
+        if flag in extra:
+            setattr(args, flag[2:].replace("-", "_"), True)
+            extra = [a for a in extra if a != flag]
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     debug = args.debug or os.environ.get("RECIPEFORGE_DEBUG", "") not in ("", "0")

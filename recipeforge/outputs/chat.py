@@ -57,15 +57,29 @@ def load_model_dir(model_dir: Path, *, device: str | None = None) -> tuple[Any, 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from recipeforge.outputs.model_files import check_model_dir, load_failure, read_json_file
+
+    model_dir = Path(model_dir)
+    check_model_dir(model_dir)  # a truncated or damaged file is named before a library trips on it
+    adapter = model_dir / "adapter_config.json"
+    if adapter.is_file():
+        base = read_json_file(adapter, what="adapter config").get("base_model_name_or_path")
+        if isinstance(base, str) and Path(base).expanduser().is_dir():
+            check_model_dir(Path(base).expanduser(), what="adapter's base model")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    if (Path(model_dir) / "adapter_config.json").is_file():
-        from peft import AutoPeftModelForCausalLM
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        if adapter.is_file():
+            from peft import AutoPeftModelForCausalLM
 
-        model = AutoPeftModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+            model = AutoPeftModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+    except (RecipeError, KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as exc:  # safetensors, JSON, tokenizers, peft and transformers each raise their own
+        raise load_failure(exc, model_dir) from None
     return model.to(device).eval(), tokenizer
 
 

@@ -13,6 +13,7 @@ from typing import Iterator
 import yaml
 
 from recipeforge.errors import RecipeError
+from recipeforge.outputs.model_files import read_json_file
 
 
 def is_peft(model) -> bool:
@@ -125,7 +126,13 @@ def merge_adapter(run_dir: Path, out_dir: Path | None = None) -> Path:
                           hint="load final/ directly with AutoModelForCausalLM.from_pretrained")
     recipe = _resolved_recipe(run_dir)
     model_cfg = recipe.get("model", {}) if isinstance(recipe, dict) else {}
-    adapter = json.loads(adapter_cfg.read_text())
+    adapter = read_json_file(adapter_cfg)
+    if model_cfg.get("trust_remote_code") is True:
+        from recipeforge.registry import require_code_trust
+
+        require_code_trust(f"the run's recipe ({run_dir / 'resolved_recipe.yaml'}) sets model.trust_remote_code: "
+                           "true, the Python code of its base model's repository",
+                           allow_code=recipe.get("allow_code") is True, key="model.trust_remote_code")
     base = _base_path(run_dir, adapter, model_cfg)
     out = Path(out_dir) if out_dir is not None else run_dir / "merged"
 

@@ -56,7 +56,8 @@ class ModelConfig(Section):
                     "config.json (a local directory, a known hub id, or the hub) with random weights, seeded by "
                     "`train.seed`: pretraining from scratch, or benchmarking a model's shape without its weights.")
     trust_remote_code: bool = Field(
-        False, description="Allow the model's own Python code from the hub to run. Off unless you trust it.")
+        False, description="Allow the model's own Python code from the hub to run. Off unless you trust it; "
+                           "running it also needs the code opt-in (`allow_code: true` or --trust-code).")
     max_position_embeddings: Optional[int] = Field(
         None, gt=0, description="Override the context length the model is built with (RoPE scaling aside).")
     # Vocabulary changes live here, not under data:, because they change the model: new embedding

@@ -83,7 +83,8 @@ def _loadable(model_dir: Path) -> bool:
 
 
 def evaluate_run(run_dir: Path, tasks: list[str], base_dir: Path, options: EvalOptions,
-                 log: Callable[[str], None] = print, *, checkpoints: bool = False) -> dict[str, dict[str, dict]]:
+                 log: Callable[[str], None] = print, *, checkpoints: bool = False, allow_code: bool = False,
+                 key: str = "--tasks") -> dict[str, dict[str, dict]]:
     """Evaluate final/ of `run_dir` (and, with `checkpoints`, its kept checkpoints) on `tasks` (names, or
     local files relative to `base_dir`); writes <out dir>/<task>.json for each. Returns the records by
     task, by subject ("final", "checkpoint-N")."""
@@ -94,7 +95,8 @@ def evaluate_run(run_dir: Path, tasks: list[str], base_dir: Path, options: EvalO
                           hint="pass --tasks NAME_OR_FILE ... or list them in the recipe's eval.tasks")
     done: dict[str, dict[str, dict]] = {}
     with tempfile.TemporaryDirectory(prefix="recipeforge-eval-") as include:
-        refs = resolve_tasks(tasks, base_dir, Path(include), max_new_tokens=options.max_new_tokens)
+        refs = resolve_tasks(tasks, base_dir, Path(include), max_new_tokens=options.max_new_tokens,
+                             allow_code=allow_code, key=key)
         manager = task_manager(refs, Path(include))
         for subject in subjects(run_dir, checkpoints=checkpoints):
             done[subject.label] = _evaluate_subject(subject, refs, manager, options, log)
