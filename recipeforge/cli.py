@@ -244,8 +244,10 @@ def _after_training_commands(sub: Any) -> None:
     p.add_argument("run_dir", help="run directory written by `recipeforge train`")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 takes any free port)")
-    p.add_argument("--api-key", default=os.environ.get("RECIPEFORGE_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' (default: $RECIPEFORGE_API_KEY, else no key)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: $RECIPEFORGE_API_KEY, else no "
+                                      "key; the variable keeps the key out of the process list)")
+    p.add_argument("--insecure", action="store_true",
+                   help="serve on an address other machines reach (--host) without an API key (warned)")
     p.add_argument("--name", help="the model's name in the API (default: the run directory's name)")
     p.add_argument("--engine", choices=["auto", "transformers", "vllm"], default="auto",
                    help="auto (default): vllm when it is installed, else transformers")
@@ -699,8 +701,14 @@ def cmd_serve(args) -> int:
     share = args.gpu_memory_utilization
     if share is not None and not 0 < share <= 1:
         raise RecipeError(f"--gpu-memory-utilization {share} is not a share", hint="give a fraction, e.g. 0.5")
+    from recipeforge.outputs.serve_engines import api_key_from
+
+    key, source = api_key_from(args.api_key)
+    if source == "--api-key":
+        print("warning: --api-key puts the key in the process list, where other users of this machine can read "
+              "it; export RECIPEFORGE_API_KEY instead", file=sys.stderr)
     serve(Path(args.run_dir), engine=args.engine, host=args.host, port=args.port, name=args.name,
-          api_key=args.api_key or None, device=args.device, memory_share=share)
+          api_key=key, device=args.device, memory_share=share, insecure=args.insecure)
     return 0
 
 

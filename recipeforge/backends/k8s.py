@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from recipeforge.backends import job_values
 from recipeforge.backends.cluster import DEFAULT_PORT
 from recipeforge.backends.k8s_pod import (RECIPE_FILE, RUNS_DIR, PodShape, Rendezvous, container_env, pod_shape,
                                           resources, train_command, volume_mounts, volumes)
@@ -164,7 +165,9 @@ def k8s_manifests(loaded: LoadedRecipe, *, recipe: str, options: K8sOptions,
     plan = plan_for_world(r, nproc_per_node=nproc_per_node)
     shape = pod_shape(plan)
     name = job_name(public(loaded, ("name",), r.name) or Path(recipe).stem)
-    run_dir = f"{RUNS_DIR}/{default_run_dir(r, Path(loaded.path)).name}"
+    run_name = default_run_dir(r, Path(loaded.path)).name
+    job_values.check_command_values([("output.dir", run_name)], where="the Kubernetes manifests")
+    run_dir = f"{RUNS_DIR}/{run_name}"
     command = train_command(shape, RENDEZVOUS[options.api], run_dir)
     annotations = {"recipeforge/plan": "; ".join(layout_lines(plan)), "recipeforge/run-dir": run_dir}
     if shape.gpus:
@@ -182,6 +185,12 @@ def _check_options(options: K8sOptions) -> None:
     if not options.pvc.strip():
         raise RecipeError("needed with --k8s: the PersistentVolumeClaim that keeps the run directory "
                           "(checkpoints must outlive a preempted pod)", key="--pvc")
+    # Names and references as the API server and the container runtime parse them (job_values).
+    job_values.image_reference(options.image, "--image")
+    job_values.dns_subdomain(options.pvc, "--pvc")
+    if options.namespace is not None:
+        job_values.dns_label(options.namespace, "--namespace")
+    job_values.dns_subdomain(options.runtime, "runtime")
     if options.grace_period < 1:
         raise RecipeError(f"must be 1 second or more (got {options.grace_period})", key="--grace-period")
     if not 0 < options.port < 65536:
