@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -221,7 +222,7 @@ def _after_training_commands(sub: Any) -> None:
     p = sub.add_parser("merge", help="merge a run's LoRA adapter into its base model (safetensors)")
     p.add_argument("run_dir", help="run directory written by `recipeforge train`")
     p.add_argument("-o", "--output", help="output directory (default: RUN_DIR/merged)")
-    p.set_defaults(func=cmd_merge)
+    p.set_defaults(func=cmd_merge, cleans_up=True)
     _export_command(sub)
 
     p = sub.add_parser("chat", help="talk to a finished run's model in the terminal (streamed replies)",
@@ -296,7 +297,7 @@ def _export_command(sub: Any) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an output directory that already holds files")
     p.add_argument("--no-check", action="store_true",
                    help="skip the self-check (loading the export back and comparing it with the unquantized model)")
-    p.set_defaults(func=cmd_export)
+    p.set_defaults(func=cmd_export, cleans_up=True)
 
 
 def _eval_command(sub: Any) -> None:
@@ -321,7 +322,7 @@ def _eval_command(sub: Any) -> None:
     p.add_argument("--checkpoints", action="store_true",
                    help="also evaluate every checkpoint kept in RUN_DIR/checkpoints (into eval/checkpoint-N/)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="where the model runs (default: cuda when present)")
-    p.set_defaults(func=cmd_eval)
+    p.set_defaults(func=cmd_eval, cleans_up=True)
 
 
 # -- commands ---------------------------------------------------------------------------------------
@@ -515,14 +516,13 @@ def _train(args, loaded, opts) -> int:
         if launched_worker():
             return 0  # a launched worker: the launching command reports (and exits 75)
         if DistInfo.from_env().is_main:
-            import shlex
+            from recipeforge.config.secrets import scrub
 
-            from recipeforge.credentials import redact_credentials
-
-            command = ["launch", "--ray"] if getattr(args, "ray", False) else ["train"]
-            again = redact_credentials(shlex.join(["recipeforge", *command, args.recipe, *args.overrides]))
+            again = resume_command(args)
+            shown = scrub(again)
+            note = "" if shown == again else " (with the credentials you gave in place of <redacted>)"
             print(f"[recipeforge] {stop.describe()}\n[recipeforge] to continue, run the same command again "
-                  f"(it resumes from the newest checkpoint): {again}", file=sys.stderr)
+                  f"(it resumes from the newest checkpoint){note}: {shown}", file=sys.stderr)
         return EXIT_PREEMPTED
     if run_dir is None:  # --dry-run printed the launch
         return 0
@@ -531,6 +531,28 @@ def _train(args, loaded, opts) -> int:
     learned = ", ".join(f"{k} {v['first']:.4g} -> {v['last']:.4g}" for k, v in summary(run_dir).items())
     print(f"run written to {run_dir}" + (f" ({learned})" if learned else ""))
     return 0
+
+
+def resume_command(args) -> str:
+    """The command that continues a stopped `train` (or `launch --ray`): the same recipe, overrides and
+    every flag the run depends on (the code opt-in, the process layout, --strict, the Ray cluster), and
+    never --overwrite (it would delete the checkpoint to resume from) or --dry-run."""
+    import shlex
+
+    argv = ["recipeforge", *(["--trust-code"] if args.trust_code else [])]
+    if getattr(args, "ray", False):
+        argv += ["launch", "--ray", args.recipe, *args.overrides]
+        valued = (("--ray-address", args.ray_address), ("--nproc-per-node", args.nproc_per_node))
+    else:
+        argv += ["train", args.recipe, *args.overrides]
+        valued = (("--nproc-per-node", args.nproc_per_node), ("--nnodes", args.nnodes), ("--node-rank", args.node_rank),
+                  ("--master-addr", args.master_addr), ("--master-port", args.master_port))
+        if args.strict:
+            argv.append("--strict")
+    for flag, value in valued:
+        if value is not None:
+            argv += [flag, str(value)]
+    return shlex.join(argv)
 
 
 def cmd_launch(args) -> int:
@@ -548,7 +570,7 @@ def cmd_launch(args) -> int:
     path = write_sbatch(_load(args), recipe=args.recipe, overrides=overrides, options=options,
                         nproc_per_node=args.nproc_per_node, port=args.master_port,
                         output=args.output)
-    print(f"sbatch script written to {path}\nsubmit it with: sbatch {path}")
+    print(f"sbatch script written to {path}\nsubmit it with: sbatch {shlex.quote(str(path))}")
     return 0
 
 
@@ -607,7 +629,8 @@ def _launch_k8s(args) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     _write(render_documents(manifests.documents, args.recipe), args.output)
     if args.output:
-        print(f"Kubernetes manifests written to {args.output}\napply them with: kubectl apply -f {args.output}")
+        print(f"Kubernetes manifests written to {args.output}\napply them with: kubectl apply -f "
+              f"{shlex.quote(args.output)}")
     return 0
 
 
@@ -829,7 +852,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         gc.disable()  # until `_freeze_start_up`: importing makes objects that live as long as the process
     try:
-        code = func(args)
+        if getattr(args, "cleans_up", False):  # SIGTERM ends these after their temporary folders are removed
+            from recipeforge.outputs.ownership import stop_on_sigterm
+
+            with stop_on_sigterm():
+                code = func(args)
+        else:
+            code = func(args)
     except RecipeError as exc:
         if debug:
             raise
@@ -842,7 +871,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(f"error: {scrub(exc.render())}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        from recipeforge.outputs.ownership import Terminated
+
+        if isinstance(exc, Terminated):  # SIGTERM during a command that cleans up after itself
+            print("terminated (SIGTERM); temporary folders removed", file=sys.stderr)
+            return 143
         print("interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:

@@ -151,7 +151,12 @@ def write_sbatch(loaded, *, recipe: str, overrides: Sequence[str], options: Slur
                          run_dir=run_dir, options=options, port=port or DEFAULT_PORT, train_flags=flags,
                          layout=layout_lines(plan) + elastic_lines(r.distributed, run_dir))
     # Created once the script is known to be writable: a refused value leaves nothing behind.
+    from recipeforge.outputs.ownership import OWNER_FILE, is_owned, mark_owned
+
+    new = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
+    if new or (is_owned(run_dir) and not (run_dir / OWNER_FILE).exists()):
+        mark_owned(run_dir, "run")
     path = Path(output) if output else run_dir / "slurm.sbatch"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import shlex
 import sys
@@ -38,9 +37,12 @@ def vllm_command(run_dir: Path, *, host: str, port: int, name: str, memory_share
     """`vllm serve` for the run: final/ itself, or (LoRA) the adapter's base with the adapter served
     under `name` (not merged) and the run's tokenizer and chat template. (`serve` passes an API key
     through the environment, VLLM_API_KEY, not the command line other users can read.)"""
+    from recipeforge.outputs.model_files import check_model_dir, read_json_file
+
     final = final_dir(run_dir)
+    check_model_dir(final)
     adapter = final / "adapter_config.json"
-    config = json.loads(adapter.read_text()) if adapter.is_file() else None
+    config = read_json_file(adapter, what="adapter config") if adapter.is_file() else None
     whole = _whole_modules(config) if config is not None else []
     if config is not None and not whole:
         base = config.get("base_model_name_or_path")
@@ -71,7 +73,7 @@ def _merged_instead(run_dir: Path, modules: list[str]) -> Path:
     if not (merged / "config.json").is_file():
         raise RecipeError(f"the adapter in {run_dir / 'final'} also trains {', '.join(modules)} in full "
                           f"(adapter.modules_to_save), which vLLM cannot load as an adapter",
-                          hint=f"merge it first with `recipeforge merge {run_dir}` (the merged model is then "
+                          hint=f"merge it first with `recipeforge merge {shlex.quote(str(run_dir))}` (the merged model is then "
                                "served), or serve with --engine transformers")
     log(f"serving {merged}: the adapter trains {', '.join(modules)} in full, which vLLM cannot load as an adapter")
     return merged

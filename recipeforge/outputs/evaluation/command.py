@@ -39,9 +39,24 @@ def target(arg: str) -> Target:
     from recipeforge.outputs.run_guard import read_resolved
 
     resolved = read_resolved(path / "resolved_recipe.yaml") or {}
-    section = resolved.get("eval") if isinstance(resolved.get("eval"), dict) else None
+    section = _eval_section(resolved.get("eval"))
     # resolved_recipe.yaml holds local task paths made absolute; relative ones are taken from here.
     return Target(path, section, Path.cwd(), resolved.get("stage"), resolved.get("allow_code") is True)
+
+
+def _eval_section(raw: Any) -> dict[str, Any] | None:
+    """The `eval:` of a run's resolved_recipe.yaml, with what a hand-edited or damaged file may hold in
+    its place dropped: tasks that are not strings, counts that are not positive integers."""
+    if not isinstance(raw, dict):
+        return None
+    section = dict(raw)
+    tasks = section.get("tasks")
+    section["tasks"] = [t for t in tasks if isinstance(t, str) and t] if isinstance(tasks, list) else []
+    for key in ("batch_size", "limit", "num_fewshot", "max_new_tokens"):
+        value = section.get(key)
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= (0 if key == "num_fewshot" else 1)):
+            section[key] = None
+    return section
 
 
 def options_for(section: dict[str, Any] | None, *, batch_size: int | None, limit: int | None,
