@@ -698,6 +698,10 @@ def cmd_chat(args) -> int:
         import readline  # noqa: F401  line editing and history for input() on a terminal
     except ImportError:
         pass
+    # Bytes that are not text (a binary file piped in, a terminal in another encoding) become U+FFFD
+    # instead of ending the chat with a decoding error.
+    if hasattr(sys.stdin, "reconfigure"):
+        sys.stdin.reconfigure(errors="replace")
     from recipeforge.outputs import library_warnings
 
     run_dir = Path(args.run_dir)

@@ -83,6 +83,14 @@ def load_model_dir(model_dir: Path, *, device: str | None = None) -> tuple[Any, 
     return model.to(device).eval(), tokenizer
 
 
+def context_length(model: Any, tokenizer: Any) -> int:
+    """Tokens the model reads at most: its config's position limit, or the tokenizer's when smaller
+    (tokenizers without a limit say 10**30)."""
+    config = getattr(model, "config", None)
+    limits = [getattr(config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
+    return min((int(v) for v in limits if isinstance(v, int) and 0 < v < 10**9), default=2048)
+
+
 @dataclass(frozen=True)
 class Sampling:
     """How replies are generated: greedy when temperature is 0."""
@@ -195,15 +203,35 @@ def chat(model: Any, tokenizer: Any, *, system: str | None = None, sampling: Sam
             continue
         conversation.turns.append({"role": "user", "content": text})
         reply = _reply(model, tokenizer, conversation, text, sampling, out)
+        if reply is None:  # past the model's context: the message is not kept
+            conversation.turns.pop()
+            continue
         if templated:
             conversation.turns.append({"role": "assistant", "content": reply})
         replies += 1
 
 
 def _reply(model: Any, tokenizer: Any, conversation: Conversation, text: str, sampling: Sampling,
-           out: TextIO) -> str:
-    """Stream one reply to `out`; Ctrl-C ends it early. Returns its text."""
-    ids = prompt_ids(tokenizer, conversation, text, model.device)
+           out: TextIO) -> str | None:
+    """Stream one reply to `out`; Ctrl-C ends it early. Returns its text, or None (and says why) when the
+    conversation no longer fits the model's context or the chat template refuses it."""
+    from jinja2.exceptions import TemplateError
+
+    try:
+        ids = prompt_ids(tokenizer, conversation, text, model.device)
+    except TemplateError as exc:  # e.g. a template that wants roles to alternate
+        out.write(f"(the chat template refuses this conversation: {exc}; /reset starts over)\n")
+        out.flush()
+        return None
+    context = context_length(model, tokenizer)
+    if ids.shape[1] >= context:
+        out.write(f"(this message makes the conversation {ids.shape[1]} tokens long, past the model's context of "
+                  f"{context}: write a shorter one, or /reset to start over)\n")
+        out.flush()
+        return None
+    from dataclasses import replace
+
+    sampling = replace(sampling, max_new_tokens=min(sampling.max_new_tokens, context - int(ids.shape[1])))
     stop = threading.Event()
     pieces: list[str] = []
     try:

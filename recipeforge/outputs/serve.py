@@ -58,11 +58,10 @@ class Generator:
 
     @property
     def context_length(self) -> int:
-        """Tokens the model reads at most: its config's position limit, or the tokenizer's when smaller
-        (tokenizers without a limit say 10**30)."""
-        config = getattr(self.model, "config", None)
-        limits = [getattr(config, "max_position_embeddings", None), getattr(self.tokenizer, "model_max_length", None)]
-        return min((int(v) for v in limits if isinstance(v, int) and 0 < v < 10**9), default=2048)
+        """Tokens the model reads at most (`chat.context_length`)."""
+        from recipeforge.outputs.chat import context_length
+
+        return context_length(self.model, self.tokenizer)
 
     def prompt_ids(self, request: Request) -> Any:
         """Token ids of the request's prompt: chat messages through the run's chat template (with the
