@@ -203,12 +203,24 @@ def recipe_text(loaded: LoadedRecipe) -> str:
     namespace, and the redacted copy would not run."""
     from recipeforge.config.dump import dump_recipe, recipe_to_data, resolved_data
 
-    if resolved_data(loaded) != recipe_to_data(loaded.recipe):
-        raise RecipeError("the recipe holds secrets (values read from secret environment variables or "
-                          "credentials written in it); they cannot go into a ConfigMap",
+    shown, real = resolved_data(loaded), recipe_to_data(loaded.recipe)
+    if shown != real:
+        keys = _differing_keys(shown, real)
+        where = ", ".join(keys[:5]) or "values read from secret environment variables"
+        raise RecipeError(f"the recipe holds secrets ({where}: credentials written in it or read from secret "
+                          "variables); they cannot go into a ConfigMap", key=keys[0] if len(keys) == 1 else None,
                           hint="give the pods the tokens through their environment from a Kubernetes Secret "
                                "(HF_TOKEN, WANDB_API_KEY, ...) and leave them out of the recipe")
     return dump_recipe(loaded)
+
+
+def _differing_keys(a: Any, b: Any, path: str = "") -> list[str]:
+    """The dotted keys whose values differ between two recipe data trees (where a secret was redacted)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [k for key in a if key in b for k in _differing_keys(a[key], b[key], f"{path}.{key}" if path else str(key))]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [k for i, (x, y) in enumerate(zip(a, b)) for k in _differing_keys(x, y, f"{path}[{i}]")]
+    return [] if a == b else [path or "(the recipe)"]
 
 
 def local_paths(loaded: LoadedRecipe) -> list[str]:
