@@ -130,7 +130,7 @@ def redact_credentials(text: str) -> str:
     if not spans:
         return text
     out, last = [], 0
-    for start, end, replacement in sorted(spans):
+    for start, end, replacement in sorted(spans, key=lambda span: (span[0], -span[1])):  # the longest match first
         if start < last:  # inside a span already replaced (a token in a URL's userinfo)
             continue
         out.append(text[last:start])

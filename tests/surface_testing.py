@@ -19,7 +19,8 @@ def recipeforge(*args: str, cwd: Path, home: Path | None = None, env: dict | Non
     for name in ("RECIPEFORGE_DEBUG", "RECIPEFORGE_TRUST_CODE", "RECIPEFORGE_API_KEY"):
         if name not in (env or {}):
             full.pop(name, None)
-    if home is not None:
+    if home is not None:  # the caches stay where they are (the tiny tokenizer is trained once per machine)
+        full.setdefault("RECIPEFORGE_CACHE", str(Path.home() / ".cache" / "recipeforge"))
         full["HOME"] = str(home)
     return subprocess.run([sys.executable, "-m", "recipeforge", *args], cwd=cwd, env=full, input=stdin,
                           capture_output=True, timeout=timeout)

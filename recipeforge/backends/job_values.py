@@ -136,10 +136,10 @@ def check_command_values(values: Iterable[tuple[str, str]], *, where: str) -> No
     from recipeforge.credentials import credential_kinds, is_secret_key
 
     for key, value in values:
-        no_control(value, key, where=where)
         name, sep, rest = value.partition("=")
         secret = credential_kinds(value) or (sep and is_secret_key(name.lstrip("~")) and rest)
         if secret:
             raise RecipeError(f"{key} holds a credential, which would be written in clear into {where}", key=key,
                               hint="give it to the job through its environment (e.g. HF_TOKEN, WANDB_API_KEY, from "
                                    "a secret store) and refer to it as ${env:NAME} in the recipe")
+        no_control(value, key, where=where)

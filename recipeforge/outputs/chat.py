@@ -98,12 +98,14 @@ class Sampling:
     max_new_tokens: int = 256
     temperature: float = 0.7
     top_p: float = 0.95
+    min_new_tokens: int = 0  # no end of text before this many tokens (the API's `min_tokens`)
 
     def generate_kwargs(self) -> dict[str, Any]:
+        fixed = {"max_new_tokens": self.max_new_tokens,
+                 **({"min_new_tokens": self.min_new_tokens} if self.min_new_tokens else {})}
         if self.temperature <= 0:
-            return {"do_sample": False, "max_new_tokens": self.max_new_tokens}
-        return {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p,
-                "max_new_tokens": self.max_new_tokens}
+            return {"do_sample": False, **fixed}
+        return {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p, **fixed}
 
 
 def stream_reply(model: Any, tokenizer: Any, prompt_ids: Any, sampling: Sampling,

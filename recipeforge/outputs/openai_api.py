@@ -43,6 +43,7 @@ class Request:
     prompt: str | None = None
     max_tokens: int = DEFAULT_MAX_TOKENS
     max_tokens_given: bool = False  # the client set it: past the context it is a 400, not shortened
+    min_tokens: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)
@@ -70,13 +71,21 @@ def parse_request(body: Any, *, chat: bool, served: str) -> Request:
     if n is not None and (isinstance(n, bool) or n != 1):
         raise BadRequest("only n=1 is served (ask several times, or serve with --engine vllm)", param="n")
     inputs = {"messages": _messages(body.get("messages"))} if chat else {"prompt": _prompt(body.get("prompt"))}
-    options = body.get("stream_options") or {}
+    options = body.get("stream_options")
+    if options is None:
+        options = {}
     if not isinstance(options, dict):
         raise BadRequest("stream_options must be an object", param="stream_options")
+    max_tokens = _max_tokens(body)
+    min_tokens = body.get("min_tokens", 0)  # vLLM's extension: no end of text before this many tokens
+    if min_tokens is None:
+        min_tokens = 0
+    if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or not 0 <= min_tokens <= max_tokens:
+        raise BadRequest("min_tokens must be an integer from 0 to max_tokens", param="min_tokens")
     stream = body.get("stream", False)
     if not isinstance(stream, bool) and stream is not None:
         raise BadRequest("stream must be true or false", param="stream")
-    return Request(model=model, **inputs, max_tokens=_max_tokens(body), stream=bool(stream),
+    return Request(model=model, **inputs, max_tokens=max_tokens, min_tokens=min_tokens, stream=bool(stream),
                    max_tokens_given=body.get("max_completion_tokens", body.get("max_tokens")) is not None,
                    temperature=_number(body, "temperature", 1.0, low=0.0, high=2.0),
                    top_p=_number(body, "top_p", 1.0, low=0.0, high=1.0), stop=_stop(body.get("stop")),

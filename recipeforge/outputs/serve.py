@@ -98,7 +98,8 @@ class Generator:
         if problem:
             raise BadRequest(problem, param="messages" if request.is_chat else "prompt", code="context_length_exceeded")
         max_tokens = min(request.max_tokens, context - generation.prompt_tokens)
-        sampling = Sampling(max_new_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p)
+        sampling = Sampling(max_new_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p,
+                            min_new_tokens=min(request.min_tokens, max_tokens))
         stop, result = threading.Event(), {}
         hold = max((len(s) for s in request.stop), default=1) - 1
         text, sent = "", 0
