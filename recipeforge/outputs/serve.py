@@ -169,6 +169,9 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # the client left or went silent: nobody to answer
         except Exception as exc:  # a failure of the model or a library: a 500 for this request, the server goes on
             self.log_error("request failed: %s: %s", type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")
+            self.close_connection = True
+            if getattr(self, "_streaming", False):
+                return  # the stream's status line is sent: closing it is all that is left to say
             try:
                 self._json(500, api.error_body("the server failed to answer this request", kind="server_error"))
             except OSError:
@@ -203,6 +206,7 @@ class Handler(BaseHTTPRequestHandler):
         first = next(pieces, None)  # a bad prompt is still an HTTP error, before the stream starts
         if generation.finish_reason == "abandoned":
             return self._abandoned()
+        self._streaming = True
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
