@@ -96,7 +96,7 @@ def test_what_recipeforge_wrote_is_replaced_and_staging_never_stays(full_run, ho
 
 def test_train_overwrite_follows_the_same_rule(home, tmp_path):
     """A folder of the user's that merely looks like a run (final/, checkpoints/) is not deleted; one a run
-    was pointed at keeps what it held; a run's own directory is replaced."""
+    was pointed at keeps what it held; once only the run's files are left it is replaced."""
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"instruction": "What does the cow say?", "input": "", "output": "moo"}\n' * 8)
     recipe = tmp_path / "r.yaml"
@@ -120,9 +120,9 @@ def test_train_overwrite_follows_the_same_rule(home, tmp_path):
     refused(recipeforge("train", str(recipe), f"output.dir={shared}", "--overwrite", cwd=tmp_path, home=home),
             "not a recipeforge run")
     assert (shared / "notes.txt").read_text() == "mine"
-    # The run's own directory: replaced.
-    own = tmp_path / "own"
-    for _ in range(2):
-        done = recipeforge("train", str(recipe), f"output.dir={own}", "--overwrite", cwd=tmp_path, home=home)
-        assert done.returncode == 0, done.stderr.decode()[-2000:]
-    assert (own / OWNER_FILE).is_file() and (own / "final" / "model.safetensors").is_file()
+    # Once the user's file is gone the folder is the run's own: replaced.
+    (shared / "notes.txt").unlink()
+    trained = (shared / "final" / "model.safetensors").stat().st_mtime_ns
+    done = recipeforge("train", str(recipe), f"output.dir={shared}", "--overwrite", cwd=tmp_path, home=home)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert (shared / OWNER_FILE).is_file() and (shared / "final" / "model.safetensors").stat().st_mtime_ns != trained
