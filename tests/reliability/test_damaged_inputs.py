@@ -77,10 +77,10 @@ def test_a_damaged_checkpoint_is_skipped_with_the_reason(full_run, tmp_path):
 def test_a_stream_shard_that_breaks_mid_run_is_named(tmp_path):
     shards = tmp_path / "shards"
     shards.mkdir()
-    for i in range(2):
-        rows = [json.dumps({"text": f"shard {i} row {j}: the cow says moo, the dog says woof"}) for j in range(1100)]
+    for i, count in enumerate((1000, 200)):
+        rows = [json.dumps({"text": f"shard {i} row {j}: the cow says moo"}) for j in range(count)]
         if i == 1:
-            rows[600] = '{"text": "a row cut in the middle'  # past the 1,024 rows of the check before the run
+            rows[60] = '{"text": "a row cut in the middle'  # just past the 1,024 rows of the check before the run
         (shards / f"part-{i}.jsonl").write_text("\n".join(rows) + "\n")
     recipe = tmp_path / "s.yaml"
     recipe.write_text("stage: pretrain\nmodel: {name_or_path: tiny:llama}\nhardware: {gpus_per_node: 0}\n"
