@@ -6,13 +6,13 @@ import contextlib
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Iterator
 
 import yaml
 
 from recipeforge.errors import RecipeError
+from recipeforge.outputs.model_files import read_json_file
 
 
 def is_peft(model) -> bool:
@@ -20,29 +20,38 @@ def is_peft(model) -> bool:
 
 
 @contextlib.contextmanager
-def staged_folder(out: Path) -> Iterator[Path]:
-    """A temporary sibling of `out` to write a folder into. When the block ends normally it replaces
-    `out` with one rename; on any error it is removed and `out` stays as it was."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+def staged_folder(out: Path, *, kind: str | None = None) -> Iterator[Path]:
+    """A staging sibling of `out` to write a folder into. When the block ends normally it replaces `out`
+    with one rename; on any error (Ctrl-C and, under `ownership.stop_on_sigterm`, SIGTERM included) it
+    is removed and `out` stays as it was.
+
+    `kind` (export, merged): `out` is an output folder of its own, marked as recipeforge's, and an
+    existing one is replaced only when recipeforge wrote it (`ownership.remove_owned`). Without it, `out`
+    is a fixed part of a run directory or cache entry (final/, base_model/), replaced with what holds it."""
+    from recipeforge.outputs.ownership import mark_owned, remove_owned, staging_folder
+
+    tmp = staging_folder(out.parent, out.name[:40])
     try:
         yield tmp
-        if out.exists():
+        if kind is not None:
+            mark_owned(tmp, kind)
+            remove_owned(out)
+        elif out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already after a successful rename
 
 
-def save_pretrained_atomic(model, tokenizer, out: Path, state_dict: dict | None = None, dtype=None) -> Path:
+def save_pretrained_atomic(model, tokenizer, out: Path, state_dict: dict | None = None, dtype=None,
+                           kind: str | None = None) -> Path:
     """`save_pretrained` (safetensors) + tokenizer into `out`, replacing it only once fully written.
     `state_dict`: weights gathered from a sharded model (ZeRO-3, FSDP) to write instead of the model's.
     `dtype`: a 16-bit torch dtype to write fp32 full weights in (`weights_in`); adapters are written as
     peft keeps them."""
     if dtype is not None and not is_peft(model):
         state_dict, dtype = weights_in(model, state_dict, dtype)
-    with staged_folder(out) as tmp:
+    with staged_folder(out, kind=kind) as tmp:
         config = getattr(model, "config", None)
         cache_flag = getattr(config, "use_cache", None)
         # A gathered state dict is written by the main process alone: a tensor-parallel model's own
@@ -217,14 +226,29 @@ def merge_adapter(run_dir: Path, out_dir: Path | None = None) -> Path:
     if not adapter_cfg.is_file():
         raise RecipeError(f"{final} holds a full model, not an adapter: there is nothing to merge",
                           hint="load final/ directly with AutoModelForCausalLM.from_pretrained")
+    from recipeforge.outputs.model_files import check_model_dir
+    from recipeforge.outputs.ownership import check_replaceable
+
+    if out_dir is not None:  # a folder the user names: never the run, its models or a place of theirs
+        check_replaceable(Path(out_dir), overwrite=True, key="--output", flag="merging again into it",
+                          also=[(run_dir, "the run directory"), (final, "the run's final/ model"),
+                                (run_dir / "base_model", "the run's base_model/")])
+    check_model_dir(final, what="adapter")
     recipe = _resolved_recipe(run_dir)
     model_cfg = recipe.get("model", {}) if isinstance(recipe, dict) else {}
-    adapter = json.loads(adapter_cfg.read_text())
+    model_cfg = model_cfg if isinstance(model_cfg, dict) else {}
+    adapter = read_json_file(adapter_cfg)
+    if model_cfg.get("trust_remote_code") is True:
+        from recipeforge.registry import require_code_trust
+
+        require_code_trust(f"the run's recipe ({run_dir / 'resolved_recipe.yaml'}) sets model.trust_remote_code: "
+                           "true, the Python code of its base model's repository",
+                           allow_code=recipe.get("allow_code") is True, key="model.trust_remote_code")
     base = _base_path(run_dir, adapter, model_cfg)
     out = Path(out_dir) if out_dir is not None else run_dir / "merged"
 
     with whole_model_loading():
-        return _merge(run_dir, final, base, adapter, model_cfg, out)
+        return _merge(run_dir, final, base, adapter, model_cfg, out, kind=None if out_dir is None else "merged")
 
 
 @contextlib.contextmanager
@@ -250,7 +274,8 @@ def whole_model_loading() -> Iterator[None]:
         hf_deepspeed.set_hf_deepspeed_config(held)
 
 
-def _merge(run_dir: Path, final: Path, base: str, adapter: dict, model_cfg: dict, out: Path) -> Path:
+def _merge(run_dir: Path, final: Path, base: str, adapter: dict, model_cfg: dict, out: Path,
+           kind: str | None = None) -> Path:
     """`merge_adapter`'s work: the base loaded whole, the adapter merged in, the result written to `out`."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
@@ -269,6 +294,10 @@ def _merge(run_dir: Path, final: Path, base: str, adapter: dict, model_cfg: dict
         auto = AutoModelForImageTextToText
 
     dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(model_cfg.get("dtype", "auto"), "auto")
+    from recipeforge.outputs.model_files import check_model_dir, load_failure
+
+    if Path(base).is_dir():
+        check_model_dir(Path(base), what="base model")
     try:
         # The adapter trained on whatever precision the base had; merging into an unquantized copy is
         # standard (QLoRA adapters included).
@@ -278,14 +307,23 @@ def _merge(run_dir: Path, final: Path, base: str, adapter: dict, model_cfg: dict
     except OSError as exc:
         raise RecipeError(f"cannot load the base model '{base}' to merge into: {str(exc).splitlines()[0]}",
                           hint="the base must be reachable (a local directory, or the hub when online)") from None
-    merged = PeftModel.from_pretrained(base_model, str(final)).merge_and_unload()
+    except (RecipeError, KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as exc:  # a damaged or foreign base folder: safetensors, JSON, transformers' own errors
+        raise load_failure(exc, Path(base), what="base model") from None
+    try:
+        merged = PeftModel.from_pretrained(base_model, str(final)).merge_and_unload()
+    except (RecipeError, KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as exc:  # an adapter of another shape or a damaged one
+        raise load_failure(exc, final, what="adapter") from None
     if vision:
         from transformers import AutoProcessor
 
         files = AutoProcessor.from_pretrained(str(final))  # tokenizer, image processor, chat template
     else:
         files = AutoTokenizer.from_pretrained(str(final))
-    return save_pretrained_atomic(merged, files, out)
+    return save_pretrained_atomic(merged, files, out, kind=kind)
 
 
 def _resolved_recipe(run_dir: Path) -> dict:

@@ -135,7 +135,10 @@ def test_an_lm_eval_task_yaml_runs_as_it_is(lora_run, tmp_path):
         f"task: my_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
         "output_type: multiple_choice\ndoc_to_text: '{{prompt}}'\ndoc_to_choice: '{{choices}}'\n"
         "doc_to_target: '{{answer}}'\nmetric_list:\n  - metric: acc\n")
-    proc = _eval(str(lora_run), "--tasks", "tasks/my_mc.yaml", "tasks/mc.jsonl", cwd=tmp_path)
+    # A task config is code to lm-eval (unsandboxed Jinja templates, !function): it needs the opt-in.
+    proc = _eval(str(lora_run), "--tasks", "tasks/my_mc.yaml", cwd=tmp_path)
+    assert proc.returncode == 2 and "needs an opt-in" in proc.stderr and "--trust-code" in proc.stderr, proc.stderr
+    proc = _eval("--trust-code", str(lora_run), "--tasks", "tasks/my_mc.yaml", "tasks/mc.jsonl", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     # The same rows, the same scoring: the generated config and the hand-written one agree.
     mine, generated = _result(lora_run, "my_mc"), _result(lora_run, "mc")

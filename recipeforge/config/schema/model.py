@@ -59,7 +59,8 @@ class ModelConfig(Section):
                     "shards under FSDP2 and ZeRO-3), the same for a seed whatever the number of processes; with "
                     "an adapter, the base is written to base_model/ at the first save.")
     trust_remote_code: bool = Field(
-        False, description="Allow the model's own Python code from the hub to run. Off unless you trust it.")
+        False, description="Allow the model's own Python code from the hub to run. Off unless you trust it; "
+                           "running it also needs the code opt-in (`allow_code: true` or --trust-code).")
     max_position_embeddings: Optional[int] = Field(
         None, gt=0, description="Override the context length the model is built with (RoPE scaling aside).")
     # Vocabulary changes live here, not under data:, because they change the model: new embedding
