@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import time
@@ -195,7 +196,10 @@ class Budget:
 
 
 def commit() -> str | None:
-    """The git commit of the checkout being measured (None outside a git checkout)."""
+    """The git commit of the checkout being measured: $BENCH_COMMIT where the caller knows it (a copy of a
+    working tree sent to a GPU machine may carry another repository's history), else git's HEAD."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
     return proc.stdout.strip() or None
 
@@ -213,8 +217,10 @@ def measured(run_dir: Path, *, seq: int, global_batch: int, skip: int = 3) -> di
     first logged step (`first_step_s`), first/last loss, peak memory, tokens/s and step time.
 
     Throughput is taken over the logged steps after the first `skip` (start-up, allocator warm-up
-    and kernel autotuning are not steady state): trained tokens between two logs over the time
-    between them. Packed rows are `sequence_len` wide; the padding share the run logs is removed.
+    and kernel autotuning are not steady state): the trained tokens of a step over the median time
+    between two logs, so a step that also wrote a checkpoint (the last one writes the final weights
+    and, on a random base, base_model/) does not count as training time. Packed rows are
+    `sequence_len` wide; the padding share the run logs is removed.
     """
     train_rows = [r for r in records(run_dir, "train") if r.get("step") is not None]
     startup = [r for r in records(run_dir, "startup") if r.get("model_load_s") is not None]
@@ -225,18 +231,19 @@ def measured(run_dir: Path, *, seq: int, global_batch: int, skip: int = 3) -> di
     reserved = [r["memory/peak_reserved_gib"] for r in train_rows if "memory/peak_reserved_gib" in r]
     allocated = [r["memory/peak_allocated_gib"] for r in train_rows if "memory/peak_allocated_gib" in r]
     steady = train_rows[skip:] if len(train_rows) > skip + 1 else train_rows
-    tokens = seconds = 0.0
+    step_seconds, step_tokens = [], []
     for prev, cur in zip(steady, steady[1:]):
-        steps = cur["step"] - prev["step"]
-        seconds += cur["time"] - prev["time"]
-        tokens += steps * global_batch * seq * (1.0 - cur.get("padding_share", 0.0))
+        steps = max(1, cur["step"] - prev["step"])
+        step_seconds.append((cur["time"] - prev["time"]) / steps)
+        step_tokens.append(global_batch * seq * (1.0 - cur.get("padding_share", 0.0)))
+    step_s = statistics.median(step_seconds) if step_seconds else None
     return {"init_s": startup[0]["model_load_s"] if startup else None, "first_step_s": first_step_s,
             "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
             "loss_fell": bool(losses) and losses[-1] < losses[0],
             "measured_reserved_gb": max(reserved) if reserved else None,
             "measured_allocated_gb": max(allocated) if allocated else None,
-            "tokens_per_s": round(tokens / seconds, 1) if seconds else None,
-            "step_s": round(seconds / max(1, steady[-1]["step"] - steady[0]["step"]), 4) if len(steady) > 1 else None}
+            "tokens_per_s": round(statistics.fmean(step_tokens) / step_s, 1) if step_s else None,
+            "step_s": round(step_s, 4) if step_s else None}
 
 
 def model_flops_per_token(config: dict, seq: int) -> float:

@@ -13,10 +13,11 @@
 # (suite), gpu-throughput-DATE.json; at the end pytest-gpu.txt, lease.log and logs.tar.gz (each run's stderr,
 # plan and metrics; no weights). Afterwards: python bench/gpu/ledger.py record OUT/gpu-*.json.
 #
-# Sizing, as seen on an H200 (bench/results/gpu-2026-11-26-H200.json): a machine's start took from 30 s to
-# over 5 minutes of the lease; setup takes 20-30 s; a 1B case about 80 s; an 8B random-init case spends
-# minutes before its first step (CPU init, then the base written to base_model/ for LoRA and QLoRA), so
-# order the cases by what is least known and give one call everything the lease has left.
+# Sizing (bench/results/gpu-2026-11-26-H200.json, gpu-2026-11-28-H100.json): a machine's start took from
+# 30 s to over 5 minutes of the lease; setup takes 20-30 s; a case reaches its first step 30-45 s after
+# its launch (an 8B's random init is made on the GPU in about a second) and takes 60-110 s in all, the 8B
+# LoRA/QLoRA ones with 20 s to write their random base. Order the cases by what is least known, give one
+# call everything the lease has left, and pass BENCH_COMMIT (the copy sent may carry other history).
 set -u
 out=$(realpath -m "${1:?OUT}"); total=${2:?SECONDS}; shift 2
 cases=(); tput=(); tests=(-m gpu); tput_given=0
@@ -60,13 +61,16 @@ echo "[lease] setup done at $(( $(date +%s) - start ))s; suite order: ${cases[*]
 # pytest -m gpu (or the tests named, in the order named) trains tiny models only: beside the suite it costs the suite's timings little.
 # SIGINT at the allowance: pytest then still prints the failures it has seen.
 (timeout -s INT $(( total * 6 / 10 )) python3 -m pytest "${tests[@]}" -q -p no:cacheprovider -o addopts="--import-mode=importlib" \
-   -rfEs --tb=short --timeout 200 > "$out/pytest-gpu.txt" 2>&1; echo "[lease] pytest -m gpu: exit $? at $(( $(date +%s) - start ))s") &
+   -rA --tb=short --timeout 200 > "$out/pytest-gpu.txt" 2>&1; echo "[lease] pytest -m gpu: exit $? at $(( $(date +%s) - start ))s") &
 pytest_pid=$!
 
 smoke=(); [ -n "${LEASE_SMOKE:-}" ] && smoke=(--smoke)  # the script itself on a CPU, tiny shapes
-suite_args=("${smoke[@]}" --out "$work/suite" --results "$out" --steps 8 --budget-s $(( total * 45 / 100 )))
+# The suite starts cases while its share lasts and leaves the throughput comparison 150 s; with no
+# throughput case it has the whole allowance (a case takes 40-120 s, so none starts in the last 90 s).
+if [ ${#tput[@]} -gt 0 ]; then share=$(( total * 45 / 100 )); reserve=150; else share=$(( total - 90 )); reserve=20; fi
+suite_args=("${smoke[@]}" --out "$work/suite" --results "$out" --steps 8 --budget-s $(( share - (total - $(left)) )))
 [ ${#cases[@]} -gt 0 ] && suite_args+=(--cases "${cases[@]}")
-timeout $(( $(left) - 150 )) python3 bench/gpu/suite.py "${suite_args[@]}"
+timeout $(( $(left) - reserve )) python3 bench/gpu/suite.py "${suite_args[@]}"
 echo "[lease] suite: exit $? at $(( $(date +%s) - start ))s"
 
 wait $pytest_pid

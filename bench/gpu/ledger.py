@@ -123,11 +123,14 @@ def case_names(kind: str) -> list[str]:
 def next_cases(ledger: dict, gpu: str, kind: str = "suite") -> list[tuple[str, str]]:
     """(case, why) for every case of `kind`, in the order a lease on `gpu` should run them."""
     entries = {e["case"]: e for e in ledger["entries"] if e["kind"] == kind and e["gpu"] == gpu}
+    elsewhere = {e["case"]: e["gpu"] for e in ledger["entries"] if e["kind"] == kind and e.get("status") == "ok"}
     ranked = []
     for order, name in enumerate(case_names(kind)):
         entry = entries.get(name)
-        if entry is None:
-            ranked.append(((0, "", order), name, "never measured on this GPU"))
+        if entry is None and name in elsewhere:  # what another GPU measured is known in kind, if not in figures
+            ranked.append(((0, "1", order), name, f"never measured on this GPU (measured on {elsewhere[name]})"))
+        elif entry is None:
+            ranked.append(((0, "", order), name, "never measured on any GPU"))
         elif entry.get("status") != "ok":
             ranked.append(((1, entry.get("date") or "", order), name, f"last run: {entry.get('status')}"))
         elif not entry.get("deps"):

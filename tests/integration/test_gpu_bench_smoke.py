@@ -81,4 +81,4 @@ def test_recorded_results_move_their_cases_to_the_end_of_the_next_lease(lease, t
                         "--gpu", "H100-80GB"]) == 0
     order = ledger.next_cases(ledger.load(book), "H100-80GB")
     assert all(why.startswith("measured on this code") for name, why in order if name != "lora-8b-ckpt-liger")
-    assert ledger.next_cases(ledger.load(book), "H200-141GB")[0][1] == "never measured on this GPU"
+    assert ledger.next_cases(ledger.load(book), "H200-141GB")[0][1].startswith("never measured on")

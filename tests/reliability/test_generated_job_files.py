@@ -21,8 +21,8 @@ import stat
 import subprocess
 from pathlib import Path
 
-import jsonschema
 import pytest
+
 import yaml
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -32,6 +32,8 @@ from recipeforge.backends.slurm import SlurmOptions, sbatch_script
 from recipeforge.config import load_recipe
 from recipeforge.errors import RecipeError
 from surface_testing import recipeforge, refused
+
+jsonschema = pytest.importorskip("jsonschema", reason="the dev extra's jsonschema validates the manifests")
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "data" / "k8s"
 MARKER = "/tmp/recipeforge-injected-marker"

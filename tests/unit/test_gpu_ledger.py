@@ -50,9 +50,12 @@ def test_the_next_lease_runs_the_unknown_first_and_the_current_last():
     ranked = [name for name, _ in order]
     never = [n for n in names if n not in names[:4]]
     assert ranked == [*never, names[2], names[3], names[1], names[0]]
-    assert "base.py" in dict(order)[names[1]] and dict(order)[names[4]] == "never measured on this GPU"
-    # another GPU has measured nothing
-    assert [n for n, _ in ledger.next_cases(book, "H200-141GB")] == names
+    assert "base.py" in dict(order)[names[1]] and dict(order)[names[4]] == "never measured on any GPU"
+    # another GPU has measured nothing: what no GPU has measured comes before what this one has not
+    elsewhere = [names[0], names[1], names[3]]
+    other = ledger.next_cases(book, "H200-141GB")
+    assert [n for n, _ in other] == [n for n in names if n not in elsewhere] + elsewhere
+    assert dict(other)[names[0]] == "never measured on this GPU (measured on H100-80GB)"
 
 
 def test_recording_replaces_the_last_measurement_of_a_case(tmp_path, capsys):
