@@ -90,8 +90,12 @@ def _greedy_line(run: Path, prompt: str, tokens: int) -> str:
 
 
 def test_the_score_is_the_models_own(lora_run, tmp_path):
-    # References set to what the model itself replies score 1; a changed reference scores 0.
-    rows = [{"prompt": r["prompt"], "reference": _greedy_line(lora_run, r["prompt"], 8)} for r in QA]
+    # References set to what the model itself replies score 1; a changed reference scores 0. The reply is
+    # generated as long as eval's own (a reply with no newline in 8 tokens goes on past them there).
+    from recipeforge.outputs.evaluation.runner import EvalOptions
+
+    longest = EvalOptions().max_new_tokens
+    rows = [{"prompt": r["prompt"], "reference": _greedy_line(lora_run, r["prompt"], longest)} for r in QA]
     assert any(r["reference"] for r in rows), rows
     _write(tmp_path / "own.jsonl", rows)
     _write(tmp_path / "other.jsonl", [{**r, "reference": r["reference"] + " no"} for r in rows])
