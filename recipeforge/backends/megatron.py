@@ -209,11 +209,12 @@ class MegatronBackend(BackendSpec):
 def converted_base(recipe, run_root: Path) -> Path:
     """The converted checkpoint `prepare_launch` left (same cache key); an error when it is missing."""
     from recipeforge.backends.megatron_convert import _cache_root, base_checkpoint, cache_key
+    from recipeforge.backends.megatron_weights import layer_spec_name
     from recipeforge.components.tiny_spec import tiny_arch
 
     m = recipe.model
     entry = run_root / "megatron_base" if tiny_arch(m.name_or_path) else \
-        _cache_root() / cache_key(m.name_or_path, m.revision, m.trust_remote_code)
+        _cache_root() / cache_key(m.name_or_path, m.revision, m.trust_remote_code, layer_spec_name())
     if not (entry / "done.json").is_file():
         raise RecipeError(f"no converted Megatron checkpoint of {m.name_or_path} at {entry}",
                           key="model.name_or_path",
