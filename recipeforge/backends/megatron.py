@@ -103,8 +103,10 @@ class MegatronBackend(BackendSpec):
 
     def candidates(self, w, hw, dist, *, pinned: bool) -> list[Candidate]:
         g = hw.num_gpus
-        # automatically for pretraining dense models with every weight trained; any run when pinned
-        if g <= 1 or not (pinned or (w.stage == Stage.PRETRAIN and not w.model.is_moe and w.full_finetune)):
+        # automatically for pretraining dense models with every weight trained on several GPUs; any run when
+        # pinned, one GPU included (TP = PP = 1: Megatron-Bridge's loop and checkpoints on a single device)
+        if g < 1 or (g == 1 and not pinned) or not (pinned or (w.stage == Stage.PRETRAIN and not w.model.is_moe
+                                                                and w.full_finetune)):
             return []
         out = []
         for offload in ("none", "optimizer"):
