@@ -33,8 +33,8 @@ from typing import Callable
 from recipeforge.errors import RecipeError
 from recipeforge.outputs.export import staged_folder
 
-EXTRA_HINT = ("pip install 'recipeforge[megatron]' (Megatron-Bridge 0.6 needs Python 3.12, CUDA and "
-              "Transformer Engine), or use another backend")
+EXTRA_HINT = ("pip install 'recipeforge[megatron]' (Megatron-Bridge 0.6 needs Python 3.12 and Transformer Engine; "
+              "training needs CUDA; .ci/megatron builds such an environment), or use another backend")
 TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's record of its newest iter_* folder
 
 
