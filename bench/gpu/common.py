@@ -52,6 +52,22 @@ def model_dir(name: str, smoke: bool, out: Path) -> Path:
     return path
 
 
+def random_weights(model: Path, out: Path) -> Path:
+    """A folder with random-init bf16 weights for the config in `model` and the tiny tokenizer, written once:
+    a backend that converts a checkpoint before training (megatron) cannot start from model.init: random."""
+    path = out / "weights" / model.name
+    if not (path / "config.json").is_file():
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from recipeforge.components.tokenizer import load_tokenizer
+
+        config = AutoConfig.from_pretrained(model)
+        AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(path)
+        load_tokenizer("tiny:llama").save_pretrained(path)
+    return path
+
+
 def synthetic_rows(n: int, seed: int = 0) -> list[dict]:
     """Alpaca rows with instruction/input/output lengths spread like real instruction data."""
     rng = random.Random(seed)

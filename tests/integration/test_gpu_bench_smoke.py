@@ -39,8 +39,8 @@ def test_every_suite_case_plans_trains_and_measures(lease):
     assert [c["case"] for c in result["cases"]] == order  # every case, in the ledger's order
     assert result["versions"]["torch"]
     for case in result["cases"]:
-        if case["status"] == "skipped":  # Liger's kernels need Triton on a GPU
-            assert case["why"] == "not installed: liger_kernel", case
+        if case["status"] == "skipped":  # Liger's kernels need Triton on a GPU; Megatron runs on Python 3.12
+            assert case["why"] in ("not installed: liger_kernel", "not installed: megatron"), case
             continue
         assert case["status"] == "ok", case
         assert case["plan_gb"] > 0 and case["tokens_per_s"] > 0 and case["loss_first"] is not None, case
