@@ -1,0 +1,78 @@
+"""The test tiers: which folder holds which kind of test, its per-test time limit, and the per-tier counts
+printed at the end of every run (README.md, "Tests", lists the command that runs each tier).
+
+| tier        | folder            | what it may do                                                   | limit |
+|-------------|-------------------|------------------------------------------------------------------|-------|
+| unit, plan  | tests/unit, plan  | run in this process only (tests/process_guard.py enforces it)    |  60 s |
+| commands    | tests/commands    | start processes: the CLI as typed, fresh interpreters, programs  | 300 s |
+| integration | tests/integration | train tiny models, in this process and on several processes      | 600 s |
+| reliability | tests/reliability | kill, preempt, fill disks, feed hostile input                    | 600 s |
+| floors      | tests/floors      | build a virtual environment of the lowest dependency versions    | 900 s |
+
+The limits are for hangs (a launcher that never returns), several times the slowest test of each tier on
+two busy cores; a test's own `@pytest.mark.timeout(...)` wins. `pytest --timeout=N` sets one for all.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+LIMITS = {"unit": 60, "plan": 60, "commands": 300, "integration": 600, "reliability": 600, "floors": 900}
+ORDER = ("unit", "plan", "commands", "integration", "reliability", "floors")
+
+
+def tier_of(path: str | Path) -> str:
+    """The tier of a test file: its first folder below tests/ ("other" outside tests/)."""
+    try:
+        rel = Path(path).resolve().relative_to(TESTS)
+    except ValueError:
+        return "other"
+    return rel.parts[0] if len(rel.parts) > 1 else "other"
+
+
+def pytest_collection_modifyitems(config, items):
+    explicit = config.getoption("timeout", None) is not None
+    for item in items:
+        tier = tier_of(item.path)
+        if tier not in LIMITS:
+            continue
+        item.add_marker(getattr(pytest.mark, tier))
+        if not explicit and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(LIMITS[tier]))
+
+
+def _nodeid_tier(nodeid: str) -> str:
+    parts = nodeid.split("::", 1)[0].split("/")
+    if len(parts) > 2 and parts[0] == "tests":
+        return parts[1]
+    return "other"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter):
+    """One line per tier: how many of its tests passed, failed, errored or were skipped."""
+    worst: dict[str, str] = {}
+    rank = {"passed": 0, "xpassed": 0, "xfailed": 0, "skipped": 1, "failed": 3, "error": 3}
+    for category in rank:
+        for report in terminalreporter.stats.get(category, []):
+            nodeid = getattr(report, "nodeid", None)
+            if not nodeid:
+                continue
+            if nodeid not in worst or rank[category] > rank[worst[nodeid]]:
+                worst[nodeid] = category
+    if not worst:
+        return
+    counts: dict[str, Counter] = defaultdict(Counter)
+    for nodeid, category in worst.items():
+        counts[_nodeid_tier(nodeid)][category] += 1
+    terminalreporter.section("tests per tier")
+    names = sorted(counts, key=lambda t: (ORDER.index(t) if t in ORDER else len(ORDER), t))
+    for tier in names:
+        c = counts[tier]
+        shown = ", ".join(f"{c[k]} {k}" for k in ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+                          if c[k])
+        terminalreporter.write_line(f"{tier:<12} {sum(c.values()):>5} tests: {shown}")
