@@ -18,6 +18,12 @@ from tiers import pytest_terminal_summary  # noqa: F401
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+# Under pytest-xdist (`-n 2`), each worker and the processes its tests start share the cores with the other
+# workers: one thread each, unless the environment says otherwise. torch's spinning threads on an
+# oversubscribed machine cost twice the CPU time and more.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1)
+                                                   // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
 
 def _cuda_available() -> bool:

@@ -11,6 +11,10 @@ printed at the end of every run (README.md, "Tests", lists the command that runs
 
 The limits are for hangs (a launcher that never returns), several times the slowest test of each tier on
 two busy cores; a test's own `@pytest.mark.timeout(...)` wins. `pytest --timeout=N` sets one for all.
+
+With pytest-xdist (`-n 2 --dist loadgroup`, .ci/tests), the tests of a module that share a module-scoped
+fixture (a tiny run trained once for them to read) form one group that runs on one worker; every other
+test runs wherever a worker is free.
 """
 
 from __future__ import annotations
@@ -34,6 +38,14 @@ def tier_of(path: str | Path) -> str:
     return rel.parts[0] if len(rel.parts) > 1 else "other"
 
 
+def _shares_a_fixture(item: pytest.Item) -> bool:
+    """Whether the test uses a fixture set up once for several tests (module, class or package scope: a
+    tiny run trained for the module's tests to read)."""
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(defs and defs[-1].scope in ("module", "class", "package")
+                                    for defs in info.name2fixturedefs.values())
+
+
 def pytest_collection_modifyitems(config, items):
     explicit = config.getoption("timeout", None) is not None
     for item in items:
@@ -43,6 +55,10 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(getattr(pytest.mark, tier))
         if not explicit and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(LIMITS[tier]))
+        if _shares_a_fixture(item) and item.get_closest_marker("xdist_group") is None:
+            # `-n 2 --dist loadgroup`: the tests of a module that share such a fixture run on one worker, so
+            # it is set up once; every other test goes to whichever worker is free.
+            item.add_marker(pytest.mark.xdist_group(Path(item.path).resolve().relative_to(TESTS).as_posix()))
 
 
 def _nodeid_tier(nodeid: str) -> str:
