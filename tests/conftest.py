@@ -34,6 +34,7 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks the tiers add
 def pytest_collection_modifyitems(config, items):
     tiers.pytest_collection_modifyitems(config, items)
     gpu_items = [item for item in items if "gpu" in item.keywords]

@@ -47,15 +47,18 @@ def _shares_a_fixture(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    explicit = config.getoption("timeout", None) is not None
+    # Where pytest-timeout or pytest-xdist is missing (the floors' environment runs a test file with pytest
+    # alone), their marks are not added: --strict-markers would refuse them.
+    limits = config.pluginmanager.hasplugin("timeout") and config.getoption("timeout", None) is None
+    groups = config.pluginmanager.hasplugin("xdist")
     for item in items:
         tier = tier_of(item.path)
         if tier not in LIMITS:
             continue
         item.add_marker(getattr(pytest.mark, tier))
-        if not explicit and item.get_closest_marker("timeout") is None:
+        if limits and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(LIMITS[tier]))
-        if _shares_a_fixture(item) and item.get_closest_marker("xdist_group") is None:
+        if groups and _shares_a_fixture(item) and item.get_closest_marker("xdist_group") is None:
             # `-n 2 --dist loadgroup`: the tests of a module that share such a fixture run on one worker, so
             # it is set up once; every other test goes to whichever worker is free.
             item.add_marker(pytest.mark.xdist_group(Path(item.path).resolve().relative_to(TESTS).as_posix()))
