@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -45,8 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show the libraries' warnings on the console (by default a run writes them to "
                              "RUN_DIR/logs/warnings.log); same as RECIPEFORGE_VERBOSE=1")
     parser.add_argument("--trust-code", action="store_true",
-                        help="allow the recipe to import Python code by dotted path (e.g. a reward my_mod:f); "
-                             "same as allow_code: true in the recipe")
+                        help="allow the recipe or the command to run Python code it names: a reward by dotted "
+                             "path (my_mod:f), model.trust_remote_code, lm-eval task files (.yaml); same as "
+                             "allow_code: true in the recipe")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _recipe_commands(sub)
     _report_convert_schema_commands(sub)
@@ -220,7 +222,7 @@ def _after_training_commands(sub: Any) -> None:
     p = sub.add_parser("merge", help="merge a run's LoRA adapter into its base model (safetensors)")
     p.add_argument("run_dir", help="run directory written by `recipeforge train`")
     p.add_argument("-o", "--output", help="output directory (default: RUN_DIR/merged)")
-    p.set_defaults(func=cmd_merge)
+    p.set_defaults(func=cmd_merge, cleans_up=True)
     _export_command(sub)
 
     p = sub.add_parser("chat", help="talk to a finished run's model in the terminal (streamed replies)",
@@ -243,8 +245,10 @@ def _after_training_commands(sub: Any) -> None:
     p.add_argument("run_dir", help="run directory written by `recipeforge train`")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 takes any free port)")
-    p.add_argument("--api-key", default=os.environ.get("RECIPEFORGE_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' (default: $RECIPEFORGE_API_KEY, else no key)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: $RECIPEFORGE_API_KEY, else no "
+                                      "key; the variable keeps the key out of the process list)")
+    p.add_argument("--insecure", action="store_true",
+                   help="serve on an address other machines reach (--host) without an API key (warned)")
     p.add_argument("--name", help="the model's name in the API (default: the run directory's name)")
     p.add_argument("--engine", choices=["auto", "transformers", "vllm"], default="auto",
                    help="auto (default): vllm when it is installed, else transformers")
@@ -293,7 +297,7 @@ def _export_command(sub: Any) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an output directory that already holds files")
     p.add_argument("--no-check", action="store_true",
                    help="skip the self-check (loading the export back and comparing it with the unquantized model)")
-    p.set_defaults(func=cmd_export)
+    p.set_defaults(func=cmd_export, cleans_up=True)
 
 
 def _eval_command(sub: Any) -> None:
@@ -318,7 +322,7 @@ def _eval_command(sub: Any) -> None:
     p.add_argument("--checkpoints", action="store_true",
                    help="also evaluate every checkpoint kept in RUN_DIR/checkpoints (into eval/checkpoint-N/)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="where the model runs (default: cuda when present)")
-    p.set_defaults(func=cmd_eval)
+    p.set_defaults(func=cmd_eval, cleans_up=True)
 
 
 # -- commands ---------------------------------------------------------------------------------------
@@ -342,7 +346,7 @@ def _load(args):
 
         section = loaded.recipe.eval
         check_recipe_tasks(list(section.tasks), Path(loaded.path).resolve().parent,
-                           needs_harness=section.after_training)
+                           needs_harness=section.after_training, allow_code=loaded.recipe.allow_code)
     return loaded
 
 
@@ -512,14 +516,13 @@ def _train(args, loaded, opts) -> int:
         if launched_worker():
             return 0  # a launched worker: the launching command reports (and exits 75)
         if DistInfo.from_env().is_main:
-            import shlex
+            from recipeforge.config.secrets import scrub
 
-            from recipeforge.credentials import redact_credentials
-
-            command = ["launch", "--ray"] if getattr(args, "ray", False) else ["train"]
-            again = redact_credentials(shlex.join(["recipeforge", *command, args.recipe, *args.overrides]))
+            again = resume_command(args)
+            shown = scrub(again)
+            note = "" if shown == again else " (with the credentials you gave in place of <redacted>)"
             print(f"[recipeforge] {stop.describe()}\n[recipeforge] to continue, run the same command again "
-                  f"(it resumes from the newest checkpoint): {again}", file=sys.stderr)
+                  f"(it resumes from the newest checkpoint){note}: {shown}", file=sys.stderr)
         return EXIT_PREEMPTED
     if run_dir is None:  # --dry-run printed the launch
         return 0
@@ -528,6 +531,28 @@ def _train(args, loaded, opts) -> int:
     learned = ", ".join(f"{k} {v['first']:.4g} -> {v['last']:.4g}" for k, v in summary(run_dir).items())
     print(f"run written to {run_dir}" + (f" ({learned})" if learned else ""))
     return 0
+
+
+def resume_command(args) -> str:
+    """The command that continues a stopped `train` (or `launch --ray`): the same recipe, overrides and
+    every flag the run depends on (the code opt-in, the process layout, --strict, the Ray cluster), and
+    never --overwrite (it would delete the checkpoint to resume from) or --dry-run."""
+    import shlex
+
+    argv = ["recipeforge", *(["--trust-code"] if args.trust_code else [])]
+    if getattr(args, "ray", False):
+        argv += ["launch", "--ray", args.recipe, *args.overrides]
+        valued = (("--ray-address", args.ray_address), ("--nproc-per-node", args.nproc_per_node))
+    else:
+        argv += ["train", args.recipe, *args.overrides]
+        valued = (("--nproc-per-node", args.nproc_per_node), ("--nnodes", args.nnodes), ("--node-rank", args.node_rank),
+                  ("--master-addr", args.master_addr), ("--master-port", args.master_port))
+        if args.strict:
+            argv.append("--strict")
+    for flag, value in valued:
+        if value is not None:
+            argv += [flag, str(value)]
+    return shlex.join(argv)
 
 
 def cmd_launch(args) -> int:
@@ -545,7 +570,7 @@ def cmd_launch(args) -> int:
     path = write_sbatch(_load(args), recipe=args.recipe, overrides=overrides, options=options,
                         nproc_per_node=args.nproc_per_node, port=args.master_port,
                         output=args.output)
-    print(f"sbatch script written to {path}\nsubmit it with: sbatch {path}")
+    print(f"sbatch script written to {path}\nsubmit it with: sbatch {shlex.quote(str(path))}")
     return 0
 
 
@@ -604,7 +629,8 @@ def _launch_k8s(args) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     _write(render_documents(manifests.documents, args.recipe), args.output)
     if args.output:
-        print(f"Kubernetes manifests written to {args.output}\napply them with: kubectl apply -f {args.output}")
+        print(f"Kubernetes manifests written to {args.output}\napply them with: kubectl apply -f "
+              f"{shlex.quote(args.output)}")
     return 0
 
 
@@ -672,6 +698,10 @@ def cmd_chat(args) -> int:
         import readline  # noqa: F401  line editing and history for input() on a terminal
     except ImportError:
         pass
+    # Bytes that are not text (a binary file piped in, a terminal in another encoding) become U+FFFD
+    # instead of ending the chat with a decoding error.
+    if hasattr(sys.stdin, "reconfigure"):
+        sys.stdin.reconfigure(errors="replace")
     from recipeforge.outputs import library_warnings
 
     run_dir = Path(args.run_dir)
@@ -698,8 +728,14 @@ def cmd_serve(args) -> int:
     share = args.gpu_memory_utilization
     if share is not None and not 0 < share <= 1:
         raise RecipeError(f"--gpu-memory-utilization {share} is not a share", hint="give a fraction, e.g. 0.5")
+    from recipeforge.outputs.serve_engines import api_key_from
+
+    key, source = api_key_from(args.api_key)
+    if source == "--api-key":
+        print("warning: --api-key puts the key in the process list, where other users of this machine can read "
+              "it; export RECIPEFORGE_API_KEY instead", file=sys.stderr)
     serve(Path(args.run_dir), engine=args.engine, host=args.host, port=args.port, name=args.name,
-          api_key=args.api_key or None, device=args.device, memory_share=share)
+          api_key=key, device=args.device, memory_share=share, insecure=args.insecure)
     return 0
 
 
@@ -767,6 +803,9 @@ def _write(text: str, path: str | None) -> None:
 
 # -- entry point ------------------------------------------------------------------------------------
 
+GLOBAL_FLAGS = ("--debug", "--verbose", "--trust-code")
+
+
 def _looks_like_override(arg: str) -> bool:
     """`key=value` or `~key`: an override, wherever it stands on the command line."""
     return not arg.startswith("-") and ("=" in arg or arg.startswith("~"))
@@ -788,6 +827,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if hasattr(args, "overrides") and overrides:
         args.overrides = [*args.overrides, *overrides]
         extra = [a for a in extra if a not in overrides]
+    # The global flags also after the command (`recipeforge eval RUN --trust-code`), where a hint that
+    # says "pass --trust-code" leads the user to type them.
+    for flag in GLOBAL_FLAGS:
+        if flag in extra:
+            setattr(args, flag[2:].replace("-", "_"), True)
+            extra = [a for a in extra if a != flag]
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     debug = args.debug or os.environ.get("RECIPEFORGE_DEBUG", "") not in ("", "0")
@@ -811,7 +856,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         gc.disable()  # until `_freeze_start_up`: importing makes objects that live as long as the process
     try:
-        code = func(args)
+        if getattr(args, "cleans_up", False):  # SIGTERM ends these after their temporary folders are removed
+            from recipeforge.outputs.ownership import stop_on_sigterm
+
+            with stop_on_sigterm():
+                code = func(args)
+        else:
+            code = func(args)
     except RecipeError as exc:
         if debug:
             raise
@@ -824,7 +875,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(f"error: {scrub(exc.render())}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        from recipeforge.outputs.ownership import Terminated
+
+        if isinstance(exc, Terminated):  # SIGTERM during a command that cleans up after itself
+            print("terminated (SIGTERM); temporary folders removed", file=sys.stderr)
+            return 143
         print("interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:

@@ -2,9 +2,10 @@
 
 Redaction by key name (`errors.is_secret_key`) misses a token pasted into free text: a description,
 a run name, a dataset path, a tracker URL, a library's warning. These are the shapes that are
-credentials whatever their key: Hugging Face, OpenAI-style, GitHub, Google and cloud access keys,
-W&B API keys, JWTs and bearer tokens, private-key blocks, URL userinfo and `key=value` pairs whose key
-names a secret. `redact_credentials` hides them in any text that is printed or written.
+credentials whatever their key: Hugging Face, OpenAI, Anthropic, GitHub, GitLab, PyPI, npm, Slack,
+Stripe, Azure, AWS and Google keys and tokens (and a few more services' prefixed keys), W&B API keys,
+JWTs and bearer tokens, private-key blocks, URL userinfo and `key=value` pairs whose key names a
+secret. `redact_credentials` hides them in any text that is printed or written.
 
 Bare 40-character hex strings are git commit ids as often as legacy W&B keys (a `model.revision`, a
 hub cache path); they count as W&B keys only next to a word that says so.
@@ -58,14 +59,47 @@ def _secret_key_match(match: re.Match) -> bool:
 _KEY_VALUE = re.compile(r"(?<![A-Za-z0-9_-])(?P<key>[A-Za-z][A-Za-z0-9_-]{1,60})"
                         r"(?=[\"']?\s*[=:]\s*[\"']?(?![\d.eE+-]+(?:[\s\"'&,;<>]|$))([^\s\"'&,;<>]{6,}))")
 
+_B64URL = r"[A-Za-z0-9_-]"
 SHAPES: tuple[Shape, ...] = (
-    Shape("private key", re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----")),
+    # A private-key block (PEM, OpenSSH, PGP), up to its END line or, pasted cut short, to the end of the text.
+    Shape("private key", re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?"
+                                    r"(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|$(?![\s\S]))")),
     Shape("Hugging Face token", re.compile(r"(?<![A-Za-z0-9])(?:hf|api_org)_[A-Za-z0-9]{30,}(?![A-Za-z0-9])")),
+    Shape("Anthropic API key", re.compile(r"(?<![A-Za-z0-9])sk-ant-[a-z]+\d*-[A-Za-z0-9_\-]{20,}")),
     Shape("OpenAI-style API key", re.compile(r"(?<![A-Za-z0-9])sk-(?:[A-Za-z]+-)?[A-Za-z0-9_\-]{20,}")),
     Shape("GitHub token", re.compile(r"(?<![A-Za-z0-9])(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{50,})")),
+    # GitLab: personal, deploy, runner, CI job, trigger, feed, OAuth application and agent tokens.
+    Shape("GitLab token", re.compile(r"(?<![A-Za-z0-9])(?:glpat|gldt|glrt|glcbt|glptt|glft|glimt|glagent|gloas|"
+                                     r"glsoat|glffct|glwt)-[A-Za-z0-9_.\-]{20,}|(?<![A-Za-z0-9])GR1348941"
+                                     r"[A-Za-z0-9_\-]{20,}")),
+    Shape("PyPI token", re.compile(r"(?<![A-Za-z0-9])pypi-Ag[A-Za-z0-9_\-]{50,}")),
+    Shape("npm token", re.compile(r"(?<![A-Za-z0-9])npm_[A-Za-z0-9]{36}(?![A-Za-z0-9])")),
     Shape("AWS access key", re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}(?![A-Za-z0-9])")),
+    # An AWS secret access key is 40 characters of base64: a secret only next to a word that says AWS.
+    Shape("AWS secret key", re.compile(r"(?i)(?:aws|amazon)[^\n]{0,40}?(?<![A-Za-z0-9/+])([A-Za-z0-9/+]{40})"
+                                       r"(?![A-Za-z0-9/+=])"), group=1,
+          accept=lambda m: bool(re.search(r"[0-9/+]", m.group(1)) and re.search(r"[a-z]", m.group(1))
+                                and re.search(r"[A-Z]", m.group(1)))),
     Shape("Google API key", re.compile(r"(?<![A-Za-z0-9])AIza[0-9A-Za-z_\-]{35}(?![A-Za-z0-9_\-])")),
-    Shape("Slack token", re.compile(r"(?<![A-Za-z0-9])xox[abposr]-[A-Za-z0-9\-]{10,}")),
+    Shape("Google OAuth token", re.compile(r"(?<![A-Za-z0-9])(?:ya29\.[0-9A-Za-z_\-]{20,}|1//0[0-9A-Za-z_\-]{30,}"
+                                           r"|GOCSPX-[0-9A-Za-z_\-]{20,})")),
+    Shape("Slack token", re.compile(r"(?<![A-Za-z0-9])(?:xox[abposre]|xapp)-[A-Za-z0-9\-]{10,}")),
+    Shape("Slack webhook", re.compile(r"hooks\.slack\.com/(?:services|workflows|triggers)/([A-Za-z0-9_/\-]{20,})"),
+          group=1),
+    Shape("Stripe key", re.compile(r"(?<![A-Za-z0-9])(?:(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}|whsec_[A-Za-z0-9]{24,})")),
+    # Azure: a storage or service-bus connection string's key, a SAS signature, an Entra ID client
+    # secret (three characters, a digit, "Q~", then 31-34), and 32 hex digits next to the word Azure.
+    Shape("Azure key", re.compile(r"(?i)(?:AccountKey|SharedAccessKey)\s*=\s*([A-Za-z0-9+/]{20,}={0,2})"), group=1),
+    Shape("Azure SAS signature", re.compile(r"[?&]sig=([A-Za-z0-9%+/=]{20,})"), group=1),
+    Shape("Azure client secret", re.compile(r"(?<![A-Za-z0-9_~.\-])[A-Za-z0-9_~.]{3}\dQ~[A-Za-z0-9_~.\-]{31,34}"
+                                            r"(?![A-Za-z0-9_~.\-])")),
+    Shape("Azure key", re.compile(r"(?i)azure[^\n]{0,40}?(?<![0-9a-f])([0-9a-f]{32})(?![0-9a-f])"), group=1),
+    # Keys of services ML code calls, by their prefixes: SendGrid, Databricks, Replicate, Groq, DigitalOcean.
+    Shape("SendGrid key", re.compile(r"(?<![A-Za-z0-9])SG\.[A-Za-z0-9_\-]{22}\.[A-Za-z0-9_\-]{43}")),
+    Shape("Databricks token", re.compile(r"(?<![A-Za-z0-9])dapi[0-9a-f]{32}(?:-\d)?(?![A-Za-z0-9])")),
+    Shape("Replicate token", re.compile(r"(?<![A-Za-z0-9])r8_[A-Za-z0-9]{37}(?![A-Za-z0-9])")),
+    Shape("Groq key", re.compile(r"(?<![A-Za-z0-9])gsk_[A-Za-z0-9]{48,}(?![A-Za-z0-9])")),
+    Shape("DigitalOcean token", re.compile(r"(?<![A-Za-z0-9])do[opr]_v1_[0-9a-f]{64}(?![A-Za-z0-9])")),
     # W&B: on-prem keys (`local-<40 hex>`), the 86-character keys of 2025 on, and 40 hex next to "wandb".
     Shape("W&B API key", re.compile(r"(?<![A-Za-z0-9-])(?:local|vm)-[0-9a-f]{40}(?![A-Za-z0-9])")),
     Shape("W&B API key", re.compile(r"(?<![A-Za-z0-9_])(?=[A-Za-z0-9_]*[0-9])(?=[A-Za-z0-9_]*[A-Za-z])"
@@ -96,7 +130,7 @@ def redact_credentials(text: str) -> str:
     if not spans:
         return text
     out, last = [], 0
-    for start, end, replacement in sorted(spans):
+    for start, end, replacement in sorted(spans, key=lambda span: (span[0], -span[1])):  # the longest match first
         if start < last:  # inside a span already replaced (a token in a URL's userinfo)
             continue
         out.append(text[last:start])

@@ -114,14 +114,30 @@ def _escape(text: str) -> str:
                    else repr(ch)[1:-1] for ch in text)
 
 
+# A command a message tells the user to run (`recipeforge push 'my run'`, in backticks or to the end of
+# its line): copied as it is, it must stay whole, so its quoted paths are not shortened (nor its line, up
+# to `MAX_COMMAND`).
+_COMMAND = re.compile(r"`(?:recipeforge|python|pip|sbatch|kubectl|hf) [^`\n]*`"
+                      r"|\brecipeforge (?:push|train|eval|export|merge|serve|chat|launch|preprocess) [^`\n]*")
+MAX_COMMAND = 4000
+
+
 def bounded_text(text: Any, limit: int = MAX_LINE) -> str:
     """`text` safe to print: escaped, URL credentials hidden, quoted values cut to `MAX_EXCERPT`
-    characters and each line to `limit`."""
+    characters and each line to `limit`; a command in backticks (`_COMMAND`) is kept whole."""
     text = redact_credentials(_escape(str(text)))
     if len(text) <= MAX_EXCERPT:
         return text
-    text = _QUOTED.sub(lambda m: _cut_quoted(m.group(0)), text)
-    return "\n".join(line if len(line) <= limit else line[:limit - 3] + "..." for line in text.split("\n"))
+    commands = [m for m in _COMMAND.finditer(text) if len(m.group(0)) <= MAX_COMMAND]
+    pieces, last = [], 0
+    for m in commands:
+        pieces.append(_QUOTED.sub(lambda q: _cut_quoted(q.group(0)), text[last:m.start()]))
+        pieces.append(m.group(0))
+        last = m.end()
+    pieces.append(_QUOTED.sub(lambda q: _cut_quoted(q.group(0)), text[last:]))
+    text = "".join(pieces)
+    return "\n".join(line if len(line) <= limit or (_COMMAND.search(line) and len(line) <= MAX_COMMAND + limit)
+                     else line[:limit - 3] + "..." for line in text.split("\n"))
 
 
 def _cut_quoted(quoted: str) -> str:

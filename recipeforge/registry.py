@@ -314,6 +314,40 @@ def code_trust(allow_code: bool = False, environ: Mapping[str, str] | None = Non
     return False, "off: the recipe may name registered components only"
 
 
+# Everything a recipe or a command line can name that runs Python code, each behind `require_code_trust`
+# (docs/reliability.md lists them for users). Installed plugins are not here: installing a distribution
+# is the opt-in to its code. Chat templates are not either: transformers renders them in Jinja's
+# immutable sandbox, which refuses attribute access to Python internals.
+CODE_SITES: dict[str, str] = {
+    "grpo.rewards[].name": "a reward given as `module:function` is imported and called",
+    "model.trust_remote_code": "transformers imports the Python files of the model's repository",
+    "grpo.rewards[].args.trust_remote_code": "the `reward_model` reward loads its model with remote code",
+    "eval.tasks / eval --tasks (.yaml)": "lm-eval renders a task file's templates with unsandboxed Jinja, imports "
+                                         "its `!function` modules and follows its `include:` chain",
+    "a run's resolved_recipe.yaml": "merge and export load the base model with the run's model.trust_remote_code",
+}
+
+
+def code_trust_problem(what: str, allow_code: bool = False, environ: Mapping[str, str] | None = None) -> str | None:
+    """Why `what` (a description such as "reward 'm:f' is Python code") may not run, or None when the
+    user opted in: the message every refusal of code shares (see `require_code_trust`)."""
+    if code_trust(allow_code, environ)[0]:
+        return None
+    return f"{what}, and running code needs an opt-in (allow_code)"
+
+
+def require_code_trust(what: str, *, allow_code: bool = False, key: str | None = None,
+                       location: Location | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """The one gate in front of code a recipe or a command line names (`CODE_SITES`): returns why it
+    may run (the recipe's ``allow_code: true``, or ``--trust-code``), or raises a `RecipeError` at
+    `key`/`location` with the opt-in hint. `what` says what the code is, e.g. "task file x.yaml is an
+    lm-eval config (Jinja templates, !function)"."""
+    problem = code_trust_problem(what, allow_code, environ)
+    if problem is not None:
+        raise RecipeError(problem, key=key, location=location, hint=OPT_IN_HINT)
+    return code_trust(allow_code, environ)[1]
+
+
 def check_code_reference(ref: str) -> str | None:
     """Why `ref` is not a well-formed ``package.module:attribute`` reference (None when it is)."""
     module, _, attr = ref.partition(":")
@@ -329,9 +363,7 @@ def import_code(ref: str, *, allowed: bool, what: str, key: str | None = None,
     `search_dir` (the directory of the recipe that names the code) is tried after `sys.path`, so a
     module kept next to its recipe is found without installing it.
     """
-    if not allowed:
-        raise RecipeError(f"{what} '{ref}' is Python code, and importing code needs an opt-in (allow_code)",
-                          key=key, location=location, hint=OPT_IN_HINT)
+    require_code_trust(f"{what} '{ref}' is Python code", allow_code=allowed, key=key, location=location)
     bad = check_code_reference(ref)
     if bad:
         raise RecipeError(bad, key=key, location=location, hint="e.g. my_rewards:format_reward")

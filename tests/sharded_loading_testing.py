@@ -45,8 +45,8 @@ def train_two_processes(tiny, checkpoint: Path, run: Path, cwd: Path, *backend: 
 
 
 def rank_records(run: Path) -> list[dict]:
-    """Each process's account of its loading (`quantized_loading/rank<N>.json`)."""
-    return [json.loads((run / "quantized_loading" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    """Each process's account of its loading (`sharded_loading/rank<N>.json`)."""
+    return [json.loads((run / "sharded_loading" / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
 def assert_held_half_the_base(seen: dict) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import time
@@ -139,12 +140,34 @@ def plan_json(recipe: Path, *extra: str) -> dict:
 
 def train(recipe: Path, run_dir: Path, *extra: str, timeout: float = 1800) -> tuple[subprocess.CompletedProcess, float]:
     """`recipeforge train RECIPE output.dir=RUN_DIR --overwrite`, and its wall time. The run's whole
-    stderr is kept beside the run directory (RUN_DIR.stderr), which `prune` leaves alone."""
-    start = time.perf_counter()
-    proc = cli("train", str(recipe), f"output.dir={run_dir}", "--overwrite", *extra, timeout=timeout)
+    stderr is kept beside the run directory (RUN_DIR.stderr), which `prune` leaves alone; its processes
+    run with `-X importtime`, whose lines (kept out of `proc.stderr`) say which of the repository's
+    modules the case depends on (`ledger.deps_of`). RUN_DIR.started holds the launch's wall-clock
+    time, from which `measured` counts the seconds to the first step."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    run_dir.with_name(run_dir.name + ".stderr").write_text(proc.stderr or "")
-    return proc, time.perf_counter() - start
+    run_dir.with_name(run_dir.name + ".started").write_text(f"{time.time():.3f}\n")
+    start = time.perf_counter()
+    # PYTHONPROFILEIMPORTTIME (= -X importtime) reaches the worker processes a launch starts too.
+    proc = subprocess.run([sys.executable, "-m", "recipeforge", "train", str(recipe), f"output.dir={run_dir}",
+                           "--overwrite", *extra], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}, cwd=REPO)
+    wall = time.perf_counter() - start
+    lines = (proc.stderr or "").splitlines()
+    # A worker's lines may carry a launcher's prefix ("[rank0]:").
+    run_dir.with_name(run_dir.name + ".imports").write_text("\n".join(l for l in lines if "import time:" in l))
+    proc.stderr = "\n".join(l for l in lines if "import time:" not in l)
+    run_dir.with_name(run_dir.name + ".stderr").write_text(proc.stderr)
+    return proc, wall
+
+
+def case_deps(run_dir: Path, *extra: Path) -> dict[str, str]:
+    """The files a measured case depends on (`ledger.deps_of`): the modules its run imported, the bench
+    scripts and `extra` (the model's config.json)."""
+    from ledger import deps_of
+
+    imports = run_dir.with_name(run_dir.name + ".imports")
+    bench = sorted(Path(__file__).resolve().parent.glob("*.py"))
+    return deps_of(imports.read_text() if imports.is_file() else "", [*bench, *extra])
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".distcp")
@@ -173,7 +196,10 @@ class Budget:
 
 
 def commit() -> str | None:
-    """The git commit of the checkout being measured (None outside a git checkout)."""
+    """The git commit of the checkout being measured: $BENCH_COMMIT where the caller knows it (a copy of a
+    working tree sent to a GPU machine may carry another repository's history), else git's HEAD."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
     return proc.stdout.strip() or None
 
@@ -187,28 +213,37 @@ def records(run_dir: Path, split: str | None = None) -> list[dict]:
 
 
 def measured(run_dir: Path, *, seq: int, global_batch: int, skip: int = 3) -> dict[str, Any]:
-    """What a finished run measured: first/last loss, peak memory, tokens/s and step time.
+    """What a finished run measured: seconds to build the model (`init_s`) and from the launch to the
+    first logged step (`first_step_s`), first/last loss, peak memory, tokens/s and step time.
 
     Throughput is taken over the logged steps after the first `skip` (start-up, allocator warm-up
-    and kernel autotuning are not steady state): trained tokens between two logs over the time
-    between them. Packed rows are `sequence_len` wide; the padding share the run logs is removed.
+    and kernel autotuning are not steady state): the trained tokens of a step over the median time
+    between two logs, so a step that also wrote a checkpoint (the last one writes the final weights
+    and, on a random base, base_model/) does not count as training time. Packed rows are
+    `sequence_len` wide; the padding share the run logs is removed.
     """
     train_rows = [r for r in records(run_dir, "train") if r.get("step") is not None]
+    startup = [r for r in records(run_dir, "startup") if r.get("model_load_s") is not None]
+    started = run_dir.with_name(run_dir.name + ".started")
+    first_step_s = (round(train_rows[0]["time"] - float(started.read_text()), 1)
+                    if train_rows and started.is_file() else None)
     losses = [r["loss"] for r in train_rows if r.get("loss") is not None]
     reserved = [r["memory/peak_reserved_gib"] for r in train_rows if "memory/peak_reserved_gib" in r]
     allocated = [r["memory/peak_allocated_gib"] for r in train_rows if "memory/peak_allocated_gib" in r]
     steady = train_rows[skip:] if len(train_rows) > skip + 1 else train_rows
-    tokens = seconds = 0.0
+    step_seconds, step_tokens = [], []
     for prev, cur in zip(steady, steady[1:]):
-        steps = cur["step"] - prev["step"]
-        seconds += cur["time"] - prev["time"]
-        tokens += steps * global_batch * seq * (1.0 - cur.get("padding_share", 0.0))
-    return {"loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+        steps = max(1, cur["step"] - prev["step"])
+        step_seconds.append((cur["time"] - prev["time"]) / steps)
+        step_tokens.append(global_batch * seq * (1.0 - cur.get("padding_share", 0.0)))
+    step_s = statistics.median(step_seconds) if step_seconds else None
+    return {"init_s": startup[0]["model_load_s"] if startup else None, "first_step_s": first_step_s,
+            "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
             "loss_fell": bool(losses) and losses[-1] < losses[0],
             "measured_reserved_gb": max(reserved) if reserved else None,
             "measured_allocated_gb": max(allocated) if allocated else None,
-            "tokens_per_s": round(tokens / seconds, 1) if seconds else None,
-            "step_s": round(seconds / max(1, steady[-1]["step"] - steady[0]["step"]), 4) if len(steady) > 1 else None}
+            "tokens_per_s": round(statistics.fmean(step_tokens) / step_s, 1) if step_s else None,
+            "step_s": round(step_s, 4) if step_s else None}
 
 
 def model_flops_per_token(config: dict, seq: int) -> float:

@@ -7,21 +7,25 @@
 #
 # Packages the machine lacks travel as wheels in .whl/ (see ../shared/gpu/wheels.sh); DeepSpeed ships as an
 # sdist, built in the background while the first cases run (its cases come late in the suite's order).
-# OUT receives: gpu-DATE.json/.md (suite), gpu-throughput-DATE.json, pytest-gpu.txt, lease.log and
-# logs.tar.gz (each run's stderr, plan and metrics; no weights).
+# Without --cases / --throughput, the cases run in the order bench/gpu/ledger.py gives for this GPU: never
+# measured first, then failed, then changed since measured (LEASE_GPU names the GPU on a machine without one).
+# OUT receives, each rewritten as soon as a case finishes (a lease cut short keeps what ran): gpu-DATE.json/.md
+# (suite), gpu-throughput-DATE.json; at the end pytest-gpu.txt, lease.log and logs.tar.gz (each run's stderr,
+# plan and metrics; no weights). Afterwards: python bench/gpu/ledger.py record OUT/gpu-*.json.
 #
-# Sizing, as seen on an H200 (bench/results/gpu-2026-11-26-H200.json): a machine's start took from 30 s to
-# over 5 minutes of the lease; setup takes 20-30 s; a 1B case about 80 s; an 8B random-init case spends
-# minutes before its first step (CPU init, then the base written to base_model/ for LoRA and QLoRA), so
-# order the cases by what is least known and give one call everything the lease has left.
+# Sizing (bench/results/gpu-2026-11-26-H200.json, gpu-2026-11-28-H100.json): a machine's start took from
+# 30 s to over 5 minutes of the lease; setup takes 20-30 s; a case reaches its first step 30-45 s after
+# its launch (an 8B's random init is made on the GPU in about a second) and takes 60-110 s in all, the 8B
+# LoRA/QLoRA ones with 20 s to write their random base. Order the cases by what is least known, give one
+# call everything the lease has left, and pass BENCH_COMMIT (the copy sent may carry other history).
 set -u
 out=$(realpath -m "${1:?OUT}"); total=${2:?SECONDS}; shift 2
-cases=(); tput=(3b-full 8b-lora); tests=(-m gpu)
+cases=(); tput=(); tests=(-m gpu); tput_given=0
 while [ $# -gt 0 ]; do
   case $1 in
     --cases) shift; while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do cases+=("$1"); shift; done ;;
     --pytest) shift; tests=(); while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do tests+=("$1"); shift; done ;;
-    --throughput) shift; tput=(); while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do tput+=("$1"); shift; done ;;
+    --throughput) shift; tput=(); tput_given=1; while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do tput+=("$1"); shift; done ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -44,27 +48,36 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tm
   > "$work/plugins-install.txt" 2>&1 || echo "[lease] plugin install failed: $(tail -3 "$work/plugins-install.txt")"
 [ -z "${LEASE_SMOKE:-}" ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, transformers, accelerate, peft, trl, datasets, pydantic, omegaconf; print('torch', torch.__version__, 'cuda', torch.version.cuda)" || exit 1
-echo "[lease] setup done at $(( $(date +%s) - start ))s"
+gpu=${LEASE_GPU:-auto}
+if [ ${#cases[@]} -eq 0 ]; then
+  read -r -a cases <<< "$(python3 bench/gpu/ledger.py next --gpu "$gpu" --names)" || exit 1
+  python3 bench/gpu/ledger.py next --gpu "$gpu"
+fi
+if [ $tput_given -eq 0 ]; then  # `--throughput` with no names: no throughput comparison
+  read -r -a tput <<< "$(python3 bench/gpu/ledger.py next --gpu "$gpu" --kind throughput --names)" || exit 1
+fi
+echo "[lease] setup done at $(( $(date +%s) - start ))s; suite order: ${cases[*]}; throughput: ${tput[*]}"
 
 # pytest -m gpu (or the tests named, in the order named) trains tiny models only: beside the suite it costs the suite's timings little.
 # SIGINT at the allowance: pytest then still prints the failures it has seen.
 (timeout -s INT $(( total * 6 / 10 )) python3 -m pytest "${tests[@]}" -q -p no:cacheprovider -o addopts="--import-mode=importlib" \
-   -rfEs --tb=short --timeout 200 > "$out/pytest-gpu.txt" 2>&1; echo "[lease] pytest -m gpu: exit $? at $(( $(date +%s) - start ))s") &
+   -rA --tb=short --timeout 200 > "$out/pytest-gpu.txt" 2>&1; echo "[lease] pytest -m gpu: exit $? at $(( $(date +%s) - start ))s") &
 pytest_pid=$!
 
 smoke=(); [ -n "${LEASE_SMOKE:-}" ] && smoke=(--smoke)  # the script itself on a CPU, tiny shapes
-suite_args=("${smoke[@]}" --out "$work/suite" --steps 8 --budget-s $(( total * 45 / 100 )))
+# The suite starts cases while its share lasts and leaves the throughput comparison 150 s; with no
+# throughput case it has the whole allowance (a case takes 40-120 s, so none starts in the last 90 s).
+if [ ${#tput[@]} -gt 0 ]; then share=$(( total * 45 / 100 )); reserve=150; else share=$(( total - 90 )); reserve=20; fi
+suite_args=("${smoke[@]}" --out "$work/suite" --results "$out" --steps 8 --budget-s $(( share - (total - $(left)) )))
 [ ${#cases[@]} -gt 0 ] && suite_args+=(--cases "${cases[@]}")
-timeout $(( $(left) - 150 )) python3 bench/gpu/suite.py "${suite_args[@]}"
+timeout $(( $(left) - reserve )) python3 bench/gpu/suite.py "${suite_args[@]}"
 echo "[lease] suite: exit $? at $(( $(date +%s) - start ))s"
-cp "$work"/suite/gpu-*.json "$work"/suite/gpu-*.md "$out"/ 2>/dev/null
 
 wait $pytest_pid
 if [ ${#tput[@]} -gt 0 ] && [ "$(left)" -gt 120 ]; then
-  timeout $(( $(left) - 25 )) python3 bench/gpu/throughput.py "${smoke[@]}" --out "$work/throughput" --steps 8 \
-    --budget-s $(( $(left) - 130 )) --cases "${tput[@]}"
+  timeout $(( $(left) - 25 )) python3 bench/gpu/throughput.py "${smoke[@]}" --out "$work/throughput" --results "$out" \
+    --steps 8 --budget-s $(( $(left) - 130 )) --cases "${tput[@]}"
   echo "[lease] throughput: exit $? at $(( $(date +%s) - start ))s"
-  cp "$work"/throughput/gpu-throughput-*.json "$out"/ 2>/dev/null
 fi
 cp "$work/deepspeed-install.txt" "$work/suite/" 2>/dev/null
 (cd "$work" && tar czf "$out/logs.tar.gz" --exclude='*.safetensors' --exclude='*.bin' --exclude='*.pt' \

@@ -118,11 +118,12 @@ def run_case(case: Case, out: Path, steps: int, smoke: bool) -> dict:
     row["wall_s"] = round(wall, 1)
     if proc.returncode != 0:
         common.prune(run_dir)
-        return {**row, "status": f"train failed (exit {proc.returncode})", "why": common.tail(proc.stderr, 3000)}
+        return {**row, "status": f"train failed (exit {proc.returncode})", "why": common.tail(proc.stderr, 3000),
+                "deps": common.case_deps(run_dir, common.MODELS / case.model / "config.json")}
     seq = min(case.seq, 256) if smoke else case.seq
     got = common.measured(run_dir, seq=seq, global_batch=case.global_batch)
     common.prune(run_dir)
-    row.update(got, status="ok")
+    row.update(got, status="ok", deps=common.case_deps(run_dir, common.MODELS / case.model / "config.json"))
     if got["measured_reserved_gb"] and row["plan_gb"]:
         row["plan_error"] = round(row["plan_gb"] / got["measured_reserved_gb"] - 1.0, 3)
     peak = common.gpu_info().get("peak_tflops")
@@ -143,16 +144,26 @@ def run_pytest_gpu(out: Path) -> dict:
             "summary": last}
 
 
+def write_results(results: Path, date: str, result: dict) -> None:
+    """The JSON and Markdown of the cases so far, each written whole then moved into place."""
+    for name, text in ((f"gpu-{date}.json", json.dumps(result, indent=2)), (f"gpu-{date}.md", markdown(result))):
+        tmp = results / f".{name}.tmp"
+        tmp.write_text(text)
+        tmp.replace(results / name)
+
+
 def markdown(result: dict) -> str:
     lines = [f"# GPU suite: {result['gpu']} ({result['date']})", "",
-             "| case | backend | adapter | plan GiB | reserved GiB | allocated GiB | error | tokens/s | MFU | loss | status |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| case | backend | adapter | plan GiB | reserved GiB | allocated GiB | error | init s | first step s "
+             "| tokens/s | MFU | loss | status |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["cases"]:
         def f(key, fmt="{:.2f}"):
             return fmt.format(r[key]) if r.get(key) is not None else "-"
         loss = (f"{r['loss_first']:.3f} -> {r['loss_last']:.3f}" if r.get("loss_first") is not None else "-")
         lines.append(f"| {r['case']} | {r.get('backend', '-')} | {r.get('adapter', '-')} | {f('plan_gb')} | "
                      f"{f('measured_reserved_gb')} | {f('measured_allocated_gb')} | {f('plan_error', '{:+.1%}')} | "
+                     f"{f('init_s', '{:.1f}')} | {f('first_step_s', '{:.1f}')} | "
                      f"{f('tokens_per_s', '{:.0f}')} | {f('mfu', '{:.1%}')} | {loss} | {r['status']} |")
     return "\n".join(lines) + "\n"
 
@@ -165,10 +176,14 @@ def main(argv=None) -> int:
     ap.add_argument("--pytest", action="store_true", help="also run `pytest -m gpu` and record its summary")
     ap.add_argument("--smoke", action="store_true", help="check the harness on a CPU with a tiny shape")
     ap.add_argument("--budget-s", type=float, help="start no case after this many seconds (recorded as not run)")
+    ap.add_argument("--results", type=Path, help="where the JSON and Markdown go, rewritten after every case "
+                                                  "(default: --out); runs, data and recipes stay in --out")
     args = ap.parse_args(argv)
     budget = common.Budget(args.budget_s)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    results = (args.results or args.out).resolve()
+    results.mkdir(parents=True, exist_ok=True)
     by_name = {c.name: c for c in CASES}
     cases = [by_name[name] for name in args.cases] if args.cases else CASES  # in the order asked for
     date = datetime.date.today().isoformat()
@@ -182,14 +197,13 @@ def main(argv=None) -> int:
         print(f"[suite] {case.name} ...", flush=True)
         row = run_case(case, out, args.steps, args.smoke)
         print(f"[suite] {case.name}: {row['status']} " + json.dumps({k: row.get(k) for k in (
-            "plan_gb", "measured_reserved_gb", "plan_error", "tokens_per_s", "mfu", "loss_first", "loss_last")}),
-              flush=True)
+            "plan_gb", "measured_reserved_gb", "plan_error", "init_s", "first_step_s", "tokens_per_s", "mfu",
+            "loss_first", "loss_last")}), flush=True)
         result["cases"].append(row)
-        (out / f"gpu-{date}.json").write_text(json.dumps(result, indent=2))  # a timeout keeps what ran
+        write_results(results, date, result)  # a lease cut short keeps every case that finished
     if args.pytest:
         result["cases"].append(run_pytest_gpu(out))
-    (out / f"gpu-{date}.json").write_text(json.dumps(result, indent=2))
-    (out / f"gpu-{date}.md").write_text(markdown(result))
+    write_results(results, date, result)
     print(markdown(result))
     return 0 if all(r["status"] in ("ok", "skipped") for r in result["cases"]) else 1
 

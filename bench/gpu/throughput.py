@@ -87,14 +87,17 @@ def run_case(case: Case, out: Path, steps: int, smoke: bool) -> dict:
     row = {"case": case.name, "backend": plan["backend"], "offload": plan["offload"],
            "micro_batch": plan["micro_batch_size"], "gradient_accumulation": plan["gradient_accumulation"],
            "gradient_checkpointing": plan["gradient_checkpointing"]}
-    proc, wall = common.train(recipe, out / "runs" / case.name)
+    run_dir = out / "runs" / case.name
+    proc, wall = common.train(recipe, run_dir)
+    row["deps"] = common.case_deps(run_dir, common.MODELS / case.model / "config.json")
     if proc.returncode != 0:
-        common.prune(out / "runs" / case.name)
+        common.prune(run_dir)
         return {**row, "status": f"recipeforge failed (exit {proc.returncode})", "why": common.tail(proc.stderr, 3000)}
-    got = common.measured(out / "runs" / case.name, seq=seq, global_batch=case.global_batch)
-    common.prune(out / "runs" / case.name)
+    got = common.measured(run_dir, seq=seq, global_batch=case.global_batch)
+    common.prune(run_dir)
     row.update(tokens_per_s=got["tokens_per_s"], loss_first=got["loss_first"], loss_last=got["loss_last"],
-               measured_reserved_gb=got["measured_reserved_gb"], wall_s=round(wall, 1))
+               measured_reserved_gb=got["measured_reserved_gb"], init_s=got["init_s"],
+               first_step_s=got["first_step_s"], wall_s=round(wall, 1))
 
     ref_out = out / "trl" / f"{case.name}.json"
     ref_out.parent.mkdir(parents=True, exist_ok=True)
@@ -130,15 +133,19 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--smoke", action="store_true", help="check the harness on a CPU with a tiny shape")
     ap.add_argument("--budget-s", type=float, help="start no case after this many seconds (recorded as not run)")
+    ap.add_argument("--results", type=Path, help="where the JSON goes, rewritten after every case (default: --out)")
     args = ap.parse_args(argv)
     budget = common.Budget(args.budget_s)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    results = (args.results or args.out).resolve()
+    results.mkdir(parents=True, exist_ok=True)
     info = common.gpu_info()
     date = datetime.date.today().isoformat()
     result = {"gpu": info["gpu"], "peak_tflops": info["peak_tflops"], "date": date, "sequence_len": 256 if args.smoke else SEQ,
               "versions": common.versions(), "steps": args.steps, "cases": []}
-    for case in [c for c in CASES if not args.cases or c.name in args.cases]:
+    by_name = {c.name: c for c in CASES}
+    for case in [by_name[n] for n in args.cases] if args.cases else CASES:  # in the order asked for
         if not budget.left():
             result["cases"].append({"case": case.name, "status": "skipped", "why": "not run: time budget spent"})
             continue
@@ -147,7 +154,9 @@ def main(argv=None) -> int:
         print(f"[throughput] {case.name}: " + json.dumps({k: row.get(k) for k in (
             "status", "tokens_per_s", "trl_tokens_per_s", "ratio", "mfu")}), flush=True)
         result["cases"].append(row)
-        (out / f"gpu-throughput-{date}.json").write_text(json.dumps(result, indent=2))
+        tmp = results / f".gpu-throughput-{date}.json.tmp"  # a lease cut short keeps every case that finished
+        tmp.write_text(json.dumps(result, indent=2))
+        tmp.replace(results / f"gpu-throughput-{date}.json")
     return 0 if all(r["status"] in ("ok", "skipped") for r in result["cases"]) else 1
 
 

@@ -169,9 +169,9 @@ class DeepSpeedBackend(BackendSpec):
         return {"TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR") or extensions_dir()}
 
     def setup_worker(self, ctx) -> WorkerHooks:
-        """Accelerate's state for DeepSpeed (see the module); under ZeRO-3 a checkpoint loads straight
-        into partitions: through zero.Init, or, for a 4-bit QLoRA base, shard by shard
-        (`quantized_loading`)."""
+        """Accelerate's state for DeepSpeed (see the module); under ZeRO-3 the base goes straight into
+        partitions: a checkpoint through zero.Init, or, for a 4-bit QLoRA base and for any random-init
+        model, tensor by tensor (`sharded_loading`)."""
         from accelerate import PartialState
 
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
@@ -179,18 +179,18 @@ class DeepSpeedBackend(BackendSpec):
         PartialState(backend="nccl" if ctx.plan.device == "cuda" else "gloo")
         self._hf_config = None
         zero3 = ctx.plan.backend_part.zero_stage == 3
-        if zero3 and ctx.recipe.adapter.type == "qlora" and ctx.recipe.adapter.quant.bits == 4:
-            # No process loads the whole 4-bit base: placeholders now, the checkpoint read into ZeRO-3
+        quantized = ctx.recipe.adapter.type == "qlora" and ctx.recipe.adapter.quant.bits == 4
+        if zero3 and (quantized or _random_init(ctx.recipe)):
+            # No process holds the whole base: placeholders now, the base read or made into ZeRO-3
             # partitions once the trainer (and its DeepSpeed config) exists, before the engine starts.
-            from recipeforge.backends import quantized_loading
+            from recipeforge.backends import sharded_loading
 
             record: dict = {}
-            return WorkerHooks(load_sharded=quantized_loading.loader(ctx, record),
-                               prepare_trainer=quantized_loading.partition_and_fill(ctx, record))
-        if zero3 and not _random_init(ctx.recipe):
+            return WorkerHooks(load_sharded=sharded_loading.loader(ctx, record),
+                               prepare_trainer=sharded_loading.partition_and_fill(ctx, record), makes_random=True)
+        if zero3:
             # Checkpoints load straight into ZeRO-3 partitions (zero.Init) instead of whole on every
-            # process. A random-init model is built whole (the same weights as on one process, for the
-            # same seed) and partitioned when the engine starts.
+            # process.
             from transformers.integrations import HfDeepSpeedConfig
 
             self._hf_config = HfDeepSpeedConfig(self.config(ctx.plan, ctx.recipe))  # kept alive: a weakref

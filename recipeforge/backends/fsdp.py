@@ -223,8 +223,9 @@ class FSDPBackend(BackendSpec):
     def setup_worker(self, ctx) -> WorkerHooks:
         """On the CPU, the process state Accelerate turns into FSDP (see the module); with tensor
         parallelism, the stage loads the model sharded (`parallelism.load_tensor_parallel`); a 4-bit
-        QLoRA base is loaded shard by shard (`quantized_loading`)."""
+        QLoRA base and any random-init model are read or made shard by shard (`sharded_loading`)."""
         from recipeforge.backends import parallelism
+        from recipeforge.components.tiny_spec import tiny_arch
 
         if ctx.plan.device != "cuda":
             configure_cpu_state()
@@ -238,13 +239,16 @@ class FSDPBackend(BackendSpec):
                                                         revision=revision, trust_remote_code=trust_remote_code)
 
             return WorkerHooks(load_sharded=load_sharded)
-        if ctx.recipe.adapter.type == "qlora" and ctx.recipe.adapter.quant.bits == 4:
-            # No process loads the whole 4-bit base: placeholders now, shards after `fully_shard`.
-            from recipeforge.backends import quantized_loading
+        recipe = ctx.recipe
+        quantized = recipe.adapter.type == "qlora" and recipe.adapter.quant.bits == 4
+        random = recipe.model.init == "random" or tiny_arch(recipe.model.name_or_path) is not None
+        if quantized or random:
+            # No process holds the whole base: placeholders now, shards after `fully_shard`.
+            from recipeforge.backends import sharded_loading
 
             record: dict = {}
-            return WorkerHooks(load_sharded=quantized_loading.loader(ctx, record),
-                               prepare_trainer=quantized_loading.shard_and_fill(ctx, record))
+            return WorkerHooks(load_sharded=sharded_loading.loader(ctx, record),
+                               prepare_trainer=sharded_loading.shard_and_fill(ctx, record), makes_random=True)
         return WorkerHooks()
 
     def trainer_kwargs(self, ctx) -> dict:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from recipeforge.backends import job_values
 from recipeforge.backends.cluster import DEFAULT_PORT
 from recipeforge.backends.k8s_pod import (RECIPE_FILE, RUNS_DIR, PodShape, Rendezvous, container_env, pod_shape,
                                           resources, train_command, volume_mounts, volumes)
@@ -164,7 +165,9 @@ def k8s_manifests(loaded: LoadedRecipe, *, recipe: str, options: K8sOptions,
     plan = plan_for_world(r, nproc_per_node=nproc_per_node)
     shape = pod_shape(plan)
     name = job_name(public(loaded, ("name",), r.name) or Path(recipe).stem)
-    run_dir = f"{RUNS_DIR}/{default_run_dir(r, Path(loaded.path)).name}"
+    run_name = default_run_dir(r, Path(loaded.path)).name
+    job_values.check_command_values([("output.dir", run_name)], where="the Kubernetes manifests")
+    run_dir = f"{RUNS_DIR}/{run_name}"
     command = train_command(shape, RENDEZVOUS[options.api], run_dir)
     annotations = {"recipeforge/plan": "; ".join(layout_lines(plan)), "recipeforge/run-dir": run_dir}
     if shape.gpus:
@@ -182,6 +185,12 @@ def _check_options(options: K8sOptions) -> None:
     if not options.pvc.strip():
         raise RecipeError("needed with --k8s: the PersistentVolumeClaim that keeps the run directory "
                           "(checkpoints must outlive a preempted pod)", key="--pvc")
+    # Names and references as the API server and the container runtime parse them (job_values).
+    job_values.image_reference(options.image, "--image")
+    job_values.dns_subdomain(options.pvc, "--pvc")
+    if options.namespace is not None:
+        job_values.dns_label(options.namespace, "--namespace")
+    job_values.dns_subdomain(options.runtime, "runtime")
     if options.grace_period < 1:
         raise RecipeError(f"must be 1 second or more (got {options.grace_period})", key="--grace-period")
     if not 0 < options.port < 65536:
@@ -194,12 +203,24 @@ def recipe_text(loaded: LoadedRecipe) -> str:
     namespace, and the redacted copy would not run."""
     from recipeforge.config.dump import dump_recipe, recipe_to_data, resolved_data
 
-    if resolved_data(loaded) != recipe_to_data(loaded.recipe):
-        raise RecipeError("the recipe holds secrets (values read from secret environment variables or "
-                          "credentials written in it); they cannot go into a ConfigMap",
+    shown, real = resolved_data(loaded), recipe_to_data(loaded.recipe)
+    if shown != real:
+        keys = _differing_keys(shown, real)
+        where = ", ".join(keys[:5]) or "values read from secret environment variables"
+        raise RecipeError(f"the recipe holds secrets ({where}: credentials written in it or read from secret "
+                          "variables); they cannot go into a ConfigMap", key=keys[0] if len(keys) == 1 else None,
                           hint="give the pods the tokens through their environment from a Kubernetes Secret "
                                "(HF_TOKEN, WANDB_API_KEY, ...) and leave them out of the recipe")
     return dump_recipe(loaded)
+
+
+def _differing_keys(a: Any, b: Any, path: str = "") -> list[str]:
+    """The dotted keys whose values differ between two recipe data trees (where a secret was redacted)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [k for key in a if key in b for k in _differing_keys(a[key], b[key], f"{path}.{key}" if path else str(key))]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [k for i, (x, y) in enumerate(zip(a, b)) for k in _differing_keys(x, y, f"{path}[{i}]")]
+    return [] if a == b else [path or "(the recipe)"]
 
 
 def local_paths(loaded: LoadedRecipe) -> list[str]:

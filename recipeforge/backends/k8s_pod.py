@@ -84,7 +84,12 @@ def train_command(shape: PodShape, rendezvous: Rendezvous, run_dir: str) -> list
     """The container's command: `recipeforge train` on the mounted recipe into `run_dir`, with the
     operator's rendezvous for a multi-node plan (one node needs none: it starts its launcher alone)."""
     unset = [arg for name in WORKER_ENV for arg in ("-u", name)]
-    command = ["env", *unset, "recipeforge", "train", f"{RECIPE_DIR}/{RECIPE_FILE}", f"output.dir={run_dir}"]
+    # The kubelet expands $(NAME) in a command from the container's environment: a literal '$' (in a run
+    # directory's name) is written '$$'; the rendezvous references below are meant to expand.
+    from recipeforge.backends.job_values import k8s_literal
+
+    command = ["env", *unset, "recipeforge", "train", f"{RECIPE_DIR}/{RECIPE_FILE}",
+               k8s_literal(f"output.dir={run_dir}")]
     if not shape.gpus:  # a CPU plan says its processes; a GPU plan starts one per GPU by itself
         command += ["--nproc-per-node", str(shape.processes)]
     if shape.nodes > 1:

@@ -52,8 +52,11 @@ class LaunchSpec:
         """The dry-run text: command, environment, then every generated file with its content."""
         if self.launcher == "none":
             return "# no launcher: one process trains inside `recipeforge train` itself\n"
-        lines = ["# command", shlex.join(self.command), "", "# environment (added to the current one)"]
-        lines += [f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
+        from recipeforge.config.secrets import scrub
+
+        # Printed, not run: a credential given as an override shows as <redacted>.
+        lines = ["# command", scrub(shlex.join(self.command)), "", "# environment (added to the current one)"]
+        lines += [scrub(f"{k}={shlex.quote(v)}") for k, v in sorted(self.env.items())]
         for path, text in self.files.items():
             if path == self.plan_path:  # long; `recipeforge plan --json` shows the same fields
                 lines += ["", f"# file {path}", "(the plan summarised on the first line, as JSON)"]

@@ -122,6 +122,10 @@ def ray_launch_spec(spec, plan, recipe, *, run_dir: Path, address: str):
     command = list(spec.command)
     module = max(i for i in range(len(command) - 1) if command[i:i + 2] == ["-m", "recipeforge"])
     worker_argv = command[module + 2:]
+    from recipeforge.backends.job_values import check_command_values
+
+    # The job file sits in the run directory, which others read: no credential goes into it.
+    check_command_values([(a.split("=", 1)[0], a) for a in worker_argv if "=" in a], where=f"{JOB_NAME}")
     accelerate_argv: list[str] = []
     if spec.launcher == "accelerate":  # [accelerate, launch, ...] or [python, -m, accelerate.commands.launch, ...]
         start = 3 if command[1:3] == ["-m", "accelerate.commands.launch"] else 2

@@ -17,12 +17,14 @@ recipe every node reads; the script's header says what they are (`elastic_lines`
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
+from recipeforge.backends import job_values
 from recipeforge.backends.cluster import DEFAULT_PORT
 from recipeforge.config.secrets import public
+from recipeforge.errors import RecipeError
 
 SIGNAL_LEAD_S = 120   # seconds of warning before the time limit: the step, a checkpoint save, the exit
 EXIT_PREEMPTED = 75   # `recipeforge train` stopped on a signal after saving (stages.preemption)
@@ -41,14 +43,35 @@ class SlurmOptions:
     signal_lead: int = SIGNAL_LEAD_S  # USR1 this many seconds before the time limit
 
 
+def check_options(options: SlurmOptions) -> SlurmOptions:
+    """`options` as they may go into ``#SBATCH`` lines (`job_values`); a `RecipeError` naming the flag
+    otherwise."""
+    for flag, value in (("--partition", options.partition), ("--account", options.account), ("--qos", options.qos)):
+        if value is not None:
+            job_values.slurm_name(value, flag)
+    if options.time is not None:
+        job_values.slurm_time(options.time)
+    if options.cpus_per_task is not None and options.cpus_per_task < 1:
+        raise RecipeError(f"must be 1 or more (got {options.cpus_per_task})", key="--cpus-per-task")
+    return replace(options, extra=tuple(job_values.sbatch_option(opt) for opt in options.extra))
+
+
 def sbatch_script(*, job_name: str, nodes: int, gpus_per_node: int, recipe: str, overrides: Sequence[str],
                   run_dir: Path, options: SlurmOptions = SlurmOptions(), port: int = DEFAULT_PORT,
                   executable: str = "recipeforge", train_flags: Sequence[str] = (),
                   layout: Sequence[str] = ()) -> str:
     """The text of an sbatch script for the planned allocation. `layout`: comment lines describing the
-    plan's process layout (`layout_lines`)."""
+    plan's process layout (`layout_lines`).
+
+    Every value is checked for where it lands (`check_options`, `job_values`): ``#SBATCH`` values by
+    Slurm's syntax, the job name reduced to safe characters, the `srun` command line shell-quoted and
+    free of control characters and credentials, the comments free of line breaks."""
+    options = check_options(options)
+    job_values.sbatch_path(str(run_dir), "output.dir")
+    job_values.check_command_values([("recipe", recipe), *((_override_key(o), o) for o in overrides),
+                                     *(("--nproc-per-node", f) for f in train_flags)], where="the sbatch script")
     lines = ["#!/bin/bash",
-             f"#SBATCH --job-name={job_name}",
+             f"#SBATCH --job-name={job_values.job_name(job_name)}",
              f"#SBATCH --nodes={nodes}",
              "#SBATCH --ntasks-per-node=1"]
     if gpus_per_node:
@@ -66,11 +89,11 @@ def sbatch_script(*, job_name: str, nodes: int, gpus_per_node: int, recipe: str,
               f"#SBATCH --signal=B:USR1@{options.signal_lead}",
               "#SBATCH --requeue",
               "",
-              *[f"# {line}" for line in layout],
+              *[f"# {_comment(line)}" for line in layout],
               "set -euo pipefail",
               "# The first node of the allocation hosts the rendezvous; every node starts one launcher.",
               'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
-              f"export MASTER_PORT={port}",
+              f"export MASTER_PORT={int(port)}",
               "",
               f"# USR1 ({options.signal_lead} s before the time limit) and TERM (preemption, scancel) go on to every "
               "node's",
@@ -97,6 +120,16 @@ def sbatch_script(*, job_name: str, nodes: int, gpus_per_node: int, recipe: str,
     return "\n".join(lines)
 
 
+def _override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("~") or "override"
+
+
+def _comment(text: str) -> str:
+    """`text` for one comment line: control characters (a line break would end the comment and run the
+    rest) written as escapes."""
+    return "".join(repr(ch)[1:-1] if job_values.control_characters(ch) else ch for ch in text)
+
+
 def write_sbatch(loaded, *, recipe: str, overrides: Sequence[str], options: SlurmOptions = SlurmOptions(),
                  nproc_per_node: int | None = None, port: int | None = None, output: str | None = None) -> Path:
     """Plan `loaded` and write its sbatch script (default: RUN_DIR/slurm.sbatch); returns the path.
@@ -111,13 +144,19 @@ def write_sbatch(loaded, *, recipe: str, overrides: Sequence[str], options: Slur
     r = loaded.recipe
     plan = plan_for_world(r, nproc_per_node=nproc_per_node)
     run_dir = default_run_dir(r, Path(loaded.path)).absolute()
-    run_dir.mkdir(parents=True, exist_ok=True)
     flags = ["--nproc-per-node", str(processes_per_node(plan))] if plan.device != "cuda" else []
     text = sbatch_script(job_name=public(loaded, ("name",), r.name) or Path(recipe).stem, nodes=plan.nodes,
                          gpus_per_node=plan.gpus_per_node if plan.device == "cuda" else 0,
                          recipe=str(Path(recipe).absolute()), overrides=[*overrides, f"output.dir={run_dir}"],
                          run_dir=run_dir, options=options, port=port or DEFAULT_PORT, train_flags=flags,
                          layout=layout_lines(plan) + elastic_lines(r.distributed, run_dir))
+    # Created once the script is known to be writable: a refused value leaves nothing behind.
+    from recipeforge.outputs.ownership import OWNER_FILE, is_owned, mark_owned
+
+    new = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if new or (is_owned(run_dir) and not (run_dir / OWNER_FILE).exists()):
+        mark_owned(run_dir, "run")
     path = Path(output) if output else run_dir / "slurm.sbatch"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)

@@ -21,9 +21,11 @@ skips the sequences already trained on: no row is trained twice and none is skip
 
 from __future__ import annotations
 
+import contextlib
 import glob as globbing
 import itertools
 import json
+import logging
 import os
 import queue
 import threading
@@ -241,7 +243,13 @@ class StreamedLM(torch.utils.data.IterableDataset):
         rows = iter(source)
         index, state, before = start.window, start.source, start.rows
         while True:
-            chunk = list(itertools.islice(rows, self.window_rows))
+            with _read_failures() as failures:
+                try:
+                    chunk = list(itertools.islice(rows, self.window_rows))
+                except (RecipeError, KeyboardInterrupt, MemoryError):
+                    raise
+                except Exception as exc:  # a shard past the pre-check that cannot be read
+                    raise _unreadable(exc, failures, before) from None
             if not chunk:
                 return
             after = source.state_dict()  # read before the next window's first row
@@ -327,12 +335,60 @@ class StreamedLM(torch.utils.data.IterableDataset):
             raise RecipeError(f"checkpoint {checkpoint} holds the stream positions of {len(saved)} processes, and "
                               f"this run has {world}: each process reads its own share of the stream",
                               key="data.streaming", hint=f"resume on {len(saved)} processes")
-        self.position = StreamPosition.from_json((folder / f"rank-{rank}.json").read_text())
+        state = folder / f"rank-{rank}.json"
+        try:
+            self.position = StreamPosition.from_json(state.read_text())
+        except (OSError, ValueError, TypeError) as exc:  # damaged, or written by another version
+            raise RecipeError(f"{state}: not a readable stream position ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else ''})", key="data.streaming",
+                              hint="resume from another checkpoint (output.resume=PATH), or start a new run "
+                                   "(--overwrite)") from None
 
     def stats(self) -> dict[str, Any]:
         """The data statistics: how the stream is read, and what happened to the rows read so far."""
         read = {k: v for k, v in asdict(self.counts).items() if v} if self.counts.rows else {}
         return {"streamed": True, "window_rows": self.window_rows, **read}
+
+
+class _FailureLog(logging.Handler):
+    """The messages `datasets` logs as it fails to read a file (they name the file; its exception does not)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.messages.append(record.getMessage())
+        except Exception:  # a record that cannot be formatted names no file
+            pass
+
+
+@contextlib.contextmanager
+def _read_failures() -> Iterator[_FailureLog]:
+    handler = _FailureLog()
+    logger = logging.getLogger("datasets")
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+
+
+def _unreadable(exc: BaseException, failures: _FailureLog, rows_before: int) -> RecipeError:
+    """The error for a stream that failed mid-run: the shard (from `datasets`' own log) and what is wrong,
+    as a user error; the run stops there, its newest checkpoint kept."""
+    import re
+
+    files = [m.group(1) for message in failures.messages for m in [re.search(r"file '([^']+)'", message)] if m]
+    where = f" in {files[-1]}" if files else ""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()] or [type(exc).__name__]
+    # The first line says what failed, the last (a cast's "because column names don't match") often why.
+    detail = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+    return RecipeError(f"a streamed data file cannot be read{where} ({type(exc).__name__}: {detail[:300]}), after "
+                       f"{rows_before} rows of this process's stream", key="data.datasets",
+                       hint="fix or remove the damaged file, then run the same command again: training resumes from "
+                            "the newest checkpoint")
 
 
 @dataclass(frozen=True)

@@ -122,43 +122,64 @@ def config_for(fields: dict, tokenizer, *, max_position_embeddings: int | None =
 
 def build_tiny_model(arch: str, tokenizer, *, seed: int, dtype, attn_implementation: str,
                      max_position_embeddings: int | None = None, location: Location | None = None,
-                     num_labels: int | None = None):
+                     num_labels: int | None = None, device: str = "cpu"):
     """A random-init tiny model; the same seed gives the same weights on every run (resume relies on it).
     `num_labels`: a sequence-classification head of that many outputs instead of the LM head."""
     config = tiny_config(arch, tokenizer, max_position_embeddings=max_position_embeddings, location=location)
-    return _random_init(config, tokenizer, seed=seed, dtype=dtype, attn_implementation=attn_implementation,
-                        name=f"tiny:{arch}", num_labels=num_labels)
+    return build_random(random_spec(config, tokenizer, seed=seed, dtype=dtype, attn_implementation=attn_implementation,
+                                    num_labels=num_labels), tokenizer, name=f"tiny:{arch}", device=device)
 
 
 def build_random_model(config: dict, tokenizer, *, name: str, seed: int, dtype, attn_implementation: str,
-                       max_position_embeddings: int | None = None, num_labels: int | None = None):
+                       max_position_embeddings: int | None = None, num_labels: int | None = None,
+                       device: str = "cpu"):
     """A random-init causal LM of the architecture `config` (config.json fields), with the
-    tokenizer's special tokens; deterministic in `seed`. For plugin loaders of small models.
-    `num_labels`: a sequence-classification head of that many outputs instead of the LM head."""
+    tokenizer's special tokens, made on `device`; deterministic in `seed`. For plugin loaders of
+    small models. `num_labels`: a sequence-classification head of that many outputs instead of the
+    LM head."""
     cfg = config_for(config, tokenizer, max_position_embeddings=max_position_embeddings)
-    return _random_init(cfg, tokenizer, seed=seed, dtype=dtype, attn_implementation=attn_implementation, name=name,
-                        num_labels=num_labels)
+    return build_random(random_spec(cfg, tokenizer, seed=seed, dtype=dtype, attn_implementation=attn_implementation,
+                                    num_labels=num_labels), tokenizer, name=name, device=device)
 
 
-def _random_init(config, tokenizer, *, seed: int, dtype, attn_implementation: str, name: str,
-                 num_labels: int | None = None):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSequenceClassification
+def random_spec(config, tokenizer, *, seed: int, dtype, attn_implementation: str, num_labels: int | None = None,
+                new_rows: tuple[int, ...] = ()):
+    """The `components.model_init.RandomInit` of a random-init model of `config`: its vocabulary
+    grown to the tokenizer (the rows of the tokens a recipe adds, `new_rows`, start at the mean of
+    the others)."""
+    from recipeforge.components.model_init import RandomInit, grown_vocab
 
-    from recipeforge.components.vision_model import is_vision_model
+    return RandomInit(grown_vocab(config, len(tokenizer)), dtype=dtype, seed=seed,
+                      attn_implementation=attn_implementation, num_labels=num_labels, new_rows=tuple(new_rows))
 
-    auto = AutoModelForImageTextToText if is_vision_model(config) else AutoModelForCausalLM
-    if num_labels is not None:
-        # The same decoder with a `score` head of num_labels outputs (reward models: one).
-        config.num_labels = num_labels
-        auto = AutoModelForSequenceClassification
-    # Fork the RNG so building a model does not shift the random stream of whoever called us.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = auto.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+
+def build_random(spec, tokenizer, *, name: str, device: str = "cpu", quantization_config: Any = None):
+    """The random-init model `spec` describes, made module by module where it trains (the GPU of this
+    process, or the CPU), 4-bit or 8-bit layers quantized there when `quantization_config` is given
+    (`components.model_init`)."""
+    from recipeforge.components.model_init import RandomWeights, build_skeleton, forked_rng, materialize
+
+    target = training_device(device)
+    model, quantizer = build_skeleton(spec.config, dtype=spec.dtype, attn_implementation=spec.attn_implementation,
+                                      num_labels=spec.num_labels, quantization_config=quantization_config)
+    with forked_rng(target):  # making weights does not move the caller's random stream
+        materialize(model, RandomWeights(model, spec, device=target), device=target)
+    if quantizer is not None:
+        quantizer.postprocess_model(model)  # config.quantization_config, is_loaded_in_4bit: what peft reads
+        model.hf_quantizer = quantizer
     model.config._name_or_path = name
     _sync_generation_config(model, tokenizer)
     return model
+
+
+def training_device(device: str):
+    """The torch device a process of a run trains on: its own GPU (the local rank's, under torchrun
+    or `accelerate launch`), or the CPU."""
+    import torch
+
+    if device != "cuda":
+        return torch.device("cpu")
+    return torch.device("cuda", quantized_device_map(device)[""])
 
 
 def plugin_loader(name_or_path: str):
@@ -191,7 +212,7 @@ def load_model(name_or_path: str, tokenizer, *, vocab=None, **kwargs):
     the turn-end tokens."""
     from recipeforge.components.vocab import fit_model
 
-    model = _load_model(name_or_path, tokenizer, **kwargs)
+    model = _load_model(name_or_path, tokenizer, new_rows=tuple(vocab.new_ids) if vocab else (), **kwargs)
     fit_model(model, tokenizer, vocab)
     return model
 
@@ -200,7 +221,7 @@ def _load_model(name_or_path: str, tokenizer, *, device: str, dtype: str = "auto
                revision: str | None = None, trust_remote_code: bool = False, seed: int = 42,
                max_position_embeddings: int | None = None, quantization_config: Any = None,
                random_config: dict | None = None, location: Location | None = None,
-               num_labels: int | None = None):
+               num_labels: int | None = None, new_rows: tuple[int, ...] = ()):
     """Load (or, for ``tiny:*``, build) the causal LM a recipe names, ready to train on `device`.
 
     `num_labels` loads the same model with a sequence-classification head of that many outputs
@@ -208,22 +229,17 @@ def _load_model(name_or_path: str, tokenizer, *, device: str, dtype: str = "auto
     token id is the tokenizer's, which the head needs to find the last token of each sequence.
 
     `random_config` (config.json fields, for `model.init: random`) builds that architecture with
-    random weights instead of loading any. `quantization_config` (QLoRA) applies to real
-    checkpoints; random-init models are quantized by saving them first and loading that directory
-    (see `stages.base`).
+    random weights instead of loading any; random-init models are made where they train, module by
+    module (`components.model_init`), quantized there for QLoRA. `new_rows`: ids of the tokens the
+    recipe added, whose rows of a random-init model start at the mean of the others.
     """
     torch_dtype = resolve_dtype(dtype, device)
     attn = resolve_attn_implementation(attn_implementation, device, location=location)
-    if random_config is not None:
-        _check_random_vocab(name_or_path, tokenizer, random_config, location=location)
-        return build_random_model(random_config, tokenizer, name=name_or_path, seed=seed, dtype=torch_dtype,
-                                  attn_implementation=attn, max_position_embeddings=max_position_embeddings,
-                                  num_labels=num_labels)
-    arch = tiny_arch(name_or_path)
-    if arch is not None:
-        return build_tiny_model(arch, tokenizer, seed=seed, dtype=torch_dtype, attn_implementation=attn,
-                                max_position_embeddings=max_position_embeddings, location=location,
-                                num_labels=num_labels)
+    spec = random_init_spec(name_or_path, tokenizer, dtype=torch_dtype, attn_implementation=attn, seed=seed,
+                            max_position_embeddings=max_position_embeddings, num_labels=num_labels,
+                            random_config=random_config, new_rows=new_rows, location=location)
+    if spec is not None:
+        return build_random(spec, tokenizer, name=name_or_path, device=device, quantization_config=quantization_config)
     loader = plugin_loader(name_or_path)
     if loader is not None:
         return _load_from_plugin(loader, name_or_path, tokenizer, num_labels=num_labels, location=location,
@@ -237,10 +253,30 @@ def _load_model(name_or_path: str, tokenizer, *, device: str, dtype: str = "auto
                             quantization_config=quantization_config, num_labels=num_labels, location=location)
 
 
-def _check_random_vocab(name_or_path: str, tokenizer, random_config: dict, *, location: Location | None) -> None:
-    """Refuse a tokenizer with more tokens than the random-init config has embedding rows."""
+def random_init_spec(name_or_path: str, tokenizer, *, dtype, attn_implementation: str, seed: int,
+                     max_position_embeddings: int | None = None, num_labels: int | None = None,
+                     random_config: dict | None = None, new_rows: tuple[int, ...] = (),
+                     location: Location | None = None):
+    """The `RandomInit` of a random-init model (`random_config`, or a built-in ``tiny:*`` name), or
+    None for a model loaded from weights. `dtype` is a torch dtype, the attention resolved."""
+    if random_config is not None:
+        _check_random_vocab(name_or_path, tokenizer, random_config, new_rows, location=location)
+        config = config_for(random_config, tokenizer, max_position_embeddings=max_position_embeddings)
+    else:
+        arch = tiny_arch(name_or_path)
+        if arch is None:
+            return None
+        config = tiny_config(arch, tokenizer, max_position_embeddings=max_position_embeddings, location=location)
+    return random_spec(config, tokenizer, seed=seed, dtype=dtype, attn_implementation=attn_implementation,
+                       num_labels=num_labels, new_rows=new_rows)
+
+
+def _check_random_vocab(name_or_path: str, tokenizer, random_config: dict, new_rows: tuple[int, ...] = (), *,
+                        location: Location | None) -> None:
+    """Refuse a tokenizer with more tokens than the random-init config has embedding rows (the
+    tokens the recipe adds, `new_rows`, get rows of their own)."""
     vocab = random_config.get("vocab_size")
-    if isinstance(vocab, int) and len(tokenizer) > vocab:
+    if isinstance(vocab, int) and len(tokenizer) - len(new_rows) > vocab:
         raise RecipeError(f"the tokenizer has {len(tokenizer)} tokens, more than the {vocab} rows of the "
                           f"embedding in the config of '{name_or_path}'", key="model.tokenizer", location=location,
                           hint="use the model's own tokenizer, or a config with a larger vocab_size")

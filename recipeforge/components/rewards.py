@@ -173,6 +173,11 @@ def reward_model(args: dict, ctx: RewardContext):
     from transformers import AutoTokenizer
 
     trust = bool(args.get("trust_remote_code", False))
+    if trust:
+        from recipeforge.registry import require_code_trust
+
+        require_code_trust("reward 'reward_model' sets trust_remote_code: true (the Python code of its model's "
+                           "repository)", allow_code=ctx.allow_code, key="grpo.rewards.args.trust_remote_code")
     path = _reward_model_dir(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust)

@@ -14,9 +14,10 @@ Two input layouts are read, for SFT (`messages` rows) and for the prompt of DPO 
 
 The output is ``{"messages": [{"role", "content": [{"type": "text", "text"} | {"type": "image"}]}],
 "images": [...]}`` (SFT) or ``{"prompt", "chosen", "rejected", "images"}`` (DPO, the images in the
-prompt), ``images`` listing absolute local paths (or http(s) URLs, left for the model side to fetch)
-in the order of the image entries. Every local image is checked (found, decodable) here, before any
-training starts; each problem names the dataset file, the 1-based row and the image path.
+prompt), ``images`` listing absolute local paths in the order of the image entries: http(s) URLs are fetched
+once into the image folder (`fetched_image_path`; kept as URLs only where a command keeps no such
+folder). Every image is checked (found or fetched, decodable) here, before any training starts; each
+problem names the dataset file, the 1-based row and the image path or URL.
 
 Video entries are refused: a list of frames is not a set of independent images to the models.
 PIL is imported inside the functions, so reading a recipe never loads it.
@@ -206,7 +207,9 @@ def _resolve(ref: Any, row: _Row, where: str) -> str:
                         hint="write each image as a path relative to the dataset file, e.g. \"images/cat.png\"")
     ref = ref.strip()
     if _is_url(ref):
-        return ref
+        # Fetched now, once, into the image folder: a URL that fails mid-training would end the run with a
+        # library's error; here it is this row's error, before any training.
+        return fetched_image_path(ref, row, where) if row.embedded_dir is not None else ref
     if ref.startswith("data:") or re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]+://", ref) and not ref.startswith("file://"):
         raise row.error(f"{where} {excerpt(ref)} is neither a file path nor an http(s) URL",
                         hint="write the image to a file and give its path")
@@ -251,6 +254,67 @@ def embedded_image_path(image: Any, row: _Row, where: str) -> str:
             f.write(data)
         os.replace(tmp, path)  # concurrent writers of the same image write the same bytes
     row.written.setdefault(str(path), f"{where} (held in the data)")
+    return str(path)
+
+
+MAX_IMAGE_BYTES = 64 * 2**20   # one image; a larger download is a mistake (a video, an archive)
+FETCH_TIMEOUT_S = 30
+
+
+def fetched_image_path(url: str, row: _Row, where: str) -> str:
+    """The local copy of the http(s) image `url`: `row.embedded_dir`/url-<sha256 of the URL>.<suffix>,
+    downloaded once (at most `MAX_IMAGE_BYTES`, redirects to http(s) only, `FETCH_TIMEOUT_S` per read)
+    and kept for later runs. A failure is this row's `RecipeError`, naming the URL and why."""
+    import hashlib
+    import tempfile
+    import urllib.error
+    import urllib.request
+
+    folder = Path(row.embedded_dir)  # type: ignore[arg-type]  (the caller checked it is set)
+    key = hashlib.sha256(url.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    done = sorted(folder.glob(f"url-{key}.*")) if folder.is_dir() else []
+    if done:
+        row.written.setdefault(str(done[0]), url)
+        return str(done[0])
+
+    class _HttpOnly(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: D102 (urllib's hook)
+            if not _is_url(newurl):
+                raise urllib.error.URLError(f"redirected to {newurl[:80]!r}, which is not http(s)")
+            return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+    opener = urllib.request.build_opener(_HttpOnly())
+    request = urllib.request.Request(url, headers={"User-Agent": "recipeforge"})
+    try:
+        with opener.open(request, timeout=FETCH_TIMEOUT_S) as response:
+            data = response.read(MAX_IMAGE_BYTES + 1)
+    except urllib.error.HTTPError as exc:
+        raise row.error(f"{where} {excerpt(url)} cannot be fetched: HTTP {exc.code} {exc.reason}",
+                        hint="check the URL, or download the image and give its local path") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:  # DNS, refused, timeout, a malformed URL
+        reason = getattr(exc, "reason", None) or exc
+        raise row.error(f"{where} {excerpt(url)} cannot be fetched: {_first_line(reason) if isinstance(reason, BaseException) else reason}",
+                        hint="check the URL and the network, or download the image and give its local path") from None
+    if len(data) > MAX_IMAGE_BYTES:
+        raise row.error(f"{where} {excerpt(url)} is larger than {MAX_IMAGE_BYTES // 2**20} MiB: not one image",
+                        hint="give the URL of the image itself, or a local copy")
+    import io
+
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            suffix = (img.format or "png").lower()
+    except Exception as exc:  # PIL raises many kinds for bytes that are no image (an HTML error page)
+        raise row.error(f"{where} {excerpt(url)} is not an image ({_first_line(exc)}; {len(data)} bytes)",
+                        hint="give the URL of the image file itself, or a local copy") from None
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"url-{key}.{suffix}"
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".part")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+    row.written.setdefault(str(path), url)
     return str(path)
 
 

@@ -57,16 +57,38 @@ def load_model_dir(model_dir: Path, *, device: str | None = None) -> tuple[Any, 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from recipeforge.outputs.model_files import check_model_dir, load_failure, read_json_file
+
+    model_dir = Path(model_dir)
+    check_model_dir(model_dir)  # a truncated or damaged file is named before a library trips on it
+    adapter = model_dir / "adapter_config.json"
+    if adapter.is_file():
+        base = read_json_file(adapter, what="adapter config").get("base_model_name_or_path")
+        if isinstance(base, str) and Path(base).expanduser().is_dir():
+            check_model_dir(Path(base).expanduser(), what="adapter's base model")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    if (Path(model_dir) / "adapter_config.json").is_file():
-        from peft import AutoPeftModelForCausalLM
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        if adapter.is_file():
+            from peft import AutoPeftModelForCausalLM
 
-        model = AutoPeftModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+            model = AutoPeftModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+    except (RecipeError, KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as exc:  # safetensors, JSON, tokenizers, peft and transformers each raise their own
+        raise load_failure(exc, model_dir) from None
     return model.to(device).eval(), tokenizer
+
+
+def context_length(model: Any, tokenizer: Any) -> int:
+    """Tokens the model reads at most: its config's position limit, or the tokenizer's when smaller
+    (tokenizers without a limit say 10**30)."""
+    config = getattr(model, "config", None)
+    limits = [getattr(config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
+    return min((int(v) for v in limits if isinstance(v, int) and 0 < v < 10**9), default=2048)
 
 
 @dataclass(frozen=True)
@@ -76,12 +98,14 @@ class Sampling:
     max_new_tokens: int = 256
     temperature: float = 0.7
     top_p: float = 0.95
+    min_new_tokens: int = 0  # no end of text before this many tokens (the API's `min_tokens`)
 
     def generate_kwargs(self) -> dict[str, Any]:
+        fixed = {"max_new_tokens": self.max_new_tokens,
+                 **({"min_new_tokens": self.min_new_tokens} if self.min_new_tokens else {})}
         if self.temperature <= 0:
-            return {"do_sample": False, "max_new_tokens": self.max_new_tokens}
-        return {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p,
-                "max_new_tokens": self.max_new_tokens}
+            return {"do_sample": False, **fixed}
+        return {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p, **fixed}
 
 
 def stream_reply(model: Any, tokenizer: Any, prompt_ids: Any, sampling: Sampling,
@@ -181,15 +205,35 @@ def chat(model: Any, tokenizer: Any, *, system: str | None = None, sampling: Sam
             continue
         conversation.turns.append({"role": "user", "content": text})
         reply = _reply(model, tokenizer, conversation, text, sampling, out)
+        if reply is None:  # past the model's context: the message is not kept
+            conversation.turns.pop()
+            continue
         if templated:
             conversation.turns.append({"role": "assistant", "content": reply})
         replies += 1
 
 
 def _reply(model: Any, tokenizer: Any, conversation: Conversation, text: str, sampling: Sampling,
-           out: TextIO) -> str:
-    """Stream one reply to `out`; Ctrl-C ends it early. Returns its text."""
-    ids = prompt_ids(tokenizer, conversation, text, model.device)
+           out: TextIO) -> str | None:
+    """Stream one reply to `out`; Ctrl-C ends it early. Returns its text, or None (and says why) when the
+    conversation no longer fits the model's context or the chat template refuses it."""
+    from jinja2.exceptions import TemplateError
+
+    try:
+        ids = prompt_ids(tokenizer, conversation, text, model.device)
+    except TemplateError as exc:  # e.g. a template that wants roles to alternate
+        out.write(f"(the chat template refuses this conversation: {exc}; /reset starts over)\n")
+        out.flush()
+        return None
+    context = context_length(model, tokenizer)
+    if ids.shape[1] >= context:
+        out.write(f"(this message makes the conversation {ids.shape[1]} tokens long, past the model's context of "
+                  f"{context}: write a shorter one, or /reset to start over)\n")
+        out.flush()
+        return None
+    from dataclasses import replace
+
+    sampling = replace(sampling, max_new_tokens=min(sampling.max_new_tokens, context - int(ids.shape[1])))
     stop = threading.Event()
     pieces: list[str] = []
     try:

@@ -6,13 +6,13 @@ import contextlib
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Iterator
 
 import yaml
 
 from recipeforge.errors import RecipeError
+from recipeforge.outputs.model_files import read_json_file
 
 
 def is_peft(model) -> bool:
@@ -20,29 +20,38 @@ def is_peft(model) -> bool:
 
 
 @contextlib.contextmanager
-def staged_folder(out: Path) -> Iterator[Path]:
-    """A temporary sibling of `out` to write a folder into. When the block ends normally it replaces
-    `out` with one rename; on any error it is removed and `out` stays as it was."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+def staged_folder(out: Path, *, kind: str | None = None) -> Iterator[Path]:
+    """A staging sibling of `out` to write a folder into. When the block ends normally it replaces `out`
+    with one rename; on any error (Ctrl-C and, under `ownership.stop_on_sigterm`, SIGTERM included) it
+    is removed and `out` stays as it was.
+
+    `kind` (export, merged): `out` is an output folder of its own, marked as recipeforge's, and an
+    existing one is replaced only when recipeforge wrote it (`ownership.remove_owned`). Without it, `out`
+    is a fixed part of a run directory or cache entry (final/, base_model/), replaced with what holds it."""
+    from recipeforge.outputs.ownership import mark_owned, remove_owned, staging_folder
+
+    tmp = staging_folder(out.parent, out.name[:40])
     try:
         yield tmp
-        if out.exists():
+        if kind is not None:
+            mark_owned(tmp, kind)
+            remove_owned(out)
+        elif out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already after a successful rename
 
 
-def save_pretrained_atomic(model, tokenizer, out: Path, state_dict: dict | None = None, dtype=None) -> Path:
+def save_pretrained_atomic(model, tokenizer, out: Path, state_dict: dict | None = None, dtype=None,
+                           kind: str | None = None) -> Path:
     """`save_pretrained` (safetensors) + tokenizer into `out`, replacing it only once fully written.
     `state_dict`: weights gathered from a sharded model (ZeRO-3, FSDP) to write instead of the model's.
     `dtype`: a 16-bit torch dtype to write fp32 full weights in (`weights_in`); adapters are written as
     peft keeps them."""
     if dtype is not None and not is_peft(model):
         state_dict, dtype = weights_in(model, state_dict, dtype)
-    with staged_folder(out) as tmp:
+    with staged_folder(out, kind=kind) as tmp:
         config = getattr(model, "config", None)
         cache_flag = getattr(config, "use_cache", None)
         # A gathered state dict is written by the main process alone: a tensor-parallel model's own
@@ -104,8 +113,102 @@ def _config_dtype(config_json: Path, dtype) -> None:
 
 
 def save_base_model(model, tokenizer, out: Path) -> Path:
-    """Keep the random-init base of a tiny model next to its adapter (it exists nowhere else)."""
+    """Keep a model built in memory (no checkpoint anywhere) as a model folder at `out`."""
     return save_pretrained_atomic(model, tokenizer, out)
+
+
+# Tensors of one safetensors file of a written base: the most host memory writing it takes.
+BASE_SHARD_BYTES = 2 * 2**30
+
+
+def write_random_base(spec, files, out: Path, *, device, tokenizer=None, generation_config=None,
+                      shard_bytes: int = BASE_SHARD_BYTES) -> Path:
+    """Write the random-init base `spec` (a `components.model_init.RandomInit`) to `out` as a model
+    folder transformers loads: safetensors files, config.json, the generation config and `files`'
+    (the tokenizer's or processor's). The weights are made again on `device`, one module at a time,
+    exactly as training made them (same seeds, same device type), so no process ever holds the whole
+    model; a 4-bit base is written in its compute dtype, which quantizes to the words training used.
+    Written into a staging folder and moved into place whole. `tokenizer`: the one whose special
+    tokens the config takes (default: `files`)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from recipeforge.components.model_init import RandomWeights, build_skeleton, forked_rng, marked_modules
+
+    skeleton, _ = build_skeleton(spec.config, dtype=spec.dtype, attn_implementation=spec.attn_implementation,
+                                 num_labels=spec.num_labels)
+    device = torch.device(device)
+    weights = RandomWeights(skeleton, spec, device=device)
+    owners: dict[int, tuple] = {}  # a tied parameter is made by its first holder, as in training
+    for _, module in marked_modules(skeleton):
+        for name, p in module.named_parameters(recurse=False):
+            owners.setdefault(id(p), (module, name))
+    entries = _state_entries(skeleton)
+    shards = _plan_shards(entries, shard_bytes)
+    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" if len(shards) > 1 else "model.safetensors"
+             for i in range(len(shards))]
+    with staged_folder(out) as tmp, forked_rng(device), torch.no_grad():
+        made: tuple[int, dict] = (0, {})
+        weight_map = {}
+        for shard, name in zip(shards, names):
+            tensors = {}
+            for key, tensor in shard:
+                if id(tensor) in owners:  # a parameter: made with the rest of its module
+                    module, pname = owners[id(tensor)]
+                    if made[0] != id(module):
+                        made = (id(module), weights.module_tensors(module))
+                    tensors[key] = made[1].pop(pname).to("cpu").contiguous()
+                else:  # a persistent buffer, computed when the skeleton was built
+                    tensors[key] = tensor.detach().to("cpu").contiguous()
+                weight_map[key] = name
+            save_file(tensors, str(tmp / name), metadata={"format": "pt"})
+            del tensors
+        if len(shards) > 1:
+            total = sum(_nbytes(t) for shard in shards for _, t in shard)
+            (tmp / "model.safetensors.index.json").write_text(json.dumps(
+                {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+        config = skeleton.config
+        config.architectures = [type(skeleton).__name__]
+        tok = tokenizer if tokenizer is not None else getattr(files, "tokenizer", files)
+        if tok is not None:
+            config.pad_token_id = tok.pad_token_id
+        config.save_pretrained(str(tmp))
+        if generation_config is not None:
+            generation_config.save_pretrained(str(tmp))
+        if files is not None:
+            files.save_pretrained(str(tmp))
+    return out
+
+
+def _state_entries(model) -> list[tuple[str, object]]:
+    """(key, tensor) of what a saved model holds: parameters and persistent buffers, a tied parameter
+    once (under its first name; transformers ties the others again when it loads)."""
+    seen: set[int] = set()
+    entries = []
+    for key, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        entries.append((key, tensor))
+    return entries
+
+
+def _plan_shards(entries: list, shard_bytes: int) -> list[list]:
+    """`entries` cut, in order, into files of at most `shard_bytes` (a larger tensor alone in its file)."""
+    shards: list[list] = [[]]
+    size = 0
+    for key, tensor in entries:
+        n = _nbytes(tensor)
+        if shards[-1] and size + n > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append((key, tensor))
+        size += n
+    return shards
+
+
+def _nbytes(tensor) -> int:
+    return tensor.numel() * tensor.element_size()
 
 
 def merge_adapter(run_dir: Path, out_dir: Path | None = None) -> Path:
@@ -123,14 +226,29 @@ def merge_adapter(run_dir: Path, out_dir: Path | None = None) -> Path:
     if not adapter_cfg.is_file():
         raise RecipeError(f"{final} holds a full model, not an adapter: there is nothing to merge",
                           hint="load final/ directly with AutoModelForCausalLM.from_pretrained")
+    from recipeforge.outputs.model_files import check_model_dir
+    from recipeforge.outputs.ownership import check_replaceable
+
+    if out_dir is not None:  # a folder the user names: never the run, its models or a place of theirs
+        check_replaceable(Path(out_dir), overwrite=True, key="--output", flag="merging again into it",
+                          also=[(run_dir, "the run directory"), (final, "the run's final/ model"),
+                                (run_dir / "base_model", "the run's base_model/")])
+    check_model_dir(final, what="adapter")
     recipe = _resolved_recipe(run_dir)
     model_cfg = recipe.get("model", {}) if isinstance(recipe, dict) else {}
-    adapter = json.loads(adapter_cfg.read_text())
+    model_cfg = model_cfg if isinstance(model_cfg, dict) else {}
+    adapter = read_json_file(adapter_cfg)
+    if model_cfg.get("trust_remote_code") is True:
+        from recipeforge.registry import require_code_trust
+
+        require_code_trust(f"the run's recipe ({run_dir / 'resolved_recipe.yaml'}) sets model.trust_remote_code: "
+                           "true, the Python code of its base model's repository",
+                           allow_code=recipe.get("allow_code") is True, key="model.trust_remote_code")
     base = _base_path(run_dir, adapter, model_cfg)
     out = Path(out_dir) if out_dir is not None else run_dir / "merged"
 
     with whole_model_loading():
-        return _merge(run_dir, final, base, adapter, model_cfg, out)
+        return _merge(run_dir, final, base, adapter, model_cfg, out, kind=None if out_dir is None else "merged")
 
 
 @contextlib.contextmanager
@@ -156,7 +274,8 @@ def whole_model_loading() -> Iterator[None]:
         hf_deepspeed.set_hf_deepspeed_config(held)
 
 
-def _merge(run_dir: Path, final: Path, base: str, adapter: dict, model_cfg: dict, out: Path) -> Path:
+def _merge(run_dir: Path, final: Path, base: str, adapter: dict, model_cfg: dict, out: Path,
+           kind: str | None = None) -> Path:
     """`merge_adapter`'s work: the base loaded whole, the adapter merged in, the result written to `out`."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
@@ -175,6 +294,10 @@ def _merge(run_dir: Path, final: Path, base: str, adapter: dict, model_cfg: dict
         auto = AutoModelForImageTextToText
 
     dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(model_cfg.get("dtype", "auto"), "auto")
+    from recipeforge.outputs.model_files import check_model_dir, load_failure
+
+    if Path(base).is_dir():
+        check_model_dir(Path(base), what="base model")
     try:
         # The adapter trained on whatever precision the base had; merging into an unquantized copy is
         # standard (QLoRA adapters included).
@@ -184,14 +307,23 @@ def _merge(run_dir: Path, final: Path, base: str, adapter: dict, model_cfg: dict
     except OSError as exc:
         raise RecipeError(f"cannot load the base model '{base}' to merge into: {str(exc).splitlines()[0]}",
                           hint="the base must be reachable (a local directory, or the hub when online)") from None
-    merged = PeftModel.from_pretrained(base_model, str(final)).merge_and_unload()
+    except (RecipeError, KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as exc:  # a damaged or foreign base folder: safetensors, JSON, transformers' own errors
+        raise load_failure(exc, Path(base), what="base model") from None
+    try:
+        merged = PeftModel.from_pretrained(base_model, str(final)).merge_and_unload()
+    except (RecipeError, KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as exc:  # an adapter of another shape or a damaged one
+        raise load_failure(exc, final, what="adapter") from None
     if vision:
         from transformers import AutoProcessor
 
         files = AutoProcessor.from_pretrained(str(final))  # tokenizer, image processor, chat template
     else:
         files = AutoTokenizer.from_pretrained(str(final))
-    return save_pretrained_atomic(merged, files, out)
+    return save_pretrained_atomic(merged, files, out, kind=kind)
 
 
 def _resolved_recipe(run_dir: Path) -> dict:

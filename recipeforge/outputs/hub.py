@@ -11,7 +11,6 @@ carries a one-line reason and the command that retries (``recipeforge push RUN_D
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 from dataclasses import dataclass
@@ -47,7 +46,7 @@ def push_plan(run_dir: Path, *, merged: bool | None = None) -> PushPlan:
     run_dir = Path(run_dir)
     recipe = _recipe(run_dir)
     if merged is None:
-        merged = bool(recipe.get("output", {}).get("merge_adapter")) and (run_dir / "merged").is_dir()
+        merged = bool(_section(recipe, "output").get("merge_adapter")) and (run_dir / "merged").is_dir()
     source = run_dir / ("merged" if merged else "final")
     if not source.is_dir():
         raise RecipeError(f"{run_dir} has no {source.name}/ model to push",
@@ -69,8 +68,10 @@ def push_plan(run_dir: Path, *, merged: bool | None = None) -> PushPlan:
     notes = []
     adapter = source / "adapter_config.json"
     if adapter.is_file():
-        base = json.loads(adapter.read_text()).get("base_model_name_or_path") or ""
-        if base and Path(base).is_absolute():
+        from recipeforge.outputs.model_files import read_json_file
+
+        base = read_json_file(adapter, what="adapter config").get("base_model_name_or_path") or ""
+        if isinstance(base, str) and base and Path(base).is_absolute():
             notes.append(f"the adapter's base model is the local folder {base}; set output.merge_adapter: true "
                          f"to push a model that loads on its own")
     return PushPlan(run_dir, source, tuple(files), tuple(notes))
@@ -110,8 +111,10 @@ def retry_command(run_dir: Path, repo_id: str | None) -> str:
 
 def repo_from_run(run_dir: Path) -> tuple[str | None, bool]:
     """`output.push_to_hub` (repo id, private) of the run's resolved recipe; (None, True) without one."""
-    hub = _recipe(Path(run_dir)).get("output", {}).get("push_to_hub") or {}
-    return hub.get("repo_id"), bool(hub.get("private", True))
+    hub = _section(_recipe(Path(run_dir)), "output").get("push_to_hub")
+    hub = hub if isinstance(hub, dict) else {}
+    repo = hub.get("repo_id")
+    return (repo if isinstance(repo, str) and repo else None), hub.get("private", True) is not False
 
 
 def _recipe(run_dir: Path) -> dict:
@@ -122,9 +125,15 @@ def _recipe(run_dir: Path) -> dict:
         raise RecipeError(f"{run_dir} is not a run directory", hint="pass the output.dir of a finished run")
     try:
         data = yaml.safe_load(path.read_text()) if path.is_file() else {}
-    except (OSError, yaml.YAMLError):
+    except (OSError, yaml.YAMLError, UnicodeDecodeError, RecursionError):  # damaged: as if there were none
         data = {}
     return data if isinstance(data, dict) else {}
+
+
+def _section(recipe: dict, name: str) -> dict:
+    """A section of a run's resolved recipe, {} when it is missing or not a mapping (a damaged file)."""
+    value = recipe.get(name)
+    return value if isinstance(value, dict) else {}
 
 
 def _one_line(exc: BaseException) -> str:

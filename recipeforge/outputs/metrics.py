@@ -1,6 +1,6 @@
 """metrics.jsonl: every logged metric of a run, one JSON object per line.
 
-Each line has ``split`` (train, eval, data, summary), ``step`` and ``epoch`` next to the metrics with
+Each line has ``split`` (train, eval, data, startup, summary), ``step`` and ``epoch`` next to the metrics with
 the names the trainer logs them under (``loss``, ``eval_loss``, ``rewards/accuracies``, ...).
 """
 

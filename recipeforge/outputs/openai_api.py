@@ -42,6 +42,8 @@ class Request:
     messages: list[dict[str, str]] | None = None
     prompt: str | None = None
     max_tokens: int = DEFAULT_MAX_TOKENS
+    max_tokens_given: bool = False  # the client set it: past the context it is a 400, not shortened
+    min_tokens: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)
@@ -58,18 +60,53 @@ def parse_request(body: Any, *, chat: bool, served: str) -> Request:
     `BadRequest` for a malformed field, or for a model other than the one `served`."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
+    _check_text(body, "")
     model = body.get("model")
+    if not isinstance(model, str):
+        raise BadRequest("model must be a string: the served model's name", param="model")
     if model != served:
-        raise BadRequest(f"the model {model!r} does not exist; this server serves {served!r}", param="model",
+        raise BadRequest(f"the model {model[:100]!r} does not exist; this server serves {served!r}", param="model",
                          status=404, code="model_not_found")
-    if body.get("n", 1) != 1:
+    n = body.get("n", 1)
+    if n is not None and (isinstance(n, bool) or n != 1):
         raise BadRequest("only n=1 is served (ask several times, or serve with --engine vllm)", param="n")
     inputs = {"messages": _messages(body.get("messages"))} if chat else {"prompt": _prompt(body.get("prompt"))}
-    options = body.get("stream_options") or {}
-    return Request(model=model, **inputs, max_tokens=_max_tokens(body), stream=bool(body.get("stream", False)),
+    options = body.get("stream_options")
+    if options is None:
+        options = {}
+    if not isinstance(options, dict):
+        raise BadRequest("stream_options must be an object", param="stream_options")
+    max_tokens = _max_tokens(body)
+    min_tokens = body.get("min_tokens", 0)  # vLLM's extension: no end of text before this many tokens
+    if min_tokens is None:
+        min_tokens = 0
+    if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or not 0 <= min_tokens <= max_tokens:
+        raise BadRequest("min_tokens must be an integer from 0 to max_tokens", param="min_tokens")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool) and stream is not None:
+        raise BadRequest("stream must be true or false", param="stream")
+    return Request(model=model, **inputs, max_tokens=max_tokens, min_tokens=min_tokens, stream=bool(stream),
+                   max_tokens_given=body.get("max_completion_tokens", body.get("max_tokens")) is not None,
                    temperature=_number(body, "temperature", 1.0, low=0.0, high=2.0),
                    top_p=_number(body, "top_p", 1.0, low=0.0, high=1.0), stop=_stop(body.get("stop")),
                    include_usage=bool(isinstance(options, dict) and options.get("include_usage")))
+
+
+def _check_text(value: Any, where: str, depth: int = 0) -> None:
+    """Refuse strings a tokenizer cannot encode (lone surrogates from ``\\ud800`` escapes) anywhere in the
+    body, with the field they stand in."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest(f"{where or 'the body'} holds a lone surrogate (\\ud800-\\udfff): not text",
+                             param=where or None) from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_text(v, f"{where}.{k}" if where else str(k), depth + 1)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_text(v, f"{where}[{i}]", depth + 1)
 
 
 def _messages(raw: Any) -> list[dict[str, str]]:
@@ -103,6 +140,21 @@ def _max_tokens(body: dict[str, Any]) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise BadRequest("max_tokens must be a positive integer", param="max_tokens")
     return value
+
+
+def context_exceeded(*, context: int, prompt_tokens: int, max_tokens: int, given: bool, chat: bool) -> str | None:
+    """Why a request does not fit the model's context of `context` tokens (None when it does), in the
+    words OpenAI-compatible servers use: the prompt alone, or the prompt plus `max_tokens` when the
+    client asked for that many (a default is shortened to what fits instead)."""
+    what = "messages" if chat else "prompt"
+    if prompt_tokens >= context:
+        return (f"This model's maximum context length is {context} tokens. However, your {what} resulted in "
+                f"{prompt_tokens} tokens. Please reduce the length of the {what}.")
+    if given and prompt_tokens + max_tokens > context:
+        return (f"This model's maximum context length is {context} tokens. However, you requested "
+                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {what}, {max_tokens} in the "
+                f"completion). Please reduce the length of the {what} or completion.")
+    return None
 
 
 def _number(body: dict[str, Any], key: str, default: float, *, low: float, high: float) -> float:

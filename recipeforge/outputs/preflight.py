@@ -185,8 +185,12 @@ def _probe_writable(target: Path, existing: Path, shown: str) -> None:
 
 
 def _refuse_foreign_wipe(target: Path, shown: str) -> None:
+    # The rule `export --overwrite` follows too: only a folder recipeforge wrote (its marker, or a run of
+    # a version before the marker) is deleted; names alone (a folder of the user's called final/) are not enough.
+    from recipeforge.outputs.ownership import is_owned
+
     entries = sorted(p.name for p in target.iterdir())
-    if entries and not any(name in entries for name in RUN_FILES):
+    if entries and not is_owned(target):
         raise RecipeError(f"'{shown}' holds {len(entries)} entries that are not a recipeforge run (e.g. "
                           f"'{entries[0]}'), and --overwrite would delete them", key=KEY,
                           hint="set output.dir to a new folder, or empty this one yourself")
@@ -291,6 +295,9 @@ def write_failure(exc: BaseException, run_root: Path | None = None) -> RecipeErr
         free = _disk_free(_nearest_existing(root))
         code = errno.ENOSPC if free is not None and free < 64 * 2**20 else None
     where = Path(filename) if filename else root
+    if where is None:  # neither the file nor the folder is known: name no disk rather than a wrong one
+        return RecipeError(f"a write failed: {_reason(code)}",
+                           hint="free space on the disk of the output you asked for, or check its permissions")
     if root is not None and filename and Path(filename).absolute().is_relative_to(root.absolute()):
         inside = Path(filename).absolute().relative_to(root.absolute())
         what = f"writing the run directory {root} failed: {_reason(code)} ({inside})"
@@ -301,6 +308,33 @@ def write_failure(exc: BaseException, run_root: Path | None = None) -> RecipeErr
     if root is not None:
         what += f"; {_left_behind(root)}"
     return RecipeError(what, key=KEY if root is not None else None, hint=_hint(code, where or Path.cwd()))
+
+
+def output_write_failure(exc: BaseException, out: Path, *, what: str, key: str = "--output") -> RecipeError | None:
+    """A `RecipeError` for `exc` when it is a failed write while a command wrote the folder `out` (an
+    export, a merged model), naming `out`, its disk and what to free; None for other errors. The folder
+    is written beside `out` and replaces it only when complete, so nothing was replaced."""
+    is_write, code, filename = failed_write(exc)
+    if not is_write:
+        return None
+    out = Path(out).absolute()
+    disk = _nearest_existing(out.parent)
+    if code is None:  # torch does not say why; a full disk is by far the most common cause
+        free = _disk_free(disk)
+        code = errno.ENOSPC if free is not None and free < 64 * 2**20 else None
+    message = f"writing {what} {out} failed: {_reason(code)}"
+    if filename:
+        message += f" ({filename})"
+    message += f"; nothing was replaced ({out} is as it was)"
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        hint = f"free space on the disk holding {disk} ({_free(disk)} free now), or write it to another disk with -o DIR"
+    elif code == errno.EROFS:
+        hint = f"{disk} is on a read-only file system: write it elsewhere with -o DIR"
+    elif code in (errno.EACCES, errno.EPERM):
+        hint = f"this user may not write in {disk}: write it to a folder you own with -o DIR"
+    else:
+        hint = "check the disk and the permissions of the output folder, or write it elsewhere with -o DIR"
+    return RecipeError(message, key=key, hint=hint)
 
 
 def _left_behind(root: Path) -> str:

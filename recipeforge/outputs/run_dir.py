@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import time
@@ -97,9 +96,11 @@ class RunDir:
         return self.final.exists() or (self.checkpoints.exists() and any(self.checkpoints.iterdir()))
 
     def reset(self) -> None:
-        """Remove everything a previous run wrote (`--overwrite`)."""
-        if self.root.exists():
-            shutil.rmtree(self.root)
+        """Remove everything a previous run wrote (`--overwrite`): only a folder recipeforge wrote, never
+        the root, the home or working directory (`ownership.remove_owned`)."""
+        from recipeforge.outputs.ownership import remove_owned
+
+        remove_owned(self.root)
 
     def write_recipe(self, tree_data: dict, source: Path | None = None) -> None:
         """resolved_recipe.yaml: the recipe as run, headed by its source and its hash (see run_guard)."""
@@ -149,6 +150,13 @@ def prepare(run: RunDir, *, overwrite: bool, resume: str) -> None:
                           key="output.resume",
                           hint="pass --overwrite to start over, choose another output.dir, or use resume: auto")
     run.root.mkdir(parents=True, exist_ok=True)
+    from recipeforge.outputs.ownership import BOOKKEEPING, OWNER_FILE, is_owned, mark_owned
+
+    # Marked as recipeforge's. A folder of the user's that a run was pointed at keeps the names of what it
+    # held: --overwrite will not delete it while they are there.
+    if not (run.root / OWNER_FILE).exists():
+        before = [] if is_owned(run.root) else [p.name for p in run.root.iterdir() if p.name not in BOOKKEEPING]
+        mark_owned(run.root, "run", foreign=before)
 
 
 def environment_info() -> dict:

@@ -132,7 +132,7 @@ def read_resolved(path: Path) -> dict | None:
     """The resolved recipe a run directory keeps, or None when it is missing or unreadable."""
     try:
         data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+    except (OSError, yaml.YAMLError, UnicodeDecodeError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
 

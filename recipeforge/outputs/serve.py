@@ -7,25 +7,35 @@ without merging (`chat.load_chat_model`), from the standard library's threading 
 for trying a model, a demo or an evaluation harness, not for traffic. ``vllm`` hands the run to
 ``vllm serve`` (continuous batching; a LoRA adapter served as an adapter on its base), same API.
 
-The server binds to 127.0.0.1 unless told otherwise, and checks ``Authorization: Bearer KEY`` when
-given an API key.
+The server binds to 127.0.0.1 unless told otherwise (beyond it only with an API key, or `--insecure`;
+`serve_access`), and checks ``Authorization: Bearer KEY`` when given an API key. It refuses what an
+OpenAI-compatible server refuses, in OpenAI's error shape: a body over `MAX_BODY` bytes (413), no or a
+malformed Content-Length (411/400), a request line or headers http.server cannot parse (400), a prompt
+past the model's context or `max_tokens` past what the context leaves (400, ``context_length_exceeded``).
+A client that leaves stops its generation at the next token, which frees the model for the next one.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
+import select
+import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from recipeforge.errors import RecipeError
 from recipeforge.outputs import openai_api as api
 from recipeforge.outputs.openai_api import BadRequest, Request
 
 ROUTES = {"/v1/chat/completions": True, "/v1/completions": False}  # path -> is chat
+MAX_BODY = 4 * 2**20   # bytes of one request body: a long conversation is kilobytes, a model's context far less
+SOCKET_TIMEOUT_S = 60  # a client silent this long mid-request is dropped (its thread freed)
 
 
 @dataclass
@@ -46,30 +56,58 @@ class Generator:
     tokenizer: Any
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    @property
+    def context_length(self) -> int:
+        """Tokens the model reads at most (`chat.context_length`)."""
+        from recipeforge.outputs.chat import context_length
+
+        return context_length(self.model, self.tokenizer)
+
     def prompt_ids(self, request: Request) -> Any:
         """Token ids of the request's prompt: chat messages through the run's chat template (with the
         generation prompt), or the completion prompt as text."""
+        from jinja2.exceptions import TemplateError
+
         if request.is_chat:
             if not getattr(self.tokenizer, "chat_template", None):
                 raise BadRequest("this run's tokenizer has no chat template (a pretraining run): use /v1/completions")
-            ids = self.tokenizer.apply_chat_template(request.messages, add_generation_prompt=True,
-                                                     return_tensors="pt", return_dict=True)["input_ids"]
+            try:
+                ids = self.tokenizer.apply_chat_template(request.messages, add_generation_prompt=True,
+                                                         return_tensors="pt", return_dict=True)["input_ids"]
+            except TemplateError as exc:  # e.g. roles that do not alternate, as the template requires
+                raise BadRequest(f"the model's chat template refuses these messages: {exc}",
+                                 param="messages") from None
         else:
             ids = self.tokenizer(request.prompt, return_tensors="pt")["input_ids"]
         return ids.to(self.model.device)
 
-    def pieces(self, request: Request, generation: Generation) -> Iterator[str]:
+    def pieces(self, request: Request, generation: Generation,
+               client_gone: Callable[[], bool] = lambda: False) -> Iterator[str]:
         """The reply's text as generated, held back near a possible stop string and cut at one;
-        `generation` is filled in when the stream ends. The caller holds `lock`."""
+        `generation` is filled in when the stream ends. A prompt that does not fit the context is a
+        `BadRequest` before anything is generated; `client_gone` is asked after every piece and ends the
+        generation when it says yes. The caller holds `lock`."""
         from recipeforge.outputs.chat import Sampling, stream_reply
 
         ids = self.prompt_ids(request)
         generation.prompt_tokens = int(ids.shape[1])
-        sampling = Sampling(max_new_tokens=request.max_tokens, temperature=request.temperature, top_p=request.top_p)
+        context = self.context_length
+        problem = api.context_exceeded(context=context, prompt_tokens=generation.prompt_tokens,
+                                       max_tokens=request.max_tokens, given=request.max_tokens_given,
+                                       chat=request.is_chat)
+        if problem:
+            raise BadRequest(problem, param="messages" if request.is_chat else "prompt", code="context_length_exceeded")
+        max_tokens = min(request.max_tokens, context - generation.prompt_tokens)
+        sampling = Sampling(max_new_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p,
+                            min_new_tokens=min(request.min_tokens, max_tokens))
         stop, result = threading.Event(), {}
         hold = max((len(s) for s in request.stop), default=1) - 1
         text, sent = "", 0
         for piece in stream_reply(self.model, self.tokenizer, ids, sampling, stop, result):
+            if client_gone():  # nobody reads the rest: stop now and free the model for the next request
+                stop.set()
+                generation.finish_reason = "abandoned"
+                return
             text += piece
             cut, found = api.cut_at_stop(text, request.stop)
             if found:
@@ -86,7 +124,7 @@ class Generator:
         generated = result.get("ids")
         generation.completion_tokens = int(generated.shape[1]) - generation.prompt_tokens if generated is not None else 0
         stopped = api.cut_at_stop(text, request.stop)[1]
-        generation.finish_reason = "length" if not stopped and generation.completion_tokens >= request.max_tokens \
+        generation.finish_reason = "length" if not stopped and generation.completion_tokens >= max_tokens \
             else "stop"
 
 
@@ -108,9 +146,12 @@ class ModelServer(ThreadingHTTPServer):
 
 
 class Handler(BaseHTTPRequestHandler):
-    """Routes the OpenAI endpoints to the server's generator."""
+    """Routes the OpenAI endpoints to the server's generator; every answer, errors included, is JSON in
+    OpenAI's shape."""
 
     server: ModelServer
+    timeout = SOCKET_TIMEOUT_S  # socketserver applies it to the connection: a stalled client is dropped
+    protocol_version = "HTTP/1.0"  # one request per connection: the length of every answer is its own
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         if self.path == "/health":
@@ -119,14 +160,29 @@ class Handler(BaseHTTPRequestHandler):
             return None
         if self.path == "/v1/models":
             return self._json(200, api.models_list(self.server.name, self.server.created))
-        return self._json(404, api.error_body(f"no route {self.path}", kind="not_found_error"))
+        return self._json(404, api.error_body(f"no route {self.path[:100]}", kind="not_found_error"))
 
     def do_POST(self) -> None:  # noqa: N802
+        try:
+            self._post()
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            self.close_connection = True  # the client left or went silent: nobody to answer
+        except Exception as exc:  # a failure of the model or a library: a 500 for this request, the server goes on
+            self.log_error("request failed: %s: %s", type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")
+            self.close_connection = True
+            if getattr(self, "_streaming", False):
+                return  # the stream's status line is sent: closing it is all that is left to say
+            try:
+                self._json(500, api.error_body("the server failed to answer this request", kind="server_error"))
+            except OSError:
+                pass
+
+    def _post(self) -> None:
         if not self._authorized():
             return None
         chat = ROUTES.get(self.path.split("?")[0])
         if chat is None:
-            return self._json(404, api.error_body(f"no route {self.path}", kind="not_found_error"))
+            return self._json(404, api.error_body(f"no route {self.path[:100]}", kind="not_found_error"))
         try:
             request = api.parse_request(self._body(), chat=chat, served=self.server.name)
             generator = self.server.generator
@@ -135,7 +191,9 @@ class Handler(BaseHTTPRequestHandler):
                 if request.stream:
                     return self._stream(generator, request)
                 generation = Generation()
-                text = "".join(generator.pieces(request, generation))
+                text = "".join(generator.pieces(request, generation, self._client_gone))
+                if generation.finish_reason == "abandoned":
+                    return self._abandoned()
         except BadRequest as exc:
             return self._json(exc.status, exc.body())
         tokens = (generation.prompt_tokens, generation.completion_tokens)
@@ -144,8 +202,11 @@ class Handler(BaseHTTPRequestHandler):
     def _stream(self, generator: Generator, request: Request) -> None:
         """Server-sent events: the pieces as they are generated, then the finish reason and [DONE]."""
         generation, rid = Generation(), api.new_id(request)
-        pieces = generator.pieces(request, generation)
+        pieces = generator.pieces(request, generation, self._client_gone)
         first = next(pieces, None)  # a bad prompt is still an HTTP error, before the stream starts
+        if generation.finish_reason == "abandoned":
+            return self._abandoned()
+        self._streaming = True
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -156,6 +217,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._event(api.chunk(request, rid, text=first))
             for piece in pieces:
                 self._event(api.chunk(request, rid, text=piece))
+            if generation.finish_reason == "abandoned":
+                return self._abandoned()
             self._event(api.chunk(request, rid, finish_reason=generation.finish_reason))
             if request.include_usage:
                 self._event(api.usage_chunk(request, rid, (generation.prompt_tokens, generation.completion_tokens)))
@@ -163,25 +226,56 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):  # the client left: stop generating for it
             pieces.close()
+            self._abandoned()
+
+    def _abandoned(self) -> None:
+        self.close_connection = True
+        self.log_message('"%s" client left: generation stopped', self.requestline)
 
     def _event(self, payload: dict[str, Any] | None) -> None:
         if payload is not None:
             self.wfile.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
             self.wfile.flush()
 
+    def _client_gone(self) -> bool:
+        """Whether the client closed its side (a readable socket with nothing left to read); it sends
+        nothing more after its request."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
+
     def _authorized(self) -> bool:
         key = self.server.api_key
-        if key is None or self.headers.get("Authorization", "") == f"Bearer {key}":
+        given = self.headers.get("Authorization", "")
+        # A constant-time comparison: how long a wrong key takes to refuse says nothing about the right one.
+        if key is None or hmac.compare_digest(given.encode("utf-8", "surrogateescape"),
+                                              f"Bearer {key}".encode("utf-8", "surrogateescape")):
             return True
         self._json(401, api.error_body("missing or wrong API key (Authorization: Bearer KEY)",
                                        kind="authentication_error", code="invalid_api_key"))
         return False
 
     def _body(self) -> Any:
-        length = int(self.headers.get("Content-Length") or 0)
+        """The request's JSON body, at most `MAX_BODY` bytes; a `BadRequest` in OpenAI's shape otherwise."""
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            raise BadRequest("chunked request bodies are not accepted: send Content-Length", status=411)
+        raw = self.headers.get("Content-Length")
+        if raw is None:
+            raise BadRequest("a request body needs a Content-Length header", status=411)
+        if not raw.strip().isdecimal():
+            raise BadRequest(f"Content-Length {raw[:40]!r} is not a byte count")
+        length = int(raw)
+        if length > MAX_BODY:
+            raise BadRequest(f"the request body is {length} bytes, more than this server reads ({MAX_BODY})",
+                             status=413)
+        data = self.rfile.read(length)
+        if len(data) < length:
+            raise BadRequest(f"the request body ended after {len(data)} of {length} bytes")
         try:
-            return json.loads(self.rfile.read(length) or b"null")
-        except ValueError:
+            return json.loads(data or b"null")
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's limit
             raise BadRequest("the request body is not JSON") from None
 
     def _json(self, status: int, payload: dict[str, Any]) -> None:
@@ -191,6 +285,39 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (a malformed request line or header, an unsupported method, a header
+        too long) in OpenAI's JSON shape instead of an HTML page."""
+        try:
+            short, _ = self.responses.get(code, ("error", ""))
+        except AttributeError:
+            short = "error"
+        self.close_connection = True
+        if getattr(self, "request_version", "HTTP/0.9") == "HTTP/0.9":
+            self.request_version = "HTTP/1.0"  # an unparsable request line still gets a status line and headers
+        kind = "invalid_request_error" if 400 <= code < 500 else "server_error"
+        body = json.dumps(api.error_body(message or short, kind=kind)).encode()
+        try:
+            self.send_response(code, short)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            if self.command != "HEAD" and code >= 200 and code not in (204, 304):
+                self.wfile.write(body)
+        except OSError:
+            pass
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's signature)
+        """One line per request on stderr, with control characters escaped and credentials (a key in a
+        query string) hidden."""
+        from recipeforge.config.secrets import scrub
+        from recipeforge.errors import bounded_text
+
+        message = format % args
+        sys.stderr.write(f"{self.address_string()} - [{self.log_date_time_string()}] "
+                         f"{bounded_text(scrub(message))}\n")
 
 
 def bind(host: str, port: int, *, name: str, api_key: str | None) -> ModelServer:
@@ -203,11 +330,15 @@ def bind(host: str, port: int, *, name: str, api_key: str | None) -> ModelServer
 
 
 def announce(server: ModelServer, api_key: str | None) -> str:
-    """What the server prints once it answers: the URL and a curl line to try it."""
-    auth = f" -H 'Authorization: Bearer {api_key}'" if api_key else ""
+    """What the server prints once it answers: the URL and a curl line to try it. The key itself is never
+    printed: the curl line reads it from $RECIPEFORGE_API_KEY."""
+    import shlex
+
+    auth = ' -H "Authorization: Bearer $RECIPEFORGE_API_KEY"' if api_key else ""
     body = json.dumps({"model": server.name, "messages": [{"role": "user", "content": "Hello!"}]})
     return (f"serving {server.name} at {server.url} (OpenAI API; Ctrl-C to stop)\n"
-            f"  curl {server.url}/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'")
+            f"  curl {shlex.quote(server.url + '/chat/completions')} -H 'Content-Type: application/json'{auth} "
+            f"-d {shlex.quote(body)}")
 
 
 def serve_run(run_dir: Path, *, host: str, port: int, name: str, api_key: str | None, device: str | None) -> None:

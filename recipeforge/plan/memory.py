@@ -137,7 +137,7 @@ def quantized_model_bytes(w: Workload, other_bytes: float) -> float:
 
 
 def loads_quantized_shards(w: Workload, layout: Layout) -> bool:
-    """Whether each process loads only its shard of a QLoRA base (`backends.quantized_loading`:
+    """Whether each process loads only its shard of a QLoRA base (`backends.sharded_loading`:
     FSDP2 or ZeRO-3 with 4-bit weights and no tensor parallel); elsewhere every process loads it whole."""
     return (w.adapter == "qlora" and w.quant_bits == 4 and _shards_weights(layout)
             and layout.tensor_parallel <= 1)
@@ -274,7 +274,7 @@ def _book_quantized_load(w: Workload, layout: Layout, part: dict[str, float], no
         return 0.0
     c = w.compute_bytes
     if loads_quantized_shards(w, layout):
-        # `backends.quantized_loading`: each process reads the checkpoint one tensor at a time,
+        # `backends.sharded_loading`: each process reads the checkpoint one tensor at a time,
         # quantizes it and keeps its shard; the shards are the weights term already
         part["quantized_load"] = tensor_in_flight_bytes(w, c)
         notes.append(f"the 4-bit base loads shard by shard: each GPU holds its shard and at most "

@@ -83,8 +83,16 @@ def merge(run_dir: Path, out_dir: Path | None = None) -> Path:
     """Merge the LoRA adapter of a finished run into its base model (safetensors); returns the folder
     (default ``RUN_DIR/merged``)."""
     from recipeforge.outputs.export import merge_adapter
+    from recipeforge.outputs.preflight import output_write_failure
 
-    return merge_adapter(Path(run_dir), Path(out_dir) if out_dir is not None else None)
+    try:
+        return merge_adapter(Path(run_dir), Path(out_dir) if out_dir is not None else None)
+    except Exception as exc:  # a full disk, a read-only mount: said about the merged folder and its disk
+        failure = output_write_failure(exc, Path(out_dir) if out_dir is not None else Path(run_dir) / "merged",
+                                       what="the merged model")
+        if failure is None:
+            raise
+        raise failure from None
 
 
 def summary(run_dir: Path) -> dict[str, Any]:

@@ -77,11 +77,27 @@ def check_location(loaded: LoadedRecipe, plan: Plan, run: RunDir, *, overwrite: 
     for section in DATA_SECTIONS:
         for i, spec in enumerate(getattr(loaded.recipe.data, section)):
             ref = DatasetRef(spec, section, i)
-            found = resolve_local(ref, base_dir=base, locate=loaded.tree.locate)
+            if any(ch in spec.path for ch in "*?["):  # a glob of stream shards: the folder its pattern starts in
+                found = _glob_root(spec.path, spec_base_dir(ref, base, loaded.tree.locate))
+            else:
+                found = resolve_local(ref, base_dir=base, locate=loaded.tree.locate)
             if found is not None:
                 data.append((ref.key, found))
     check_output_location(run.root, recipe_path=Path(loaded.path), datasets=data, overwrite=overwrite,
                           planned=planned_output(plan, loaded.recipe), log=log)
+
+
+def _glob_root(pattern: str, base: Path | None) -> Path | None:
+    """The existing folder a glob pattern's fixed part names (``shards/part-*.jsonl`` -> shards/), or None."""
+    import glob
+
+    fixed = Path(pattern.split("*")[0].split("?")[0].split("[")[0] or ".").expanduser()
+    folder = fixed if str(pattern).endswith("/") or fixed.is_dir() else fixed.parent
+    if not folder.is_absolute() and base is not None:
+        folder = base / folder
+    if not glob.has_magic(str(folder)) and folder.is_dir():
+        return folder.resolve()
+    return None
 
 
 def resolved_for_run(loaded: LoadedRecipe, run: RunDir) -> dict[str, Any]:

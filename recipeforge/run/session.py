@@ -71,6 +71,10 @@ def trained_runner(ctx: StageContext, backend: Backend) -> Any:
         runner.setup()
         if ctx.dist.is_main and runner.data_stats:
             MetricsWriter(ctx.run.metrics).write({"split": "data", "step": 0, **runner.data_stats})
+        if ctx.dist.is_main and getattr(runner, "model_load_seconds", None) is not None:
+            # How long the model took to build or read before the first step (random init included).
+            MetricsWriter(ctx.run.metrics).write({"split": "startup", "step": 0,
+                                                  "model_load_s": round(runner.model_load_seconds, 3)})
         runner.train()
         if ctx.dist.is_main and backend.reports_runtime:
             write_backend_report(ctx, runner, backend)
@@ -126,10 +130,18 @@ def evaluate_after_training(loaded: LoadedRecipe, run_root: Path) -> None:
     try:
         with whole_model_loading():  # a ZeRO-3 worker's process: the model loads whole, without its peers
             done = evaluate_run(run_root, list(section.tasks), Path(loaded.path).resolve().parent, options,
-                                log=log, checkpoints=section.at_checkpoints)
+                                log=log, checkpoints=section.at_checkpoints, allow_code=loaded.recipe.allow_code,
+                                key="eval.tasks")
     except RecipeError as exc:
-        log(f"warning: evaluation skipped: {exc.render()}\n  the run is complete; evaluate it with: "
-            f"recipeforge eval {run_root}")
+        import shlex
+
+        from recipeforge.registry import code_trust
+
+        # The retry runs the same tasks with the same trust: --trust-code when this run had it by flag.
+        trust = ["--trust-code"] if code_trust(False)[0] else []
+        again = shlex.join(["recipeforge", *trust, "eval", str(run_root),
+                            *(["--checkpoints"] if section.at_checkpoints else [])])
+        log(f"warning: evaluation skipped: {exc.render()}\n  the run is complete; evaluate it with: {again}")
         return
     refresh_card(run_root)
     for subject, records in done.items():

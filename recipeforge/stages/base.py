@@ -64,6 +64,7 @@ class TrainerStage:
         self.extra_log_sources: list[Callable[[], dict[str, Any]]] = []
         self.token_rate = TokenRate()  # tokens/s in every training record, once the trainer counts
         self.trackers: list[Any] = []  # W&B / MLflow callbacks (`outputs.trackers`), finished by `train`
+        self.model_load_seconds: float | None = None  # building or reading the model (`load_model`)
 
     @property
     def data_stats(self) -> dict[str, Any]:
@@ -144,7 +145,12 @@ class TrainerStage:
 
         ctx = self.context
         if ctx.prepare_trainer is not None:
-            ctx.prepare_trainer(self.trainer)
+            import time
+
+            started = time.perf_counter()
+            ctx.prepare_trainer(self.trainer)  # a base loaded or made shard by shard gets its values here
+            if self.model_load_seconds is not None:
+                self.model_load_seconds += time.perf_counter() - started
         if self.recipe.train.activation_offloading:  # TRL's trainers with the field do it themselves
             from recipeforge.stages.activation_offload import wrap_training_step
 
@@ -195,6 +201,8 @@ class TrainerStage:
         from recipeforge.outputs.export import save_pretrained_atomic
 
         ctx = self.context
+        if self.models is not None:  # an adapter's random-init base, unless a checkpoint wrote it
+            self.models.write_base()
         model = self.trainer.accelerator.unwrap_model(self.trainer.model) if self.trainer is not None else self.model
         # A VLM's processor is saved with it: tokenizer, image processor and chat template.
         files = self.processor if self.processor is not None else self.tokenizer
@@ -267,8 +275,10 @@ class TrainerStage:
             # Full fine-tuning of a VLM: the tower and the projector train only when the recipe says so.
             freeze_vision(model, self.recipe.model.vision, log=self.ctx.log,
                           location=self.ctx.locate(("model", "name_or_path")))
-        # A full-size model takes minutes to build or read; the line says where a slow start went.
-        self.ctx.log(f"model: {self.recipe.model.name_or_path} ready in {time.perf_counter() - started:.1f}s")
+        # A full-size model takes minutes to build or read; the line says where a slow start went, and
+        # the run's records keep it (metrics.jsonl, split "startup").
+        self.model_load_seconds = time.perf_counter() - started
+        self.ctx.log(f"model: {self.recipe.model.name_or_path} ready in {self.model_load_seconds:.1f}s")
         return model
 
     @property
@@ -319,7 +329,9 @@ class TrainerStage:
                              wandb_name=public(self.ctx.loaded, ("logging", "wandb", "name"), wandb.name)
                              if wandb else None)
         self.trackers = made.trackers
-        return made.all
+        base = self.models.save_callback() if self.models is not None else None
+        # A checkpoint's adapter names base_model/: a random-init base is written with the first one.
+        return [*made.all, base] if base is not None else made.all
 
     def training_arguments(self, cls: type, **stage_kwargs: Any) -> Any:
         """Build `cls` (TrainingArguments or a TRL config): common settings, then the stage's, then

@@ -81,11 +81,15 @@ class WorkerHooks:
     """What a backend's `setup_worker` hands the stage when it loads the model its own way.
 
     `load_sharded(path, dtype=, attn_implementation=, revision=, trust_remote_code=)` loads the model
-    already sharded (a tensor-parallel or shard-by-shard 4-bit loader); `prepare_trainer(trainer)`
-    finishes a model `load_sharded` left incomplete, once the trainer (and its Accelerator) exists."""
+    already sharded (a tensor-parallel or shard-by-shard loader); `prepare_trainer(trainer)`
+    finishes a model `load_sharded` left incomplete, once the trainer (and its Accelerator) exists.
+    `makes_random`: `load_sharded` also takes `random=` (a `components.model_init.RandomInit`) and
+    makes a random-init model shard by shard; otherwise a random-init base is written to disk first
+    and loaded from there."""
 
     load_sharded: Callable[..., Any] | None = None
     prepare_trainer: Callable[[Any], None] | None = None
+    makes_random: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

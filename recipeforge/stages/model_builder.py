@@ -21,7 +21,8 @@ class ModelBuilder:
 
     `num_labels`: outputs of a sequence-classification head (reward models), None for the LM head.
     `base_on_disk`: whether the trainer loads the starting model again by its name (a reference
-    model, a rollout engine with its own copy), so a random-init base must be written to base_model/.
+    model, a rollout engine with its own copy), so a random-init base must be written to base_model/
+    before training.
     """
 
     def __init__(self, ctx: "StageContext", tokenizer: Any, vocab: Any = None, *, num_labels: int | None = None,
@@ -34,36 +35,121 @@ class ModelBuilder:
         self.vocab = vocab
         self.num_labels = num_labels
         self.base_on_disk = base_on_disk
+        # A random-init base to write to base_model/ when something reads it (`write_base`).
+        self.pending_base: Any = None
+        self.base_written = False
+        self.generation_config: Any = None
 
     def base(self, *, for_reference: bool = False) -> Any:
         """The base model, quantized for QLoRA; adapters are added by `with_lora` or by the trainer.
-        `for_reference`: a second, frozen copy (never sharded, never written, no fp32 masters)."""
+        `for_reference`: a second, frozen copy (never sharded, never written, no fp32 masters).
+
+        A random-init model is made where it trains, module by module (`components.model_init`):
+        whole on this process's device, or shard by shard by a backend that makes it so. Its base is
+        written to base_model/ only when something reads it: before training when the trainer loads
+        it by path (`base_on_disk`), else, for an adapter run, at the first save (`write_base`)."""
         from recipeforge.components.adapters import prepare_quantized
-        from recipeforge.components.tiny_spec import tiny_arch
 
         plan, m = self.ctx.plan, self.ctx.recipe.model
         common, quant = self._load_arguments(for_reference)
-        random_init = tiny_arch(m.name_or_path) is not None or m.init == "random"
+        spec = self.random_spec(common)
         if self.ctx.load_sharded is not None and not for_reference:
-            model = self._load_sharded(m.name_or_path, common, random_init)
-            if quant is not None:  # a 4-bit base the backend loads its own way (`backends.quantized_loading`)
+            model = self._load_sharded(m.name_or_path, common, spec)
+            if quant is not None:  # a 4-bit base the backend loads its own way (`backends.sharded_loading`)
                 model = prepare_quantized(model, gradient_checkpointing=plan.gradient_checkpointing,
                                           device=plan.device, sharded=True)
-            return model
-        if m.init == "random" and tiny_arch(m.name_or_path) is None:
+        else:
+            if spec is not None:
+                from recipeforge.components.models import build_random
+                from recipeforge.components.vocab import fit_model
+
+                started = time.perf_counter()
+                model = build_random(spec, self.tokenizer, name=m.name_or_path, device=plan.device,
+                                     quantization_config=quant)
+                fit_model(model, self.tokenizer, self.vocab)
+                self.ctx.log(f"model: random init on {plan.device} in {time.perf_counter() - started:.1f}s")
+            else:
+                from recipeforge.components.models import load_model
+
+                model = load_model(m.name_or_path, self.tokenizer, **{**common, "quantization_config": quant})
+            if quant is not None:
+                model = prepare_quantized(model, gradient_checkpointing=plan.gradient_checkpointing,
+                                          device=plan.device, sharded=self.sharded_trainable_dtype() is not None)
+        if spec is not None and not for_reference:
+            self._keep_base(model, spec)
+        return model
+
+    def random_spec(self, common: dict[str, Any]) -> Any:
+        """The `components.model_init.RandomInit` of a random-init run (a ``tiny:*`` model or
+        `model.init: random`), or None when the model is loaded from weights."""
+        from recipeforge.components.models import random_init_spec, resolve_attn_implementation, resolve_dtype
+        from recipeforge.components.tiny_spec import tiny_arch
+
+        m = self.ctx.recipe.model
+        if m.init != "random" and tiny_arch(m.name_or_path) is None:
+            return None
+        random_config = None
+        if tiny_arch(m.name_or_path) is None:
             from recipeforge.plan.catalog import architecture_config
 
-            common["random_config"] = architecture_config(m.name_or_path, m.revision)
-        if random_init and (self.ctx.recipe.adapter.type != "none" or self.base_on_disk) and not for_reference:
-            model = self._random_base_kept(common, quant)
-        else:
-            from recipeforge.components.models import load_model
+            random_config = architecture_config(m.name_or_path, m.revision)
+        device = common["device"]
+        return random_init_spec(m.name_or_path, self.tokenizer, dtype=resolve_dtype(common["dtype"], device),
+                                attn_implementation=resolve_attn_implementation(common["attn_implementation"], device),
+                                seed=common["seed"], max_position_embeddings=common["max_position_embeddings"],
+                                num_labels=common.get("num_labels"), random_config=random_config,
+                                new_rows=tuple(self.vocab.new_ids) if self.vocab else (),
+                                location=common["location"])
 
-            model = load_model(m.name_or_path, self.tokenizer, **{**common, "quantization_config": quant})
-        if quant is not None:
-            model = prepare_quantized(model, gradient_checkpointing=plan.gradient_checkpointing, device=plan.device,
-                                      sharded=self.sharded_trainable_dtype() is not None)
-        return model
+    def _keep_base(self, model: Any, spec: Any) -> None:
+        """A random-init base exists nowhere else: an adapter run names base_model/ as its base (peft
+        writes the adapter's base_model_name_or_path from the model's name), written when the trainer
+        loads it by path (now), else at the first save."""
+        run = self.ctx.run
+        if self.ctx.recipe.adapter.type == "none" and not self.base_on_disk:
+            return
+        if self.pending_base is None and not self.base_written:
+            self.pending_base = spec
+        model.config._name_or_path = str(run.base_model.resolve())
+        # Set only at construction: with it, final/ loads through transformers' Auto classes on its own.
+        model.name_or_path = model.config._name_or_path
+        self.generation_config = getattr(model, "generation_config", None)
+        if self.base_on_disk:
+            self.write_base()  # the trainer loads it by path; every rank waits for it (`TrainerStage.setup`)
+
+    def write_base(self) -> None:
+        """Write a random-init base not yet written to base_model/ (the main process; the weights made
+        again one module at a time, `outputs.export.write_random_base`). Called before the first
+        checkpoint and final/ are written (`save_callback`, the stage's `save`)."""
+        spec, self.pending_base = self.pending_base, None
+        if spec is None or not self.ctx.dist.is_main:
+            return
+        from recipeforge.components.models import training_device
+        from recipeforge.outputs.export import write_random_base
+
+        started = time.perf_counter()
+        write_random_base(spec, self.files, self.ctx.run.base_model, device=training_device(self.ctx.plan.device),
+                          tokenizer=self.tokenizer, generation_config=self.generation_config)
+        self.base_written = True
+        self.ctx.log(f"model: random-init base written to {self.ctx.run.base_model} in "
+                     f"{time.perf_counter() - started:.1f}s")
+
+    def save_callback(self) -> Any:
+        """A trainer callback writing the pending base (`write_base`) right before the first checkpoint
+        is saved (the step's end decided it), so that the checkpoint's adapter has its base when peft
+        writes it; None when no base is pending."""
+        if self.pending_base is None:
+            return None
+        from transformers import TrainerCallback
+
+        builder = self
+
+        class WriteBaseBeforeSave(TrainerCallback):
+            def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                if control.should_save:
+                    builder.write_base()
+
+        return WriteBaseBeforeSave()
 
     def _load_arguments(self, for_reference: bool) -> tuple[dict[str, Any], Any]:
         """The keyword arguments of `components.models.load_model`, and the 4-bit/8-bit config (None
@@ -90,50 +176,26 @@ class ModelBuilder:
             common["num_labels"] = self.num_labels
         return common, quant
 
-    def _random_base_kept(self, common: dict[str, Any], quant: Any) -> Any:
-        """A random-init base that exists nowhere else: kept next to the adapter (merging needs it; a
-        trainer building its own reference model loads it), and loaded from there when it has to be
-        quantized."""
-        from recipeforge.components.models import load_model
-        from recipeforge.outputs.export import save_base_model
-
-        run = self.ctx.run
-        started = time.perf_counter()
-        base = load_model(self.ctx.recipe.model.name_or_path, self.tokenizer, **common)
-        built = time.perf_counter()
-        if self.ctx.dist.is_main:
-            save_base_model(base, self.files, run.base_model)
-            self.ctx.log(f"model: random init in {built - started:.1f}s, written to {run.base_model} in "
-                         f"{time.perf_counter() - built:.1f}s")
-        if quant is not None:
-            # Every rank loads the 4-bit base from the folder the first rank just wrote.
-            self.ctx.barrier()
-            base = load_model(str(run.base_model), self.tokenizer,
-                              **{**common, "random_config": None, "quantization_config": quant})
-        base.config._name_or_path = str(run.base_model.resolve())
-        # peft writes the adapter's base_model_name_or_path from this attribute (set only at
-        # construction): with it, final/ loads through transformers' Auto classes on its own.
-        base.name_or_path = base.config._name_or_path
-        return base
-
-    def _load_sharded(self, name: str, common: dict[str, Any], random_init: bool) -> Any:
-        """The model loaded sharded by the backend's loader. A random-init model is written to
-        base_model/ first (by the main process), since a sharded load reads a checkpoint."""
-        from recipeforge.components.models import load_model, resolve_attn_implementation, resolve_dtype
-        from recipeforge.outputs.export import save_base_model
+    def _load_sharded(self, name: str, common: dict[str, Any], spec: Any) -> Any:
+        """The model loaded sharded by the backend's loader. A random-init model is made shard by
+        shard by a backend that can (`WorkerHooks.makes_random`); for one that reads checkpoints only
+        (tensor parallel) its base is written to base_model/ first, by the main process."""
+        from recipeforge.components.models import resolve_attn_implementation, resolve_dtype
 
         assert self.ctx.load_sharded is not None
-        path = name
-        if random_init:
-            if self.ctx.dist.is_main:
-                save_base_model(load_model(name, self.tokenizer, **common), self.files, self.ctx.run.base_model)
+        path, extra = name, {}
+        if spec is not None and self.ctx.hooks.makes_random:
+            extra["random"] = spec
+        elif spec is not None:
+            self.pending_base = spec
+            self.write_base()
             self.ctx.barrier()
             path = str(self.ctx.run.base_model.resolve())
         return self.ctx.load_sharded(path, dtype=resolve_dtype(common["dtype"], common["device"]),
                                      attn_implementation=resolve_attn_implementation(
                                          common["attn_implementation"], common["device"]),
-                                     revision=None if random_init else common["revision"],
-                                     trust_remote_code=common["trust_remote_code"])
+                                     revision=None if spec is not None else common["revision"],
+                                     trust_remote_code=common["trust_remote_code"], **extra)
 
     def sharded_trainable_dtype(self) -> Any:
         """The one dtype of every trainable parameter when a QLoRA base is partitioned like any other

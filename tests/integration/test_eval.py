@@ -90,8 +90,12 @@ def _greedy_line(run: Path, prompt: str, tokens: int) -> str:
 
 
 def test_the_score_is_the_models_own(lora_run, tmp_path):
-    # References set to what the model itself replies score 1; a changed reference scores 0.
-    rows = [{"prompt": r["prompt"], "reference": _greedy_line(lora_run, r["prompt"], 8)} for r in QA]
+    # References set to what the model itself replies score 1; a changed reference scores 0. The reply is
+    # generated as long as eval's own (a reply with no newline in 8 tokens goes on past them there).
+    from recipeforge.outputs.evaluation.runner import EvalOptions
+
+    longest = EvalOptions().max_new_tokens
+    rows = [{"prompt": r["prompt"], "reference": _greedy_line(lora_run, r["prompt"], longest)} for r in QA]
     assert any(r["reference"] for r in rows), rows
     _write(tmp_path / "own.jsonl", rows)
     _write(tmp_path / "other.jsonl", [{**r, "reference": r["reference"] + " no"} for r in rows])
@@ -135,7 +139,10 @@ def test_an_lm_eval_task_yaml_runs_as_it_is(lora_run, tmp_path):
         f"task: my_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
         "output_type: multiple_choice\ndoc_to_text: '{{prompt}}'\ndoc_to_choice: '{{choices}}'\n"
         "doc_to_target: '{{answer}}'\nmetric_list:\n  - metric: acc\n")
-    proc = _eval(str(lora_run), "--tasks", "tasks/my_mc.yaml", "tasks/mc.jsonl", cwd=tmp_path)
+    # A task config is code to lm-eval (unsandboxed Jinja templates, !function): it needs the opt-in.
+    proc = _eval(str(lora_run), "--tasks", "tasks/my_mc.yaml", cwd=tmp_path)
+    assert proc.returncode == 2 and "needs an opt-in" in proc.stderr and "--trust-code" in proc.stderr, proc.stderr
+    proc = _eval("--trust-code", str(lora_run), "--tasks", "tasks/my_mc.yaml", "tasks/mc.jsonl", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     # The same rows, the same scoring: the generated config and the hand-written one agree.
     mine, generated = _result(lora_run, "my_mc"), _result(lora_run, "mc")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from recipeforge.outputs.exporters.formats import FORMAT_SPECS, ExportFormat, Family
+from recipeforge.outputs.ownership import OWNER_FILE
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +68,9 @@ def test_a_lora_run_exports_loads_back_and_passes_its_self_check(lora_run, fmt):
     readme = (out / "README.md").read_text()
     assert f"vllm serve {out}" in readme and "AutoModelForCausalLM.from_pretrained" in readme
     assert "convert_hf_to_gguf.py" in readme and "passed" in readme
-    assert not (lora_run / "merged").exists() and not any(p.name.startswith(".") for p in lora_run.iterdir())
+    # No merged/ and nothing hidden left behind (a staging folder) besides the run's ownership marker.
+    assert not (lora_run / "merged").exists()
+    assert [p.name for p in lora_run.iterdir() if p.name.startswith(".")] == [OWNER_FILE]
 
     import torch
 
@@ -123,16 +126,21 @@ def test_bad_input_is_refused_and_nothing_is_lost(full_run, tmp_path):
     _refused(export(str(full_run), "--format", "safetensors", "-o", str(full_run / "final"), "--overwrite",
                     cwd=tmp_path), "would replace")
     _refused(export(str(full_run), "--format", "safetensors", "-o", str(full_run.parent), "--overwrite",
-                    cwd=tmp_path), "would replace")
+                    cwd=tmp_path), "is a parent of the run directory being exported")
 
+    # A folder of someone else's files: refused, with --overwrite too (it replaces only what recipeforge wrote).
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "notes.txt").write_text("mine")
     _refused(export(str(full_run), "--format", "safetensors", "-o", str(taken), cwd=tmp_path), "--overwrite")
+    _refused(export(str(full_run), "--format", "safetensors", "-o", str(taken), "--overwrite", cwd=tmp_path),
+             "entries recipeforge did not write")
     assert sorted(p.name for p in taken.iterdir()) == ["notes.txt"]
-    done = export(str(full_run), "--format", "safetensors", "-o", str(taken), "--overwrite", cwd=tmp_path)
-    assert done.returncode == 0 and (taken / "model.safetensors").is_file(), done.stderr[-2000:]
-    assert not (taken / "notes.txt").exists()
+    # An earlier export: replaced with --overwrite.
+    shipped = tmp_path / "shipped"
+    for flags in ([], ["--overwrite"]):
+        done = export(str(full_run), "--format", "safetensors", "-o", str(shipped), "--no-check", *flags, cwd=tmp_path)
+        assert done.returncode == 0 and (shipped / "model.safetensors").is_file(), done.stderr[-2000:]
 
 
 @pytest.mark.parametrize(("fmt", "package", "install"), [

@@ -52,3 +52,44 @@ def test_training_records_log_the_peak_gpu_memory(tiny, tmp_path):
 def test_cpu_runs_log_no_gpu_memory(tiny, tmp_path):
     run = tiny.train("sft-full", tmp_path / "run", "train.max_steps=5", "output.save_steps=5")
     assert not any("memory/peak_reserved_gib" in r for r in tiny.records(run))
+
+
+@pytest.mark.parametrize("quantized", [False, True], ids=["bf16", "4bit"])
+def test_a_random_init_is_made_on_the_gpu_in_seconds(quantized):
+    """Llama-3.2-1B with random weights, made on the GPU one module at a time (`components.model_init`):
+    in seconds, the host never holding the model (its resident memory grows by far less than the 2.5 GB
+    of weights). Small, as this runs beside the GPU suite, whose 8B cases time the same path (init_s)."""
+    import json
+    import time
+    from pathlib import Path
+
+    import torch
+
+    from recipeforge.backends.sharded_loading import released_rss_bytes
+    from recipeforge.components.models import build_random, config_for, random_spec
+    from recipeforge.components.tokenizer import load_tokenizer
+
+    if quantized and importlib.util.find_spec("bitsandbytes") is None:
+        pytest.skip("needs bitsandbytes")
+    repo = Path(__file__).resolve().parents[2]
+    fields = json.loads((repo / "bench" / "gpu" / "models" / "llama-3.2-1b" / "config.json").read_text())
+    tok = load_tokenizer("tiny:llama")
+    spec = random_spec(config_for(fields, tok), tok, seed=0, dtype=torch.bfloat16, attn_implementation="sdpa")
+    quant = None
+    if quantized:
+        from transformers import BitsAndBytesConfig
+
+        quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                   bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=torch.bfloat16)
+    before = released_rss_bytes()
+    started = time.perf_counter()
+    model = build_random(spec, tok, name="llama-3.2-1b", device="cuda", quantization_config=quant)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    grown = released_rss_bytes() - before
+    params = list(model.parameters())
+    assert all(p.device.type == "cuda" for p in params)
+    assert seconds < 30, seconds
+    assert grown < 2**30, grown  # the host never held the weights
+    weights = sum(p.numel() * p.element_size() for p in params) / 2**30
+    assert (0.5 < weights < 1.5) if quantized else (2.0 < weights < 2.6), weights

@@ -51,4 +51,6 @@ def test_qlora_without_evaluation_learns_like_lora(tiny, tmp_path):
     assert len(qlora) == len(lora) == 40 and all(math.isfinite(v) for v in qlora), qlora
     tail = 5
     assert sum(qlora[-tail:]) / tail < qlora[0] - 4.0  # it learns: 6.9 down to about 1.5
-    assert sum(qlora[-tail:]) / tail < sum(lora[-tail:]) / tail + 0.5, (qlora[-tail:], lora[-tail:])
+    # Where the curves end differs by seed (the 4-bit base is the rounded LoRA base, the data order the
+    # same): 0.0 to 0.6 over seeds 1-4 and 42; a broken 4-bit path ends near the start, 4+ higher.
+    assert sum(qlora[-tail:]) / tail < sum(lora[-tail:]) / tail + 0.75, (qlora[-tail:], lora[-tail:])

@@ -96,3 +96,33 @@ def test_the_tokenizers_special_tokens_win_over_the_config_files(config_dir):
     tok = load_tokenizer("tiny:llama")
     model = load_model(str(config_dir), tok, device="cpu", dtype="fp32", seed=1, random_config=dict(CONFIG))
     assert (model.config.bos_token_id, model.config.eos_token_id) == (tok.bos_token_id, tok.eos_token_id)
+
+
+def test_a_lora_run_writes_its_base_at_the_first_save_and_it_is_the_trained_base(tiny, tmp_path, config_dir):
+    """No base_model/ before step 1: it is written right before the first checkpoint, its weights made
+    again exactly as training made them (those `load_model` makes for the recipe's seed), and final/
+    loads on it in peft."""
+    import torch
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from recipeforge.components.models import load_model
+    from recipeforge.components.tokenizer import load_tokenizer
+
+    run = tiny.train("sft-lora", tmp_path / "run", *_overrides(config_dir), "train.max_steps=6",
+                     "train.eval_steps=6", "output.save_steps=4", "output.merge_adapter=false")
+    first_step = next(r["time"] for r in tiny.records(run, "train") if r.get("step") == 1)
+    written = (run / "base_model" / "model.safetensors").stat().st_mtime
+    assert first_step < written < (run / "checkpoints" / "checkpoint-4").stat().st_mtime
+    assert [r for r in tiny.records(run) if r.get("split") == "startup"][0]["model_load_s"] > 0
+    made = load_model(str(config_dir), load_tokenizer("tiny:llama"), device="cpu", dtype="fp32", seed=42,
+                      random_config=dict(CONFIG)).state_dict()
+    saved = load_file(run / "base_model" / "model.safetensors")
+    assert saved.keys() == made.keys() and all(torch.equal(saved[k], made[k]) for k in saved)
+    base = AutoModelForCausalLM.from_pretrained(run / "base_model", dtype=torch.float32)
+    ids = torch.tensor([[1, 5, 9, 13, 17]])
+    with torch.no_grad():
+        bare = base(ids).logits
+        tuned = PeftModel.from_pretrained(base, run / "final")(ids).logits
+    assert torch.isfinite(tuned).all() and not torch.allclose(bare, tuned)  # the adapter trained

@@ -76,7 +76,7 @@ def test_a_base_loaded_whole_is_the_peak_while_it_loads():
                                     Layout("deepspeed", "zero3", data_parallel=2, zero_stage=3, gpus_per_node=2)],
                          ids=["fsdp2", "zero3"])
 def test_the_4bit_base_loads_shard_by_shard(layout):
-    """`backends.quantized_loading`: each GPU holds its shard (the weights term) and one checkpoint
+    """`backends.sharded_loading`: each GPU holds its shard (the weights term) and one checkpoint
     tensor in flight, here an MLP matrix (28672 x 8192 in bf16 plus its 4-bit copy, 0.55 GiB: more
     than the 32000 x 8192 embedding); never the whole base."""
     w = _workload()

@@ -83,6 +83,10 @@ def model(conv) -> None:
                      ("trust_remote_code", "model.trust_remote_code")):
         if conv.get(src) is not None:
             conv.put(dst, conv.get(src), src)
+    if conv.get("trust_remote_code") is True:
+        conv.note("trust_remote_code", "model.trust_remote_code: true runs the model repository's Python code, "
+                                       "which recipeforge does only after an explicit opt-in: pass --trust-code "
+                                       "or set allow_code: true")
     loads = ("a vision-language model with AutoModelForImageTextToText and its processor with AutoProcessor"
              if conv.vision else "the model with AutoModelForCausalLM and the tokenizer with AutoTokenizer")
     for src in ("model_type", "tokenizer_type", "base_model_config", "tokenizer_use_fast", "tokenizer_legacy"):

@@ -120,18 +120,23 @@ def _rewards(r: Recipe) -> Iterator[RuleProblem]:
     if r.stage != "grpo":
         return
     from recipeforge.components.rewards import rewards
-    from recipeforge.registry import OPT_IN_HINT, check_code_reference, code_trust, is_code_reference
+    from recipeforge.registry import OPT_IN_HINT, check_code_reference, code_trust_problem, is_code_reference
 
     for i, spec in enumerate(r.grpo.rewards):  # type: ignore[attr-defined]
         path = ("grpo", "rewards", i, "name")
         if is_code_reference(spec.name):
             bad = check_code_reference(spec.name)
+            untrusted = code_trust_problem(f"reward '{spec.name}' is Python code", r.allow_code)
             if bad:
                 yield RuleProblem(path, bad, "e.g. my_rewards:format_reward")
-            elif not code_trust(r.allow_code)[0]:
-                yield RuleProblem(path, f"reward '{spec.name}' is Python code, and importing code needs an "
-                                        f"opt-in (allow_code)", OPT_IN_HINT)
+            elif untrusted:
+                yield RuleProblem(path, untrusted, OPT_IN_HINT)
             continue
+        if (spec.args or {}).get("trust_remote_code") is True:
+            untrusted = code_trust_problem(f"reward '{spec.name}' sets trust_remote_code: true (the Python code "
+                                           f"of its model's repository)", r.allow_code)
+            if untrusted:
+                yield RuleProblem(("grpo", "rewards", i, "args", "trust_remote_code"), untrusted, OPT_IN_HINT)
         if not rewards.has(spec.name):
             continue  # reported by check_components / when training, with the available rewards
         factory, problem = lookup(rewards, spec.name, path)
@@ -139,6 +144,18 @@ def _rewards(r: Recipe) -> Iterator[RuleProblem]:
             yield problem
             continue
         yield from options_problems(getattr(factory, "args_model", None), spec.args, ("grpo", "rewards", i, "args"))
+
+
+def _remote_code(r: Recipe) -> Iterator[RuleProblem]:
+    """`model.trust_remote_code: true` runs the Python files of the model's repository: code the
+    recipe names, behind the same opt-in as a reward by dotted path."""
+    from recipeforge.registry import OPT_IN_HINT, code_trust_problem
+
+    if r.model.trust_remote_code:
+        untrusted = code_trust_problem("model.trust_remote_code: true runs the Python code of the model's "
+                                       "repository", r.allow_code)
+        if untrusted:
+            yield RuleProblem(("model", "trust_remote_code"), untrusted, OPT_IN_HINT)
 
 
 def _unknown(path: tuple, what: str, name: str, known: list[str]) -> RuleProblem:
@@ -189,4 +206,4 @@ def _preset(preset: str, backend: str) -> Iterator[RuleProblem]:
                           f"use one of {', '.join(known) or 'none'}, or set distributed.backend: {owners[0]}")
 
 
-COMPONENT_RULES = (_formats, _kernels, _rollout, _rewards, _names)
+COMPONENT_RULES = (_formats, _kernels, _rollout, _rewards, _remote_code, _names)

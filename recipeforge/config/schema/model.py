@@ -54,9 +54,13 @@ class ModelConfig(Section):
         "pretrained",
         description="`pretrained`: load the weights at `name_or_path`. `random`: build the architecture from its "
                     "config.json (a local directory, a known hub id, or the hub) with random weights, seeded by "
-                    "`train.seed`: pretraining from scratch, or benchmarking a model's shape without its weights.")
+                    "`train.seed`: pretraining from scratch, or benchmarking a model's shape without its weights. "
+                    "The weights are made on the training device one module at a time (each process only its "
+                    "shards under FSDP2 and ZeRO-3), the same for a seed whatever the number of processes; with "
+                    "an adapter, the base is written to base_model/ at the first save.")
     trust_remote_code: bool = Field(
-        False, description="Allow the model's own Python code from the hub to run. Off unless you trust it.")
+        False, description="Allow the model's own Python code from the hub to run. Off unless you trust it; "
+                           "running it also needs the code opt-in (`allow_code: true` or --trust-code).")
     max_position_embeddings: Optional[int] = Field(
         None, gt=0, description="Override the context length the model is built with (RoPE scaling aside).")
     # Vocabulary changes live here, not under data:, because they change the model: new embedding

@@ -51,7 +51,8 @@ class Recipe(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig,
                              description="Benchmarks of the finished model (lm-evaluation-harness).")
     allow_code: bool = Field(
-        False, description="Allow the recipe to import Python code by dotted path (e.g. a reward `my_pkg.rewards:f`); "
+        False, description="Allow the recipe to run Python code it names: a reward by dotted path (e.g. "
+                           "`my_pkg.rewards:f`), `model.trust_remote_code`, lm-eval task files in `eval.tasks`; "
                            "--trust-code (RECIPEFORGE_TRUST_CODE=1) does the same for one run. Reported in the plan.")
     lock: Optional[LockConfig] = Field(
         None, description="Written by `recipeforge resolve --lock`: versions, revisions and fingerprints the recipe "

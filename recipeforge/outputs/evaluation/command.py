@@ -20,6 +20,7 @@ class Target:
     eval_section: dict[str, Any] | None
     base_dir: Path
     stage: str | None = None
+    allow_code: bool = False  # the recipe's own opt-in, for the task files its eval.tasks name
 
 
 def target(arg: str) -> Target:
@@ -30,16 +31,32 @@ def target(arg: str) -> Target:
         from recipeforge.outputs.run_dir import default_run_dir
 
         recipe = load_recipe(path).recipe
-        return Target(default_run_dir(recipe, path), recipe.eval.model_dump(), path.resolve().parent, recipe.stage)
+        return Target(default_run_dir(recipe, path), recipe.eval.model_dump(), path.resolve().parent, recipe.stage,
+                      recipe.allow_code)
     if not path.is_dir():
         raise RecipeError(f"{arg}: no such run directory or recipe file",
                           hint="recipeforge eval RUN_DIR|RECIPE [RUN_DIR ...] [--tasks ...]")
     from recipeforge.outputs.run_guard import read_resolved
 
     resolved = read_resolved(path / "resolved_recipe.yaml") or {}
-    section = resolved.get("eval") if isinstance(resolved.get("eval"), dict) else None
+    section = _eval_section(resolved.get("eval"))
     # resolved_recipe.yaml holds local task paths made absolute; relative ones are taken from here.
-    return Target(path, section, Path.cwd(), resolved.get("stage"))
+    return Target(path, section, Path.cwd(), resolved.get("stage"), resolved.get("allow_code") is True)
+
+
+def _eval_section(raw: Any) -> dict[str, Any] | None:
+    """The `eval:` of a run's resolved_recipe.yaml, with what a hand-edited or damaged file may hold in
+    its place dropped: tasks that are not strings, counts that are not positive integers."""
+    if not isinstance(raw, dict):
+        return None
+    section = dict(raw)
+    tasks = section.get("tasks")
+    section["tasks"] = [t for t in tasks if isinstance(t, str) and t] if isinstance(tasks, list) else []
+    for key in ("batch_size", "limit", "num_fewshot", "max_new_tokens"):
+        value = section.get(key)
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= (0 if key == "num_fewshot" else 1)):
+            section[key] = None
+    return section
 
 
 def options_for(section: dict[str, Any] | None, *, batch_size: int | None, limit: int | None,
@@ -68,12 +85,16 @@ def evaluate_targets(args: list[str], *, tasks: list[str] | None, batch_size: in
                               "language-model tasks do not apply",
                               hint="evaluate the policy it helps train, or its pair accuracy in the run's "
                                    "metrics (eval_accuracy)")
+    # Task files named on the command line run code only with --trust-code; those of the recipe's
+    # eval.tasks also with the recipe's own allow_code.
     names, base_dir = (tasks, Path.cwd()) if tasks else ((targets[0].eval_section or {}).get("tasks") or [],
                                                           targets[0].base_dir)
+    allow_code, key = (False, "--tasks") if tasks else (targets[0].allow_code, "eval.tasks")
     done = []
     for t in targets:
         options = options_for(t.eval_section, batch_size=batch_size, limit=limit, device=device)
-        records = evaluate_run(t.run_dir, list(names), base_dir, options, log=log, checkpoints=checkpoints)
+        records = evaluate_run(t.run_dir, list(names), base_dir, options, log=log, checkpoints=checkpoints,
+                               allow_code=allow_code, key=key)
         refresh_card(t.run_dir)
         done.append((t.run_dir, records))
     return done

@@ -65,16 +65,25 @@ class Subject:
     out_dir: Path
 
 
-def subjects(run_dir: Path, *, checkpoints: bool) -> list[Subject]:
+def subjects(run_dir: Path, *, checkpoints: bool, log: Callable[[str], None] = print) -> list[Subject]:
     """final/ of a run, and with `checkpoints` every complete checkpoint kept in checkpoints/ that holds
-    Hugging Face weights or an adapter (a sharded DeepSpeed or FSDP checkpoint does not), oldest first."""
+    Hugging Face weights or an adapter (a sharded DeepSpeed or FSDP checkpoint does not), oldest first.
+    A checkpoint that does not verify (its manifest, its files) is skipped with a warning saying why."""
     from recipeforge.outputs.checkpoint import checkpoints as checkpoint_dirs, is_complete
+    from recipeforge.outputs.manifest import verify
+    from recipeforge.outputs.model_files import model_problems
 
     run_dir = Path(run_dir)
     found = [Subject("final", run_dir / "final", run_dir / EVAL_DIR)]
     if checkpoints:
-        found += [Subject(c.name, c, run_dir / EVAL_DIR / c.name) for c in checkpoint_dirs(run_dir / "checkpoints")
-                  if is_complete(c) and _loadable(c)]
+        for c in checkpoint_dirs(run_dir / "checkpoints"):
+            if not (is_complete(c) and _loadable(c)):
+                continue
+            problems = verify(c) or model_problems(c)
+            if problems:
+                log(f"warning: skipping {c}: it is damaged ({'; '.join(problems[:3])})")
+                continue
+            found.append(Subject(c.name, c, run_dir / EVAL_DIR / c.name))
     return found
 
 
@@ -83,7 +92,8 @@ def _loadable(model_dir: Path) -> bool:
 
 
 def evaluate_run(run_dir: Path, tasks: list[str], base_dir: Path, options: EvalOptions,
-                 log: Callable[[str], None] = print, *, checkpoints: bool = False) -> dict[str, dict[str, dict]]:
+                 log: Callable[[str], None] = print, *, checkpoints: bool = False, allow_code: bool = False,
+                 key: str = "--tasks") -> dict[str, dict[str, dict]]:
     """Evaluate final/ of `run_dir` (and, with `checkpoints`, its kept checkpoints) on `tasks` (names, or
     local files relative to `base_dir`); writes <out dir>/<task>.json for each. Returns the records by
     task, by subject ("final", "checkpoint-N")."""
@@ -94,9 +104,10 @@ def evaluate_run(run_dir: Path, tasks: list[str], base_dir: Path, options: EvalO
                           hint="pass --tasks NAME_OR_FILE ... or list them in the recipe's eval.tasks")
     done: dict[str, dict[str, dict]] = {}
     with tempfile.TemporaryDirectory(prefix="recipeforge-eval-") as include:
-        refs = resolve_tasks(tasks, base_dir, Path(include), max_new_tokens=options.max_new_tokens)
-        manager = task_manager(refs, Path(include))
-        for subject in subjects(run_dir, checkpoints=checkpoints):
+        refs = resolve_tasks(tasks, base_dir, Path(include), max_new_tokens=options.max_new_tokens,
+                             allow_code=allow_code, key=key)
+        manager = _harness_step(lambda: task_manager(refs, Path(include)), refs)
+        for subject in subjects(run_dir, checkpoints=checkpoints, log=log):
             done[subject.label] = _evaluate_subject(subject, refs, manager, options, log)
     return done
 
@@ -106,13 +117,32 @@ def _evaluate_subject(subject: Subject, refs: list[TaskRef], manager: Any, optio
     lm, batch_size = harness_model(subject.model_dir, options)
     log(f"evaluating {subject.model_dir} on {', '.join(r.name for r in refs)} (batch size {batch_size})")
     started = time.monotonic()
-    output = _simple_evaluate(lm, refs, manager, options)
+    output = _harness_step(lambda: _simple_evaluate(lm, refs, manager, options), refs)
     seconds = time.monotonic() - started
     records = {}
     for ref in refs:
         records[ref.name] = task_record(ref, output, options, batch_size, seconds)
         write_result(subject.out_dir, ref.name, records[ref.name])
     return records
+
+
+def _harness_step(step: Callable[[], Any], refs: list[TaskRef]) -> Any:
+    """`step()`, with a failure inside a user's own task config (its `!function` module, a template, a
+    dataset path it names) as a `RecipeError` naming the task files; lm-eval's failures on its own tasks
+    stay internal errors."""
+    configs = [r for r in refs if r.source is not None and r.source.suffix != ".jsonl"]
+    try:
+        return step()
+    except (RecipeError, KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as exc:
+        if not configs:
+            raise
+        text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+        raise RecipeError(f"lm-eval failed on the task configs {', '.join(str(r.source) for r in configs)}: "
+                          f"{type(exc).__name__}: {text}", key="--tasks",
+                          hint="the task config, its includes and !function modules run as they are: fix them "
+                               "(--debug shows lm-eval's traceback)") from exc
 
 
 def task_manager(refs: list[TaskRef], include_dir: Path) -> Any:

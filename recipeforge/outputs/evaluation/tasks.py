@@ -45,19 +45,22 @@ def is_local(task: str) -> bool:
     return task.endswith(LOCAL_SUFFIXES) or "/" in task or "\\" in task
 
 
-def resolve_tasks(tasks: list[str], base_dir: Path, include_dir: Path, *, max_new_tokens: int) -> list[TaskRef]:
+def resolve_tasks(tasks: list[str], base_dir: Path, include_dir: Path, *, max_new_tokens: int,
+                  allow_code: bool = False, key: str = "--tasks") -> list[TaskRef]:
     """Each task of `tasks` as lm-eval will load it; local JSONL tasks are checked and written as task
-    YAMLs into `include_dir` (local paths are relative to `base_dir`). A malformed file is a `RecipeError`."""
+    YAMLs into `include_dir` (local paths are relative to `base_dir`). A malformed file is a `RecipeError`;
+    so is an lm-eval task YAML without the code opt-in (`allow_code`: the recipe's, when the tasks come
+    from it; `--trust-code` counts either way)."""
     refs = []
     for task in tasks:
         if not is_local(task):
-            refs.append(TaskRef(task, task))
+            refs.append(TaskRef(result_name(task), task))
             continue
-        path = local_file(task, base_dir, "--tasks")
+        path = local_file(task, base_dir, key)
         if path.suffix == ".jsonl":
             refs.append(_jsonl_task(path, include_dir, max_new_tokens))
         else:
-            refs.append(_yaml_task(path, "--tasks"))
+            refs.append(_yaml_task(path, key, allow_code=allow_code))
     names = [r.name for r in refs]
     if len(set(names)) != len(names):
         raise RecipeError(f"two tasks have the same name: {', '.join(names)}", key="--tasks",
@@ -65,10 +68,10 @@ def resolve_tasks(tasks: list[str], base_dir: Path, include_dir: Path, *, max_ne
     return refs
 
 
-def check_recipe_tasks(tasks: list[str], base_dir: Path, *, needs_harness: bool) -> None:
-    """`validate` and `train` before training: every local task of `eval.tasks` exists and is well formed,
-    and lm-eval is installed when `train` is to run them; problems point at `eval.tasks`. Light: lm-eval
-    is looked up, not imported."""
+def check_recipe_tasks(tasks: list[str], base_dir: Path, *, needs_harness: bool, allow_code: bool = False) -> None:
+    """`validate` and `train` before training: every local task of `eval.tasks` exists and is well formed
+    (an lm-eval task YAML only with the code opt-in), and lm-eval is installed when `train` is to run
+    them; problems point at `eval.tasks`. Light: lm-eval is looked up, not imported."""
     import importlib.util
 
     for i, task in enumerate(tasks):
@@ -78,7 +81,7 @@ def check_recipe_tasks(tasks: list[str], base_dir: Path, *, needs_harness: bool)
             if path.suffix == ".jsonl":
                 check_jsonl(path, key)
             else:
-                _yaml_task(path, key)
+                _yaml_task(path, key, allow_code=allow_code)
     if tasks and needs_harness and importlib.util.find_spec("lm_eval") is None:
         raise RecipeError("eval.tasks are run after training, but lm-eval is not installed", key="eval.tasks",
                           hint="pip install 'recipeforge[eval]', or set eval.after_training: false")
@@ -172,16 +175,63 @@ class _AnyTagLoader(yaml.SafeLoader):
 
 
 _AnyTagLoader.add_multi_constructor("!", lambda loader, suffix, node: None)
+MAX_INCLUDES = 32  # files in one task's `include:` chain: a deeper chain is a loop or a mistake
 
 
-def _yaml_task(path: Path, key: str) -> TaskRef:
+def _read_task_yaml(path: Path, key: str) -> dict[str, Any]:
     try:
         config = yaml.load(path.read_text(encoding="utf-8", errors="replace"), Loader=_AnyTagLoader)
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, RecursionError, OSError) as exc:
         raise RecipeError(f"{path}: not a readable YAML file ({str(exc).splitlines()[0]})", key=key,
                           hint="a local .yaml task is an lm-eval task config with a `task:` name") from None
-    name = config.get("task") if isinstance(config, dict) else None
+    if not isinstance(config, dict):
+        raise RecipeError(f"{path}: an lm-eval task config is a mapping, this file holds a {type(config).__name__}",
+                          key=key, hint="an lm-eval task YAML names its task, e.g. task: my_task")
+    return config
+
+
+def include_chain(path: Path, key: str) -> list[Path]:
+    """`path` and every file its `include:` entries reach (relative to the including file, as lm-eval
+    reads them), each checked to exist and parse; a loop or a missing file is a `RecipeError`."""
+    chain, todo = [], [(path.resolve(), None)]
+    while todo:
+        file, parent = todo.pop(0)
+        if file in chain:
+            raise RecipeError(f"{parent}: `include: {file.name}` includes a file already in its chain (a loop)",
+                              key=key, hint="remove the include that leads back")
+        if not file.is_file():
+            raise RecipeError(f"{parent}: `include:` names {file}, which does not exist", key=key,
+                              hint="include paths are relative to the file that includes them")
+        chain.append(file)
+        if len(chain) > MAX_INCLUDES:
+            raise RecipeError(f"{path}: its `include:` chain passes {MAX_INCLUDES} files", key=key)
+        includes = _read_task_yaml(file, key).get("include") or []
+        for inc in includes if isinstance(includes, list) else [includes]:
+            if not isinstance(inc, str) or not inc:
+                raise RecipeError(f"{file}: `include:` entries are file names (got {inc!r})", key=key)
+            todo.append(((file.parent / Path(inc).expanduser()).resolve(), file))
+    return chain
+
+
+def _yaml_task(path: Path, key: str, *, allow_code: bool = False) -> TaskRef:
+    """A local lm-eval task config: code to lm-eval (its templates are rendered by unsandboxed Jinja, its
+    `!function` tags import the modules next to it, its `include:` chain pulls in more of both), so it
+    runs only with the opt-in. Its `include:` chain is checked here; its results go to
+    eval/<task name>.json, the name reduced to file-name characters."""
+    from recipeforge.registry import require_code_trust
+
+    config = _read_task_yaml(path, key)
+    require_code_trust(f"task file {path} is an lm-eval task config, which runs code (Jinja templates, "
+                       "!function, include:)", allow_code=allow_code, key=key)
+    include_chain(path, key)
+    name = config.get("task")
     if not isinstance(name, str) or not name:
         raise RecipeError(f"{path}: no `task:` name in this lm-eval task config", key=key,
                           hint="an lm-eval task YAML names its task, e.g. task: my_task")
-    return TaskRef(name, name, path)
+    return TaskRef(result_name(name), name, path)
+
+
+def result_name(name: str) -> str:
+    """A task's name as the file name of its results (eval/<name>.json): letters, digits, '.', '-' and
+    '_' kept, anything else (a '/', a '..') as '_'; never hidden or empty."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).lstrip(".") or "task"

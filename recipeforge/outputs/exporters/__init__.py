@@ -54,16 +54,24 @@ def export_run(run_dir: Path, fmt: str, out: Path | None = None, *, overwrite: b
     check_run_dir(run_dir)
     out = Path(out) if out is not None else default_output(run_dir, spec.name.value)
     check_output(run_dir, out, overwrite=overwrite)
+    from recipeforge.outputs.preflight import output_write_failure
+
     started = time.perf_counter()
-    with staged_folder(out) as tmp:
-        with full_weights(run_dir, scratch=out.parent, log=log) as src:
-            log(f"writing {spec.name} of {run_dir}")
-            settings = _write(spec, src, tmp)
-        written = time.perf_counter() - started
-        result = _self_check(run_dir, tmp, spec, log) if check else None
-        seconds = time.perf_counter() - started
-        _records(spec, run_dir=run_dir, out=out, tmp=tmp, settings=settings, check=result,
-                 seconds={"write": round(written, 3), "total": round(seconds, 3)})
+    try:
+        with staged_folder(out, kind="export") as tmp:
+            with full_weights(run_dir, scratch=out.parent, log=log) as src:
+                log(f"writing {spec.name} of {run_dir}")
+                settings = _write(spec, src, tmp)
+            written = time.perf_counter() - started
+            result = _self_check(run_dir, tmp, spec, log) if check else None
+            seconds = time.perf_counter() - started
+            _records(spec, run_dir=run_dir, out=out, tmp=tmp, settings=settings, check=result,
+                     seconds={"write": round(written, 3), "total": round(seconds, 3)})
+    except Exception as exc:  # a full disk, a read-only mount: said about the export's folder and its disk
+        failure = output_write_failure(exc, out, what="the export")
+        if failure is None:
+            raise
+        raise failure from None
     return ExportResult(out=out, seconds=seconds, check=result)
 
 

@@ -116,12 +116,20 @@ def format_spec(name: str) -> FormatSpec:
                           hint=(f"{close} " if close else "") + f"formats: {', '.join(FORMATS)}") from None
 
 
+def _fill_run_dir(command: str, run_dir: str) -> str:
+    """`command` with the run's paths in it, shell-quoted (a folder name with a space or a quote)."""
+    import shlex
+
+    return command.replace("{run_dir}/export-safetensors", shlex.quote(f"{run_dir}/export-safetensors")) \
+        .replace("{run_dir}", shlex.quote(run_dir))
+
+
 def check_available(spec: FormatSpec, run_dir: str = "RUN_DIR") -> None:
     """Refuse (a `RecipeError`) a format recipeforge does not write, or whose package is missing,
     with what to run or install instead (for the run in `run_dir`)."""
     if spec.elsewhere:
         raise RecipeError(f"recipeforge does not write {spec.name} itself: {_WHY[spec.family]}", key="--format",
-                          hint=spec.elsewhere.replace("{run_dir}", str(run_dir)))
+                          hint=_fill_run_dir(spec.elsewhere, str(run_dir)))
     if spec.package:
         import importlib.util
 

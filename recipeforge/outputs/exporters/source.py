@@ -4,8 +4,7 @@ its base first), and an output folder that never replaces anything without --ove
 from __future__ import annotations
 
 import contextlib
-import json
-import tempfile
+import shutil
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -17,11 +16,14 @@ _PROTECTED = ("final", "base_model")
 
 
 def check_run_dir(run_dir: Path) -> Path:
-    """The run's final/ folder; a `RecipeError` when there is none or it holds no causal LM."""
+    """The run's final/ folder; a `RecipeError` when there is none, it is damaged, or it holds no causal LM."""
+    from recipeforge.outputs.model_files import check_model_dir
+
     final = Path(run_dir) / "final"
     if not (final / "config.json").is_file() and not (final / "adapter_config.json").is_file():
         raise RecipeError(f"{run_dir} has no final/ model to export",
                           hint="give the run directory of a finished `recipeforge train` (it writes final/)")
+    check_model_dir(final)
     if _is_classifier(final):
         raise RecipeError(f"{final} is a sequence-classification (reward) model; export writes generative models",
                           hint="use `recipeforge merge` for a LoRA reward model, or final/ as it is")
@@ -29,10 +31,12 @@ def check_run_dir(run_dir: Path) -> Path:
 
 
 def _is_classifier(final: Path) -> bool:
+    from recipeforge.outputs.model_files import read_json_file
+
     if (final / "adapter_config.json").is_file():
-        return json.loads((final / "adapter_config.json").read_text()).get("task_type") == "SEQ_CLS"
-    architectures = json.loads((final / "config.json").read_text()).get("architectures") or []
-    return any(a.endswith("ForSequenceClassification") for a in architectures)
+        return read_json_file(final / "adapter_config.json").get("task_type") == "SEQ_CLS"
+    architectures = read_json_file(final / "config.json").get("architectures") or []
+    return isinstance(architectures, list) and any(str(a).endswith("ForSequenceClassification") for a in architectures)
 
 
 def is_adapter(run_dir: Path) -> bool:
@@ -41,19 +45,19 @@ def is_adapter(run_dir: Path) -> bool:
 
 
 def check_output(run_dir: Path, out: Path, *, overwrite: bool) -> None:
-    """Refuse an output folder that holds files (unless `overwrite`) or that is, or holds, a part of
-    the run that cannot be rebuilt."""
-    run_dir, out = Path(run_dir).resolve(), Path(out).resolve()
-    guarded = [run_dir, *(run_dir / name for name in _PROTECTED)]
-    for part in guarded:
-        if out == part or part.is_relative_to(out) or (part != run_dir and out.is_relative_to(part)):
-            raise RecipeError(f"cannot export into {out}: it would replace {part}",
+    """Refuse an output folder that holds files (unless `overwrite`, and then only one recipeforge wrote),
+    that is a place never written over (the root, the home or working directory, the run or a folder
+    holding it), or that is, or lies in, a part of the run that cannot be rebuilt (`ownership`)."""
+    from recipeforge.outputs.ownership import check_replaceable
+
+    run_dir = Path(run_dir).resolve()
+    resolved = Path(out).resolve()
+    for part in (run_dir / name for name in _PROTECTED):
+        if resolved.is_relative_to(part):
+            raise RecipeError(f"cannot export into {resolved}: it would replace {part}",
                               key="--output", hint="choose another folder with -o DIR")
-    if out.exists() and not out.is_dir():
-        raise RecipeError(f"{out} exists and is not a folder", key="--output", hint="choose another path with -o DIR")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise RecipeError(f"{out} already holds files", key="--output",
-                          hint="pass --overwrite to replace them, or -o DIR for another folder")
+    check_replaceable(Path(out), overwrite=overwrite, key="--output",
+                      also=[(run_dir, "the run directory being exported")])
 
 
 @contextlib.contextmanager
@@ -66,7 +70,11 @@ def full_weights(run_dir: Path, scratch: Path, log: Callable[[str], None] = lamb
         return
     from recipeforge.outputs.export import merge_adapter
 
+    from recipeforge.outputs.ownership import staging_folder
+
     log("merging the LoRA adapter into its base")
-    scratch.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".merge-", dir=scratch) as tmp:
-        yield merge_adapter(Path(run_dir), Path(tmp) / "merged")
+    tmp = staging_folder(scratch, "merge")  # a killed export's leftover is removed by the next one
+    try:
+        yield merge_adapter(Path(run_dir), tmp / "merged")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -27,7 +27,8 @@ def write_export(spec: FormatSpec, src: Path, dest: Path) -> dict:
 def copy_weights(src: Path, dest: Path) -> dict:
     """The full-precision model as it is: every file of `src` (weights, config, tokenizer)."""
     for path in sorted(Path(src).iterdir()):
-        if path.is_file() and path.name != "README.md":  # the export writes its own README
+        # The export writes its own README; hidden files (a marker of the folder copied) are not the model's.
+        if path.is_file() and path.name != "README.md" and not path.name.startswith("."):
             shutil.copy2(path, dest / path.name)
     return {"dtype": json.loads((Path(src) / "config.json").read_text()).get("dtype")}
 

@@ -1,5 +1,5 @@
 """QLoRA on DeepSpeed ZeRO-3 over two gloo processes, with the 4-bit base loaded shard by shard
-(`backends.quantized_loading`): every 4-bit weight is a ZeRO-3 partition, the loss follows the
+(`backends.sharded_loading`): every 4-bit weight is a ZeRO-3 partition, the loss follows the
 one-process run that loads the base whole, no process held the whole 4-bit base at any moment (each
 process's own account of its live base bytes, and its resident memory growth, against the whole
 base), a run resumed from its ZeRO-3 checkpoint continues the same curve, and final/ loads in peft.

@@ -25,13 +25,13 @@ def _peft_model():
     ({"bf16": {"enabled": False}, "fp16": {"enabled": False}}, None),
     ({}, None)])
 def test_the_engine_dtype_is_read_from_the_deepspeed_config(config, expected):
-    from recipeforge.backends.quantized_loading import engine_dtype
+    from recipeforge.backends.sharded_loading import engine_dtype
 
     assert engine_dtype(config) == expected
 
 
 def test_trainable_parameters_take_the_engines_dtype():
-    from recipeforge.backends.quantized_loading import in_engine_dtype
+    from recipeforge.backends.sharded_loading import in_engine_dtype
 
     model = _peft_model()
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]

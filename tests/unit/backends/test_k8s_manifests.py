@@ -14,8 +14,8 @@ import math
 import re
 from pathlib import Path
 
-import jsonschema
 import pytest
+
 import yaml
 
 from recipeforge.backends.k8s import PYTORCH_CONTAINER, PYTORCH_PORT_NAME, RENDEZVOUS, TRAINJOB_NODE, K8sApi
@@ -26,6 +26,8 @@ from recipeforge.cli import build_parser, main
 from recipeforge.config import load_recipe
 from recipeforge.outputs.run_dir import default_run_dir
 from recipeforge.plan.world import plan_for_world
+
+jsonschema = pytest.importorskip("jsonschema", reason="the dev extra's jsonschema validates the manifests")
 
 ROOT = Path(__file__).resolve().parents[3]
 SCHEMAS = ROOT / "tests" / "data" / "k8s"

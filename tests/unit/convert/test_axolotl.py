@@ -205,7 +205,8 @@ def test_grpo_rewards_and_settings(tmp_path, monkeypatch):
     assert "trl.log_completions" in conv.notes
 
 
-def test_pretraining_and_other_dataset_types(tmp_path):
+def test_pretraining_and_other_dataset_types(tmp_path, monkeypatch):
+    monkeypatch.delenv("RECIPEFORGE_TRUST_CODE", raising=False)
     _, loaded = convert_and_load(ROOT / "tests/data/axolotl/pretrain-completion.yaml", tmp_path)
     r = loaded.recipe
     assert (r.stage, r.data.datasets[0].format, dict(r.data.datasets[0].columns)) == ("pretrain", "text",
@@ -226,7 +227,12 @@ def test_pretraining_and_other_dataset_types(tmp_path):
     assert r.adapter.use_dora and r.adapter.modules_to_save == ("embed_tokens", "lm_head")
     assert dict(r.data.datasets[0].columns) == {"instruction": "question", "input": "context", "output": "answer"}
     assert r.model.dtype == "fp16" and r.model.attn_implementation == "eager" and "lr_scheduler" in conv.notes
+    # trust_remote_code: true is code the recipe runs: the converted recipe loads only with the opt-in.
+    with pytest.raises(RecipeError, match="model.trust_remote_code.*needs an opt-in"):
+        convert_and_load(ROOT / "tests/data/axolotl/sft-8bit-lora-sharegpt.yaml", tmp_path)
+    monkeypatch.setenv("RECIPEFORGE_TRUST_CODE", "1")
     conv, loaded = convert_and_load(ROOT / "tests/data/axolotl/sft-8bit-lora-sharegpt.yaml", tmp_path)
+    assert "--trust-code" in conv.notes["trust_remote_code"]
     assert loaded.recipe.adapter.type == "qlora" and loaded.recipe.adapter.quant.bits == 8
     ds = loaded.recipe.data.datasets[0]
     assert ds.messages.roles == {"user": ("USER", "prompter")} and ds.messages.field == "conversations"

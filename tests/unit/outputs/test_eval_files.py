@@ -57,7 +57,8 @@ def test_malformed_rows_name_their_line(tmp_path, rows, line, what):
     assert f"bad.jsonl:{line}: malformed task row" in str(err.value) and what in str(err.value)
 
 
-def test_missing_and_empty_task_files(tmp_path):
+def test_missing_and_empty_task_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("RECIPEFORGE_TRUST_CODE", "1")  # a task YAML is code: read only with the opt-in
     with pytest.raises(RecipeError, match="task file not found"):
         resolve_tasks(["nope.jsonl"], tmp_path, tmp_path / "inc", max_new_tokens=7)
     (tmp_path / "empty.jsonl").write_text("\n")
@@ -68,8 +69,12 @@ def test_missing_and_empty_task_files(tmp_path):
         resolve_tasks(["t.yaml"], tmp_path, tmp_path / "inc", max_new_tokens=7)
 
 
-def test_lm_eval_yaml_with_function_tags_is_read(tmp_path):
+def test_lm_eval_yaml_with_function_tags_is_read(tmp_path, monkeypatch):
     (tmp_path / "t.yaml").write_text("task: mine\nprocess_docs: !function utils.process\n")
+    monkeypatch.delenv("RECIPEFORGE_TRUST_CODE", raising=False)
+    with pytest.raises(RecipeError, match="needs an opt-in"):
+        resolve_tasks(["t.yaml"], tmp_path, tmp_path / "inc", max_new_tokens=7)
+    monkeypatch.setenv("RECIPEFORGE_TRUST_CODE", "1")
     (ref,) = resolve_tasks(["t.yaml"], tmp_path, tmp_path / "inc", max_new_tokens=7)
     assert (ref.name, ref.harness_name) == ("mine", "mine")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from recipeforge.errors import RecipeError
+from recipeforge.outputs.ownership import mark_owned
 from recipeforge.outputs.exporters.formats import (FORMAT_SPECS, FORMATS, ExportFormat, check_available, format_spec,
                                                   int4_group)
 from recipeforge.outputs.exporters.selfcheck import FIXED_TEXTS, Measure, compare, held_texts
@@ -35,9 +36,16 @@ def test_the_output_folder_never_replaces_data(tmp_path):
     (run / "export-x" / "a").write_text("1")
     with pytest.raises(RecipeError, match="already holds files"):
         check_output(run, run / "export-x", overwrite=False)
+    # --overwrite replaces only a folder recipeforge wrote (its marker), never the user's files.
+    with pytest.raises(RecipeError, match="entries recipeforge did not write"):
+        check_output(run, run / "export-x", overwrite=True)
+    mark_owned(run / "export-x", "export")
     check_output(run, run / "export-x", overwrite=True)
-    for guarded in (run, run / "final", run / "final" / "sub", tmp_path):
+    for guarded in (run / "final", run / "final" / "sub"):
         with pytest.raises(RecipeError, match="would replace"):
+            check_output(run, guarded, overwrite=True)
+    for guarded, why in ((run, "is the run directory being exported"), (tmp_path, "a parent of the run directory")):
+        with pytest.raises(RecipeError, match=why):
             check_output(run, guarded, overwrite=True)
 
 

@@ -1,106 +1,86 @@
-"""Low-memory loading of a 4-bit (QLoRA) base for FSDP2 and DeepSpeed ZeRO-3: no process ever
-holds the whole base.
+"""Loading a base for FSDP2 and DeepSpeed ZeRO-3 with no process ever holding the whole of it: a
+4-bit (QLoRA) base read from a checkpoint, or any random-init base (`components.model_init`).
 
 transformers loads a bitsandbytes-quantized model whole on every process, even under FSDP (its
 rank-0-only loading skips quantized models: transformers/modeling_utils.py, `is_fsdp_enabled() and
 not is_local_dist_rank_0() and not is_quantized`) and ZeRO-3 (it builds quantized models outside
-`deepspeed.zero.Init`), so a 70B base cannot fit next to its shards. Here every process loads only
-its shard, in three steps around the sharding (FSDP2; ZeRO-3 below):
+`deepspeed.zero.Init`), so a 70B base cannot fit next to its shards; and a random-init model built by
+`from_config` is built whole on every process. Here every process holds only its shard, in three
+steps around the sharding (FSDP2; ZeRO-3 below):
 
-1. `build_placeholder_model` (the backend's `load_sharded`): the model's skeleton with
-   bitsandbytes' `Linear4bit` layers (transformers' own quantizer replaces the linears, as for a
-   whole load), every weight a placeholder: one element expanded to the full shape (of the packed
-   words, for 4-bit weights). The stage freezes it and peft adds the adapters, on the CPU next to
-   the placeholders, initialized as always.
+1. `build_placeholder_model` (the backend's `load_sharded`): the model's skeleton
+   (`components.model_init.build_skeleton`: bitsandbytes' `Linear4bit` layers in place for QLoRA,
+   transformers' own quantizer replacing the linears as for a whole load), every weight a
+   placeholder: one element expanded to the full shape (of the packed words, for 4-bit weights).
+   The stage freezes it and peft adds the adapters, on the CPU next to the placeholders, initialized
+   as always.
 2. `placeholders_to_meta` and the trainer's Accelerator (`shard_with_accelerator`): the
    placeholders become meta tensors and the same `fully_shard` calls a whole model gets shard them
    into meta shards, allocating nothing; the adapters are sharded as usual.
-3. `fill_local_shards`: the checkpoint is read one tensor at a time; a weight of a 4-bit layer is
-   quantized whole (bitsandbytes' `quantize_4bit`, the call a whole load makes, so the words are
-   the same) and only this process's rows of its packed words are kept, next to the small
-   quantization state (absmax, ...) every process needs to dequantize the gathered weight.
+3. `fill_local_shards`: the base's tensors come one at a time, read from the checkpoint or made by
+   `RandomWeights` (one module at a time, whole, on the training device, under the module's own seed:
+   the same values as on one process); a weight of a 4-bit layer is quantized whole (bitsandbytes'
+   `quantize_4bit`, the call a whole load makes, so the words are the same) and only this process's
+   rows are kept, next to the small quantization state (absmax, ...) every process needs to
+   dequantize the gathered weight.
 
 Under ZeRO-3 (`partition_and_fill`) steps 2 and 3 are one: no engine shards the model before the
-trainer starts it, so the checkpoint is read tensor by tensor into the placeholder model and every
-tensor, once quantized, is handed to DeepSpeed's own partitioning (`zero3_partitioner`: what
+trainer starts it, so the tensors go one at a time into the placeholder model and each, once
+quantized, is handed to DeepSpeed's own partitioning (`zero3_partitioner`: what
 `deepspeed.zero.Init` does to an allocated module), which keeps this process's slice of the flat
 words (`ds_tensor`) and frees the rest. The parameter object stays the same, so bitsandbytes'
 quant_state, set on it and on its layer, is there when ZeRO-3 gathers the weight for a forward; the
 engine, when it starts, partitions the adapters with the same partitioner.
 
-A process holds its shards, the quantization states and, at the peak, one full tensor of the
-checkpoint and its quantized copy. Checkpoints whose tensor names are not the model's parameter
-names (those transformers converts at load, e.g. fused experts) are refused with an error.
+A process holds its shards, the quantization states and, at the peak, one full tensor (a module's
+tensors, for random init) and its quantized copy. Checkpoints whose tensor names are not the model's
+parameter names (those transformers converts at load, e.g. fused experts) are refused with an error.
+Each process writes what it held to `sharded_loading/rank<N>.json` in the run directory.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-# Per-module attributes set on the skeleton; modules keep them through peft's wrapping and FSDP2's
-# class swap, while the parameter objects themselves are replaced by DTensors.
-_PREFIX = "_quantized_loading_prefix"
-_QUANT = "_quantized_loading_quant"
+from recipeforge.components.model_init import PREFIX, QUANT, RandomInit, is_4bit_layer, marked_modules
+
+# On the model's root: where its base comes from (a checkpoint path, or a `RandomInit`), and the
+# checkpoint names of tied parameters.
+_SOURCE = "_sharded_loading_source"
+_ALIASES = "_sharded_loading_aliases"
 
 
-def build_placeholder_model(path: str, quantization_config, *, dtype, attn_implementation: str,
-                            trust_remote_code: bool = False, name: str | None = None):
-    """The model of the checkpoint in the local directory `path` with 4-bit linears and placeholder
-    weights (module docstring); `fill_local_shards` gives it its weights once it is sharded. `name`
-    (default: `path`) is the name the model goes by, which peft writes into the adapter's config."""
+def build_placeholder_model(path: str | None, quantization_config, *, dtype, attn_implementation: str,
+                            trust_remote_code: bool = False, name: str | None = None,
+                            random: RandomInit | None = None):
+    """The model of the checkpoint in the local directory `path` (or of the random-init `random`) with
+    4-bit linears when `quantization_config` is given and placeholder weights (module docstring);
+    `fill_local_shards` gives it its weights once it is sharded. `name` (default: `path`) is the name
+    the model goes by, which peft writes into the adapter's config."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    model = _skeleton(AutoModelForCausalLM, config, dtype=dtype, attn_implementation=attn_implementation,
-                      trust_remote_code=trust_remote_code)
-    quantizer = _quantize_skeleton(model, quantization_config, dtype)
-    _mark_modules(model)
+    from recipeforge.components.model_init import build_skeleton
+
+    if random is not None:
+        model, quantizer = build_skeleton(random.config, dtype=dtype, attn_implementation=attn_implementation,
+                                          num_labels=random.num_labels, quantization_config=quantization_config)
+    else:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        model, quantizer = build_skeleton(config, dtype=dtype, attn_implementation=attn_implementation,
+                                          quantization_config=quantization_config,
+                                          trust_remote_code=trust_remote_code, auto=AutoModelForCausalLM)
     _replace_with_placeholders(model)
     if hasattr(model, "tie_weights"):
         model.tie_weights()
-    quantizer.postprocess_model(model)  # config.quantization_config, is_loaded_in_4bit: what peft reads
-    model.hf_quantizer = quantizer
+    if quantizer is not None:
+        quantizer.postprocess_model(model)  # config.quantization_config, is_loaded_in_4bit: what peft reads
+        model.hf_quantizer = quantizer
     model.config._name_or_path = model.name_or_path = str(name or path)
-    model._quantized_loading_source = str(path)
-    model._quantized_loading_aliases = _tied_aliases(model)
+    setattr(model, _SOURCE, random if random is not None else str(path))
+    setattr(model, _ALIASES, _tied_aliases(model))
     return model
-
-
-def _skeleton(auto, config, *, dtype, attn_implementation: str, trust_remote_code: bool):
-    """The model with its parameters on the meta device (buffers, e.g. rotary frequencies, real:
-    they are computed, not loaded)."""
-    from accelerate import init_empty_weights
-    from transformers.modeling_utils import set_quantized_state
-
-    # A quantized model: transformers then builds it outside deepspeed.zero.Init even while a
-    # ZeRO-3 config is active (as for a quantized from_pretrained); the weights come later.
-    with init_empty_weights(include_buffers=False), set_quantized_state():
-        return auto.from_config(config, dtype=dtype, attn_implementation=attn_implementation,
-                                trust_remote_code=trust_remote_code)
-
-
-def _quantize_skeleton(model, quantization_config, dtype):
-    """Replace the linears by bitsandbytes' 4-bit layers, with transformers' own quantizer (the same
-    modules, skip list and settings a whole load gets)."""
-    from transformers.quantizers import AutoHfQuantizer
-
-    quantizer = AutoHfQuantizer.from_config(quantization_config, pre_quantized=False)
-    quantizer.preprocess_model(model=model, dtype=dtype, device_map={"": "cpu"})
-    return quantizer
-
-
-def _mark_modules(model) -> None:
-    """Record on every module its name in the checkpoint and, for 4-bit layers, how to quantize it."""
-    import bitsandbytes as bnb
-
-    for name, module in model.named_modules():
-        setattr(module, _PREFIX, name)
-        if isinstance(module, bnb.nn.Linear4bit):
-            w = module.weight
-            setattr(module, _QUANT, {"blocksize": w.blocksize, "compress_statistics": w.compress_statistics,
-                                     "quant_type": w.quant_type, "quant_storage": w.quant_storage})
 
 
 def packed_shape(shape, quant_storage) -> tuple[int, int]:
@@ -123,22 +103,24 @@ def _placeholder(shape, dtype):
 
 def _replace_with_placeholders(model) -> None:
     """Swap every meta parameter for a placeholder; tied parameters stay one object."""
-    import bitsandbytes as bnb
     import torch
 
     done: dict[int, Any] = {}
     for module in model.modules():
         for pname, param in list(module.named_parameters(recurse=False)):
             if id(param) not in done:
-                if isinstance(module, bnb.nn.Linear4bit) and pname == "weight":
-                    q = getattr(module, _QUANT)
+                if is_4bit_layer(module) and pname == "weight":
+                    import bitsandbytes as bnb
+
+                    q = getattr(module, QUANT)
                     data = _placeholder(packed_shape(param.shape, q["quant_storage"]), q["quant_storage"])
                     new = bnb.nn.Params4bit(data, requires_grad=False, blocksize=q["blocksize"],
                                             compress_statistics=q["compress_statistics"],
                                             quant_type=q["quant_type"], quant_storage=q["quant_storage"],
                                             module=module, bnb_quantized=True)
                 else:
-                    new = torch.nn.Parameter(_placeholder(param.shape, param.dtype), requires_grad=False)
+                    # Trainable as built (a full fine-tune); the stage or peft freezes what stays frozen.
+                    new = torch.nn.Parameter(_placeholder(param.shape, param.dtype), requires_grad=param.requires_grad)
                 done[id(param)] = new
             setattr(module, pname, done[id(param)])
 
@@ -148,7 +130,6 @@ def placeholders_to_meta(model) -> int:
     only contiguous parameters, and shards meta ones into meta shards without allocating anything.
     (The placeholders were real CPU tensors until then so that peft put the adapters on the CPU.)
     Returns how many were swapped."""
-    import bitsandbytes as bnb
     import torch
 
     done: dict[int, Any] = {}
@@ -158,7 +139,9 @@ def placeholders_to_meta(model) -> int:
                 continue
             if id(param) not in done:
                 data = torch.empty(param.shape, dtype=param.dtype, device="meta")
-                if isinstance(param, bnb.nn.Params4bit):
+                if type(param).__name__ == "Params4bit":
+                    import bitsandbytes as bnb
+
                     new = bnb.nn.Params4bit(data, requires_grad=False, blocksize=param.blocksize,
                                             compress_statistics=param.compress_statistics, quant_type=param.quant_type,
                                             quant_storage=param.quant_storage, module=module, bnb_quantized=True)
@@ -175,10 +158,11 @@ def _is_placeholder(param) -> bool:
     return param.device.type != "meta" and bool(sizes) and all(st == 0 for _, st in sizes)
 
 
-def fill_local_shards(model, path: str, *, compute_dtype, device=None, shard_device=None) -> dict:
-    """Read the checkpoint tensor by tensor into the local shards of `model` (its base on the meta
-    device, sharded by FSDP2). Every weight of a 4-bit layer is quantized whole, then only this
-    process's part of its packed words is kept. Returns what this process held (`read_checkpoint`).
+def fill_local_shards(model, source, *, compute_dtype, device=None, shard_device=None) -> dict:
+    """Give the local shards of `model` (its base on the meta device, sharded by FSDP2) their values,
+    tensor by tensor from `source` (a checkpoint directory, or a `RandomInit`). Every weight of a 4-bit
+    layer is quantized whole, then only this process's part of its packed words is kept. Returns what
+    this process held (`fill_base`).
 
     `device` (default: the CPU) is where each tensor is quantized, the training device: on a GPU the
     words are those a whole load onto that GPU gets, and the quantization state lives where the
@@ -193,14 +177,14 @@ def fill_local_shards(model, path: str, *, compute_dtype, device=None, shard_dev
         module.load_state_dict({pname: part}, strict=False, assign=True)
         return _retie(module, pname, holders[id(param)]), _local(part)
 
-    return read_checkpoint(model, path, compute_dtype=compute_dtype, device=device, keep=keep)
+    return fill_base(model, source, compute_dtype=compute_dtype, device=device, keep=keep)
 
 
-def fill_zero3_partitions(model, path: str, *, compute_dtype, ds_config, device=None) -> dict:
-    """Read the checkpoint tensor by tensor into the placeholder `model`, handing every tensor (a
-    4-bit layer's weight quantized whole, on `device`) to DeepSpeed's ZeRO-3 partitioning, which
-    keeps this process's slice (`ds_tensor`) and frees the rest. Returns what this process held
-    (`read_checkpoint`)."""
+def fill_zero3_partitions(model, source, *, compute_dtype, ds_config, device=None) -> dict:
+    """Give the placeholder `model` its base tensor by tensor from `source` (a checkpoint directory,
+    or a `RandomInit`), handing every tensor (a 4-bit layer's weight quantized whole, on `device`) to
+    DeepSpeed's ZeRO-3 partitioning, which keeps this process's slice (`ds_tensor`) and frees the
+    rest. Returns what this process held (`fill_base`)."""
     partition = zero3_partitioner(ds_config)
     dtype = engine_dtype(ds_config)
 
@@ -214,7 +198,7 @@ def fill_zero3_partitions(model, path: str, *, compute_dtype, ds_config, device=
         partition([param])
         return param, param.ds_tensor
 
-    return read_checkpoint(model, path, compute_dtype=compute_dtype, device=device, keep=keep)
+    return fill_base(model, source, compute_dtype=compute_dtype, device=device, keep=keep)
 
 
 def engine_dtype(ds_config):
@@ -267,40 +251,81 @@ def zero3_partitioner(ds_config):
     return init._convert_to_zero_parameters
 
 
-def read_checkpoint(model, path: str, *, compute_dtype, keep, device=None) -> dict:
-    """Read the checkpoint in the local directory `path` one tensor at a time into the base of
-    `model` (its placeholder or meta parameters): a weight of a 4-bit layer is quantized whole on
-    `device` (default: the CPU), any other tensor converted to its parameter's dtype, and
-    `keep(module, name, param, full)` stores this process's part of it, returning the parameter
-    now registered and the local tensor it holds.
+class CheckpointTensors:
+    """The base's tensors read one at a time from the checkpoint in a local directory."""
+
+    def __init__(self, model, path: str):
+        self.files = checkpoint_files(path)
+        self.aliases = getattr(_find(model, _ALIASES), _ALIASES, {})
+        self.held_bytes = 0  # nothing is kept between tensors
+
+    def tensor(self, module, pname: str, name: str):
+        return _read(self.files, name, self.aliases)
+
+
+class RandomTensors:
+    """The base's tensors made by `RandomWeights` on `device`, a module at a time (a module's other
+    tensors wait, made, until asked for)."""
+
+    def __init__(self, model, spec: RandomInit, device):
+        import torch
+
+        from recipeforge.components.model_init import RandomWeights
+
+        self.weights = RandomWeights(model, spec, device=torch.device(device or "cpu"))
+        self._module: Any = None
+        self._made: dict[str, Any] = {}
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(_nbytes(t) for t in self._made.values())
+
+    def tensor(self, module, pname: str, name: str):
+        if module is not self._module:
+            self._module, self._made = module, self.weights.module_tensors(module)
+        return self._made.pop(pname)
+
+
+def tensor_source(model, source, device=None) -> CheckpointTensors | RandomTensors:
+    """Where the base of `model` comes from: a checkpoint directory, or a `RandomInit`."""
+    if isinstance(source, RandomInit):
+        return RandomTensors(model, source, device)
+    return CheckpointTensors(model, str(source))
+
+
+def fill_base(model, source, *, compute_dtype, keep: Callable[..., Any], device=None) -> dict:
+    """Give the base of `model` (its placeholder or meta parameters) its tensors one at a time from
+    `source` (a checkpoint directory, or a `RandomInit`, `tensor_source`): a weight of a 4-bit layer is
+    quantized whole on `device` (default: the CPU), any other tensor converted to its parameter's
+    dtype, and `keep(module, name, param, full)` stores this process's part of it, returning the
+    parameter now registered and the local tensor it holds. The RNG state of `device` is restored
+    afterwards (random init seeds it per module).
 
     Returns what this process held: bytes of its parts, of the whole base, of the quantization
-    states, of the largest tensor read, the most base bytes alive at once, and the highest resident
-    size sampled (`released_rss_bytes`) while reading (`rss_peak_bytes`)."""
+    states, of the largest tensor made or read, the most base bytes alive at once, and the highest
+    resident size sampled (`released_rss_bytes`) while filling (`rss_peak_bytes`)."""
     import torch
 
-    files = checkpoint_files(path)
-    aliases = getattr(_find(model, "_quantized_loading_aliases"), "_quantized_loading_aliases", {})
+    from recipeforge.components.model_init import forked_rng
+
+    tensors = tensor_source(model, source, device)
     done: set[int] = set()
     stats = {"local_base_bytes": 0, "full_base_bytes": 0, "quant_state_bytes": 0, "largest_tensor_bytes": 0,
              "peak_live_base_bytes": 0, "rss_peak_bytes": released_rss_bytes()}
-    with torch.no_grad():
-        for module in model.modules():
-            # Marked modules are the base's; a modules_to_save copy made by peft is a deep copy of one
-            # (mark included; the copy made its placeholder a real tensor of zeros) and starts from the
-            # same weights. Adapters carry no mark and keep their initialization.
-            prefix = getattr(module, _PREFIX, None)
-            if prefix is None:
-                continue
+    with torch.no_grad(), forked_rng(torch.device(device or "cpu")):
+        # Marked modules are the base's; a modules_to_save copy made by peft is a deep copy of one
+        # (mark included; the copy made its placeholder a real tensor of zeros) and starts from the
+        # same weights. Adapters carry no mark and keep their initialization.
+        for prefix, module in marked_modules(model):
             for pname, param in list(module.named_parameters(recurse=False)):
                 if id(param) in done:
                     continue
                 done.add(id(param))
                 name = f"{prefix}.{pname}" if prefix else pname
-                full = _read(files, name, aliases)
-                read_bytes = _nbytes(full)
-                stats["largest_tensor_bytes"] = max(stats["largest_tensor_bytes"], read_bytes)
-                if getattr(module, _QUANT, None) is not None and pname == "weight":
+                full = tensors.tensor(module, pname, name)
+                read_bytes = _nbytes(full) + tensors.held_bytes
+                stats["largest_tensor_bytes"] = max(stats["largest_tensor_bytes"], _nbytes(full))
+                if getattr(module, QUANT, None) is not None and pname == "weight":
                     full, state_bytes = _quantize(module, full.to(device or "cpu", compute_dtype))
                     stats["quant_state_bytes"] += state_bytes
                 else:
@@ -308,8 +333,9 @@ def read_checkpoint(model, path: str, *, compute_dtype, keep, device=None) -> di
                 _check_shape(name, full, param)
                 numel = param.numel()  # before `keep`: a partitioned parameter's own size is 0
                 kept, local = keep(module, pname, param, full)
-                # What is alive at this moment: the parts so far, the tensor read, its converted copy
-                # and this part (an upper bound: the read tensor may already be gone).
+                # What is alive at this moment: the parts so far, the tensor read or made (and its
+                # module's others), its converted copy and this part (an upper bound: the read
+                # tensor may already be gone).
                 live = stats["local_base_bytes"] + stats["quant_state_bytes"] + read_bytes + _nbytes(full)
                 stats["peak_live_base_bytes"] = max(stats["peak_live_base_bytes"], live + _nbytes(local))
                 stats["rss_peak_bytes"] = max(stats["rss_peak_bytes"], released_rss_bytes())  # with `full` alive
@@ -391,7 +417,7 @@ def _quantize(module, weight):
     the state goes on the module, where its 4-bit layer finds it after FSDP2 replaced the weight."""
     import bitsandbytes as bnb
 
-    q = getattr(module, _QUANT)
+    q = getattr(module, QUANT)
     packed, state = bnb.functional.quantize_4bit(weight.contiguous(), blocksize=q["blocksize"],
                                                  compress_statistics=q["compress_statistics"],
                                                  quant_type=q["quant_type"], quant_storage=q["quant_storage"])
@@ -469,7 +495,7 @@ def _tied_aliases(model) -> dict[str, str]:
     embeddings, output = model.get_input_embeddings(), model.get_output_embeddings()
     if embeddings is None or output is None:
         return {}
-    return {f"{getattr(output, _PREFIX)}.weight": f"{getattr(embeddings, _PREFIX)}.weight"}
+    return {f"{getattr(output, PREFIX)}.weight": f"{getattr(embeddings, PREFIX)}.weight"}
 
 
 def released_rss_bytes() -> int:
@@ -518,19 +544,24 @@ def _rss_bytes() -> int:
 
 
 def loader(ctx, record: dict):
-    """The `StageContext.load_sharded` of QLoRA under FSDP2 and ZeRO-3: the placeholder model (the
-    stage freezes it and adds the adapters as for a whole load). `record` gets this process's
-    resident memory before and after building, which `write_report` reports with the loading's own."""
+    """The `StageContext.load_sharded` of a base no process holds whole under FSDP2 and ZeRO-3 (a
+    4-bit QLoRA checkpoint, or any random-init model: `random=`): the placeholder model, which the
+    stage freezes and gives its adapters as for a whole load. `record` gets this process's resident
+    memory before and after building, which `write_report` reports with the loading's own."""
     from recipeforge.components.adapters import quantization_config
 
     adapter, device = ctx.recipe.adapter, ctx.plan.device
 
-    def load_sharded(path, *, dtype, attn_implementation, revision=None, trust_remote_code=False):
-        quant = quantization_config(adapter, dtype, device, location=ctx.locate(("adapter", "type")))
-        local = local_checkpoint(path, revision, location=ctx.locate(("model", "name_or_path")))
+    def load_sharded(path, *, dtype, attn_implementation, revision=None, trust_remote_code=False,
+                     random: RandomInit | None = None):
+        quant = None
+        if adapter.type == "qlora":
+            quant = quantization_config(adapter, dtype, device, location=ctx.locate(("adapter", "type")))
+        local = None if random is not None else \
+            local_checkpoint(path, revision, location=ctx.locate(("model", "name_or_path")))
         record["rss_before"] = released_rss_bytes()
         model = build_placeholder_model(local, quant, dtype=dtype, attn_implementation=attn_implementation,
-                                        trust_remote_code=trust_remote_code, name=path)
+                                        trust_remote_code=trust_remote_code, name=path, random=random)
         record["rss_built"] = released_rss_bytes()
         return model
 
@@ -538,66 +569,76 @@ def loader(ctx, record: dict):
 
 
 def shard_and_fill(ctx, record: dict):
-    """The `StageContext.prepare_trainer` of QLoRA under FSDP2: the trainer's own Accelerator shards
-    the placeholder model (the same `fully_shard` calls a whole model gets), then the local shards
-    are read from the checkpoint, before the trainer builds its optimizer on the trainable ones.
-    This process's numbers go to `quantized_loading/rank<N>.json` (`write_report`)."""
+    """The `StageContext.prepare_trainer` of a base loaded by `loader` under FSDP2: the trainer's own
+    Accelerator shards the placeholder model (the same `fully_shard` calls a whole model gets), then
+    the local shards are read from the checkpoint or made, before the trainer builds its optimizer on
+    the trainable ones. This process's numbers go to `sharded_loading/rank<N>.json` (`write_report`)."""
 
     def prepare(trainer) -> None:
-        source = _source(trainer.model)
+        source = base_source(trainer.model)
         if source is None:  # a model loaded another way
             return
         prepared = shard_with_accelerator(trainer)
         rss_sharded = released_rss_bytes()
-        dtype = prepared.config.quantization_config.bnb_4bit_compute_dtype
         device, shard_device = _devices(trainer.accelerator)
-        stats = fill_local_shards(prepared, source, compute_dtype=dtype, device=device, shard_device=shard_device)
-        write_report(ctx, record, stats, rss_sharded)
+        stats = fill_local_shards(prepared, source, compute_dtype=_compute_dtype(prepared), device=device,
+                                  shard_device=shard_device)
+        write_report(ctx, record, stats, rss_sharded, source)
 
     return prepare
 
 
 def partition_and_fill(ctx, record: dict):
-    """The `StageContext.prepare_trainer` of QLoRA under DeepSpeed ZeRO-3: the checkpoint is read
-    into ZeRO-3 partitions of the placeholder model (`fill_zero3_partitions`, with the trainer's
-    DeepSpeed config) before the trainer starts the engine, which then finds the base partitioned
-    and partitions the adapters like it. This process's numbers go to
-    `quantized_loading/rank<N>.json` (`write_report`)."""
+    """The `StageContext.prepare_trainer` of a base loaded by `loader` under DeepSpeed ZeRO-3: the
+    base is read or made into ZeRO-3 partitions of the placeholder model (`fill_zero3_partitions`,
+    with the trainer's DeepSpeed config) before the trainer starts the engine, which then finds the
+    base partitioned and partitions the adapters like it. This process's numbers go to
+    `sharded_loading/rank<N>.json` (`write_report`)."""
 
     def prepare(trainer) -> None:
-        source = _source(trainer.model)
+        source = base_source(trainer.model)
         if source is None:  # a model loaded another way
             return
         rss_start = released_rss_bytes()
-        dtype = trainer.model.config.quantization_config.bnb_4bit_compute_dtype
         ds_config = trainer.accelerator.state.deepspeed_plugin.deepspeed_config
-        stats = fill_zero3_partitions(trainer.model, source, compute_dtype=dtype, ds_config=ds_config,
-                                      device=trainer.accelerator.device)
+        stats = fill_zero3_partitions(trainer.model, source, compute_dtype=_compute_dtype(trainer.model),
+                                      ds_config=ds_config, device=trainer.accelerator.device)
         in_engine_dtype(trainer.model, ds_config)
-        write_report(ctx, record, stats, rss_start)
+        write_report(ctx, record, stats, rss_start, source)
 
     return prepare
 
 
-def write_report(ctx, record: dict, stats: dict, rss_before_fill: int) -> None:
-    """Write this process's loading figures (`read_checkpoint`'s, plus its resident memory growth,
-    `released_rss_bytes`: the peak of the samples and what is held at the end, while reading the
-    checkpoint and from the start of loading) to `quantized_loading/rank<N>.json` in the run
-    directory. `rss_before_fill`: the resident size right before the checkpoint was read."""
+def write_report(ctx, record: dict, stats: dict, rss_before_fill: int, source: Any = None) -> None:
+    """Write this process's loading figures (`fill_base`'s, plus its resident memory growth,
+    `released_rss_bytes`: the peak of the samples and what is held at the end, while filling the base
+    and from the start of loading) to `sharded_loading/rank<N>.json` in the run directory.
+    `rss_before_fill`: the resident size right before the base was filled."""
     fill_peak, held = stats.pop("rss_peak_bytes"), released_rss_bytes()
-    # The reading alone: the base's own cost, apart from what building the skeleton, the adapters
+    # The filling alone: the base's own cost, apart from what building the skeleton, the adapters
     # and the trainer costs whatever the model's size.
     stats["fill_rss_peak_growth_bytes"] = fill_peak - rss_before_fill
     stats["fill_rss_held_growth_bytes"] = held - rss_before_fill
     if "rss_before" in record:  # the whole load, from before the skeleton was built
         stats["rss_peak_growth_bytes"] = max(record["rss_built"], rss_before_fill, fill_peak) - record["rss_before"]
         stats["rss_held_growth_bytes"] = held - record["rss_before"]
+        stats["skeleton_rss_growth_bytes"] = record["rss_built"] - record["rss_before"]
     stats["rank"] = ctx.dist.rank
-    out = ctx.run.root / "quantized_loading" / f"rank{ctx.dist.rank}.json"
+    stats["source"] = "random init" if isinstance(source, RandomInit) else "checkpoint"
+    out = ctx.run.root / "sharded_loading" / f"rank{ctx.dist.rank}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(stats, indent=2) + "\n")
-    ctx.log(f"4-bit base loaded sharded: {stats['local_base_bytes'] / 2**20:.1f} MiB of "
+    what = "4-bit base" if stats["quant_state_bytes"] else "base"
+    how = "made" if isinstance(source, RandomInit) else "loaded"
+    ctx.log(f"{what} {how} sharded: {stats['local_base_bytes'] / 2**20:.1f} MiB of "
             f"{stats['full_base_bytes'] / 2**20:.1f} MiB on rank {ctx.dist.rank}")
+
+
+def _compute_dtype(model):
+    """The dtype 4-bit weights are quantized from (the quantization config's compute dtype), or None
+    for a model without 4-bit layers."""
+    config = getattr(model.config, "quantization_config", None)
+    return getattr(config, "bnb_4bit_compute_dtype", None)
 
 
 def _devices(accelerator):
@@ -610,9 +651,10 @@ def _devices(accelerator):
     return device, ("cpu" if offload else device)
 
 
-def _source(model) -> str | None:
-    """The checkpoint a placeholder model came from (peft wraps it: look inside), or None."""
-    return getattr(_find(model, "_quantized_loading_source"), "_quantized_loading_source", None)
+def base_source(model) -> Any:
+    """Where a placeholder model's base comes from (a checkpoint directory or a `RandomInit`; peft
+    wraps it: look inside), or None for a model loaded another way."""
+    return getattr(_find(model, _SOURCE), _SOURCE, None)
 
 
 def _find(model, attribute: str):
@@ -633,6 +675,9 @@ def shard_with_accelerator(trainer):
     plugin = accelerator.state.fsdp_plugin
     model = trainer.model
     placeholders_to_meta(model)
+    # The shards are filled here (`fill_local_shards`), not broadcast from the main process's model,
+    # which holds placeholders like every other's.
+    plugin.cpu_ram_efficient_loading = False
     plugin.set_auto_wrap_policy(model)
     if plugin.activation_checkpointing:
         model = fsdp2_apply_ac(accelerator, model)

@@ -1,0 +1,206 @@
+"""`recipeforge serve` refuses what an OpenAI-compatible server refuses, in OpenAI's error shape, and does
+not hand the model to whoever reaches the machine.
+
+Before it serves: beyond localhost only with an API key (or `--insecure`, warned); an empty, blank or
+unsendable key is an error; the key it was given is never printed (the startup curl line reads it from
+$RECIPEFORGE_API_KEY, and works as printed). While it serves: a prompt past the model's context and a
+`max_tokens` past what the context leaves are 400 `context_length_exceeded` (the official client raises
+BadRequestError); bodies past the cap are 413, a missing or malformed Content-Length 411/400, a request
+line http.server cannot parse, JSON nested past the parser, lone surrogates and mistyped fields 400, all
+as JSON; a client that leaves stops its generation, so the next client is answered at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from surface_testing import REPO, recipeforge, refused
+
+openai = pytest.importorskip("openai")
+pytestmark = pytest.mark.slow
+
+KEY = "rf-serve-test-k3y-0123456789"
+
+
+def _start(run: Path, *args: str, env: dict | None = None) -> tuple[subprocess.Popen, str, str]:
+    """`recipeforge serve RUN --port 0 ...`; returns the process, its URL and its announcement."""
+    full = {**os.environ, "PYTHONPATH": str(REPO)}
+    full.pop("RECIPEFORGE_API_KEY", None)
+    full.update(env or {})
+    proc = subprocess.Popen([sys.executable, "-m", "recipeforge", "serve", str(run), "--port", "0", "--engine",
+                             "transformers", "--device", "cpu", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=full, cwd=run.parent)
+    deadline, lines = time.monotonic() + 180, []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        lines.append(line)
+        if line.startswith("  curl "):
+            url = lines[-2].split(" at ")[1].split()[0]
+            return proc, url, "".join(lines)
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    raise AssertionError(f"the server did not start: {proc.stderr.read()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def served(full_run):
+    proc, url, announced = _start(full_run, env={"RECIPEFORGE_API_KEY": KEY})
+    yield full_run, url, announced, proc
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def _raw(url: str, request: bytes, timeout: float = 30) -> tuple[int, dict]:
+    """Send `request` as it is; the status and the JSON body of the answer."""
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as conn:
+        conn.sendall(request)
+        data = b""
+        while chunk := conn.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def test_who_may_reach_the_server(full_run, tmp_path):
+    for args, env, words in (
+            (["--host", "0.0.0.0"], {}, ("every interface without an API key", "--insecure")),
+            (["--host", "::"], {}, ("without an API key",)),
+            (["--host", "10.1.2.3"], {}, ("10.1.2.3 without an API key",)),
+            (["--host", "my-laptop.local"], {}, ("without an API key",)),
+            ([], {"RECIPEFORGE_API_KEY": ""}, ("RECIPEFORGE_API_KEY is set but empty",)),
+            (["--host", "0.0.0.0"], {"RECIPEFORGE_API_KEY": "   "}, ("is set but empty",)),
+            (["--api-key", ""], {}, ("--api-key is set but empty",)),
+            (["--api-key", "two words"], {}, ("whitespace or control characters",))):
+        refused(recipeforge("serve", str(full_run), "--port", "0", *args, cwd=tmp_path, env=env), *words)
+    # --insecure serves anyway, and says so.
+    proc, url, _ = _start(full_run, "--host", "0.0.0.0", "--insecure")
+    try:
+        assert openai.OpenAI(base_url=url.replace("0.0.0.0", "127.0.0.1"), api_key="x").models.list().data
+    finally:
+        proc.terminate()
+        err = proc.communicate(timeout=30)[1]
+    assert "warning: serving on every interface without an API key (--insecure)" in err
+
+
+def test_the_key_is_never_printed_and_the_curl_line_works(served):
+    run, url, announced, _ = served
+    assert KEY not in announced and "$RECIPEFORGE_API_KEY" in announced
+    curl = announced.splitlines()[-1].strip()
+    done = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "RECIPEFORGE_API_KEY": KEY})
+    reply = json.loads(done.stdout)
+    assert reply["object"] == "chat.completion" and reply["model"] == run.name, done.stdout + done.stderr
+    # Given on the command line instead: not printed, and a warning that the process list shows it.
+    proc, _, shown = _start(run, "--api-key", KEY)
+    proc.terminate()
+    err = proc.communicate(timeout=30)[1]
+    assert KEY not in shown + err and "process list" in err
+
+
+def test_requests_past_the_context_are_400(served):
+    run, url, _, _ = served
+    client = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0)
+    context = json.loads((run / "final" / "config.json").read_text())["max_position_embeddings"]
+    with pytest.raises(openai.BadRequestError) as info:  # ten times the context
+        client.completions.create(model=run.name, prompt="moo " * (10 * context), max_tokens=4)
+    assert info.value.code == "context_length_exceeded" and f"maximum context length is {context}" in str(info.value)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=run.name, messages=[{"role": "user", "content": "hi"}],
+                                       max_tokens=10**9)
+    assert info.value.code == "context_length_exceeded" and "in the completion" in str(info.value)
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.completions.create(model=run.name, prompt="hi", max_tokens=1e9)  # not an integer
+    # Without max_tokens a long prompt is answered: the default is shortened to what the context leaves.
+    long = client.completions.create(model=run.name, prompt="moo " * (context - 20), temperature=0)
+    assert long.usage.prompt_tokens + long.usage.completion_tokens <= context
+
+
+@pytest.mark.parametrize("request_bytes, status, words", [
+    (b"POST /v1/completions HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n", 413, "more than this server reads"),
+    (b"POST /v1/completions HTTP/1.1\r\nContent-Length: -5\r\n\r\n", 400, "is not a byte count"),
+    (b"POST /v1/completions HTTP/1.1\r\nContent-Length: 1e3\r\n\r\n", 400, "is not a byte count"),
+    (b"POST /v1/completions HTTP/1.1\r\n\r\n", 411, "Content-Length"),
+    (b"POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", 411, "chunked"),
+    (b"GARBAGE\r\n\r\n", 400, "Bad request"),
+    (b"GET /v1/models HTTP/1.1\r\n" + b"X-Long: " + b"a" * 70000 + b"\r\n\r\n", 431, ""),
+    (b"DELETE /v1/models HTTP/1.1\r\n\r\n", 501, ""),
+], ids=["body-too-large", "negative-length", "length-not-a-number", "no-length", "chunked", "garbage-request-line",
+        "header-too-long", "unknown-method"])
+def test_malformed_requests_are_answered_in_openais_shape(served, request_bytes, status, words):
+    _, url, _, _ = served
+    auth = f"Authorization: Bearer {KEY}\r\n".encode()
+    line, _, rest = request_bytes.partition(b"\r\n")
+    got, body = _raw(url, line + b"\r\n" + auth + rest if rest else request_bytes)
+    assert got == status and set(body["error"]) == {"message", "type", "param", "code"}, body
+    assert words in body["error"]["message"], body
+
+
+@pytest.mark.parametrize("body, param", [
+    ("[" * 100000 + "]" * 100000, None),
+    ('{"model": "M", "prompt": "\\ud800 lone"}', "prompt"),
+    ('{"model": "M", "prompt": "hi", "stream": "yes"}', "stream"),
+    ('{"model": 7, "prompt": "hi"}', "model"),
+    ('{"model": "M", "prompt": "hi", "n": true}', "n"),
+    ('{"model": "M", "prompt": "hi", "stream_options": []}', "stream_options"),
+    ('{"model": "M", "prompt": "hi", "temperature": NaN}', "temperature"),
+], ids=["nested-past-the-parser", "lone-surrogate", "stream-not-bool", "model-not-a-string", "n-bool",
+        "stream-options-list", "nan"])
+def test_malformed_bodies_are_400(served, body, param):
+    run, url, _, _ = served
+    data = body.replace('"M"', json.dumps(run.name)).encode()
+    got, answer = _raw(url, b"POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer " + KEY.encode()
+                       + b"\r\nContent-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+    assert got == 400 and answer["error"]["type"] == "invalid_request_error", answer
+    assert answer["error"]["param"] == param, answer
+
+
+def _generation_request(run: Path, *, stream: bool) -> bytes:
+    body = json.dumps({"model": run.name, "prompt": "The dog says", "max_tokens": 1500, "min_tokens": 1500,
+                       "stream": stream}).encode()
+    return (b"POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer " + KEY.encode() + b"\r\nContent-Length: "
+            + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_leaves_frees_the_model(served, stream):
+    run, url, _, proc = served
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    client = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0)
+    # How long this machine takes to answer a short request when the model is free.
+    started = time.monotonic()
+    client.completions.create(model=run.name, prompt="hi", max_tokens=2)
+    short = time.monotonic() - started
+    # A long generation (1500 tokens: min_tokens, vLLM's extension, keeps end-of-text away), abandoned after 1 s.
+    leaver = socket.create_connection((host, int(port)))
+    leaver.sendall(_generation_request(run, stream=stream))
+    time.sleep(1.0)
+    leaver.close()
+    started = time.monotonic()
+    client.completions.create(model=run.name, prompt="hi", max_tokens=2)
+    waited = time.monotonic() - started
+    # Generating the abandoned 1500 tokens takes tens of seconds here; the next client waits at most a token.
+    assert waited < short + 5, (waited, short)
+    time.sleep(0.5)  # the log line is written as the handler returns
+    assert "client left: generation stopped" in _stderr_so_far(proc)
+
+
+def _stderr_so_far(proc: subprocess.Popen) -> str:
+    """What the server wrote to stderr until now, read without blocking."""
+    import fcntl
+
+    fd = proc.stderr.fileno()
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+    try:
+        return proc.stderr.read() or ""
+    except (BlockingIOError, TypeError):
+        return ""
