@@ -54,3 +54,15 @@ def test_the_guard_covers_the_default_tier_only():
     for other in ("commands", "integration", "reliability", "floors"):
         assert not in_default_tier(TESTS / other / "test_x.py")
     assert in_default_tier(__file__)  # this very test runs under it
+
+
+def test_the_standard_librarys_library_lookup_is_let_through():
+    # ctypes.util.find_library reads `ldconfig -p` (bitsandbytes' import asks it); ldconfig asked anything
+    # else is a process like any other.
+    import ctypes.util
+
+    with refuse_processes("a test"):
+        assert ctypes.util.find_library("c")
+    with pytest.raises(ProcessStarted, match="ldconfig"):
+        with refuse_processes("a test"):
+            subprocess.run(["/sbin/ldconfig", "-v"])
