@@ -149,7 +149,7 @@ class MegatronBackend(BackendSpec):
 
     # -- running ----------------------------------------------------------------------------------
     def check(self, plan, recipe) -> None:
-        from recipeforge.backends.megatron_convert import EXTRA_HINT
+        from recipeforge.backends.megatron_bridge import EXTRA_HINT
         from recipeforge.config.schema.megatron_fields import megatron_problems
 
         if plan.backend != self.name:

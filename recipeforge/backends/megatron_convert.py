@@ -30,22 +30,11 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
+from recipeforge.backends.megatron_bridge import auto_bridge
 from recipeforge.errors import RecipeError
 from recipeforge.outputs.export import staged_folder
 
-EXTRA_HINT = ("pip install 'recipeforge[megatron]' (Megatron-Bridge 0.6 needs Python 3.12 and Transformer Engine; "
-              "training needs CUDA; .ci/megatron builds such an environment), or use another backend")
 TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's record of its newest iter_* folder
-
-
-def auto_bridge():
-    """Megatron-Bridge's `AutoBridge`, or an error naming the extra that installs it."""
-    try:
-        from megatron.bridge import AutoBridge
-    except ImportError as exc:
-        raise RecipeError(f"the megatron backend needs Megatron-Bridge, which cannot be imported ({exc})",
-                          key="distributed.backend", hint=EXTRA_HINT) from None
-    return AutoBridge
 
 
 def _cache_root() -> Path:

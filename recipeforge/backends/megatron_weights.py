@@ -118,7 +118,7 @@ def _free_port() -> int:
 
 
 def _bridge(source: str, *, trust_remote_code: bool, revision: str | None):
-    from recipeforge.backends.megatron_convert import auto_bridge
+    from recipeforge.backends.megatron_bridge import auto_bridge
 
     kwargs: dict = {"trust_remote_code": trust_remote_code}
     if revision:
@@ -181,12 +181,12 @@ def convert(task: dict, *, tensor_parallel: int = 1) -> None:
     import sys
     import tempfile
 
-    from recipeforge.backends.launch import _launcher
+    from recipeforge.backends.launcher_command import launcher_command
 
     with tempfile.TemporaryDirectory(prefix="recipeforge-convert-") as tmp:
         spec = Path(tmp) / "task.json"
         spec.write_text(json.dumps(task))
-        command = [*_launcher("torchrun", "torch.distributed.run"), "--standalone",
+        command = [*launcher_command("torchrun", "torch.distributed.run"), "--standalone",
                    "--nproc_per_node", str(tensor_parallel), "-m", __name__, str(spec)]
         # the processes share this machine's cores instead of each taking all of them
         env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // tensor_parallel))}

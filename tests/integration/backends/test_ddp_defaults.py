@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from recipeforge.backends.launch import _launcher
+from recipeforge.backends.launcher_command import launcher_command
 
 pytestmark = pytest.mark.slow
 
@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[3]
 LORA = REPO / "examples" / "yaml" / "tiny" / "sft-lora.yaml"
 # torchrun of this Python, as recipeforge starts it: the script beside it, or `python -m torch.distributed.run`
 # in a virtual environment on top of another one, whose bin/ has no launcher scripts.
-TORCHRUN = _launcher("torchrun", "torch.distributed.run")
+TORCHRUN = launcher_command("torchrun", "torch.distributed.run")
 WARNING = "find_unused_parameters=True was specified in DDP constructor"
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from recipeforge.backends.launch import _launcher
+from recipeforge.backends.launcher_command import launcher_command
 
 pytestmark = pytest.mark.slow
 
@@ -29,8 +29,8 @@ SFT = REPO / "examples" / "yaml" / "tiny" / "sft-full.yaml"
 DPO = REPO / "examples" / "yaml" / "tiny" / "dpo.yaml"
 # The launchers of this Python, as recipeforge starts them: the script beside it, or `python -m ...` in a
 # virtual environment on top of another one, whose bin/ has no launcher scripts.
-TORCHRUN = _launcher("torchrun", "torch.distributed.run")
-ACCELERATE_LAUNCH = _launcher("accelerate", "accelerate.commands.launch")
+TORCHRUN = launcher_command("torchrun", "torch.distributed.run")
+ACCELERATE_LAUNCH = launcher_command("accelerate", "accelerate.commands.launch")
 # Six steps of global batch 8 over 16 packed sequences: whole batches only (a ragged last batch is
 # padded with repeated samples under data parallelism, which one process does not do).
 VARIANT = ("train.max_steps=6", "train.micro_batch_size=auto", "train.logging_steps=1", "output.save_steps=3",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from recipeforge.backends.launch import _launcher
+from recipeforge.backends.launcher_command import launcher_command
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[3]
 SFT = REPO / "examples" / "yaml" / "tiny" / "sft-full.yaml"
 # torchrun of this Python, as recipeforge starts it: the script beside it, or `python -m torch.distributed.run`
 # in a virtual environment on top of another one, whose bin/ has no launcher scripts.
-TORCHRUN = _launcher("torchrun", "torch.distributed.run")
+TORCHRUN = launcher_command("torchrun", "torch.distributed.run")
 SHORT = ("distributed.timeout_minutes=0.1", "train.max_steps=2", "train.micro_batch_size=auto",
          "train.logging_steps=1", "output.save_steps=100", "data.val_size=0", "logging.progress_bar=false")
 

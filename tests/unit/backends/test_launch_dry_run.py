@@ -39,7 +39,7 @@ def dry_run(capsys, run_dir: Path, *overrides: str, recipe=RECIPE, flags=NODE) -
 
 def test_deepspeed_dry_run_for_two_nodes_of_eight_gpus(tmp_path, capsys, monkeypatch):
     from recipeforge.backends.deepspeed import extensions_dir
-    from recipeforge.backends.launch import _launcher
+    from recipeforge.backends.launcher_command import launcher_command
 
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
     run = tmp_path / "run"
@@ -47,7 +47,7 @@ def test_deepspeed_dry_run_for_two_nodes_of_eight_gpus(tmp_path, capsys, monkeyp
     plan_line, command, env, files = dry_run(capsys, run, "distributed.preset=zero3_offload")
     assert plan_line.startswith("# plan: deepspeed (zero3_offload), 2 node(s) x 8 GPUs = 16 processes")
     # accelerate's launcher of this Python: its `accelerate` script, or `python -m ...` where bin/ has none
-    launcher = _launcher("accelerate", "accelerate.commands.launch")
+    launcher = launcher_command("accelerate", "accelerate.commands.launch")
     assert command[:len(launcher)] == launcher and launcher[-1] in ("launch", "accelerate.commands.launch")
     command = command[len(launcher):]
     assert command[0:2] == ["--config_file", str(run / "accelerate_config.yaml")]
@@ -165,16 +165,16 @@ def test_launchers_belong_to_this_python(monkeypatch, tmp_path):
     the launcher module itself: an `accelerate` found on PATH may start workers in another Python."""
     import sys
 
-    from recipeforge.backends.launch import _launcher
+    from recipeforge.backends.launcher_command import launcher_command
 
     python = tmp_path / "venv" / "bin" / "python"
     python.parent.mkdir(parents=True)
     python.write_text("")
     monkeypatch.setattr(sys, "executable", str(python))
-    assert _launcher("accelerate", "accelerate.commands.launch") == [str(python), "-m", "accelerate.commands.launch"]
-    assert _launcher("torchrun", "torch.distributed.run") == [str(python), "-m", "torch.distributed.run"]
+    assert launcher_command("accelerate", "accelerate.commands.launch") == [str(python), "-m", "accelerate.commands.launch"]
+    assert launcher_command("torchrun", "torch.distributed.run") == [str(python), "-m", "torch.distributed.run"]
     (python.parent / "accelerate").write_text("")
-    assert _launcher("accelerate", "accelerate.commands.launch") == [str(python.parent / "accelerate"), "launch"]
+    assert launcher_command("accelerate", "accelerate.commands.launch") == [str(python.parent / "accelerate"), "launch"]
 
 
 @pytest.mark.parametrize("backend", ["ddp", "deepspeed", "fsdp"])

@@ -113,12 +113,14 @@ def test_the_layer_spec_is_part_of_the_cache_key():
     (["--tensor-parallel", "2"], "add -o DIR"),
     (["-o", "out", "--tensor-parallel", "0"], "--tensor-parallel must be 1 or more"),
 ])
-def test_convert_checkpoint_arguments_are_checked_first(tmp_path, args, message):
-    import subprocess
+def test_convert_checkpoint_arguments_are_checked_first(tmp_path, monkeypatch, capsys, args, message):
     from pathlib import Path
 
+    from recipeforge.cli import main
+
+    monkeypatch.chdir(tmp_path)
     recipe = Path(__file__).resolve().parents[3] / "examples" / "yaml" / "tiny" / "pretrain.yaml"
-    proc = subprocess.run([sys.executable, "-m", "recipeforge", "convert-checkpoint", str(recipe), *args],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    code = main(["convert-checkpoint", str(recipe), *args])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err, err
     assert not (tmp_path / "out").exists()
