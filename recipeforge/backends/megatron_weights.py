@@ -178,7 +178,6 @@ def convert(task: dict, *, tensor_parallel: int = 1) -> None:
         return
     import json
     import subprocess
-    import sys
     import tempfile
 
     from recipeforge.backends.launcher_command import launcher_command
