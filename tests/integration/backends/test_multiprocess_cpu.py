@@ -39,8 +39,13 @@ needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is No
 TOL = 1e-3
 
 
-def _run(cmd: list[str], cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout)
+def _run(cmd: list[str], cwd: Path, timeout: int = 480) -> subprocess.CompletedProcess:
+    # Under the tier's 600 s limit, so a launch that hangs fails with what it printed, not a stack of pytest.
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        out = lambda b: (b.decode(errors="replace") if isinstance(b, bytes) else b or "")[-6000:]  # noqa: E731
+        pytest.fail(f"no end after {timeout} s: {cmd}\n--- stdout\n{out(exc.stdout)}\n--- stderr\n{out(exc.stderr)}")
     assert proc.returncode == 0, f"{cmd}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}"
     return proc
 
@@ -50,7 +55,7 @@ def _args(tiny, recipe: Path, run: Path, *overrides: str) -> list[str]:
             *overrides]
 
 
-def recipeforge(tiny, recipe, run, *overrides, nproc=2, timeout=900):
+def recipeforge(tiny, recipe, run, *overrides, nproc=2, timeout=480):
     return _run([sys.executable, "-m", "recipeforge", "train", *_args(tiny, recipe, run, *overrides),
                  "--nproc-per-node", str(nproc)], run.parent, timeout)
 
