@@ -58,7 +58,7 @@ def test_each_config_converts_validates_plans_and_loses_nothing(path, tmp_path, 
     plan = plan_for_world(loaded.recipe, hardware=parse_hardware("8xH100-80GB"))
     assert plan.world_size == 8 and plan.global_batch_size == loaded.recipe.train.global_batch_size
     config = yaml.safe_load(path.read_text())
-    lost = [k for k in input_keys(config) if k not in conv.mapped and k not in conv.notes]
+    lost = [k for k in input_keys(config) if k not in conv.mapped and k not in conv.notes and k not in conv.changes]
     assert not lost, f"keys neither mapped nor reported: {lost}"
     text = conv.recipe_text()
     for key in conv.notes:  # the report heads the recipe as comments, one entry per key
@@ -219,7 +219,8 @@ def test_pretraining_and_other_dataset_types(tmp_path, monkeypatch):
         "pretrain", "HuggingFaceFW/fineweb-edu", "sample-10BT", 8)
     assert "pretraining_dataset[0].skip" in conv.notes and loaded.recipe.data.streaming
     conv, loaded = convert_and_load(ROOT / "tests/data/axolotl/sft-input-output.yaml", tmp_path)
-    assert loaded.recipe.data.datasets[0].format == "completion" and "datasets[0].type" in conv.notes
+    # input_output: segments with a train label each, as Axolotl tokenizes them (nothing to report)
+    assert loaded.recipe.data.datasets[0].format == "segments" and "datasets[0].type" not in conv.notes
     assert len(loaded.recipe.data.eval_datasets) == 1
     conv, loaded = convert_and_load(ROOT / "tests/data/axolotl/sft-pretokenized.yaml", tmp_path)
     assert loaded.recipe.data.datasets[0].format == "tokenized" and loaded.recipe.model.tokens == ("<|tool|>",)
@@ -227,6 +228,8 @@ def test_pretraining_and_other_dataset_types(tmp_path, monkeypatch):
     r = loaded.recipe
     assert r.adapter.use_dora and r.adapter.modules_to_save == ("embed_tokens", "lm_head")
     assert dict(r.data.datasets[0].columns) == {"instruction": "question", "input": "context", "output": "answer"}
+    # the type's own format strings are the prompt (not the chat template)
+    assert r.data.datasets[0].prompt.turn == "[INST] {instruction} {input} [/INST]" and not conv.changes
     assert r.model.dtype == "fp16" and r.model.attn_implementation == "eager" and "lr_scheduler" in conv.notes
     # trust_remote_code: true is code the recipe runs: the converted recipe loads only with the opt-in.
     with pytest.raises(RecipeError, match="model.trust_remote_code.*needs an opt-in"):
