@@ -83,6 +83,8 @@ def data(conv) -> None:
         else:
             val = num(val, float, "val_set_size")
             conv.put("data.val_size", int(val) if val >= 1 else val, "val_set_size")
+    if conv.get("sample_packing") is None and conv.recipe["stage"] == "pretrain" and not pre:
+        conv.put("data.packing", False)  # Axolotl packs only with sample_packing; recipeforge's pretrain default packs
     for src, dst in (("sample_packing", "packing"), ("train_on_inputs", "train_on_inputs"),
                      ("shuffle_merged_datasets", "shuffle"), ("dataset_prepared_path", "cache_dir")):
         if conv.get(src) is not None:
