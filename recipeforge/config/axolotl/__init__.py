@@ -115,8 +115,21 @@ class Conversion:
             for line in self.change_lines():
                 wrapped = textwrap.wrap(line, 110, subsequent_indent="    ") or [line]
                 comments += [f"#   {w}" for w in wrapped]
-        body = yaml.safe_dump(self.recipe, sort_keys=False, allow_unicode=True, width=100)
+        body = yaml.dump(self.recipe, Dumper=_RecipeDumper, sort_keys=False, allow_unicode=True, width=100)
         return "\n".join(comments) + "\n" + body
+
+
+class _RecipeDumper(yaml.SafeDumper):
+    """Safe YAML where a text with line breaks (a prompt template) is written in double quotes with \\n, as it
+    reads in Axolotl's code, instead of folded over several lines."""
+
+
+def _text(dumper: yaml.SafeDumper, value: str):
+    style = '"' if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_RecipeDumper.add_representer(str, _text)
 
 
 def read_config(path: str | Path) -> dict[str, Any]:
