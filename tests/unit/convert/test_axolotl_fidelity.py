@@ -24,7 +24,8 @@ REGENERATE = "regenerate with: python tests/data/axolotl/fidelity/generate.py (n
 def _id(case: dict) -> str:
     kind = case["entry"]["type"]
     name = "user_defined" if isinstance(kind, dict) else kind
-    return name + ("+conversation" if "conversation" in case["entry"] else "")
+    return name + ("+conversation" if "conversation" in case["entry"] else "") + \
+        ("+field_messages" if "field_messages" in case["entry"] else "")
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,8 @@ def converted_tokens(case: dict, tokenizer, tmp_path: Path, **extra) -> tuple[li
 
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in case["rows"]))
     config = {"base_model": "tiny:llama", "datasets": [case["entry"]], "sequence_len": FIXTURES["sequence_len"],
-              "shuffle_merged_datasets": False, "micro_batch_size": 1, "num_epochs": 1, **extra}
+              "shuffle_merged_datasets": False, "micro_batch_size": 1, "num_epochs": 1,
+              "chat_template": FIXTURES["chat_template"], **extra}
     conv = convert_config(config, tmp_path / "axolotl.yaml")
     (tmp_path / "recipe.yaml").write_text(conv.recipe_text())
     recipe = load_recipe(tmp_path / "recipe.yaml").recipe
@@ -55,7 +57,8 @@ def test_the_fixtures_come_from_axolotl_and_cover_every_prompter():
     kinds = {_id(c) for c in FIXTURES["cases"]}
     for kind in ("alpaca", "alpaca:chatml", "alpaca_chat", "alpaca_w_system", "alpaca_w_system.load_open_orca",
                  "oasst", "gpteacher", "jeopardy", "context_qa", "context_qa.load_v2", "summarizetldr",
-                 "user_defined", "input_output", "completion"):
+                 "user_defined", "input_output", "completion", "chat_template",
+                 "chat_template+field_messages"):
         assert kind in kinds
     # Axolotl's alpaca prompt, as its users send it: the ground truth is that prompt, not a chat template
     from recipeforge.components.tokenizer import load_tokenizer

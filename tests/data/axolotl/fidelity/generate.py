@@ -66,8 +66,18 @@ CASES: list[dict] = [
     {"type": "input_output", "rows": [{"segments": [{"label": False, "text": "<|bos|>Q: hi\n"},
                                                     {"label": True, "text": "A: hello<|im_end|>"}]}]},
     {"type": "completion", "rows": [{"text": "Once upon a time there was a cat."}]},
+    # Chat rows through the tokenizer's own template (cfg.chat_template: tokenizer_default, the tiny tokenizer's
+    # ChatML, whose end of turn is the tokenizer's EOS).
+    {"type": "chat_template", "rows": [{"messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"},
+        {"role": "assistant", "content": "Goodbye."}]}]},
+    {"type": "chat_template", "field_messages": "conversations",
+     "message_property_mappings": {"role": "from", "content": "value"},
+     "rows": [{"conversations": [{"from": "human", "value": "Name a fruit."}, {"from": "gpt", "value": "A pear."}]}]},
 ]
 SEQUENCE_LEN = 2048
+CHAT_TEMPLATE = "tokenizer_default"
 
 
 def main() -> None:
@@ -80,7 +90,8 @@ def main() -> None:
     from recipeforge.components.tokenizer import build_tiny_tokenizer, tokenizer_fingerprint
 
     tokenizer = build_tiny_tokenizer(1024)
-    cfg = DictDefault({"train_on_inputs": False, "sequence_len": SEQUENCE_LEN, "dataset_num_proc": 1})
+    cfg = DictDefault({"train_on_inputs": False, "sequence_len": SEQUENCE_LEN, "dataset_num_proc": 1,
+                       "chat_template": CHAT_TEMPLATE})
     out = []
     for case in CASES:
         entry = {"path": "rows.jsonl", **{k: v for k, v in case.items() if k != "rows"}}
@@ -90,7 +101,8 @@ def main() -> None:
         tokens = [{"input_ids": list(r["input_ids"]), "labels": list(r["labels"])} for r in wrapped]
         out.append({"entry": entry, "rows": case["rows"], "tokens": tokens})
     doc = {"axolotl_version": axolotl.__version__, "tokenizer": "recipeforge tiny tokenizer, vocab 1024",
-           "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer), "sequence_len": SEQUENCE_LEN, "cases": out}
+           "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer), "sequence_len": SEQUENCE_LEN,
+           "chat_template": CHAT_TEMPLATE, "cases": out}
     (HERE / "cases.json").write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
     print(f"wrote {len(out)} cases (Axolotl {axolotl.__version__}) to {HERE / 'cases.json'}")
 
