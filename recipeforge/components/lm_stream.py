@@ -140,6 +140,8 @@ def _open_one(ref: DatasetRef, *, base_dir: Path | None, locate: Locate):
         ds = apply_message_fields(ds, spec.messages, key=f"{ref.key}.messages",
                                   where=locate(ref.path_key + ("messages",)))
     ds, fmt = apply_prompt(ds, ref, fmt, locate=locate)
+    if ds.column_names is None:  # a stream rendered with a text prompt learns its new columns from its first rows
+        ds = _with_columns(ds)
     ds = ds.select_columns([c for c in ds.column_names if c in fmt.required + fmt.optional])
     if spec.max_samples:
         ds = ds.take(spec.max_samples)  # the first rows: a stream cannot be shuffled whole

@@ -95,3 +95,15 @@ def test_a_completion_that_ends_in_eos_gets_no_second_one():
     opts = RenderOptions(None, eos_token="</s>")
     assert fmt.render({"prompt": "p", "completion": "c</s>"}, opts) == [("p", False), ("c</s>", True)]
     assert fmt.render({"prompt": "p", "completion": "c"}, opts)[-1] == ("</s>", True)
+
+
+def test_a_streamed_dataset_is_written_with_its_prompt(write, tmp_path):
+    from recipeforge.components.lm_stream import open_stream
+
+    (tmp_path / "d.jsonl").write_text('{"instruction": "a", "input": "b", "output": "c"}\n')
+    text = ("stage: sft\nmodel: {name_or_path: tiny:llama}\ntrain: {max_steps: 1}\ndata:\n  streaming: true\n"
+            "  datasets:\n    - path: d.jsonl\n      format: alpaca\n"
+            "      prompt: {turn: 'I: {instruction} X: {input} R: ', turn_no_input: 'I: {instruction} R: '}\n")
+    recipe = load_recipe(write("r.yaml", text)).recipe
+    row = next(iter(open_stream(recipe.data, base_dir=tmp_path, locate=lambda p: None, seed=1, rank=0, world=1)))
+    assert (row["prompt"], row["completion"]) == ("I: a X: b R: ", "c")
