@@ -127,14 +127,15 @@ class Refusal:
         return RecipeError(self.message, key=self.key, hint=self.hint or None)
 
 
-def backend_specs() -> dict:
+def backend_specs(*, builtin_only: bool = False) -> dict:
     """Every backend that loads, by name: the built-ins in their order, then installed plugins (a
-    plugin that fails to load is left out here; `recipeforge plugins` reports why)."""
+    plugin that fails to load is left out here; `recipeforge plugins` reports why). `builtin_only`:
+    recipeforge's own backends, whatever plugins are installed."""
     from recipeforge.registry import registry_for
 
     registry = registry_for("backends")
     out = {}
-    for name in registry.names():
+    for name in registry.builtin_names() if builtin_only else registry.names():
         try:
             out[name] = registry.get(name)
         except RecipeError:
@@ -142,9 +143,9 @@ def backend_specs() -> dict:
     return out
 
 
-def all_capabilities() -> dict[str, BackendCapabilities]:
+def all_capabilities(*, builtin_only: bool = False) -> dict[str, BackendCapabilities]:
     """The capability record of every backend that loads (`backend_specs`), by name."""
-    return {name: spec.capabilities for name, spec in backend_specs().items()
+    return {name: spec.capabilities for name, spec in backend_specs(builtin_only=builtin_only).items()
             if isinstance(getattr(spec, "capabilities", None), BackendCapabilities)}
 
 
@@ -418,8 +419,9 @@ def _cell(values: Iterable, all_values: tuple) -> str:
 
 
 def support_table_markdown(records: Mapping[str, BackendCapabilities] | None = None) -> str:
-    """The support table of docs/backends.md, generated from the records."""
-    records = records if records is not None else all_capabilities()
+    """The support table of docs/backends.md, generated from the records (default: recipeforge's own
+    backends; the table documents recipeforge, not the plugins installed where it is generated)."""
+    records = records if records is not None else all_capabilities(builtin_only=True)
     rows = ["| backend | stages | devices | adapters | QLoRA bits | offload | CPU processes | presets |",
             "|---|---|---|---|---|---|---|---|"]
     for c in records.values():

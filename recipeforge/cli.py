@@ -212,8 +212,18 @@ def _launch_prepare_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_preprocess, owns_process=True)
 
     p = sub.add_parser("convert-checkpoint",
-                       help="convert a recipe's Hugging Face model to a Megatron checkpoint (cached; megatron backend)")
+                       help="convert a recipe's Hugging Face model to a Megatron checkpoint (cached; megatron "
+                            "backend), or into -o DIR at any tensor-parallel size, or a Megatron checkpoint back "
+                            "to Hugging Face safetensors (--to-hf)")
     _recipe_args(p)
+    p.add_argument("-o", "--output", help="write here instead of the cache: DIR/megatron/ckpt (and DIR/base_model "
+                                          "for a tiny: model), or with --to-hf the safetensors")
+    p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                   help="convert in N processes (gloo on the CPU), each holding 1/N of the split weights "
+                        "(needs -o; default 1)")
+    p.add_argument("--to-hf", metavar="CHECKPOINT",
+                   help="export this Megatron checkpoint (a ckpt folder, or a run's checkpoints folder) of the "
+                        "recipe's model to Hugging Face safetensors in -o DIR")
     p.set_defaults(func=cmd_convert_checkpoint)
 
 
@@ -646,10 +656,27 @@ def cmd_preprocess(args) -> int:
 
 
 def cmd_convert_checkpoint(args) -> int:
-    from recipeforge.backends.megatron_convert import import_checkpoint
+    from pathlib import Path
 
-    out = import_checkpoint(_load(args).recipe)
-    print(f"Megatron checkpoint: {out}")
+    from recipeforge.errors import RecipeError
+
+    if args.tensor_parallel < 1:
+        raise RecipeError(f"--tensor-parallel must be 1 or more (got {args.tensor_parallel})")
+    if args.output is None and (args.to_hf or args.tensor_parallel != 1):
+        raise RecipeError("--to-hf and --tensor-parallel write into a folder of your choice: add -o DIR",
+                          hint="without -o the model is converted at tensor parallel 1 into the cache")
+    recipe = _load(args).recipe
+    from recipeforge.backends import megatron_convert as convert
+
+    if args.to_hf:
+        out = convert.convert_to_hf(recipe, Path(args.to_hf), Path(args.output), tensor_parallel=args.tensor_parallel)
+        print(f"Hugging Face checkpoint: {out}")
+    elif args.output:
+        out = convert.convert_to_megatron(recipe, Path(args.output), tensor_parallel=args.tensor_parallel)
+        print(f"Megatron checkpoint: {out}")
+    else:
+        out = convert.import_checkpoint(recipe)
+        print(f"Megatron checkpoint: {out}")
     return 0
 
 

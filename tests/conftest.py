@@ -1,6 +1,7 @@
-"""Test-suite wide settings: offline hub access, skipping `gpu` tests without CUDA, and the `tiny`
-fixture (the tiny example recipes, trained in this process), handed out as a fixture rather than imported
-so test modules need no package structure; every test directory can use it."""
+"""Test-suite wide settings: offline hub access, skipping `gpu` tests without CUDA, the tiers (tests/tiers.py:
+markers, time limits, counts per tier; tests/process_guard.py: the default tier starts no process), and the
+`tiny` fixture (the tiny example recipes, trained in this process), handed out as a fixture rather than
+imported so test modules need no package structure; every test directory can use it."""
 
 from __future__ import annotations
 
@@ -8,11 +9,21 @@ import os
 from pathlib import Path
 
 import pytest
+import tiers
+from plugin_testing import only_plugins
+from process_guard import pytest_runtest_call, pytest_runtest_setup, pytest_runtest_teardown  # noqa: F401
+from tiers import pytest_terminal_summary  # noqa: F401
 
 # Tests never reach a model hub; fail fast instead of waiting on the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+# Under pytest-xdist (`-n 2`), each worker and the processes its tests start share the cores with the other
+# workers: one thread each, unless the environment says otherwise. torch's spinning threads on an
+# oversubscribed machine cost twice the CPU time and more.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1)
+                                                   // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
 
 def _cuda_available() -> bool:
@@ -23,7 +34,9 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks the tiers add
 def pytest_collection_modifyitems(config, items):
+    tiers.pytest_collection_modifyitems(config, items)
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if gpu_items and not _cuda_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU")
@@ -72,3 +85,11 @@ class Tiny:
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory) -> Tiny:
     return Tiny(tmp_path_factory.mktemp("tokenized-cache"))
+
+
+@pytest.fixture
+def builtins_only():
+    """recipeforge's registries without the plugins installed in this environment, for a test whose result
+    depends on which plugins exist (e.g. a first-party plugin named before it is installed)."""
+    with only_plugins():
+        yield

@@ -52,6 +52,22 @@ def model_dir(name: str, smoke: bool, out: Path) -> Path:
     return path
 
 
+def random_weights(model: Path, out: Path) -> Path:
+    """A folder with random-init bf16 weights for the config in `model` and the tiny tokenizer, written once:
+    a backend that converts a checkpoint before training (megatron) cannot start from model.init: random."""
+    path = out / "weights" / model.name
+    if not (path / "config.json").is_file():
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from recipeforge.components.tokenizer import load_tokenizer
+
+        config = AutoConfig.from_pretrained(model)
+        AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(path)
+        load_tokenizer("tiny:llama").save_pretrained(path)
+    return path
+
+
 def synthetic_rows(n: int, seed: int = 0) -> list[dict]:
     """Alpaca rows with instruction/input/output lengths spread like real instruction data."""
     rng = random.Random(seed)
@@ -64,13 +80,15 @@ def synthetic_rows(n: int, seed: int = 0) -> list[dict]:
 
 
 def preference_rows(n: int, seed: int = 0) -> list[dict]:
-    """prompt/chosen/rejected rows: the chosen answer names the animal's sound, the rejected one does not."""
+    """prompt/chosen/rejected rows: the chosen answer names the animal's sound, the rejected one does not.
+    Prompts run from a few words to past a 1024-token sequence, so batches at the planned length occur (the
+    planner plans a preference batch at `sequence_len`; shorter rows alone would measure the data, not it)."""
     rng = random.Random(seed)
     sounds = {"cow": "moo", "dog": "woof", "cat": "meow", "duck": "quack"}
     rows = []
     for _ in range(n):
         animal = rng.choice(list(sounds))
-        filler = " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 200)))
+        filler = " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 1000)))
         rows.append({"prompt": f"What does the {animal} say? {filler}", "chosen": f"The {animal} says {sounds[animal]}.",
                      "rejected": f"The {animal} says {rng.choice([s for a, s in sounds.items() if a != animal])}."})
     return rows

@@ -41,9 +41,13 @@ class Case:
     checkpointing: bool | str = True
     needs: tuple[str, ...] = ()       # importable packages the case needs
     note: str = ""
+    weights: bool = False             # start from written random-init weights instead of model.init: random
 
 
 LORA = {"adapter": {"type": "lora", "r": 16, "alpha": 32, "target_modules": "all-linear"}}
+# Megatron-Bridge converts a Hugging Face checkpoint before training: its cases start from random-init weights
+# written once (`common.random_weights`), and the recipe settings Megatron refuses are left out.
+MEGATRON = {"distributed": {"backend": "megatron"}}
 QLORA = {"adapter": {"type": "qlora", "r": 16, "alpha": 32, "target_modules": "all-linear",
                      "quant": {"bits": 4, "quant_type": "nf4"}}}
 CASES = [
@@ -71,6 +75,10 @@ CASES = [
                            "rewards": [{"name": "length", "args": {"target": 24, "unit": "chars"}}]}},
          stage="grpo", seq=512, global_batch=8, micro_batch=4, needs=("trl",),
          note="HF generate rollouts (vLLM has no small wheel for this machine)"),
+    Case("megatron-sft-1b", "llama-3.2-1b", MEGATRON, seq=2048, needs=("megatron",), weights=True,
+         note="Megatron-Bridge's loop (TP 1, PP 1); loss and memory in Megatron's own log, not the run's records"),
+    Case("megatron-sft-lora-1b", "llama-3.2-1b", {**LORA, **MEGATRON}, seq=2048, needs=("megatron",),
+         weights=True, note="Megatron-Bridge's LoRA; final/ is a PEFT adapter"),
 ]
 
 
@@ -92,6 +100,10 @@ def recipe_of(case: Case, out: Path, steps: int, smoke: bool) -> Path:
                               checkpointing=case.checkpointing)
     if smoke:  # a CPU: fp32 compute, the planner plans this machine
         base["model"]["dtype"] = "auto"
+    if case.weights:  # settings Megatron refuses: random init, an attention implementation, the spike watch
+        base["model"] = {"name_or_path": str(common.random_weights(model, out)), "tokenizer": base["model"]["tokenizer"],
+                         "dtype": base["model"]["dtype"]}
+        base["train"].pop("divergence", None)
     return common.write_recipe(out / "recipes" / f"{case.name}.yaml", common.merge(base, case.settings))
 
 

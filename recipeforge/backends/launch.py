@@ -27,9 +27,9 @@ from typing import Sequence
 
 from recipeforge.backends import elastic
 from recipeforge.backends.cluster import ClusterSpec
+from recipeforge.backends.launcher_command import launcher_command
 from recipeforge.backends.worker_spec import OUTCOME_NAME, SPEC_ENV, SPEC_NAME, WorkerSpec
 from recipeforge.plan.world import processes_per_node
-
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def launch_spec(plan, recipe, *, recipe_path: str, overrides: Sequence[str], run
         cfg_path = where / "accelerate_config.yaml"
         files[cfg_path] = accelerate_config_text(plan, backend.accelerate_config(plan, recipe, where),
                                                  rdzv_backend=recipe.distributed.rdzv_backend)
-        command = [*_launcher("accelerate", "accelerate.commands.launch"), "--config_file", str(cfg_path)]
+        command = [*launcher_command("accelerate", "accelerate.commands.launch"), "--config_file", str(cfg_path)]
         if cluster.nnodes > 1:
             command += ["--machine_rank", str(cluster.node_rank), "--main_process_ip", cluster.master_addr,
                         "--main_process_port", str(cluster.master_port)]
@@ -114,7 +114,7 @@ def launch_spec(plan, recipe, *, recipe_path: str, overrides: Sequence[str], run
         command += [*elastic.accelerate_args(recipe.distributed, cluster), *worker]
         env.update(elastic.accelerate_env(recipe.distributed, cluster, run_dir))
     elif launcher == "torchrun":
-        command = [*_launcher("torchrun", "torch.distributed.run"), "--nnodes", str(plan.nodes), "--nproc_per_node", str(per_node)]
+        command = [*launcher_command("torchrun", "torch.distributed.run"), "--nnodes", str(plan.nodes), "--nproc_per_node", str(per_node)]
         command += [*elastic.torchrun_args(recipe.distributed, cluster, run_dir), *worker]
     else:
         command = [sys.executable, *worker]
@@ -143,17 +143,6 @@ def accelerate_config_text(plan, backend_section: dict, *, rdzv_backend: str = "
 
         header += f"# Mesh: {describe(plan)}\n"
     return header + yaml.safe_dump(config, sort_keys=False)
-
-
-def _launcher(script: str, module: str) -> list[str]:
-    """The launcher of this Python: its console script when installed next to this interpreter (a
-    venv need not be on PATH), else its module run by this interpreter. Never a script found on
-    PATH, which may belong to another Python, whose workers would then miss what this one has
-    installed (plugins, a venv's packages)."""
-    local = Path(sys.executable).parent / script
-    if local.is_file():
-        return [str(local)] + (["launch"] if script == "accelerate" else [])
-    return [sys.executable, "-m", module]
 
 
 # The launcher must not act on stop signals itself: torch's elastic agent would pass SIGTERM on and

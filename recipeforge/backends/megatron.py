@@ -103,8 +103,10 @@ class MegatronBackend(BackendSpec):
 
     def candidates(self, w, hw, dist, *, pinned: bool) -> list[Candidate]:
         g = hw.num_gpus
-        # automatically for pretraining dense models with every weight trained; any run when pinned
-        if g <= 1 or not (pinned or (w.stage == Stage.PRETRAIN and not w.model.is_moe and w.full_finetune)):
+        # automatically for pretraining dense models with every weight trained on several GPUs; any run when
+        # pinned, one GPU included (TP = PP = 1: Megatron-Bridge's loop and checkpoints on a single device)
+        if g < 1 or (g == 1 and not pinned) or not (pinned or (w.stage == Stage.PRETRAIN and not w.model.is_moe
+                                                                and w.full_finetune)):
             return []
         out = []
         for offload in ("none", "optimizer"):
@@ -147,7 +149,7 @@ class MegatronBackend(BackendSpec):
 
     # -- running ----------------------------------------------------------------------------------
     def check(self, plan, recipe) -> None:
-        from recipeforge.backends.megatron_convert import EXTRA_HINT
+        from recipeforge.backends.megatron_bridge import EXTRA_HINT
         from recipeforge.config.schema.megatron_fields import megatron_problems
 
         if plan.backend != self.name:
@@ -209,11 +211,12 @@ class MegatronBackend(BackendSpec):
 def converted_base(recipe, run_root: Path) -> Path:
     """The converted checkpoint `prepare_launch` left (same cache key); an error when it is missing."""
     from recipeforge.backends.megatron_convert import _cache_root, base_checkpoint, cache_key
+    from recipeforge.backends.megatron_weights import layer_spec_name
     from recipeforge.components.tiny_spec import tiny_arch
 
     m = recipe.model
     entry = run_root / "megatron_base" if tiny_arch(m.name_or_path) else \
-        _cache_root() / cache_key(m.name_or_path, m.revision, m.trust_remote_code)
+        _cache_root() / cache_key(m.name_or_path, m.revision, m.trust_remote_code, layer_spec_name())
     if not (entry / "done.json").is_file():
         raise RecipeError(f"no converted Megatron checkpoint of {m.name_or_path} at {entry}",
                           key="model.name_or_path",

@@ -81,8 +81,9 @@ def _sections(plan, recipe, par: dict, *, dtype: str, warmup: int, run_dir: Path
         "checkpoint": _checkpoint(o, run_dir, train_iters, base_checkpoint),
         "logger": _logger(r, run_dir),
         "dist": {"distributed_timeout_minutes": max(1, int(round(r.distributed.timeout_minutes)))},
-        "tokenizer": {"tokenizer_type": "HuggingFaceTokenizer",
-                      "tokenizer_model": r.model.tokenizer or r.model.name_or_path},
+        # the tokenizer the data was tokenized with, as the Megatron stage saved it next to the data (a
+        # `tiny:` tokenizer, built locally, has no hub id to load it by)
+        "tokenizer": {"tokenizer_type": "HuggingFaceTokenizer", "tokenizer_model": str(Path(data["root"]) / "tokenizer")},
         "rng": {"seed": t.seed},
         "mixed_precision": {"bf16": "bf16_mixed", "fp16": "fp16_mixed"}.get(dtype),
         "dataset": _dataset(data, seq, t.seed, max_samples=train_iters * plan.global_batch_size),

@@ -2,17 +2,20 @@
 
 Megatron-Bridge's conversions are collective ("must be called by all ranks") and build a temporary
 process group of their own when none exists. Run on rank 0 of a job while the other ranks wait in
-a barrier, they hang. So they run in one plain process, before and after the job:
+a barrier, they hang. So they run in processes of their own, before and after the job
+(`megatron_weights` does the conversions through Megatron-Bridge's API):
 
 * `import_checkpoint` (launching process, before the launcher starts; also ``recipeforge
-  convert-checkpoint``): Hugging Face -> Megatron distributed checkpoint with
-  ``AutoBridge.import_ckpt``, cached under ``$RECIPEFORGE_CACHE/megatron`` by model id, revision and
-  ``trust_remote_code``. Parallel sizes are not part of the key: the checkpoint is written in
-  ``torch_dist`` format at TP=PP=1 and Megatron-Core's distributed checkpointing reshards it to the
-  job's layout when it loads.
+  convert-checkpoint RECIPE``): Hugging Face -> Megatron distributed checkpoint, cached under
+  ``$RECIPEFORGE_CACHE/megatron`` by model id, revision, ``trust_remote_code`` and layer spec.
+  Parallel sizes are not part of the key: the checkpoint is written in ``torch_dist`` format at
+  TP=PP=1 and Megatron-Core's distributed checkpointing reshards it to the job's layout when it loads.
+* `convert_to_megatron` / `convert_to_hf` (``recipeforge convert-checkpoint RECIPE -o DIR
+  [--tensor-parallel N] [--to-hf CHECKPOINT]``): either direction into a folder of one's choice, at
+  any tensor-parallel size (that many gloo processes).
 * `export_final` (launching process, after the job): the last Megatron checkpoint -> final/ in
-  Hugging Face format: full weights with ``AutoBridge.export_ckpt``, or for LoRA the adapter in PEFT
-  format with ``AutoBridge.export_adapter_ckpt`` (the same final/ as the other backends; the LoRA
+  Hugging Face format: full weights with `megatron_weights.megatron_to_hf`, or for LoRA the adapter in
+  PEFT format with ``AutoBridge.export_adapter_ckpt`` (the same final/ as the other backends; the LoRA
   merge of ``output.merge_adapter`` is then recipeforge's usual one).
 
 APIs as of Megatron-Bridge 0.6 (`megatron/bridge/models/conversion/auto_bridge.py`). Megatron is
@@ -27,22 +30,11 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
+from recipeforge.backends.megatron_bridge import auto_bridge
 from recipeforge.errors import RecipeError
 from recipeforge.outputs.export import staged_folder
 
-EXTRA_HINT = ("pip install 'recipeforge[megatron]' (Megatron-Bridge 0.6 needs Python 3.12, CUDA and "
-              "Transformer Engine), or use another backend")
 TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's record of its newest iter_* folder
-
-
-def auto_bridge():
-    """Megatron-Bridge's `AutoBridge`, or an error naming the extra that installs it."""
-    try:
-        from megatron.bridge import AutoBridge
-    except ImportError as exc:
-        raise RecipeError(f"the megatron backend needs Megatron-Bridge, which cannot be imported ({exc})",
-                          key="distributed.backend", hint=EXTRA_HINT) from None
-    return AutoBridge
 
 
 def _cache_root() -> Path:
@@ -51,9 +43,13 @@ def _cache_root() -> Path:
     return default_cache_root() / "megatron"
 
 
-def cache_key(model: str, revision: str | None, trust_remote_code: bool) -> str:
-    """The converted checkpoint's folder name: readable model name + hash of what changes the weights."""
-    ident = json.dumps({"model": model, "revision": revision, "trust_remote_code": trust_remote_code}, sort_keys=True)
+def cache_key(model: str, revision: str | None, trust_remote_code: bool, spec: str = "transformer_engine") -> str:
+    """The converted checkpoint's folder name: readable model name + hash of what changes the weights
+    and of the layer spec (`megatron_weights.layer_spec_name`), whose weight names differ."""
+    ident = {"model": model, "revision": revision, "trust_remote_code": trust_remote_code}
+    if spec != "transformer_engine":  # keys written before the spec was part of them stay valid
+        ident["spec"] = spec
+    ident = json.dumps(ident, sort_keys=True)
     name = "".join(c if c.isalnum() or c in "-._" else "-" for c in Path(model).name or model)[:60]
     return f"{name}-{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
 
@@ -86,28 +82,77 @@ def hf_source(recipe, run_root: Path | None) -> str:
 def import_checkpoint(recipe, *, run_root: Path | None = None, cache_root: Path | None = None,
                       log: Callable[[str], None] = print) -> Path:
     """The recipe's model as a Megatron checkpoint, converted once and cached (one process)."""
+    from recipeforge.backends.megatron_weights import layer_spec_name
     from recipeforge.outputs.run_lock import exclusive
 
     m = recipe.model
+    auto_bridge()  # a missing Megatron-Bridge is an error naming the extra before anything is written
     source = hf_source(recipe, run_root)
     if source != m.name_or_path:  # a tiny model: its weights live with the run
         out, lock = run_root / "megatron_base", run_root / ".megatron_base.lock"
     else:
         root = cache_root or _cache_root()
-        out = root / cache_key(m.name_or_path, m.revision, m.trust_remote_code)
+        out = root / cache_key(m.name_or_path, m.revision, m.trust_remote_code, layer_spec_name())
         lock = root / f".{out.name}.lock"
     with exclusive(lock):
         if (out / "done.json").is_file():
             log(f"megatron: converted checkpoint {out} (cached)")
             return out
-        bridge = auto_bridge()
+        log(f"megatron: converting {m.name_or_path} to a Megatron checkpoint in {out}")
+        _write_converted(recipe, source, out, tensor_parallel=1)
+    return out
+
+
+def _write_converted(recipe, source: str, out: Path, *, tensor_parallel: int) -> None:
+    """`source` converted into out/ckpt, with out/done.json written last (a folder without it is not
+    taken as converted)."""
+    from recipeforge.backends.megatron_weights import convert, layer_spec_name
+
+    m = recipe.model
+    with staged_folder(out) as tmp:
+        convert({"direction": "hf_to_megatron", "source": source, "dest": str(tmp / "ckpt"),
+                 "trust_remote_code": m.trust_remote_code, "revision": m.revision}, tensor_parallel=tensor_parallel)
+        (tmp / "done.json").write_text(json.dumps({"model": m.name_or_path, "revision": m.revision,
+                                                   "tensor_parallel": tensor_parallel,
+                                                   "layer_spec": layer_spec_name()}) + "\n")
+
+
+def convert_to_megatron(recipe, out: Path, *, tensor_parallel: int = 1, log: Callable[[str], None] = print) -> Path:
+    """The recipe's model as a Megatron checkpoint in out/ckpt, saved at `tensor_parallel` (that many
+    gloo processes). A ``tiny:`` model's Hugging Face weights are written to out/base_model first."""
+    auto_bridge()
+    out.mkdir(parents=True, exist_ok=True)
+    source = hf_source(recipe, out)
+    entry = out / "megatron"
+    log(f"megatron: converting {recipe.model.name_or_path} to a Megatron checkpoint in {entry} "
+        f"(tensor parallel {tensor_parallel})")
+    _write_converted(recipe, source, entry, tensor_parallel=tensor_parallel)
+    return base_checkpoint(entry)
+
+
+def convert_to_hf(recipe, checkpoint: Path, out: Path, *, tensor_parallel: int = 1,
+                  log: Callable[[str], None] = print) -> Path:
+    """The Megatron checkpoint `checkpoint` of the recipe's model as Hugging Face safetensors in `out`,
+    loaded at `tensor_parallel` (that many gloo processes; any saved parallel size is resharded)."""
+    import tempfile
+
+    from recipeforge.backends.megatron_weights import convert
+
+    auto_bridge()
+    if not (checkpoint / "run_config.yaml").is_file() and not list(checkpoint.glob("iter_*")):
+        raise RecipeError(f"{checkpoint} is not a Megatron checkpoint (no run_config.yaml, no iter_* folders)",
+                          hint="give the ckpt folder `recipeforge convert-checkpoint RECIPE -o DIR` wrote, or a "
+                               "run's checkpoints folder")
+    m = recipe.model
+    with tempfile.TemporaryDirectory(prefix="recipeforge-reference-") as ref:
+        # the Hugging Face model the checkpoint came from gives the export its config and tokenizer;
+        # a tiny model is built again (the same config and tokenizer, whatever its weights)
+        reference = hf_source(recipe, Path(ref))
+        log(f"megatron: exporting {checkpoint} to {out} (tensor parallel {tensor_parallel})")
         with staged_folder(out) as tmp:
-            log(f"megatron: converting {m.name_or_path} to a Megatron checkpoint in {out}")
-            kwargs = {"trust_remote_code": m.trust_remote_code}
-            if m.revision:
-                kwargs["revision"] = m.revision
-            bridge.import_ckpt(source, str(tmp / "ckpt"), **kwargs)
-            (tmp / "done.json").write_text(json.dumps({"model": m.name_or_path, "revision": m.revision}) + "\n")
+            convert({"direction": "megatron_to_hf", "reference": reference, "checkpoint": str(checkpoint),
+                     "dest": str(tmp), "trust_remote_code": m.trust_remote_code, "revision": m.revision},
+                    tensor_parallel=tensor_parallel)
     return out
 
 
@@ -135,18 +180,21 @@ def export_final(recipe, run, *, log: Callable[[str], None] = print) -> Path:
     if dist.is_available() and dist.is_initialized():
         # The bridge would run its collectives in the job's group with only this rank taking part.
         raise RuntimeError("export_final runs in a process of its own, after the training job ended")
+    from recipeforge.backends.megatron_weights import megatron_to_hf
+
     m = recipe.model
     source = latest_checkpoint(run.checkpoints)
-    bridge = auto_bridge().from_hf_pretrained(hf_source(recipe, run.root), trust_remote_code=m.trust_remote_code,
-                                              **({"revision": m.revision} if m.revision else {}))
+    reference = hf_source(recipe, run.root)
     final = run.final
     with staged_folder(final) as tmp:
         if recipe.adapter.type == "lora":
             log(f"megatron: exporting the LoRA adapter of {source} to {final}")
+            bridge = auto_bridge().from_hf_pretrained(reference, trust_remote_code=m.trust_remote_code,
+                                                      **({"revision": m.revision} if m.revision else {}))
             bridge.export_adapter_ckpt(peft_checkpoint=str(source), output_path=str(tmp), show_progress=False)
         else:
             log(f"megatron: exporting {source} to {final}")
-            bridge.export_ckpt(megatron_path=str(source), hf_path=str(tmp), show_progress=False)
+            megatron_to_hf(reference, source, tmp, trust_remote_code=m.trust_remote_code, revision=m.revision)
         _save_tokenizer(recipe, run, tmp)
     return final
 

@@ -39,8 +39,8 @@ def test_every_suite_case_plans_trains_and_measures(lease):
     assert [c["case"] for c in result["cases"]] == order  # every case, in the ledger's order
     assert result["versions"]["torch"]
     for case in result["cases"]:
-        if case["status"] == "skipped":  # Liger's kernels need Triton on a GPU
-            assert case["why"] == "not installed: liger_kernel", case
+        if case["status"] == "skipped":  # Liger's kernels need Triton on a GPU; Megatron runs on Python 3.12
+            assert case["why"] in ("not installed: liger_kernel", "not installed: megatron"), case
             continue
         assert case["status"] == "ok", case
         assert case["plan_gb"] > 0 and case["tokens_per_s"] > 0 and case["loss_first"] is not None, case
@@ -80,5 +80,10 @@ def test_recorded_results_move_their_cases_to_the_end_of_the_next_lease(lease, t
     assert ledger.main(["--ledger", str(book), "record", *map(str, lease.glob("gpu-*.json")), "--commit", "x",
                         "--gpu", "H100-80GB"]) == 0
     order = ledger.next_cases(ledger.load(book), "H100-80GB")
-    assert all(why.startswith("measured on this code") for name, why in order if name != "lora-8b-ckpt-liger")
+    # cases skipped for a package this machine lacks (liger-kernel, megatron) are not measured, so not recorded
+    skipped = {c["case"] for f in lease.glob("gpu-*.json") for c in json.loads(f.read_text()).get("cases", [])
+               if c.get("status") == "skipped"}
+    assert skipped <= {"lora-8b-ckpt-liger", "megatron-sft-1b", "megatron-sft-lora-1b"}, skipped
+    assert all(why.startswith("measured on this code") for name, why in order if name not in skipped)
+    assert all(why.startswith("never measured") for name, why in order if name in skipped)
     assert ledger.next_cases(ledger.load(book), "H200-141GB")[0][1].startswith("never measured on")

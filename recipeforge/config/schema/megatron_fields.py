@@ -55,9 +55,9 @@ FIELDS: dict[str, Field] = {
     "allow_code": ignored("read while the recipe is loaded (code in dataset formats and rewards)"),
     "lock": ignored("the environment the recipe was resolved in, compared by `train` before any backend runs"),
     # model
-    "model.name_or_path": mapped("AutoBridge.from_hf_pretrained / import_ckpt (before launch); tokenizer.tokenizer_model"),
+    "model.name_or_path": mapped("AutoBridge.from_hf_pretrained (before launch); the shared data step's tokenizer, saved with Megatron's data, is tokenizer.tokenizer_model"),
     "model.revision": mapped("import_ckpt(revision=...); the converted checkpoint's cache key"),
-    "model.tokenizer": mapped("tokenizer.tokenizer_model and the shared data step"),
+    "model.tokenizer": mapped("the shared data step, whose tokenizer Megatron's data keeps (tokenizer.tokenizer_model)"),
     "model.dtype": mapped("model.bf16 / fp16 / params_dtype, optimizer.bf16 / fp16, mixed_precision"),
     "model.attn_implementation": mapped(
         "Megatron-Core attention through Transformer Engine", allowed=("auto",),

@@ -5,21 +5,24 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from recipeforge.backends.launcher_command import launcher_command
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[3]
 LORA = REPO / "examples" / "yaml" / "tiny" / "sft-lora.yaml"
-BIN = Path(sys.executable).parent
+# torchrun of this Python, as recipeforge starts it: the script beside it, or `python -m torch.distributed.run`
+# in a virtual environment on top of another one, whose bin/ has no launcher scripts.
+TORCHRUN = launcher_command("torchrun", "torch.distributed.run")
 WARNING = "find_unused_parameters=True was specified in DDP constructor"
 
 
 def test_lora_ddp_runs_without_the_unused_parameter_search(tmp_path):
-    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "recipeforge", "train", str(LORA),
+    cmd = [*TORCHRUN, "--standalone", "--nproc_per_node", "2", "-m", "recipeforge", "train", str(LORA),
            f"output.dir={tmp_path / 'run'}", f"data.cache_dir={tmp_path / 'cache'}", "train.max_steps=3",
            "train.micro_batch_size=auto", "train.logging_steps=1", "data.val_size=0", "logging.progress_bar=false"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)

@@ -20,12 +20,17 @@ from pathlib import Path
 
 import pytest
 
+from recipeforge.backends.launcher_command import launcher_command
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[3]
 SFT = REPO / "examples" / "yaml" / "tiny" / "sft-full.yaml"
 DPO = REPO / "examples" / "yaml" / "tiny" / "dpo.yaml"
-BIN = Path(sys.executable).parent
+# The launchers of this Python, as recipeforge starts them: the script beside it, or `python -m ...` in a
+# virtual environment on top of another one, whose bin/ has no launcher scripts.
+TORCHRUN = launcher_command("torchrun", "torch.distributed.run")
+ACCELERATE_LAUNCH = launcher_command("accelerate", "accelerate.commands.launch")
 # Six steps of global batch 8 over 16 packed sequences: whole batches only (a ragged last batch is
 # padded with repeated samples under data parallelism, which one process does not do).
 VARIANT = ("train.max_steps=6", "train.micro_batch_size=auto", "train.logging_steps=1", "output.save_steps=3",
@@ -108,7 +113,7 @@ def test_ddp_through_the_recipeforge_launcher(tiny, workdir, reference):
 @needs_deepspeed
 def test_zero2_launched_directly_by_torchrun(tiny, workdir, reference):
     run = workdir / "zero2"
-    _run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "recipeforge", "train",
+    _run([*TORCHRUN, "--standalone", "--nproc_per_node", "2", "-m", "recipeforge", "train",
           *_args(tiny, SFT, run, *VARIANT, "distributed.backend=deepspeed", "distributed.zero_stage=2")], workdir)
     plan = json.loads((run / "plan.json").read_text())  # rank 0 planned for the launcher's world
     assert (plan["backend"], plan["preset"], plan["world_size"], plan["micro_batch_size"]) == ("deepspeed", "zero2", 2, 4)
@@ -170,7 +175,7 @@ def test_dpo_on_two_processes_launched_by_accelerate(tiny, workdir):
     single = tiny.train(str(DPO), workdir / "dpo-single", "train.max_steps=6", "train.micro_batch_size=auto",
                         "train.logging_steps=1")
     run = workdir / "dpo-ddp"
-    _run([str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", "0",
+    _run([*ACCELERATE_LAUNCH, "--multi_gpu", "--num_processes", "2", "--main_process_port", "0",
           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "recipeforge", "train",
           *_args(tiny, DPO, run, "train.max_steps=6", "train.micro_batch_size=auto", "train.logging_steps=1")],
          workdir)

@@ -17,18 +17,22 @@ from pathlib import Path
 
 import pytest
 
+from recipeforge.backends.launcher_command import launcher_command
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[3]
 SFT = REPO / "examples" / "yaml" / "tiny" / "sft-full.yaml"
-BIN = Path(sys.executable).parent
+# torchrun of this Python, as recipeforge starts it: the script beside it, or `python -m torch.distributed.run`
+# in a virtual environment on top of another one, whose bin/ has no launcher scripts.
+TORCHRUN = launcher_command("torchrun", "torch.distributed.run")
 SHORT = ("distributed.timeout_minutes=0.1", "train.max_steps=2", "train.micro_batch_size=auto",
          "train.logging_steps=1", "output.save_steps=100", "data.val_size=0", "logging.progress_bar=false")
 
 
 def _torchrun(tmp_path: Path, *overrides: str, delay: int = 15) -> subprocess.CompletedProcess:
     env = {**os.environ, "RECIPEFORGE_FAULT": f"slow_tokenize:{delay}"}
-    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "recipeforge", "train", str(SFT),
+    cmd = [*TORCHRUN, "--standalone", "--nproc_per_node", "2", "-m", "recipeforge", "train", str(SFT),
            f"output.dir={tmp_path / 'run'}", f"data.cache_dir={tmp_path / 'cache'}", *SHORT, *overrides]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
 

@@ -12,9 +12,6 @@ import functools
 import json
 import math
 import re
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -202,68 +199,9 @@ def test_grace_period_namespace_and_cpu_processes(tmp_path):
     assert train_args(container["command"], K8sApi.PYTORCHJOB, count).nproc_per_node == 2
 
 
-def test_the_command_as_typed(tmp_path):
-    recipe = ROOT / "examples" / "yaml" / "llama3-70b-full-sft.yaml"
-    cmd = [sys.executable, "-m", "recipeforge", "launch", "--k8s", str(recipe), "--image", "acme/rf:1",
-           "--pvc", "runs"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    cm, job = yaml.safe_load_all(proc.stdout)  # stdout holds the manifests and nothing else
-    check_config_map(cm)
-    check_job(job, K8sApi.TRAINJOB)
-    out = tmp_path / "job.yaml"
-    proc = subprocess.run([*cmd, "--k8s-api", "pytorchjob", "-o", str(out)], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=120)
-    assert proc.returncode == 0 and f"kubectl apply -f {out}" in proc.stdout, proc.stderr
-    check_job(list(yaml.safe_load_all(out.read_text()))[1], K8sApi.PYTORCHJOB)
-
-
-def test_launch_k8s_imports_no_training_library(tmp_path):
-    code = textwrap.dedent(f"""
-        import sys
-        from recipeforge.cli import main
-        assert main(["launch", "--k8s", {str(ROOT / "examples/yaml/llama3-70b-full-sft.yaml")!r}, "--image", "i",
-                     "--pvc", "p", "--k8s-api", "pytorchjob", "-o", {str(tmp_path / "job.yaml")!r}]) == 0
-        heavy = sorted(m for m in ("torch", "transformers", "trl", "peft", "accelerate", "deepspeed", "datasets")
-                       if m in sys.modules)
-        print("HEAVY", heavy)
-    """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "HEAVY []" in proc.stdout
-
-
 def test_local_data_files_are_warned_about(tmp_path, capsys):
     manifests(tmp_path, ROOT / "examples" / "yaml" / "tiny" / "sft-lora.yaml")
     assert "sft-chat.jsonl' is a file on this machine" in capsys.readouterr().err
-
-
-BAD = [
-    (["--k8s-api", "mpijob", "--image", "i", "--pvc", "p"], "--k8s-api: 'mpijob' is not one of trainjob, pytorchjob"),
-    (["--pvc", "p"], "--image: needed with --k8s"),
-    (["--image", "i"], "--pvc: needed with --k8s"),
-    (["--image", "i", "--pvc", "p", "--partition", "gpu"], "--partition is for launch --slurm only"),
-    (["--image", "i", "--pvc", "p", "--grace-period", "0"], "--grace-period: must be 1 second or more"),
-]
-
-
-@pytest.mark.parametrize("args,message", BAD, ids=[m.split(":")[0] for _, m in BAD])
-def test_bad_arguments_exit_2_with_one_line(args, message):
-    recipe = ROOT / "examples" / "yaml" / "tiny" / "sft-lora.yaml"
-    proc = subprocess.run([sys.executable, "-m", "recipeforge", "launch", "--k8s", str(recipe), *args],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert proc.returncode == 2 and proc.stdout == ""
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), proc.stderr
-
-
-def test_a_recipe_error_exits_2_without_traceback(tmp_path):
-    recipe = tmp_path / "bad.yaml"
-    recipe.write_text(f"extends: {ROOT / 'examples/yaml/tiny/sft-lora.yaml'}\ntrain: {{learning_rate: -1}}\n")
-    proc = subprocess.run([sys.executable, "-m", "recipeforge", "launch", "--k8s", str(recipe), "--image", "i",
-                           "--pvc", "p"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
-    assert proc.stderr.startswith("error: ") and "learning_rate" in proc.stderr.splitlines()[0]
 
 
 def test_a_recipe_with_secrets_is_refused(tmp_path, monkeypatch, capsys):

@@ -100,3 +100,27 @@ def test_the_stage_writes_data_and_asks_the_backend_for_its_config(load, tmp_pat
     # Megatron, which trains nothing after EOS, drops no target.
     assert stage.data_stats["megatron_targets_dropped_after_eos"] == 0
     assert "megatron" not in sys.modules
+
+
+def test_the_layer_spec_is_part_of_the_cache_key():
+    te = cache_key("meta-llama/Llama-3.1-8B", None, False)
+    assert te == cache_key("meta-llama/Llama-3.1-8B", None, False, "transformer_engine")  # keys written before
+    assert cache_key("meta-llama/Llama-3.1-8B", None, False, "local") != te
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--to-hf", "ckpt"], "add -o DIR"),
+    (["--tensor-parallel", "2"], "add -o DIR"),
+    (["-o", "out", "--tensor-parallel", "0"], "--tensor-parallel must be 1 or more"),
+])
+def test_convert_checkpoint_arguments_are_checked_first(tmp_path, monkeypatch, capsys, args, message):
+    from pathlib import Path
+
+    from recipeforge.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    recipe = Path(__file__).resolve().parents[3] / "examples" / "yaml" / "tiny" / "pretrain.yaml"
+    code = main(["convert-checkpoint", str(recipe), *args])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()

@@ -1,7 +1,7 @@
 """The translation against the installed Megatron-Bridge itself: every section's dataclass is built
 with keyword arguments, so a field the pinned version does not have (or renamed) fails here.
 
-Runs wherever `megatron.bridge` imports (the `megatron` extra: Python 3.12, CUDA, Transformer Engine);
+Runs wherever `megatron.bridge` imports (`.ci/megatron` builds such an environment on Python 3.12);
 skipped elsewhere.
 """
 
@@ -36,7 +36,8 @@ def _settings(load, tmp_path, *overrides):
     data = {"root": str(tmp_path / "d"), "metadata": str(tmp_path / "d" / "pack_metadata.json"),
             "training": {"parquet": str(tmp_path / "d" / "training.idx.parquet"), "rows": 64},
             "validation": {"parquet": str(tmp_path / "d" / "validation.idx.parquet"), "rows": 8}}
-    loaded = load("pretrain-llama3-405b", *overrides)
+    # pinned: for a LoRA run the planner picks FSDP
+    loaded = load("pretrain-llama3-405b", "distributed.backend=megatron", *overrides)
     return megatron_config(make_plan(loaded.recipe), loaded.recipe, run_dir=tmp_path, data=data, train_iters=10,
                            base_checkpoint=tmp_path / "base")
 

@@ -1,12 +1,12 @@
 """The Ray launcher without Ray: `distributed.launcher` / `ray_address` and their rules, the address's
 precedence, `launch --ray --dry-run` (the job the driver would submit, for a 2-node x 8-GPU plan and a
-CPU plan; neither Ray nor torch imported), the short error without Ray installed, and the launch flags
-of one target refused with another. The launch itself is tests/integration/backends/test_ray_launch_cpu.py."""
+CPU plan; that neither Ray nor torch is imported: tests/commands/test_ray_launch.py), the short error
+without Ray installed, and the launch flags of one target refused with another. The launch itself is
+tests/integration/backends/test_ray_launch_cpu.py."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -115,15 +115,6 @@ def test_dry_run_of_a_cpu_recipe_from_the_recipe_key(tmp_path, capsys, monkeypat
     assert (job["address"], job["num_workers"], job["use_gpu"]) == ("127.0.0.1:6379", 2, False)
     assert job["resources_per_worker"] == {"CPU": 1.0} and job["torch_backend"] == "gloo"
     assert "OMP_NUM_THREADS" not in job["worker_env"]  # Ray sets the threads of a worker from its CPUs
-
-
-def test_dry_run_imports_neither_ray_nor_torch(tmp_path):
-    code = (f"import sys; from recipeforge.cli import main; "
-            f"rc = main(['launch', '--ray', {str(BIG)!r}, 'output.dir={tmp_path / 'run'}', '--dry-run']); "
-            "heavy = [m for m in ('ray', 'torch', 'transformers') if m in sys.modules]; "
-            "assert rc == 0 and not heavy, (rc, heavy)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def test_without_ray_a_short_error(tmp_path, capsys, monkeypatch):

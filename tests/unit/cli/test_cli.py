@@ -1,11 +1,9 @@
-"""The command line: exit codes, error rendering, light imports, resolve round trip, schema and docs."""
+"""The command line in this process: argument errors, resolve round trip, schema and docs (exit codes,
+tracebacks and light imports, in a process of its own: tests/commands/test_cli.py)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -29,11 +27,6 @@ def example_recipes() -> list[Path]:
                   and p.name != "base.yaml")
 
 
-def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "recipeforge", *args], capture_output=True, text=True,
-                          cwd=cwd or ROOT, timeout=120)
-
-
 def test_examples_exist_and_use_extends():
     recipes = example_recipes()
     assert len([p for p in recipes if p.parent.name == "yaml"]) >= 5
@@ -46,23 +39,6 @@ def test_every_example_validates(path, capsys):
     assert "ok:" in capsys.readouterr().out
 
 
-def test_user_error_exit_code_2_without_traceback(tmp_path):
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(MINIMAL + "adapter:\n  tpye: lora\n")
-    proc = run_cli("validate", str(bad))
-    assert proc.returncode == 2
-    assert "Traceback" not in proc.stderr
-    assert f"{bad}:8:3 adapter.tpye: unknown key 'tpye'" in proc.stderr
-    assert "hint: did you mean 'type'?" in proc.stderr
-
-
-def test_debug_shows_the_traceback(tmp_path):
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("stage: [\n")
-    proc = run_cli("--debug", "validate", str(bad))
-    assert proc.returncode != 0 and "Traceback" in proc.stderr
-
-
 @pytest.mark.parametrize("args, fragment", [
     (["validate", "missing.yaml"], "recipe file not found"),
     (["validate", "examples/yaml/qlora-70b.yaml", "train.learning_rate"], "is not key=value"),
@@ -70,21 +46,6 @@ def test_debug_shows_the_traceback(tmp_path):
 def test_cli_argument_errors(args, fragment, capsys):
     assert main(args) == 2
     assert fragment in capsys.readouterr().err
-
-
-def test_validate_imports_neither_torch_nor_transformers():
-    code = textwrap.dedent("""
-        import sys
-        from recipeforge.cli import main
-        assert main(["validate", "examples/yaml/qlora-70b.yaml"]) == 0
-        assert main(["resolve", "examples/yaml/qlora-70b.yaml"]) == 0
-        heavy = sorted(m for m in ("torch", "transformers", "trl", "peft", "accelerate", "deepspeed", "datasets")
-                       if m in sys.modules)
-        print("HEAVY", heavy)
-    """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "HEAVY []" in proc.stdout
 
 
 def test_resolve_round_trips_with_overrides_and_interpolation(tmp_path, capsys, monkeypatch):
@@ -138,20 +99,6 @@ def test_reference_covers_every_field():
     for cls in STAGE_CLASSES.values():
         for name in cls.model_fields:
             assert f"| `{name}` |" in doc
-
-
-def test_help_and_version():
-    proc = run_cli("--help")
-    assert proc.returncode == 0
-    for command in ("validate", "resolve", "schema", "plan", "train"):
-        assert command in proc.stdout
-    proc = run_cli("--version")
-    assert proc.returncode == 0 and proc.stdout.startswith("recipeforge ")
-
-
-def test_unknown_command_is_a_usage_error():
-    proc = run_cli("trian", "x.yaml")
-    assert proc.returncode == 2 and "invalid choice" in proc.stderr
 
 
 def test_plan_command_table_json_and_located_error(capsys):

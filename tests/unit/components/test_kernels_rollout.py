@@ -29,7 +29,7 @@ def test_hf_rollout_engine():
     assert rollout_arguments(RolloutConfig(), "cpu") == {"use_vllm": False}
 
 
-def test_unknown_rollout_engine():
+def test_unknown_rollout_engine(builtins_only):
     with pytest.raises(RecipeError) as info:
         rollout_arguments(RolloutConfig(engine="vllm"), "cpu")
     (p,) = info.value.problems

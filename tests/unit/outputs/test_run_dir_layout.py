@@ -1,8 +1,8 @@
-"""The run directory: default location, overwrite/resume rules, descriptive files, model card."""
+"""The run directory: default location, overwrite/resume rules, model card (the descriptive files and the
+environment record, which asks `git` for the commit: tests/commands/test_run_dir_layout.py)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -11,7 +11,7 @@ import yaml
 from recipeforge.config import load_recipe
 from recipeforge.errors import RecipeError
 from recipeforge.outputs.model_card import render_model_card
-from recipeforge.outputs.run_dir import RunDir, default_run_dir, environment_info, prepare
+from recipeforge.outputs.run_dir import RunDir, default_run_dir, prepare
 
 TINY = Path(__file__).resolve().parents[3] / "examples" / "yaml" / "tiny"
 
@@ -34,26 +34,6 @@ def test_prepare_rules(tmp_path):
     assert run.final.exists()
     prepare(run, overwrite=True, resume="never")
     assert run.root.is_dir() and not run.final.exists()
-
-
-def test_descriptive_files(tmp_path):
-    from recipeforge.plan import make_plan
-
-    loaded = load_recipe(TINY / "pretrain.yaml")
-    run = RunDir(tmp_path)
-    run.write_recipe(loaded.tree.data, loaded.path)
-    run.write_plan(make_plan(loaded.recipe))
-    run.write_environment()
-    assert yaml.safe_load(run.resolved_recipe.read_text())["stage"] == "pretrain"
-    assert json.loads(run.plan.read_text())["backend"] == "single"
-    env = json.loads(run.environment.read_text())
-    assert env["packages"]["recipeforge"] and "python" in env and "git" in env
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["environment.json", "plan.json", "resolved_recipe.yaml"]
-
-
-def test_environment_has_versions():
-    info = environment_info()
-    assert {"torch", "transformers", "trl", "peft", "datasets"} <= set(info["packages"])
 
 
 def test_model_card_embeds_the_recipe(tmp_path):

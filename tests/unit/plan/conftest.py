@@ -1,24 +1,9 @@
-"""Helpers for planner tests: recipes built from small dicts, validated by the real schema."""
+"""The planner tests' `recipe` fixture: recipes built from small dicts (tests/plan_testing.py)."""
 
 from __future__ import annotations
 
 import pytest
-
-from recipeforge.config.schema import recipe_adapter
-
-_FORMATS = {"sft": "alpaca", "pretrain": "text", "dpo": "preference", "grpo": "prompt"}
-
-
-def build_recipe(model_name: str = "tiny:llama", stage: str = "sft", **sections):
-    """A validated recipe for `model_name` and `stage`; keyword arguments are top-level sections
-    (``adapter={...}``, ``train={...}``, ...) merged over a minimal valid recipe."""
-    data = {"datasets": [{"path": "data.jsonl", "format": _FORMATS[stage]}]}
-    data.update(sections.pop("data", {}))
-    raw = {"stage": stage, "model": {"name_or_path": model_name, **sections.pop("model", {})}, "data": data}
-    if stage == "grpo":
-        raw["grpo"] = {"rewards": [{"name": "exact_match"}], **sections.pop("grpo", {})}
-    raw.update(sections)
-    return recipe_adapter().validate_python(raw)
+from plan_testing import build_recipe
 
 
 @pytest.fixture

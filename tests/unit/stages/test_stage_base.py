@@ -1,9 +1,8 @@
-"""Shared stage-runner machinery: trainer arguments from recipe + plan, the backend merge point."""
+"""Shared stage-runner machinery: trainer arguments from recipe + plan, the backend merge point (light imports:
+tests/commands/test_stage_base.py)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -75,10 +74,3 @@ def test_no_eval_data_means_no_evaluation(tmp_path):
     from transformers import TrainingArguments
 
     assert _stage(tmp_path, has_eval=False).training_arguments(TrainingArguments).eval_strategy == "no"
-
-
-def test_importing_the_entry_points_stays_light():
-    code = ("import sys, recipeforge.run, recipeforge.stages, recipeforge.stages.base, recipeforge.outputs.checkpoint;"
-            "print(sorted(m for m in ('torch', 'transformers', 'trl', 'peft', 'datasets') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"

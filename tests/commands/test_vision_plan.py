@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-RECIPE = Path(__file__).resolve().parent / "fixtures" / "qwen2.5-vl-7b-lora.yaml"
+RECIPE = ROOT / "tests" / "plan" / "fixtures" / "qwen2.5-vl-7b-lora.yaml"
 
 
 def _plan(*extra: str) -> subprocess.CompletedProcess:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from report_testing import make_run
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_cli(*args, cwd=ROOT):
