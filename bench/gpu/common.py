@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -156,6 +157,41 @@ def plan_json(recipe: Path, *extra: str) -> dict:
     return json.loads(proc.stdout)
 
 
+# A GPU case takes 60-110 s (bench/gpu/lease.sh): one that has not ended in 8 minutes hangs, and the
+# lease's other cases are worth more. The CPU rehearsal of a case takes up to 3 minutes on two busy cores.
+CASE_TIMEOUT_S = {"gpu": 480, "smoke": 900}
+TIMED_OUT = 124  # the exit status `run_bounded` gives a command it stopped, as coreutils' `timeout` does
+
+
+def run_bounded(cmd: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`cmd` in a session of its own, stopped with everything it started when `timeout` seconds pass.
+
+    A case that hangs (a collective waiting on a peer, a lock left by a killed build) must cost its own
+    minutes only: the suite records it (exit 124, the output so far plus a line saying so) and goes on
+    to the next case. The whole process group is stopped, since the launcher's workers would otherwise
+    keep the GPU and the CPUs for the cases after it."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    except subprocess.TimeoutExpired:
+        for sig, grace in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                out, err = proc.communicate(timeout=grace)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        else:
+            out, err = "", ""
+        err = (err or "") + f"\n[bench] stopped after {timeout:.0f} s (the case's time limit)\n"
+        return subprocess.CompletedProcess(cmd, TIMED_OUT, out or "", err)
+
+
 def train(recipe: Path, run_dir: Path, *extra: str, timeout: float = 1800) -> tuple[subprocess.CompletedProcess, float]:
     """`recipeforge train RECIPE output.dir=RUN_DIR --overwrite`, and its wall time. The run's whole
     stderr is kept beside the run directory (RUN_DIR.stderr), which `prune` leaves alone; its processes
@@ -166,9 +202,8 @@ def train(recipe: Path, run_dir: Path, *extra: str, timeout: float = 1800) -> tu
     run_dir.with_name(run_dir.name + ".started").write_text(f"{time.time():.3f}\n")
     start = time.perf_counter()
     # PYTHONPROFILEIMPORTTIME (= -X importtime) reaches the worker processes a launch starts too.
-    proc = subprocess.run([sys.executable, "-m", "recipeforge", "train", str(recipe), f"output.dir={run_dir}",
-                           "--overwrite", *extra], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}, cwd=REPO)
+    proc = run_bounded([sys.executable, "-m", "recipeforge", "train", str(recipe), f"output.dir={run_dir}",
+                        "--overwrite", *extra], timeout=timeout, env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"})
     wall = time.perf_counter() - start
     lines = (proc.stderr or "").splitlines()
     # A worker's lines may carry a launcher's prefix ("[rank0]:").

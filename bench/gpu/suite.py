@@ -126,7 +126,7 @@ def run_case(case: Case, out: Path, steps: int, smoke: bool) -> dict:
                plan_allocated_gb=round(measured_view(plan["memory_gb"], "allocated"), 2),
                plan_terms=plan["memory_gb"])
     run_dir = out / "runs" / case.name
-    proc, wall = common.train(recipe, run_dir)
+    proc, wall = common.train(recipe, run_dir, timeout=common.CASE_TIMEOUT_S["smoke" if smoke else "gpu"])
     row["wall_s"] = round(wall, 1)
     if proc.returncode != 0:
         common.prune(run_dir)

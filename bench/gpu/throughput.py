@@ -88,7 +88,7 @@ def run_case(case: Case, out: Path, steps: int, smoke: bool) -> dict:
            "micro_batch": plan["micro_batch_size"], "gradient_accumulation": plan["gradient_accumulation"],
            "gradient_checkpointing": plan["gradient_checkpointing"]}
     run_dir = out / "runs" / case.name
-    proc, wall = common.train(recipe, run_dir)
+    proc, wall = common.train(recipe, run_dir, timeout=common.CASE_TIMEOUT_S["smoke" if smoke else "gpu"])
     row["deps"] = common.case_deps(run_dir, common.MODELS / case.model / "config.json")
     if proc.returncode != 0:
         common.prune(run_dir)

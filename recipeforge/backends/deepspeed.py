@@ -174,7 +174,15 @@ class DeepSpeedBackend(BackendSpec):
         model, tensor by tensor (`sharded_loading`)."""
         from accelerate import PartialState
 
+        from recipeforge.backends import deepspeed_ops
+        from recipeforge.log import log
+
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
+        # Built here, one rank at a time, before DeepSpeed asks for them (and would wait for ever on a lock
+        # a stopped build left): the shared-memory all-reduce at its start, CPU Adam at the optimizer.
+        deepspeed_ops.ensure_built(deepspeed_ops.needed(on_cpu=ctx.plan.device != "cuda",
+                                                        offload_optimizer=ctx.plan.offload != "none"),
+                                   log=log)
         os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
         PartialState(backend="nccl" if ctx.plan.device == "cuda" else "gloo")
         self._hf_config = None

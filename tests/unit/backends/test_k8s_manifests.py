@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-import yaml
 
 from recipeforge.backends.k8s import PYTORCH_CONTAINER, PYTORCH_PORT_NAME, RENDEZVOUS, TRAINJOB_NODE, K8sApi
 from recipeforge.backends.k8s_pod import (GPU_RESOURCE, HOST_GB_PER_PROCESS, RECIPE_DIR, RECIPE_FILE, RUNS_DIR,
@@ -27,69 +26,11 @@ from recipeforge.config import load_recipe
 from recipeforge.outputs.run_dir import default_run_dir
 from recipeforge.plan.world import plan_for_world
 
-jsonschema = pytest.importorskip("jsonschema", reason="the dev extra's jsonschema validates the manifests")
+from k8s_testing import check_config_map, check_job, crd_validator, manifests
 
 ROOT = Path(__file__).resolve().parents[3]
-SCHEMAS = ROOT / "tests" / "data" / "k8s"
 EXAMPLES = sorted(p for p in (ROOT / "examples" / "yaml").rglob("*.yaml")
                   if p.parent.name != "base" and p.name != "base.yaml")
-RFC1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")       # the TrainJob CRD's CEL rule on metadata.name
-DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-# The ConfigMap's shape (core/v1, which ships no CRD): what the API server checks of the fields used.
-CONFIG_MAP_SCHEMA = {
-    "type": "object", "required": ["apiVersion", "kind", "metadata", "data"], "additionalProperties": False,
-    "properties": {
-        "apiVersion": {"enum": ["v1"]}, "kind": {"enum": ["ConfigMap"]},
-        "metadata": {"type": "object", "required": ["name"],
-                     "properties": {"name": {"type": "string", "maxLength": 253, "pattern": DNS1123_SUBDOMAIN},
-                                    "namespace": {"type": "string"},
-                                    "labels": {"type": "object", "additionalProperties": {"type": "string"}}}},
-        "data": {"type": "object", "additionalProperties": False,
-                 "patternProperties": {r"^[-._a-zA-Z0-9]+$": {"type": "string"}}},
-    },
-}
-MAX_CONFIG_MAP_BYTES = 1 << 20  # etcd's limit on an object
-
-
-def _strict(schema):
-    """`schema` with unknown fields refused (`kubectl apply --validate=strict`): see SOURCE.md."""
-    if isinstance(schema, dict):
-        schema = {k: _strict(v) for k, v in schema.items()}
-        if ("properties" in schema and "additionalProperties" not in schema
-                and not schema.get("x-kubernetes-preserve-unknown-fields")):
-            schema["additionalProperties"] = False
-        return schema
-    if isinstance(schema, list):
-        return [_strict(v) for v in schema]
-    return schema
-
-
-@functools.cache
-def crd_validator(api: K8sApi):
-    """A Draft 4 validator (OpenAPI v3's schema dialect) of the vendored CRD of `api`."""
-    crd = json.loads((SCHEMAS / f"{api}.schema.json").read_text())
-    return crd, jsonschema.Draft4Validator(_strict(crd["openAPIV3Schema"]))
-
-
-def check_job(job: dict, api: K8sApi) -> None:
-    crd, validator = crd_validator(api)
-    errors = sorted(validator.iter_errors(job), key=lambda e: list(e.absolute_path))
-    assert not errors, "\n".join(f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in errors[:10])
-    assert job["apiVersion"] == f"{crd['group']}/{crd['version']}" and job["kind"] == crd["kind"]
-    name = job["metadata"]["name"]
-    assert RFC1035.match(name) and len(name) <= 63, name
-
-
-def check_config_map(cm: dict) -> None:
-    jsonschema.Draft4Validator(CONFIG_MAP_SCHEMA).validate(cm)
-    assert len(json.dumps(cm).encode()) < MAX_CONFIG_MAP_BYTES
-
-
-def manifests(tmp_path: Path, recipe: Path, *args: str) -> list[dict]:
-    out = tmp_path / f"{recipe.stem}-{len(list(tmp_path.iterdir()))}.yaml"
-    assert main(["launch", "--k8s", str(recipe), "--image", "ghcr.io/acme/recipeforge:1", "--pvc", "runs",
-                 "-o", str(out), *args]) == 0
-    return list(yaml.safe_load_all(out.read_text()))
 
 
 @functools.cache
