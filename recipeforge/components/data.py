@@ -213,6 +213,28 @@ def remap_and_check(ds, ref: DatasetRef, fmt: Format, *, locate: Locate = _no_lo
     return ds
 
 
+def apply_prompt(ds, ref: DatasetRef, fmt: Format, *, locate: Locate = _no_location) -> tuple[Any, Format]:
+    """`remap_and_check`, then for a dataset with a text prompt (`prompt:`) its rows rendered to
+    prompt/completion columns, which the `completion` format tokenizes (the prompt untrained, the reply
+    and EOS trained); returns the rows and the format that tokenizes them."""
+    prompt = getattr(ref.spec, "prompt", None)
+    if prompt is None:
+        return remap_and_check(ds, ref, fmt, locate=locate), fmt
+    import dataclasses
+
+    from recipeforge.components.text_prompt import columns, to_completion_rows
+
+    required, _ = columns(prompt)
+    ds = remap_and_check(ds, ref, dataclasses.replace(fmt, required=required), locate=locate)
+    ds = to_completion_rows(ds, prompt, key=ref.key, where=locate(ref.path_key + ("prompt",)))
+    return ds, get_format("completion")
+
+
+def effective_format(spec) -> Format:
+    """The format that tokenizes a dataset's rows: `completion` for one with a text prompt, else its own."""
+    return get_format("completion") if getattr(spec, "prompt", None) is not None else get_format(spec.format)
+
+
 MIX_SOURCE = "_mix_source"
 
 
@@ -292,7 +314,7 @@ class _SplitReader:
         """One dataset entry, read and transformed; refused when no row is left."""
         spec, locate = ref.spec, self.locate
         fmt = self._format(ref)
-        ds = self._columns(ref, fmt)
+        ds, fmt = self._columns(ref, fmt)
         ds = self._dedup(ds, ref)
         if spec.max_samples and spec.max_samples < len(ds):
             ds = ds.shuffle(seed=self.seed).select(range(spec.max_samples))
@@ -311,8 +333,9 @@ class _SplitReader:
                               location=self.locate(ref.path_key + ("format",)))
         return fmt
 
-    def _columns(self, ref: DatasetRef, fmt: Format):
-        """The raw rows in the format's columns, with ``_row`` and ``_format`` added."""
+    def _columns(self, ref: DatasetRef, fmt: Format) -> tuple[Any, Format]:
+        """The raw rows in the format's columns, with ``_row`` and ``_format`` added, and the format that
+        tokenizes them (`apply_prompt`)."""
         spec, locate = ref.spec, self.locate
         ds = load_raw(ref, base_dir=self.base_dir, locate=locate)
         if getattr(spec, "messages", None) is not None:  # field mappings: to OpenAI messages first
@@ -320,13 +343,13 @@ class _SplitReader:
 
             ds = apply_message_fields(ds, spec.messages, key=f"{ref.key}.messages",
                                       where=locate(ref.path_key + ("messages",)))
-        ds = remap_and_check(ds, ref, fmt, locate=locate)
+        ds, fmt = apply_prompt(ds, ref, fmt, locate=locate)
         keep = None if fmt.kind == "prompt" else [c for c in ds.column_names if c in fmt.required + fmt.optional]
         if keep is not None:
             ds = ds.select_columns(keep)
         # Fingerprints derived from the dataset's own: `datasets` would otherwise hash both new columns.
         ds = ds.add_column("_row", list(range(1, len(ds) + 1)), new_fingerprint=derived_fingerprint(ds, "_row"))
-        return ds.add_column("_format", [fmt.name] * len(ds), new_fingerprint=derived_fingerprint(ds, fmt.name))
+        return ds.add_column("_format", [fmt.name] * len(ds), new_fingerprint=derived_fingerprint(ds, fmt.name)), fmt
 
     def _dedup(self, ds, ref: DatasetRef):
         """Training rows without duplicates, when the dataset or the data section asks for it."""

@@ -174,7 +174,7 @@ def _completion(row: dict, opts: RenderOptions) -> list[Segment]:
         segs.append((list(opts.prefix_ids), opts.train_on_inputs))
     segs.append((row["prompt"], opts.train_on_inputs))
     segs.append((row["completion"], True))
-    if opts.eos_token:
+    if opts.eos_token and not row["completion"].endswith(opts.eos_token):  # one EOS, as Axolotl's prompters do
         segs.append((opts.eos_token, True))
     return segs
 
@@ -190,6 +190,24 @@ def alpaca_messages(row: dict) -> list[dict]:
 
 def _alpaca(row: dict, opts: RenderOptions) -> list[Segment]:
     return chat_segments(alpaca_messages(row), opts)
+
+
+def _segments(row: dict, opts: RenderOptions) -> list[Segment]:
+    """Pieces of text with a train label each (Axolotl's `input_output` rows: ``segments: [{text, label}]``),
+    each tokenized apart and nothing added: no BOS, no EOS, no template."""
+    pieces = row["segments"]
+    if not isinstance(pieces, list) or not pieces:
+        raise RecipeError(f"column 'segments' must be a non-empty list of {{text, label}} (got {type(pieces).__name__})")
+    out: list[Segment] = []
+    for n, piece in enumerate(pieces, start=1):
+        if not isinstance(piece, dict) or not isinstance(piece.get("text"), str):
+            raise RecipeError(f"segment {n} must be a mapping with a `text` string and a `label` (true: trained)")
+        label = piece.get("label", True)
+        if not isinstance(label, bool):
+            raise RecipeError(f"segment {n}: `label` must be true (trained) or false, got {label!r}")
+        if piece["text"]:
+            out.append((piece["text"], label or opts.train_on_inputs))
+    return out
 
 
 def _tokenized(row: dict, opts: RenderOptions) -> list[Segment]:
@@ -279,11 +297,15 @@ def _register_builtins() -> None:
                description="raw text; every token is trained"),
         Format("alpaca", "lm", ("instruction", "output"), _alpaca, optional=("input", "system"),
                conversational=lambda row: True, to_messages=alpaca_messages,
-               description="instruction/input/output through the chat template; loss on the output"),
+               description="instruction/input/output through the chat template (or the dataset's text `prompt`); "
+                           "loss on the output"),
         Format("messages", "lm", ("messages",), _messages, conversational=lambda row: True, to_messages=row_messages,
                description="chat messages (OpenAI roles or ShareGPT from/value); loss on assistant turns"),
         Format("completion", "lm", ("prompt", "completion"), _completion,
                description="prompt/completion pair; loss on the completion"),
+        Format("segments", "lm", ("segments",), _segments,
+               description="segments: [{text, label}] pieces of text, trained where label is true; tokenized "
+                           "apart, with no BOS, EOS or template added (Axolotl's input_output)"),
         Format("tokenized", "lm", ("input_ids",), _tokenized, optional=("labels", "attention_mask"),
                stages=("pretrain", "sft"),
                description="pre-tokenized rows: input_ids (+ labels with -100 for no loss, attention_mask), "

@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator
 import torch.utils.data
 
 from recipeforge.components.data import (LOCAL_BUILDERS, DatasetRef, Locate, _first_line, _no_location, no_telemetry,
-                                         remap_and_check, resolve_local, spec_base_dir)
+                                         apply_prompt, resolve_local, spec_base_dir)
 from recipeforge.components.formats import Format, get_format
 from recipeforge.components.lm_encode import (CHUNK_ROWS, NO_TARGET, SPLIT, TOO_LONG, TRUNCATED, EncodeOptions,
                                               encode_rows)
@@ -139,7 +139,9 @@ def _open_one(ref: DatasetRef, *, base_dir: Path | None, locate: Locate):
 
         ds = apply_message_fields(ds, spec.messages, key=f"{ref.key}.messages",
                                   where=locate(ref.path_key + ("messages",)))
-    ds = remap_and_check(ds, ref, fmt, locate=locate)
+    ds, fmt = apply_prompt(ds, ref, fmt, locate=locate)
+    if ds.column_names is None:  # a stream rendered with a text prompt learns its new columns from its first rows
+        ds = _with_columns(ds)
     ds = ds.select_columns([c for c in ds.column_names if c in fmt.required + fmt.optional])
     if spec.max_samples:
         ds = ds.take(spec.max_samples)  # the first rows: a stream cannot be shuffled whole

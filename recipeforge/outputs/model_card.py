@@ -37,6 +37,7 @@ def render_model_card(*, recipe, recipe_data: dict, plan, data_stats: dict, run_
     how = "LoRA adapters" if recipe.adapter.type == "lora" else \
         "QLoRA adapters" if recipe.adapter.type == "qlora" else "all weights"
     lines += [f"`{base}` {what} on {how} with recipeforge {__version__}.", ""]
+    lines += _prompt_format(recipe)
     if reward:
         lines += _reward_usage(adapter)
     else:
@@ -53,6 +54,29 @@ def render_model_card(*, recipe, recipe_data: dict, plan, data_stats: dict, run_
     lines += ["## Recipe", "", "Reproduce with `recipeforge train resolved_recipe.yaml`.", "", "```yaml",
               yaml.safe_dump(recipe_data, sort_keys=False, allow_unicode=True).rstrip(), "```", ""]
     return "\n".join(lines)
+
+
+def _prompt_format(recipe) -> list[str]:
+    """What prompt the model was trained on, when its rows were written with a text prompt (not a chat
+    template): users must send the same one."""
+    from recipeforge.components.text_prompt import chat_template, render
+
+    specs = recipe.data.datasets
+    prompts = list(dict.fromkeys(d.prompt for d in specs if getattr(d, "prompt", None) is not None))
+    if not prompts:
+        return []
+    # As `LMStage`: the saved tokenizer writes the prompt when every dataset has it and no template is named.
+    templated = (len(prompts) == 1 and all(getattr(d, "prompt", None) is not None for d in specs)
+                 and recipe.data.chat_template == "tokenizer" and chat_template(prompts[0], bos=False) is not None)
+    lines = ["## Prompt format", "", ("Trained on rows written with this prompt (not a chat template); the reply "
+                                      "follows it and ends with EOS."
+                                      + (" The tokenizer's chat template writes it for a user message."
+                                         if templated else "")) if len(prompts) == 1 else
+             "Trained on rows written with these prompts (not a chat template):", ""]
+    for prompt in prompts:
+        example, _ = render(prompt, {"instruction": "{instruction}", "output": ""})
+        lines += ["```text", example, "```", ""]
+    return lines
 
 
 def _usage(adapter: bool) -> list[str]:

@@ -23,15 +23,32 @@ class LMStage(TrainerStage):
 
         data = self.recipe.data
         specs = list(data.datasets) + list(data.eval_datasets)
-        conversational = any(get_format(s.format).conversational({}) for s in specs)
+        # Rows written with a text prompt (`prompt:`) do not go through the chat template.
+        conversational = any(get_format(s.format).conversational({}) and getattr(s, "prompt", None) is None
+                             for s in specs)
         set_chat_template(self.tokenizer, data.chat_template, required=conversational,
                           location=self.ctx.locate(("data", "chat_template")))
+        self._prompt_as_chat_template(specs)
         if data.streaming:
             return self.streamed_data()
         lm = prepare_lm_data(self.recipe, self.tokenizer, base_dir=self.ctx.base_dir, locate=self.ctx.locate)
         return PreparedData(train=lm.train, eval=lm.eval, stats=dict(lm.stats), packed=lm.packed,
                             unit="packed sequences" if lm.packed else "sequences",
                             fingerprint=lm.fingerprint, cache_path=lm.cache_path)
+
+    def _prompt_as_chat_template(self, specs: list) -> None:
+        """When every dataset is written with the same text prompt and the recipe names no chat template,
+        the tokenizer saved with the model gets a chat template that writes that prompt, so `recipeforge
+        chat` and `serve` prompt the model the way it was trained (not with the tokenizer's own template)."""
+        from recipeforge.components.text_prompt import chat_template
+        from recipeforge.components.tokenizer import special_prefix_ids
+
+        prompts = {getattr(s, "prompt", None) for s in specs}
+        if len(prompts) != 1 or None in prompts or self.recipe.data.chat_template != "tokenizer":
+            return
+        template = chat_template(prompts.pop(), bos=bool(special_prefix_ids(self.tokenizer)))
+        if template is not None:
+            self.tokenizer.chat_template = template
 
     def streamed_data(self) -> PreparedData:
         """`data.streaming`: this process's stream of training sequences (`components.lm_stream`), and the

@@ -13,7 +13,7 @@ PROBE_ROWS = 1024  # rows the check before a launch reads: enough to meet the ro
 
 def training_stream(recipe, tokenizer, ctx, *, rank: int, world: int):
     """Process `rank` of `world`'s `StreamedLM` for `recipe`."""
-    from recipeforge.components.formats import get_format
+    from recipeforge.components.data import effective_format
     from recipeforge.components.lm_encode import EncodeOptions
     from recipeforge.components.lm_stream import StreamedLM, open_stream
     from recipeforge.stage_specs import Stage
@@ -27,7 +27,7 @@ def training_stream(recipe, tokenizer, ctx, *, rank: int, world: int):
     open_rows = partial(open_stream, data, base_dir=ctx.base_dir, locate=ctx.locate, seed=recipe.train.seed,
                         rank=rank, world=world)
     open_rows()  # opened once here: a path, column or format problem is said before training starts
-    return StreamedLM(open_rows, [get_format(s.format) for s in data.datasets], tokenizer, options,
+    return StreamedLM(open_rows, [effective_format(s) for s in data.datasets], tokenizer, options,
                       packing=bool(data.packing), window_rows=data.stream_window, shuffle=data.shuffle,
                       seed=recipe.train.seed)
 

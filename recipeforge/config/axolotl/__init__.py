@@ -33,6 +33,8 @@ class Conversion:
     recipe: dict[str, Any] = field(default_factory=dict)
     mapped: dict[str, str] = field(default_factory=dict)   # axolotl key -> recipe key(s) it became
     notes: dict[str, str] = field(default_factory=dict)    # axolotl key -> why it has no counterpart / what instead
+    # axolotl key -> how the recipe trains other tokens, masks or parameters than Axolotl would, and the fix
+    changes: dict[str, str] = field(default_factory=dict)
     vision: str | None = None  # why the config trains a vision-language model; None: a text model
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -58,6 +60,11 @@ class Conversion:
         """Record that `source` has no (exact) counterpart, with what the recipe does instead."""
         self.notes[source] = f"{self.notes[source]}; {why}" if source in self.notes else why
 
+    def change(self, source: str, why: str) -> None:
+        """Record that, because of `source`, the recipe trains other tokens, masks or parameters than Axolotl
+        would; `why` says what differs and the recipe key that restores Axolotl's behaviour."""
+        self.changes[source] = f"{self.changes[source]}; {why}" if source in self.changes else why
+
     def section(self, name: str) -> dict[str, Any]:
         return self.recipe.setdefault(name, {})
 
@@ -66,14 +73,25 @@ class Conversion:
     def report_lines(self) -> list[str]:
         return [f"{key}: {why}" for key, why in self.notes.items()]
 
+    def change_lines(self) -> list[str]:
+        """The semantic changes: where the recipe trains differently from Axolotl, with the fix."""
+        return [f"{key}: {why}" for key, why in self.changes.items()]
+
+    CHANGES_HEAD = "Trains differently from Axolotl (what differs, and the recipe key that restores Axolotl's way):"
+
     def report_text(self) -> str:
         """The report printed to stderr."""
         lines = self.report_lines()
-        head = (f"converted {self.source} ({len(self.mapped)} keys mapped, {len(lines)} in this report; global "
-                f"batch assumes a world size of {self.world_size})\n")
+        changes = self.change_lines()
+        head = (f"converted {self.source} ({len(self.mapped)} keys mapped, {len(lines)} in this report, "
+                f"{len(changes)} semantic change{'' if len(changes) == 1 else 's'}; global batch assumes a world "
+                f"size of {self.world_size})\n")
         if self.vision is not None:
             head += f"{self.vision_line()}\n"
-        return head + "".join(f"  {line}\n" for line in lines)
+        text = head + "".join(f"  {line}\n" for line in lines)
+        if changes:
+            text += f"{self.CHANGES_HEAD}\n" + "".join(f"  {line}\n" for line in changes)
+        return text
 
     def vision_line(self) -> str:
         return (f"A vision-language model ({self.vision}): model.vision says which of its parts train and how "
@@ -92,8 +110,26 @@ class Conversion:
         for line in self.report_lines():
             wrapped = textwrap.wrap(line, 110, subsequent_indent="    ") or [line]
             comments += [f"#   {w}" for w in wrapped]
-        body = yaml.safe_dump(self.recipe, sort_keys=False, allow_unicode=True, width=100)
+        if self.changes:
+            comments.append(f"# {self.CHANGES_HEAD}")
+            for line in self.change_lines():
+                wrapped = textwrap.wrap(line, 110, subsequent_indent="    ") or [line]
+                comments += [f"#   {w}" for w in wrapped]
+        body = yaml.dump(self.recipe, Dumper=_RecipeDumper, sort_keys=False, allow_unicode=True, width=100)
         return "\n".join(comments) + "\n" + body
+
+
+class _RecipeDumper(yaml.SafeDumper):
+    """Safe YAML where a text with line breaks (a prompt template) is written in double quotes with \\n, as it
+    reads in Axolotl's code, instead of folded over several lines."""
+
+
+def _text(dumper: yaml.SafeDumper, value: str):
+    style = '"' if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_RecipeDumper.add_representer(str, _text)
 
 
 def read_config(path: str | Path) -> dict[str, Any]:

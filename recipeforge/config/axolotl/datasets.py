@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from recipeforge.config.axolotl.prompts import Prompter, prompter, user_defined
 from recipeforge.config.axolotl.values import num
 
 # Axolotl chat template names with a recipeforge counterpart (data.chat_template).
@@ -15,21 +16,6 @@ CHAT_TEMPLATES = {"chatml": "chatml", "llama3": "llama3", "llama4": "llama4", "q
                   "gemma3": "gemma3", "mistral_v2v3": "mistral_v3", "mistral_v3_tekken": "mistral_v3_tekken",
                   "phi_3": "phi3", "deepseek_v3": "deepseek_v3", "tokenizer_default": "tokenizer"}
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
-# Instruction (alpaca-like) types -> column renames to recipeforge's instruction/input/output.
-INSTRUCTION_TYPES: dict[str, dict[str, str]] = {
-    "alpaca": {}, "alpaca_chat": {}, "alpaca:chat": {}, "alpaca_w_system": {}, "alpaca_instruct": {},
-    "alpaca_chat.load_qa": {"instruction": "question", "output": "answer"},
-    "alpaca_chat.load_concise": {}, "alpaca_chat.load_camel_ai": {"instruction": "message_1", "output": "message_2"},
-    "gpteacher": {"output": "response"}, "oasst": {"instruction": "INSTRUCTION", "output": "RESPONSE"},
-    "context_qa": {"instruction": "question", "input": "context", "output": "answer"},
-    "context_qa.load_v2": {"instruction": "question", "input": "context", "output": "answer"},
-    "jeopardy": {"instruction": "question", "input": "category", "output": "answer"},
-    "summarizetldr": {"instruction": "article", "output": "summary"},
-    "explainchoice": {"instruction": "question", "output": "explanation"},
-    "concisechoice": {"instruction": "question", "output": "explanation"},
-    "creative_acr.load_answer": {"instruction": "instruction", "output": "revision"},
-    "metharme": {"instruction": "prompt", "output": "generation"},
-}
 # DPO types -> column renames to recipeforge's prompt/chosen/rejected (the prefix names a chat template).
 PREFERENCE_TYPES: dict[str, dict[str, str]] = {
     "intel": {"prompt": "question"}, "argilla": {"prompt": "instruction", "chosen": "chosen_response",
@@ -49,13 +35,20 @@ PER_DATASET_IGNORED = {
     "shards_idx": "no counterpart; use max_samples to train on part of a dataset",
     "preprocess_shards": "no counterpart; data.num_proc parallelises tokenization",
     "trust_remote_code": "datasets never run remote code in recipeforge",
-    "drop_system_message": "no counterpart; system messages are kept",
-    "train_on_eos": "no counterpart; the end-of-turn of each trained assistant reply is trained",
-    "train_on_eot": "no counterpart; the end-of-turn of each trained assistant reply is trained",
     "chat_template_jinja": "an inline Jinja template has no counterpart: save it as a .jinja file and set "
                            "data.chat_template to its path (relative to the recipe)",
-    "message_field_training_detail": "no counterpart: a message is trained whole or not at all "
-                                     "(messages.train_field)",
+}
+# Dataset keys whose setting changes which tokens train, where the recipe has no counterpart: reported as
+# semantic changes, with what the recipe trains instead.
+TRAINING_KEYS = {
+    "drop_system_message": "Axolotl leaves system messages out of the rows; the recipe keeps them (in the "
+                           "untrained prompt): remove them from the data to train as Axolotl does",
+    "train_on_eos": "the recipe trains the end-of-turn of each trained assistant reply (Axolotl's `turn`); other "
+                    "values have no counterpart",
+    "train_on_eot": "the recipe trains the end-of-turn of each trained assistant reply (Axolotl's `turn`); other "
+                    "values have no counterpart",
+    "message_field_training_detail": "Axolotl trains the marked character spans of a message; the recipe trains a "
+                                     "message whole or not at all (messages.train_field)",
 }
 
 
@@ -90,6 +83,8 @@ def data(conv) -> None:
         else:
             val = num(val, float, "val_set_size")
             conv.put("data.val_size", int(val) if val >= 1 else val, "val_set_size")
+    if conv.get("sample_packing") is None and conv.recipe["stage"] == "pretrain" and not pre:
+        conv.put("data.packing", False)  # Axolotl packs only with sample_packing; recipeforge's pretrain default packs
     for src, dst in (("sample_packing", "packing"), ("train_on_inputs", "train_on_inputs"),
                      ("shuffle_merged_datasets", "shuffle"), ("dataset_prepared_path", "cache_dir")):
         if conv.get(src) is not None:
@@ -109,6 +104,7 @@ def data(conv) -> None:
                 "curriculum_sampling"):
         if conv.get(src) is not None:
             conv.note(src, "no counterpart; recipeforge packs (data.packing) or pads each batch on its own")
+    _excess_length(conv)
     if conv.get("streaming") is not None:
         conv.put("data.streaming", bool(conv.get("streaming")) or bool(pre), "streaming")
     template = conv.get("chat_template")
@@ -153,6 +149,33 @@ def _tokens(conv) -> None:
                                             "tokens with model.tokens")
 
 
+def _excess_length(conv) -> None:
+    """Rows longer than sequence_len: Axolotl drops them unless `excess_length_strategy` says otherwise
+    (axolotl/utils/data/utils.py `handle_long_seq_in_dataset`, for SFT and preference data alike)."""
+    strategy = str(conv.get("excess_length_strategy") or "drop").lower()
+    stage = conv.recipe["stage"]
+    if stage == "pretrain":  # raw text is cut into sequence_len pieces first (completion), so nothing is too long
+        if conv.get("excess_length_strategy") is not None:
+            conv.map("excess_length_strategy", "(pretraining: long documents are split, as Axolotl does)")
+        return
+    if stage == "grpo":  # prompts only; Axolotl does not filter GRPO rows by length
+        return
+    if stage in ("sft", "reward"):
+        conv.put("data.truncation", "truncate" if strategy == "truncate" else "drop",
+                 "excess_length_strategy" if conv.get("excess_length_strategy") is not None else None)
+        if strategy == "raise":
+            conv.change("excess_length_strategy", "raise: Axolotl stops on a row longer than sequence_len; the "
+                                                  "recipe drops such rows (data.truncation: drop) and counts them "
+                                                  "in the data log line")
+        return
+    if strategy != "truncate":
+        conv.change("excess_length_strategy" if conv.get("excess_length_strategy") is not None else "sequence_len",
+                    f"Axolotl drops {stage} rows longer than sequence_len ({strategy}); the recipe's {stage} stage "
+                    f"cuts them to the length limit instead: remove those rows from the data to train as Axolotl does")
+    elif conv.get("excess_length_strategy") is not None:
+        conv.map("excess_length_strategy", f"(the {stage} stage cuts long rows)")
+
+
 def _jinja(conv, value: Any, key: str) -> None:
     """A Jinja template file becomes data.chat_template; an inline template cannot be carried."""
     text = str(value)
@@ -161,6 +184,8 @@ def _jinja(conv, value: Any, key: str) -> None:
         conv.note(key, "data.chat_template is read relative to the recipe file: keep the template next to it")
     else:
         conv.note(key, PER_DATASET_IGNORED["chat_template_jinja"])
+        conv.change(key, "the rows go through data.chat_template, not this template: save it as a .jinja file and "
+                         "set data.chat_template to its path")
 
 
 def _chat_template(conv, name: Any, key: str) -> None:
@@ -243,6 +268,11 @@ def _entry(conv, entry: Any, where: str) -> dict:
             continue
         if key in handled:
             conv.map(full, "data.datasets")
+        elif key in TRAINING_KEYS:
+            if key in ("train_on_eos", "train_on_eot") and entry[key] == "turn":
+                conv.map(full, "data.datasets (the end-of-turn of each trained reply is trained)")
+            else:
+                conv.change(full, f"{entry[key]!r}: {TRAINING_KEYS[key]}")
         else:
             conv.note(full, PER_DATASET_IGNORED.get(key, "no counterpart; not converted"))
     return spec
@@ -250,17 +280,8 @@ def _entry(conv, entry: Any, where: str) -> dict:
 
 def _lm(conv, entry: dict, spec: dict, where: str, stage: str) -> set[str]:
     kind = entry.get("type")
-    if isinstance(kind, dict):  # a user-defined instruction prompt: field_* name the columns
-        spec["format"] = "alpaca"
-        cols = {dst: kind[src] for src, dst in (("field_instruction", "instruction"), ("field_input", "input"),
-                                                ("field_output", "output"), ("field_system", "system"))
-                if kind.get(src) and kind[src] != dst}
-        if cols:
-            spec["columns"] = cols
-        formats = [k for k in kind if not k.startswith("field_")]
-        if formats:
-            conv.note(f"{where}.type", f"{', '.join(formats)} (prompt strings) have no counterpart; the rows go "
-                                       f"through data.chat_template as alpaca instruction/input/output")
+    if isinstance(kind, dict):  # a user-defined instruction prompt: its format strings and field_* columns
+        _instruction(conv, spec, where, user_defined(kind))
         return set()
     kind = "" if kind is None else str(kind)
     if kind in ("completion", "pretrain"):
@@ -270,26 +291,36 @@ def _lm(conv, entry: dict, spec: dict, where: str, stage: str) -> set[str]:
         return {"field"}
     if kind in ("chat_template", "sharegpt") or kind.startswith(("chat_template.", "sharegpt")):
         return _messages(conv, entry, spec, where, kind)
-    if kind == "input_output":
-        spec["format"] = "completion"
-        conv.note(f"{where}.type", "input_output (segments with a train label each) has no counterpart; the "
-                                   "recipe uses the `completion` format: rows need prompt/completion columns "
-                                   "(the completion is trained)")
+    if kind == "input_output":  # RawInputOutputStrategy: each segment tokenized apart, nothing added
+        spec["format"] = "segments"
         return set()
     if kind == "":  # no type: rows already tokenized
         spec["format"] = "tokenized"
         if "type" in entry:
             conv.map(f"{where}.type", "data.datasets (format: tokenized)")
         return set()
-    base = kind.split(":")[0] if kind.startswith("alpaca:") else kind
     spec["format"] = "alpaca"
-    cols = INSTRUCTION_TYPES.get(kind, INSTRUCTION_TYPES.get(base))
-    if cols is None:
+    found = prompter(kind, entry)
+    if found is None:
         conv.note(f"{where}.type", f"'{kind}' has no counterpart; the recipe reads it as alpaca "
                                    f"(instruction/input/output: rename columns with columns:)")
-    elif cols:
-        spec["columns"] = dict(cols)
-    return set()
+        conv.change(f"{where}.type", f"'{kind}' is not one of Axolotl's prompters the converter knows, so the rows "
+                                     f"go through data.chat_template instead of Axolotl's prompt: write the prompt "
+                                     f"under datasets[].prompt (turn, turn_no_input, system, system_format)")
+        return set()
+    _instruction(conv, spec, where, found)
+    return {"conversation"} if kind.startswith("alpaca_chat") else set()
+
+
+def _instruction(conv, spec: dict, where: str, found: Prompter) -> None:
+    """An instruction dataset written with Axolotl's prompter: format alpaca with its text prompt."""
+    spec["format"] = "alpaca"
+    if found.columns:
+        spec["columns"] = dict(found.columns)
+    spec["prompt"] = dict(found.prompt)
+    conv.map(f"{where}.type", "data.datasets (format: alpaca, prompt: Axolotl's prompter)")
+    for why in found.changes:
+        conv.change(f"{where}.type", why)
 
 
 def _messages(conv, entry: dict, spec: dict, where: str, kind: str) -> set[str]:
@@ -333,8 +364,9 @@ def _messages(conv, entry: dict, spec: dict, where: str, kind: str) -> set[str]:
         spec["columns"] = {"messages": field}
     train_roles = entry.get("roles_to_train")
     if train_roles is not None and list(train_roles) != ["assistant"]:
-        conv.note(f"{where}.roles_to_train", f"{train_roles}: recipeforge trains assistant turns "
-                                             f"(data.train_on_inputs: true trains every token)")
+        conv.change(f"{where}.roles_to_train", f"{train_roles}: Axolotl trains the turns of these roles; the recipe "
+                                               f"trains assistant turns (data.train_on_inputs: true trains every "
+                                               f"token)")
     for key in ("chat_template", "conversation"):
         if entry.get(key) is not None:
             _chat_template(conv, entry[key], f"{where}.{key}")

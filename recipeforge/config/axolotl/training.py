@@ -23,6 +23,13 @@ ATTENTION_FLAGS = {"flash_attention": "flash_attention_2", "sdp_attention": "sdp
 ATTENTION = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 DPO_LOSSES = ("sigmoid", "hinge", "ipo", "robust", "bco_pair", "sppo_hard", "nca_pair", "apo_zero", "apo_down")
 GRPO_LOSSES = ("grpo", "dr_grpo", "dapo", "bnpo")
+# Linear layers of decoder blocks that peft's all-linear reaches (Axolotl's find_all_linear_names finds them too).
+DECODER_LINEARS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "gate_proj", "up_proj", "down_proj",
+                             "gate_up_proj", "w1", "w2", "w3", "wq", "wk", "wv", "wo", "fc1", "fc2", "dense",
+                             "dense_h_to_4h", "dense_4h_to_h", "query_key_value", "c_attn", "c_proj", "c_fc",
+                             "out_proj"})
+# Axolotl 0.19.0 defaults that differ from recipeforge's (axolotl/utils/schemas/config.py).
+AXOLOTL_SEQUENCE_LEN = 512
 
 
 def stage(conv) -> None:
@@ -123,6 +130,8 @@ def model(conv) -> None:
             conv.note(flag, "no counterpart; model.attn_implementation is auto (flash_attention_2 or sdpa)")
     if conv.get("sequence_len") is not None:
         conv.put("data.sequence_len", num(conv.get("sequence_len"), int, "sequence_len"), "sequence_len")
+    else:  # Axolotl's default, not recipeforge's 2048
+        conv.put("data.sequence_len", AXOLOTL_SEQUENCE_LEN)
 
 
 def adapter(conv) -> None:
@@ -157,9 +166,18 @@ def adapter(conv) -> None:
         conv.put("adapter.target_modules", "all-linear", "lora_target_linear")
         if modules:
             conv.map("lora_target_modules", "adapter.target_modules")
-            conv.note("lora_target_modules", "listed next to lora_target_linear: all-linear already covers "
-                                             "linear modules; add others under adapter.modules_to_save if they "
-                                             "must train")
+            # Axolotl adapts the union of the listed names and every linear layer but the output layer; peft's
+            # all-linear is that second set, so only names outside it are lost.
+            beyond = [str(m) for m in modules if str(m) not in DECODER_LINEARS]
+            if beyond:
+                conv.change("lora_target_modules",
+                            f"Axolotl puts LoRA on {', '.join(beyond)} as well as on every linear layer "
+                            f"(lora_target_linear); the recipe's all-linear leaves {'them' if len(beyond) > 1 else 'it'} "
+                            f"out (peft's all-linear skips the output layer): list the model's linear layers and "
+                            f"{', '.join(beyond)} under adapter.target_modules, e.g. [q_proj, k_proj, v_proj, o_proj, "
+                            f"gate_proj, up_proj, down_proj, {', '.join(beyond)}]")
+            else:
+                conv.note("lora_target_modules", "listed next to lora_target_linear: all-linear already covers them")
     elif modules:
         conv.put("adapter.target_modules", list(modules), "lora_target_modules")
     elif conv.get("lora_target_linear") is False:

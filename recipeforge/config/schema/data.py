@@ -47,6 +47,45 @@ class MessageFields(Section):
         return value
 
 
+class TextPrompt(Section):
+    """An instruction prompt written as text, as Axolotl's alpaca-style prompters write it: the system text,
+    then the turn (with or without an input), then the reply and EOS. Placeholders such as
+    ``{instruction}`` name columns of the row (after `columns:`); ``{system}`` is the system text."""
+
+    turn: str = Field(
+        min_length=1,
+        description="The turn of a row with a non-empty `input`, e.g. \"### Instruction:\\n{instruction}\\n\\n### "
+                    "Input:\\n{input}\\n\\n### Response:\\n\" (Python format string: {column}; {{ for a brace).")
+    turn_no_input: str = Field(
+        min_length=1, description="The turn of a row without an input, e.g. \"### Instruction:\\n{instruction}\\n\\n"
+                                  "### Response:\\n\".")
+    system: Optional[str] = Field(
+        None, description="System text of rows with an input (and of all rows when `system_no_input` is not set); "
+                          "none or empty: no system text.")
+    system_no_input: Optional[str] = Field(
+        None, description="System text of rows without an input (default: `system`; empty: none).")
+    system_format: str = Field(
+        "{system}", description="How a non-empty system text is written before the turn, e.g. \"{system}\\n\\n\".")
+    row_system: bool = Field(
+        False, description="Take the system text from the row's `system` column when it is not empty.")
+    output_format: str = Field(
+        "{output}", min_length=1,
+        description="The reply (trained, followed by EOS), e.g. \"what is {answer}\". Default: the `output` column.")
+
+    @model_validator(mode="after")
+    def _placeholders(self):
+        from recipeforge.components.text_prompt import placeholders
+
+        for name in ("turn", "turn_no_input", "system_format", "output_format"):
+            try:
+                placeholders(getattr(self, name))
+            except ValueError as exc:
+                raise PydanticCustomError("prompt_template", "{name}: {why}", {"name": name, "why": str(exc)})
+        if "system" in placeholders(self.output_format):
+            raise PydanticCustomError("prompt_template", "output_format cannot read {{system}}", {})
+        return self
+
+
 class DatasetSpec(Section):
     """One dataset: a local file/directory or a hub id, its format and column names."""
 
@@ -76,6 +115,11 @@ class DatasetSpec(Section):
         None, min_length=1,
         description="Vision-language models: the folder relative image paths start at (itself relative to the "
                     "recipe file). Default: the dataset file's folder.")
+    prompt: Optional[TextPrompt] = Field(
+        None,
+        description="Format `alpaca`: write each row with this instruction prompt (text, not the chat template), "
+                    "as Axolotl's alpaca-style prompters do: the prompt untrained, the reply and EOS trained. "
+                    "`recipeforge convert axolotl` writes Axolotl's own prompt here.")
     weight: Optional[float] = Field(
         None, gt=0,
         description="Relative sampling weight when mixing several datasets: each training row is drawn from "
@@ -104,6 +148,13 @@ class DatasetSpec(Section):
             if getattr(self, name) is not None and self.format not in ("messages", "preference"):
                 raise PydanticCustomError("images_format", "`{name}` needs format: messages or preference (got "
                                           "format: {format})", {"name": name, "format": self.format})
+        return self
+
+    @model_validator(mode="after")
+    def _prompt_needs_the_alpaca_format(self):
+        if self.prompt is not None and self.format != "alpaca":
+            raise PydanticCustomError("prompt_format", "`prompt` needs format: alpaca (got format: {format})",
+                                      {"format": self.format})
         return self
 
     @model_validator(mode="after")

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from recipeforge.config import load_recipe
-from recipeforge.config.axolotl import convert_config, convert_file, read_config
+from recipeforge.config.axolotl import Conversion, convert_config, convert_file, read_config
 from recipeforge.errors import RecipeError
 from recipeforge.plan.hardware import parse_hardware
 from recipeforge.plan.world import plan_for_world
@@ -57,7 +57,7 @@ def test_each_config_converts_validates_plans_and_loses_nothing(path, tmp_path, 
     plan = plan_for_world(loaded.recipe, hardware=parse_hardware("8xH100-80GB"))
     assert plan.world_size == 8 and plan.global_batch_size == loaded.recipe.train.global_batch_size
     config = yaml.safe_load(path.read_text())
-    lost = [k for k in input_keys(config) if k not in conv.mapped and k not in conv.notes]
+    lost = [k for k in input_keys(config) if k not in conv.mapped and k not in conv.notes and k not in conv.changes]
     assert not lost, f"keys neither mapped nor reported: {lost}"
     text = conv.recipe_text()
     for key in conv.notes:  # the report heads the recipe as comments, one entry per key
@@ -218,7 +218,8 @@ def test_pretraining_and_other_dataset_types(tmp_path, monkeypatch):
         "pretrain", "HuggingFaceFW/fineweb-edu", "sample-10BT", 8)
     assert "pretraining_dataset[0].skip" in conv.notes and loaded.recipe.data.streaming
     conv, loaded = convert_and_load(ROOT / "tests/data/axolotl/sft-input-output.yaml", tmp_path)
-    assert loaded.recipe.data.datasets[0].format == "completion" and "datasets[0].type" in conv.notes
+    # input_output: segments with a train label each, as Axolotl tokenizes them (nothing to report)
+    assert loaded.recipe.data.datasets[0].format == "segments" and "datasets[0].type" not in conv.notes
     assert len(loaded.recipe.data.eval_datasets) == 1
     conv, loaded = convert_and_load(ROOT / "tests/data/axolotl/sft-pretokenized.yaml", tmp_path)
     assert loaded.recipe.data.datasets[0].format == "tokenized" and loaded.recipe.model.tokens == ("<|tool|>",)
@@ -226,6 +227,8 @@ def test_pretraining_and_other_dataset_types(tmp_path, monkeypatch):
     r = loaded.recipe
     assert r.adapter.use_dora and r.adapter.modules_to_save == ("embed_tokens", "lm_head")
     assert dict(r.data.datasets[0].columns) == {"instruction": "question", "input": "context", "output": "answer"}
+    # the type's own format strings are the prompt (not the chat template)
+    assert r.data.datasets[0].prompt.turn == "[INST] {instruction} {input} [/INST]" and not conv.changes
     assert r.model.dtype == "fp16" and r.model.attn_implementation == "eager" and "lr_scheduler" in conv.notes
     # trust_remote_code: true is code the recipe runs: the converted recipe loads only with the opt-in.
     with pytest.raises(RecipeError, match="model.trust_remote_code.*needs an opt-in"):
@@ -405,3 +408,49 @@ def test_the_loss_watchdog_becomes_the_divergence_stop(tmp_path):
     assert conv.mapped["loss_watchdog_patience"] == "train.divergence.spike_patience"
     assert "absolute loss (5)" in conv.notes["loss_watchdog_threshold"]
     assert "loss_watchdog_patience" not in conv.notes  # mapped, not reported as lost
+
+
+def test_axolotls_defaults_are_written_where_recipeforges_differ(tmp_path):
+    base = {"base_model": "Qwen/Qwen2.5-0.5B", "datasets": [{"path": "d.jsonl", "type": "alpaca"}]}
+    conv = convert_config(base)
+    assert conv.recipe["data"]["sequence_len"] == 512 and conv.recipe["data"]["truncation"] == "drop"
+    conv = convert_config({**base, "excess_length_strategy": "truncate"})
+    assert conv.recipe["data"]["truncation"] == "truncate" and not conv.changes
+    conv = convert_config({**base, "excess_length_strategy": "raise"})
+    assert conv.recipe["data"]["truncation"] == "drop" and "stops" in conv.changes["excess_length_strategy"]
+    # raw text: split into sequence_len pieces and not packed unless sample_packing says so, as Axolotl does
+    conv = convert_config({**base, "datasets": [{"path": "d.jsonl", "type": "completion"}]})
+    assert conv.recipe["stage"] == "pretrain" and conv.recipe["data"]["packing"] is False
+    assert "truncation" not in conv.recipe["data"]
+    # preference rows: Axolotl drops long ones, the stage cuts them: reported with the way to match
+    conv = convert_config({**base, "rl": "dpo", "datasets": [{"path": "d.jsonl", "type": "chatml.intel"}]})
+    assert "drops dpo rows longer than sequence_len" in conv.changes["sequence_len"]
+
+
+def test_lora_targets_all_linear_leaves_out_are_reported_with_the_fix():
+    base = {"base_model": "Qwen/Qwen2.5-0.5B", "datasets": [{"path": "d.jsonl", "type": "alpaca"}],
+            "adapter": "lora", "lora_target_linear": True}
+    conv = convert_config({**base, "lora_target_modules": ["lm_head", "q_proj"]})
+    assert conv.recipe["adapter"]["target_modules"] == "all-linear"
+    assert conv.changes["lora_target_modules"].startswith("Axolotl puts LoRA on lm_head as well")
+    assert "adapter.target_modules" in conv.changes["lora_target_modules"]
+    conv = convert_config({**base, "lora_target_modules": ["q_proj", "v_proj"]})
+    assert not conv.changes and "all-linear already covers" in conv.notes["lora_target_modules"]
+
+
+def test_semantic_changes_head_their_own_report_section(tmp_path):
+    conv = convert_config({"base_model": "Qwen/Qwen2.5-0.5B", "adapter": "lora", "lora_target_linear": True,
+                           "lora_target_modules": ["lm_head"],
+                           "datasets": [{"path": "d.jsonl", "type": "my_own_module.load"},
+                                        {"path": "c.jsonl", "type": "chat_template", "roles_to_train": ["user"],
+                                         "drop_system_message": True, "train_on_eos": "turn"}]})
+    assert set(conv.changes) == {"lora_target_modules", "datasets[0].type", "datasets[1].roles_to_train",
+                                 "datasets[1].drop_system_message"}
+    assert "datasets[1].train_on_eos" in conv.mapped  # Axolotl's `turn` is what the recipe trains
+    report = conv.report_text()
+    assert "4 semantic changes" in report and Conversion.CHANGES_HEAD in report
+    assert report.index(Conversion.CHANGES_HEAD) < report.index("datasets[1].roles_to_train: ")
+    text = conv.recipe_text()
+    assert f"# {Conversion.CHANGES_HEAD}" in text and "#   datasets[0].type: " in text
+    (tmp_path / "recipe.yaml").write_text(text)
+    load_recipe(tmp_path / "recipe.yaml")

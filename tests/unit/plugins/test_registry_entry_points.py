@@ -137,8 +137,8 @@ def test_unknown_components_are_located_and_list_what_is_available(dists, tmp_pa
         load_recipe(tmp_path / "k.yaml")
     (p,) = info.value.problems
     assert p.key == "data.datasets[0].format" and p.hint == "did you mean 'prompt'?"
-    assert p.message.startswith("must be one of text, alpaca, messages, completion, tokenized, preference, "
-                                "unpaired, prompt")
+    assert p.message.startswith("must be one of text, alpaca, messages, completion, segments, tokenized, "
+                                "preference, unpaired, prompt")
     assert p.message.endswith("(got 'promt')")
     (tmp_path / "e.yaml").write_text(GRPO + "  rewards: [{name: length}]\n  rollout: {engine: vlm}\n")
     with pytest.raises(RecipeError) as info:
