@@ -17,19 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recipeforge.backends.base import BackendSpec, common_report, full_state_dict_save
+from recipeforge.backends.deepspeed_ops import extensions_dir
 from recipeforge.capabilities import OFFLOAD_MODES, BackendCapabilities, Preset
 from recipeforge.plan.backend_spec import Candidate, CpuSpread
 from recipeforge.plan.estimators import deepspeed_zero3_mem_needs, zero_model_states
 from recipeforge.plan.memory import BUFFER_FACTOR, Layout, assign_trainable, optimizer_state_bytes
 from recipeforge.plan.types import BackendPart
 from recipeforge.stages.context import WorkerHooks
-
-
-def extensions_dir() -> str:
-    """Where DeepSpeed's JIT-built extensions are cached (built once per machine, not per run)."""
-    from recipeforge.components.lm_data import default_cache_root
-
-    return str(default_cache_root() / "torch_extensions")
 
 
 def preset_name(zero_stage: int, offload: str) -> str:

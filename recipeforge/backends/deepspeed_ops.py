@@ -44,10 +44,15 @@ def needed(*, on_cpu: bool, offload_optimizer: bool) -> tuple[str, ...]:
     return ((CPU_ADAM,) if offload_optimizer else ()) + ((SHM_COMM,) if on_cpu else ())
 
 
+def extensions_dir() -> str:
+    """Where recipeforge has DeepSpeed cache its JIT-built extensions (built once per machine, not per run)."""
+    from recipeforge.components.lm_data import default_cache_root
+
+    return str(default_cache_root() / "torch_extensions")
+
+
 def extensions_folder() -> tuple[Path, bool]:
     """Where DeepSpeed builds (set in the environment for it), and whether it is recipeforge's own cache."""
-    from recipeforge.backends.deepspeed import extensions_dir
-
     own = extensions_dir()
     given = os.environ.get("TORCH_EXTENSIONS_DIR")
     os.environ["TORCH_EXTENSIONS_DIR"] = given or own
