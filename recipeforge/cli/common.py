@@ -10,7 +10,10 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    from recipeforge.config.overrides import FlagValue
 
 
 def recipe_args(p: argparse.ArgumentParser) -> None:
@@ -46,7 +49,7 @@ def load(args: argparse.Namespace) -> Any:
     return loaded
 
 
-def flag_values(args: argparse.Namespace) -> list:
+def flag_values(args: argparse.Namespace) -> list[FlagValue]:
     """What the command's flags put into the recipe, whatever the recipe sets itself."""
     from recipeforge.config.overrides import FlagValue
 
@@ -71,12 +74,20 @@ def hardware_overrides(args: argparse.Namespace) -> list[str]:
     return [f"hardware.{key}={value}" for key, value in section.items()]
 
 
-def worker_flags(args: argparse.Namespace) -> dict[str, bool]:
+class WorkerFlags(TypedDict):
+    """The global flags a launching command hands its workers (`LaunchOptions` fields)."""
+
+    debug: bool
+    verbose: bool
+    trust_code: bool
+
+
+def worker_flags(args: argparse.Namespace) -> WorkerFlags:
     """The launching command's flags its workers get on their command line."""
     from recipeforge.outputs.console import verbose
     from recipeforge.registry import code_trust
 
-    return dict(debug=args.debug or os.environ.get("RECIPEFORGE_DEBUG", "") not in ("", "0"),
+    return WorkerFlags(debug=args.debug or os.environ.get("RECIPEFORGE_DEBUG", "") not in ("", "0"),
                 verbose=verbose(), trust_code=code_trust()[0])
 
 

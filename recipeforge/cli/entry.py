@@ -3,6 +3,7 @@ short message (a traceback only with --debug)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -46,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from recipeforge.registry import TRUST_ENV
 
         os.environ[TRUST_ENV] = "1"
-    func: Callable | None = getattr(args, "func", None)
+    func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
     if func is None:
         parser.print_help()
         return EXIT_USER_ERROR

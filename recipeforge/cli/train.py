@@ -107,6 +107,7 @@ def resume_command(args: argparse.Namespace) -> str:
     every flag the run depends on (the code opt-in, the process layout, --strict, the Ray cluster), and
     never --overwrite (it would delete the checkpoint to resume from) or --dry-run."""
     argv = ["recipeforge", *(["--trust-code"] if args.trust_code else [])]
+    valued: tuple[tuple[str, Any], ...]
     if getattr(args, "ray", False):
         argv += ["launch", "--ray", args.recipe, *args.overrides]
         valued = (("--ray-address", args.ray_address), ("--nproc-per-node", args.nproc_per_node))
