@@ -37,7 +37,7 @@ ALLOWED: dict[str, set[str]] = {
     "backends": _STAGES,                  # launchers, worker plumbing, the Backend protocol
     "run": _BACKENDS,                     # recipeforge.run: train / preprocess / merge
     "plugins": _BACKENDS,                 # the `recipeforge plugins` report loads every group
-    "cli": _BACKENDS | {"run", "plugins"},  # cli.py and __main__.py
+    "cli": _BACKENDS | {"run", "plugins"},  # cli/ and __main__.py
 }
 # Modules outside the subpackages, by name; a new one must be placed here on purpose.
 TOP_LEVEL = {"recipeforge": "errors", "recipeforge.errors": "errors", "recipeforge.credentials": "errors",

@@ -17,7 +17,7 @@ from recipeforge.stage_specs import Stage
 
 PACKAGE = Path(recipeforge.__file__).resolve().parent
 SCOPE = [*sorted((PACKAGE / "plan").glob("*.py")), *sorted((PACKAGE / "stages").glob("*.py")),
-         *sorted((PACKAGE / "run").glob("*.py")), PACKAGE / "cli.py"]
+         *sorted((PACKAGE / "run").glob("*.py")), *sorted((PACKAGE / "cli").glob("*.py"))]
 NAMES = {b.value for b in BackendName} | {s.value for s in Stage}
 # Third-party vocabulary that happens to spell a stage: (module, literal, whose word it is).
 ALLOWED = {

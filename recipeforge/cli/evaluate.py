@@ -1,0 +1,82 @@
+"""The commands that measure runs: eval (benchmarks with lm-evaluation-harness; several runs compared) and
+report (charts of one or several runs in one HTML page)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from recipeforge.cli.common import library_warnings_to, log_line
+from recipeforge.errors import RecipeError
+
+
+def add_report(sub: Any) -> None:
+    p = sub.add_parser("report", help="charts of one or several runs (loss, learning rate, rewards, ...) in one "
+                                      "self-contained HTML page",
+                       description="Read metrics.jsonl, resolved_recipe.yaml and plan.json of each run (finished or "
+                                   "still training) and write one HTML page with the charts embedded, plus the "
+                                   "PNGs next to it. Several runs are overlaid, with a table of their recipe "
+                                   "differences. Needs matplotlib: pip install 'recipeforge[report]'.")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directory written by `recipeforge train`")
+    p.add_argument("--out", metavar="FILE.html",
+                   help="page to write (default: RUN_DIR/report.html for one run, ./report.html for several)")
+    p.set_defaults(func=cmd_report)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from recipeforge.outputs.report import write_report
+
+    report = write_report(args.run_dirs, args.out)
+    print(f"report of {', '.join(report.runs)} written to {report.html} ({len(report.images)} charts)")
+    return 0
+
+
+def add_eval(sub: Any) -> None:
+    p = sub.add_parser("eval", help="benchmark a finished run's model with lm-evaluation-harness; two runs: a "
+                                    "comparison table",
+                       description="Evaluate final/ of a run (a LoRA adapter on its base, not merged) with "
+                                   "EleutherAI's lm-evaluation-harness (HF backend) on lm-eval tasks by name and "
+                                   "local tasks (a .jsonl of {prompt, reference} or {prompt, choices, answer} rows, "
+                                   "or an lm-eval task .yaml). Scores go to RUN_DIR/eval/<task>.json, the model "
+                                   "card and `recipeforge report`. Needs lm-eval: pip install 'recipeforge[eval]'.")
+    p.add_argument("targets", nargs="+", metavar="RUN_DIR|RECIPE",
+                   help="run directory, or the recipe that trained it; several: evaluated on the same tasks and "
+                        "compared")
+    p.add_argument("--tasks", nargs="+", metavar="TASK",
+                   help="lm-eval task names or local task files, space- or comma-separated (default: the "
+                        "recipe's eval.tasks)")
+    p.add_argument("--batch-size", type=int, metavar="N",
+                   help="prompts per forward pass (default: eval.batch_size, else 8 on the CPU and lm-eval's "
+                        "out-of-memory-safe `auto` on a GPU)")
+    p.add_argument("--limit", type=int, metavar="N", help="evaluate only the first N examples of each task")
+    p.add_argument("--checkpoints", action="store_true",
+                   help="also evaluate every checkpoint kept in RUN_DIR/checkpoints (into eval/checkpoint-N/)")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="where the model runs (default: cuda when present)")
+    p.set_defaults(func=cmd_eval, cleans_up=True)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from recipeforge.outputs.evaluation.command import evaluate_targets
+    from recipeforge.outputs.evaluation.results import comparison_table, format_score
+
+    for flag, value in (("--batch-size", args.batch_size), ("--limit", args.limit)):
+        if value is not None and value < 1:
+            raise RecipeError(f"{flag} must be 1 or more", key=flag)
+    # Library noise goes to logs/warnings.log of the first run, as in `chat`.
+    with library_warnings_to(Path(args.targets[0])):
+        tasks = [t for arg in args.tasks or () for t in arg.split(",") if t]  # lm-eval's own --tasks a,b too
+        done = evaluate_targets(args.targets, tasks=tasks, batch_size=args.batch_size, limit=args.limit,
+                                device=args.device, checkpoints=args.checkpoints, log=log_line)
+    if len(done) > 1:
+        sys.stdout.write(comparison_table([str(run) for run, _ in done], [subjects["final"] for _, subjects in done]))
+        return 0
+    run_dir, subjects = done[0]
+    for subject, records in subjects.items():
+        where = run_dir / "eval" if subject == "final" else run_dir / "eval" / subject
+        for name, record in records.items():
+            scores = ", ".join(f"{k} {format_score(v)}" for k, v in record["scores"].items())
+            label = name if subject == "final" else f"{subject} {name}"
+            print(f"{label}: {scores} ({record['samples']} examples) -> {where / (name + '.json')}")
+    return 0
