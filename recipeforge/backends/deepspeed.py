@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recipeforge.backends.base import BackendSpec, common_report, full_state_dict_save
-from recipeforge.backends.deepspeed_ops import extensions_dir
 from recipeforge.capabilities import OFFLOAD_MODES, BackendCapabilities, Preset
 from recipeforge.plan.backend_spec import Candidate, CpuSpread
 from recipeforge.plan.estimators import deepspeed_zero3_mem_needs, zero_model_states
@@ -160,6 +159,8 @@ class DeepSpeedBackend(BackendSpec):
         return {"deepspeed.json": json.dumps(self.config(plan, recipe), indent=2) + "\n"}
 
     def launch_env(self, plan) -> dict[str, str]:
+        from recipeforge.backends.deepspeed_ops import extensions_dir
+
         return {"TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR") or extensions_dir()}
 
     def setup_worker(self, ctx) -> WorkerHooks:
@@ -171,7 +172,7 @@ class DeepSpeedBackend(BackendSpec):
         from recipeforge.backends import deepspeed_ops
         from recipeforge.log import log
 
-        os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", deepspeed_ops.extensions_dir())
         # Built here, one rank at a time, before DeepSpeed asks for them (and would wait for ever on a lock
         # a stopped build left): the shared-memory all-reduce at its start, CPU Adam at the optimizer.
         deepspeed_ops.ensure_built(deepspeed_ops.needed(on_cpu=ctx.plan.device != "cuda",

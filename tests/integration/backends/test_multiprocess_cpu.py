@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from recipeforge.backends.deepspeed import extensions_dir
+from recipeforge.backends.deepspeed_ops import extensions_dir
 from recipeforge.backends.launcher_command import launcher_command
 
 pytestmark = pytest.mark.slow

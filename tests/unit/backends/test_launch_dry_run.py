@@ -38,7 +38,7 @@ def dry_run(capsys, run_dir: Path, *overrides: str, recipe=RECIPE, flags=NODE) -
 
 
 def test_deepspeed_dry_run_for_two_nodes_of_eight_gpus(tmp_path, capsys, monkeypatch):
-    from recipeforge.backends.deepspeed import extensions_dir
+    from recipeforge.backends.deepspeed_ops import extensions_dir
     from recipeforge.backends.launcher_command import launcher_command
 
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
