@@ -37,14 +37,19 @@ def read_plan(path: Path) -> "Plan":
 
 def plan_from_dict(raw: dict[str, Any]) -> "Plan":
     """A `Plan` from its `to_dict()` form."""
+    from dataclasses import replace
+
     from recipeforge.plan.memory import spec_of
     from recipeforge.plan.types import Choice, Plan, PlanExtras
 
     raw = dict(raw)
     raw["reasons"] = {k: Choice(**v) if isinstance(v, dict) else v for k, v in raw.get("reasons", {}).items()}
     raw["extra"] = PlanExtras.from_dict(raw.get("extra"))
-    raw["backend_part"] = spec_of(raw["backend"]).part_from_dict(raw.get("backend_part") or {})
-    return Plan(**raw)
+    raw.pop("traits", None)
+    spec = spec_of(raw["backend"])
+    raw["backend_part"] = spec.part_from_dict(raw.get("backend_part") or {})
+    plan = Plan(**raw)
+    return replace(plan, traits=spec.traits(plan))
 
 
 def init_process_group(device: str, timeout_minutes: float | None = None) -> None:

@@ -219,13 +219,6 @@ class Planned:
         return f"{self.checkpoints} checkpoints of {size(self.checkpoint)}: {kept}; final model {size(self.final)}"
 
 
-def _checkpoints_master_weights(backend: str) -> bool:
-    from recipeforge.registry import registry_for
-
-    registry = registry_for("backends")
-    return backend in registry and getattr(registry.get(backend), "checkpoints_master_weights", False)
-
-
 def planned_output(plan, recipe) -> Planned | None:
     """The sizes a run's checkpoints and final model will have (None without parameter counts)."""
     extra = getattr(plan, "extra", None)
@@ -238,7 +231,7 @@ def planned_output(plan, recipe) -> Planned | None:
     adapter = recipe.adapter.type != "none"
     weights = trainable * 4 if adapter else params * weight
     optimizer = trainable * OPTIMIZER_BYTES.get(recipe.train.optimizer, 8)
-    if _checkpoints_master_weights(plan.backend):
+    if plan.traits.checkpoints_master_weights:
         optimizer += trainable * 4  # fp32 master weights travel with the engine's optimizer state
     final = weights + (params * weight if adapter and recipe.output.merge_adapter else 0)
     limit = recipe.output.save_total_limit

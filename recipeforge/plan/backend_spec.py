@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from recipeforge.plan.hardware import Hardware
     from recipeforge.plan.memory import Layout
     from recipeforge.plan.train_phase import Gathered
-    from recipeforge.plan.types import BackendPart, Choice
+    from recipeforge.plan.types import BackendPart, BackendTraits, Choice
     from recipeforge.plan.workload import Workload
 
 
@@ -179,6 +179,15 @@ class PlannerSpec:
     def plan_shards_weights(self, plan) -> bool:
         """`shards_weights` for a finished plan, as a training process sees it."""
         return False
+
+    def traits(self, plan) -> "BackendTraits":
+        """What the rest of the run needs to know of this backend for `plan` (`Plan.traits`)."""
+        from recipeforge.plan.types import BackendTraits
+
+        return BackendTraits(trainer_holds_weights=self.trainer_holds_weights,
+                             shards_weights=self.plan_shards_weights(plan),
+                             preset_names_sizes=self.preset_names_sizes,
+                             checkpoints_master_weights=self.checkpoints_master_weights)
 
     def recipe_refusals(self, recipe) -> list[tuple[str, str]]:
         """(key, message) for recipe settings this backend cannot run, beyond its capability record."""

@@ -213,7 +213,7 @@ def _build_plan(recipe, w: Workload, hw: Hardware, ev: Evaluation, decision: Dec
     reasons.update(_step_reasons(recipe, ev))
     reasons.update(_memory_reasons(recipe, w, hw, ev, limit_gb))
     extra = _plan_extras(w, hw, ev, decision, spec, model_source, limit_gb, terms)
-    return Plan(
+    plan = Plan(
         backend=layout.backend, preset=layout.preset, device=device,
         nodes=layout.nodes if device == "cuda" else 1,
         gpus_per_node=layout.gpus_per_node if device == "cuda" else 0,
@@ -225,6 +225,7 @@ def _build_plan(recipe, w: Workload, hw: Hardware, ev: Evaluation, decision: Dec
         gradient_checkpointing=ev.checkpointing, checkpoint_mode=w.checkpoint_mode, checkpoint_every=w.checkpoint_every,
         offload=layout.offload, backend_part=spec.plan_part(layout),
         memory_gb=ev.memory.gb(), reasons=reasons, extra=extra)
+    return replace(plan, traits=spec.traits(plan))
 
 
 def _source_reasons(recipe, w: Workload, hw: Hardware, model_source: str) -> dict[str, Choice]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from recipeforge.credentials import redact_credentials
-from recipeforge.plan.memory import COMPONENTS, spec_of
+from recipeforge.plan.memory import COMPONENTS
 from recipeforge.plan.models import human_count
 from recipeforge.plan.types import Plan
 from recipeforge.plan.vision_report import vision_lines
@@ -47,7 +47,7 @@ def _head_lines(plan: Plan) -> list[str]:
     lines: list[str] = []
     where = x.hardware.get("spec", plan.device)
     preset = f" ({plan.preset})" if plan.preset else ""
-    if not spec_of(plan.backend).preset_names_sizes and (plan.tensor_parallel > 1 or x.context_parallel > 1):
+    if not plan.traits.preset_names_sizes and (plan.tensor_parallel > 1 or x.context_parallel > 1):
         preset += " with " + " x ".join(f"{name} parallel {n}" for name, n in
                                         (("tensor", plan.tensor_parallel), ("context", x.context_parallel)) if n > 1)
     lines.append(f"Plan: {plan.backend}{preset} on {where}")

@@ -71,6 +71,18 @@ class BackendPart:
 
 
 @dataclass(frozen=True)
+class BackendTraits:
+    """What the rest of a run needs to know of the plan's backend, decided with the plan
+    (`PlannerSpec.traits`), so the stages, the run's checks and the plan's text never look a backend up by
+    its name. Not written to plan.json: the worker decides them again from the same backend."""
+
+    trainer_holds_weights: bool = True       # torch owns full weights and gradients (mixed precision is ours)
+    shards_weights: bool = False             # each process keeps a shard of the weights (ZeRO-3, FSDP)
+    preset_names_sizes: bool = False         # preset names say the parallel sizes (tp2_pp4)
+    checkpoints_master_weights: bool = False  # checkpoints carry fp32 master weights (disk estimate)
+
+
+@dataclass(frozen=True)
 class Plan:
     """How a recipe runs on given hardware."""
 
@@ -96,7 +108,11 @@ class Plan:
     memory_gb: dict[str, float] = field(default_factory=dict)   # per-GPU estimate by component
     reasons: dict[str, Choice] = field(default_factory=dict)    # per decision
     extra: PlanExtras = field(default_factory=PlanExtras)
+    traits: BackendTraits = field(default_factory=BackendTraits, compare=False)  # of `backend`
 
     def to_dict(self) -> dict:
-        """JSON-ready representation (written to plan.json; `backends.worker.plan_from_dict` reads it)."""
-        return asdict(self)
+        """JSON-ready representation (written to plan.json; `backends.worker.plan_from_dict` reads it).
+        The traits are left out: they follow from the backend."""
+        out = asdict(self)
+        out.pop("traits")
+        return out

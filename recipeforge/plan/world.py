@@ -100,11 +100,12 @@ def _spread(base: Plan, recipe, *, nodes: int, per_node: int) -> Plan:
     extra = replace(base.extra, processes_per_node=per_node,
                     warnings=[*base.extra.warnings,
                               "memory figures are the one-process estimate; sharding only lowers them"])
-    return replace(base, backend=backend, preset=spread.preset, nodes=nodes, gpus_per_node=0, world_size=world,
+    plan = replace(base, backend=backend, preset=spread.preset, nodes=nodes, gpus_per_node=0, world_size=world,
                    data_parallel=dp, tensor_parallel=tp, pipeline_parallel=1, micro_batch_size=micro,
                    gradient_accumulation=accumulation, global_batch_size=micro * accumulation * dp,
                    offload=spread.offload, backend_part=spread.part if spread.part is not None else BackendPart(),
                    reasons=reasons, extra=extra)
+    return replace(plan, traits=spec_of(backend).traits(plan))  # the spreading backend's, not the base's
 
 
 def _cpu_data_parallel(d, backend: str, world: int, tp: int) -> int:

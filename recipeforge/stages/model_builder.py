@@ -204,10 +204,9 @@ class ModelBuilder:
         through its policy, DeepSpeed through its own cast); on a CPU, which has no mixed precision,
         the compute dtype the 16-bit activations arrive in."""
         from recipeforge.components.models import resolve_dtype
-        from recipeforge.plan.memory import spec_of
 
         plan, dtype = self.ctx.plan, self.ctx.recipe.model.dtype
-        if self.ctx.recipe.adapter.type != "qlora" or not spec_of(plan.backend).plan_shards_weights(plan):
+        if self.ctx.recipe.adapter.type != "qlora" or not plan.traits.shards_weights:
             return None
         if plan.device == "cuda":
             return resolve_dtype("fp32", plan.device)

@@ -9,7 +9,6 @@ import importlib.util
 from typing import Any
 
 from recipeforge.errors import RecipeError
-from recipeforge.plan.memory import spec_of
 
 
 def precision_of(plan) -> str | None:
@@ -27,7 +26,7 @@ def loads_fp32_masters(plan, adapter_type: str, compute_dtype: str) -> bool:
         return False
     if compute_dtype == "torch.float16":
         return True  # fp16 weights cannot be trained with fp16 mixed precision, on any backend
-    return compute_dtype == "torch.bfloat16" and spec_of(plan.backend).trainer_holds_weights \
+    return compute_dtype == "torch.bfloat16" and plan.traits.trainer_holds_weights \
         and precision_of(plan) == "mixed"
 
 

@@ -251,9 +251,10 @@ def test_inside_a_dataset_and_free_space(tmp_path):
 
     class Plan:
         backend = "single"
-        from recipeforge.plan.types import PlanExtras
+        from recipeforge.plan.types import BackendTraits, PlanExtras
 
         extra = PlanExtras(model={"params": 10**15, "trainable_params": 10**15}, dtype="bf16")
+        traits = BackendTraits()
 
     from recipeforge.config import load_recipe
 
