@@ -18,6 +18,8 @@
 # its launch (an 8B's random init is made on the GPU in about a second) and takes 60-110 s in all, the 8B
 # LoRA/QLoRA ones with 20 s to write their random base. Order the cases by what is least known, give one
 # call everything the lease has left, and pass BENCH_COMMIT (the copy sent may carry other history).
+# A case that has not ended in 8 minutes hangs: it is stopped with its processes and recorded as failed (exit
+# 124, bench/gpu/common.py CASE_TIMEOUT_S), and the suite goes on.
 set -u
 out=$(realpath -m "${1:?OUT}"); total=${2:?SECONDS}; shift 2
 cases=(); tput=(); tests=(-m gpu); tput_given=0
