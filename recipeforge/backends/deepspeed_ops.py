@@ -71,13 +71,12 @@ def build_guard(folder: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def clear_stale_lock(build_dir: Path, *, own_folder: bool, log: Callable[[str], None],
-                     now: float | None = None) -> bool:
+def clear_stale_lock(build_dir: Path, *, own_folder: bool, log: Callable[[str], None]) -> bool:
     """Remove torch's build ``lock`` in ``build_dir`` when a stopped build left it (see the module); with
     the build guard held. Returns whether one was removed."""
     lock = build_dir / "lock"
     try:
-        age = (now or time.time()) - lock.stat().st_mtime
+        age = time.time() - lock.stat().st_mtime
     except FileNotFoundError:
         return False
     if own_folder or age > FOREIGN_STALE_S:
