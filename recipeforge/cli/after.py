@@ -7,9 +7,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from recipeforge.cli.common import library_warnings_to, log_line
+from recipeforge.cli.common import library_warnings_to
 from recipeforge.cli.exit_codes import EXIT_CHECK_FAILED
 from recipeforge.errors import RecipeError
+from recipeforge.log import log
 
 
 def add_merge(sub: Any) -> None:
@@ -58,7 +59,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     with library_warnings_to(Path(args.run_dir)):
         result = export_run(Path(args.run_dir), args.format, Path(args.output) if args.output else None,
-                            overwrite=args.overwrite, check=not args.no_check, log=log_line)
+                            overwrite=args.overwrite, check=not args.no_check, log=log)
     print(f"{args.format} export written to {result.out} in {result.seconds:.1f}s")
     if result.check is None:
         return 0
@@ -92,6 +93,6 @@ def cmd_push(args: argparse.Namespace) -> int:
     if not repo_id:
         raise RecipeError(f"no repository to push {run_dir} to", key="--repo-id",
                           hint="pass --repo-id my-org/my-model (or set output.push_to_hub.repo_id in the recipe)")
-    url = push(run_dir, repo_id, private=private and not args.public, log=log_line)
+    url = push(run_dir, repo_id, private=private and not args.public, log=log)
     print(f"pushed {run_dir} to {url}")
     return 0

@@ -100,11 +100,6 @@ def write_output(text: str, path: str | None) -> None:
         sys.stdout.write(text)
 
 
-def log_line(message: str) -> None:
-    """A command's progress line on stderr, as a run prints its own."""
-    print(f"[recipeforge] {message}", file=sys.stderr)
-
-
 @contextmanager
 def library_warnings_to(run_dir: Path) -> Iterator[None]:
     """While a command uses a finished run, the libraries' noise (loading bars, deprecations) goes to the

@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from recipeforge.cli.common import library_warnings_to, log_line
+from recipeforge.cli.common import library_warnings_to
 from recipeforge.errors import RecipeError
+from recipeforge.log import log
 
 
 def add_report(sub: Any) -> None:
@@ -68,7 +69,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     with library_warnings_to(Path(args.targets[0])):
         tasks = [t for arg in args.tasks or () for t in arg.split(",") if t]  # lm-eval's own --tasks a,b too
         done = evaluate_targets(args.targets, tasks=tasks, batch_size=args.batch_size, limit=args.limit,
-                                device=args.device, checkpoints=args.checkpoints, log=log_line)
+                                device=args.device, checkpoints=args.checkpoints, log=log)
     if len(done) > 1:
         sys.stdout.write(comparison_table([str(run) for run, _ in done], [subjects["final"] for _, subjects in done]))
         return 0
