@@ -9,9 +9,10 @@ compiling, a killed job) leaves it behind, and every later run waits on it for e
 So every recipeforge process that may build (each rank of a DeepSpeed run, in its worker setup) builds
 here first, under an operating-system lock on the folder (``flock``: released by the kernel when its
 holder dies, however it dies). Holding it, no other recipeforge build can be running, so a torch ``lock``
-found in recipeforge's own cache is one a stopped build left: it is removed, and said so. In a folder
-given by ``$TORCH_EXTENSIONS_DIR``, which other programs may build in too, only a lock older than half an
-hour is removed; a newer one is named while DeepSpeed waits on it.
+found in recipeforge's own cache is one a stopped build left: it is removed, and said so. A folder given by
+``$TORCH_EXTENSIONS_DIR`` is the user's, and other programs may build in it: a lock there is named while
+DeepSpeed waits on it, and one older than half an hour stops the run (exit 2) with the command that removes
+it; recipeforge deletes nothing there.
 
 Building ahead of a run (an image, a node's first boot, CI) takes the first run's minute away::
 
@@ -33,8 +34,8 @@ from pathlib import Path
 CPU_ADAM = "CPUAdamBuilder"  # optimizer offload, on every accelerator
 SHM_COMM = "ShareMemCommBuilder"  # the shared-memory all-reduce of CPU runs
 GUARD = ".recipeforge-build.lock"
-# A foreign folder's lock is left alone this long: no extension DeepSpeed builds takes half an hour, and
-# another program's build may be under way.
+# In a folder of the user's, a lock this old is a stopped build's: no extension DeepSpeed builds takes half
+# an hour. Younger, another program's build may be under way.
 FOREIGN_STALE_S = 1800
 
 
@@ -79,10 +80,17 @@ def clear_stale_lock(build_dir: Path, *, own_folder: bool, log: Callable[[str], 
         age = time.time() - lock.stat().st_mtime
     except FileNotFoundError:
         return False
-    if own_folder or age > FOREIGN_STALE_S:
+    if own_folder:
         lock.unlink(missing_ok=True)
         log(f"DeepSpeed: removed {lock}, left by a build that stopped half-way ({age:.0f}s ago); building again")
         return True
+    if age > FOREIGN_STALE_S:  # not recipeforge's folder: its files are the user's to delete
+        from recipeforge.errors import RecipeError
+
+        raise RecipeError(f"DeepSpeed's build lock {lock} is {age / 60:.0f} minutes old: a build that stopped "
+                          f"half-way left it, and DeepSpeed would wait on it for ever",
+                          key="TORCH_EXTENSIONS_DIR",
+                          hint=f"if no build is running, delete it (rm {lock}) and run again")
     log(f"DeepSpeed: waiting on {lock} (another build's, {age:.0f}s old); if no build is running, delete it")
     return False
 

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from recipeforge.backends import deepspeed_ops
+from recipeforge.errors import RecipeError
 
 
 def test_a_run_builds_only_what_it_loads():
@@ -38,15 +39,21 @@ def test_in_its_own_cache_a_lock_found_under_the_guard_is_removed_and_said(tmp_p
     assert said and str(lock) in said[0] and "stopped half-way" in said[0]
 
 
-@pytest.mark.parametrize(("age_s", "removed"), [(60, False), (deepspeed_ops.FOREIGN_STALE_S + 60, True)])
-def test_in_a_folder_given_by_the_environment_only_an_old_lock_is_removed(tmp_path, age_s, removed):
+def test_in_a_folder_given_by_the_environment_a_young_lock_is_named_and_kept(tmp_path):
     said = []
-    build, lock = _stopped_build(tmp_path, age_s=age_s)
-    assert deepspeed_ops.clear_stale_lock(build, own_folder=False, log=said.append) is removed
-    assert lock.exists() is not removed
-    assert str(lock) in said[0]
-    if not removed:  # the user is told what DeepSpeed waits on, and what to do if nothing builds
-        assert "delete it" in said[0]
+    build, lock = _stopped_build(tmp_path, age_s=60)
+    assert not deepspeed_ops.clear_stale_lock(build, own_folder=False, log=said.append)
+    assert lock.exists()  # another program's build may be under way
+    assert str(lock) in said[0] and "delete it" in said[0]
+
+
+def test_in_a_folder_given_by_the_environment_an_old_lock_stops_the_run_and_is_kept(tmp_path):
+    build, lock = _stopped_build(tmp_path, age_s=deepspeed_ops.FOREIGN_STALE_S + 60)
+    with pytest.raises(RecipeError) as info:
+        deepspeed_ops.clear_stale_lock(build, own_folder=False, log=print)
+    assert lock.exists()  # the user's folder: recipeforge deletes nothing there
+    text = info.value.render()
+    assert str(lock) in text and "stopped half-way" in text and f"rm {lock}" in text
 
 
 def test_no_lock_no_word(tmp_path):
