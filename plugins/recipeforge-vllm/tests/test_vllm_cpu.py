@@ -46,6 +46,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# Four prompts of four completions a step: with two prompts a step the reward's step-to-step noise was as
+# large as what 20 steps learn, and a slow seed (or another CPU's numerics) read as "learned nothing".
+LEARNING_BATCH = ("train.micro_batch_size=16", "train.global_batch_size=16")
+
+
 def _train(tmp_path: Path, model_dir: Path, *rollout: str, steps: int = 20, nproc: int = 1) -> Path:
     """`recipeforge train` as a user types it: the tiny GRPO example on the vLLM-sized model."""
     run = tmp_path / "run"
@@ -131,7 +136,7 @@ def test_server_reloads_the_pushed_weights(model_dir, tmp_path):
 
 def test_grpo_with_colocated_vllm_learns(model_dir, tmp_path):
     run = _train(tmp_path, model_dir, "grpo.rollout.mode=colocate", "grpo.rollout.gpu_memory_utilization=0.1",
-                 "grpo.rollout.options={max_model_length: 128}")
+                 "grpo.rollout.options={max_model_length: 128}", *LEARNING_BATCH)
     records = _records(run)
     reward = [r["reward"] for r in records]
     assert len(reward) == 20 and _mean(reward[-4:]) > _mean(reward[:4]) + 0.5, reward
@@ -155,7 +160,8 @@ def test_two_processes_each_generate_with_their_own_colocated_vllm(model_dir, tm
 def test_grpo_with_a_server_the_run_starts_learns(model_dir, tmp_path):
     port = _free_port()
     run = _train(tmp_path, model_dir, "grpo.rollout.mode=server", f"grpo.rollout.server_url=http://127.0.0.1:{port}",
-                 "grpo.rollout.gpu_memory_utilization=0.1", "grpo.rollout.options={launch: true, max_model_length: 128}")
+                 "grpo.rollout.gpu_memory_utilization=0.1", "grpo.rollout.options={launch: true, max_model_length: 128}",
+                 *LEARNING_BATCH)
     reward = [r["reward"] for r in _records(run)]
     assert len(reward) == 20 and _mean(reward[-4:]) > _mean(reward[:4]) + 0.5, reward
     server = json.loads((run / "rollout_server.json").read_text())
