@@ -164,13 +164,15 @@ def _memory_model_only(path: Path, measure: str) -> float | None:
     from recipeforge.plan.catalog import resolve_model
     from recipeforge.plan.hardware import hardware_for
     from recipeforge.plan.memory import Layout, estimate, measured_view
+    from recipeforge.plan.planners import Planners
     from recipeforge.plan.presets import get_preset
     from recipeforge.plan.workload import build_workload
 
     tree, _ = resolve_tree(path)
     recipe = recipe_adapter().validate_python(tree.data)
     hw = hardware_for(recipe, None)
-    w = build_workload(recipe, resolve_model(recipe.model.name_or_path)[0], hw)
+    planners = Planners.installed()
+    w = build_workload(recipe, resolve_model(recipe.model.name_or_path)[0], hw, planners)
     preset = get_preset(recipe.distributed.preset)
     t = recipe.train
     if not isinstance(t.micro_batch_size, int) or not isinstance(t.gradient_checkpointing, bool):
@@ -178,6 +180,7 @@ def _memory_model_only(path: Path, measure: str) -> float | None:
     layout = Layout(preset.backend, preset.name, data_parallel=hw.num_gpus, zero_stage=preset.zero_stage,
                     offload=preset.offload, fsdp_sharding=preset.sharding or "full_shard",
                     nodes=hw.nodes, gpus_per_node=hw.gpus_per_node)
+    layout = planners.bind(layout)  # sized by the preset's backend spec
     accumulation = max(1, t.global_batch_size // (t.micro_batch_size * hw.num_gpus))
     mem = estimate(w, layout, t.micro_batch_size, t.gradient_checkpointing, accumulation=accumulation,
                    gpu_memory=hw.gpu_memory_gb * GIB)

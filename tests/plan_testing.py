@@ -17,3 +17,11 @@ def build_recipe(model_name: str = "tiny:llama", stage: str = "sft", **sections)
         raw["grpo"] = {"rewards": [{"name": "exact_match"}], **sections.pop("grpo", {})}
     raw.update(sections)
     return recipe_adapter().validate_python(raw)
+
+
+def bound_layout(backend: str, preset: str | None = None, **sizes):
+    """A `Layout` built by hand, sized by its installed backend's spec (as a planner-offered one is)."""
+    from recipeforge.plan.memory import Layout
+    from recipeforge.plan.planners import Planners
+
+    return Planners.installed().bind(Layout(backend, preset, **sizes))

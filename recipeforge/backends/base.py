@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 from recipeforge.capabilities import BackendCapabilities, check_plan
 from recipeforge.errors import RecipeError
 from recipeforge.plan.backend_spec import PlannerSpec
-from recipeforge.stages.context import StageContext, WorkerHooks
 
 if TYPE_CHECKING:
     from recipeforge.config.pipeline import LoadedRecipe
     from recipeforge.config.schema import Recipe
     from recipeforge.outputs.run_dir import RunDir
+    from recipeforge.stages.context import StageContext, WorkerHooks
     from recipeforge.plan.types import Plan
 
 Log = Callable[[str], None]
@@ -140,6 +140,8 @@ class BackendSpec(PlannerSpec):
     def setup_worker(self, ctx: StageContext) -> WorkerHooks:
         """Run before the model is loaded and before the trainer arguments are built; returns how the
         stage loads the model when this backend loads it its own way (sharded), else no hooks."""
+        from recipeforge.stages.context import WorkerHooks
+
         return WorkerHooks()
 
     def trainer_kwargs(self, ctx: StageContext) -> dict[str, Any]:

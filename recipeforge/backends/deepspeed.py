@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from recipeforge.backends.base import BackendSpec, common_report, full_state_dict_save
 from recipeforge.capabilities import OFFLOAD_MODES, BackendCapabilities, Preset
@@ -22,7 +23,9 @@ from recipeforge.plan.backend_spec import Candidate, CpuSpread
 from recipeforge.plan.estimators import deepspeed_zero3_mem_needs, zero_model_states
 from recipeforge.plan.memory import BUFFER_FACTOR, Layout, assign_trainable, optimizer_state_bytes
 from recipeforge.plan.types import BackendPart
-from recipeforge.stages.context import WorkerHooks
+
+if TYPE_CHECKING:
+    from recipeforge.stages.context import WorkerHooks
 
 
 def preset_name(zero_stage: int, offload: str) -> str:
@@ -171,6 +174,7 @@ class DeepSpeedBackend(BackendSpec):
 
         from recipeforge.backends import deepspeed_ops
         from recipeforge.log import log
+        from recipeforge.stages.context import WorkerHooks
 
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", deepspeed_ops.extensions_dir())
         # Built here, one rank at a time, before DeepSpeed asks for them (and would wait for ever on a lock

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from recipeforge.backends.base import BackendSpec, common_report, full_state_dict_save
 from recipeforge.capabilities import BackendCapabilities, Preset
@@ -24,7 +25,9 @@ from recipeforge.plan.memory import (Layout, assign_trainable, foreach_temp, opt
                                      quantized_bytes_per_param)
 from recipeforge.plan.train_phase import Gathered
 from recipeforge.plan.types import BackendPart
-from recipeforge.stages.context import WorkerHooks
+
+if TYPE_CHECKING:
+    from recipeforge.stages.context import WorkerHooks
 
 NAME = "fsdp"
 
@@ -226,6 +229,7 @@ class FSDPBackend(BackendSpec):
         QLoRA base and any random-init model are read or made shard by shard (`sharded_loading`)."""
         from recipeforge.backends import parallelism
         from recipeforge.components.tiny_spec import tiny_arch
+        from recipeforge.stages.context import WorkerHooks
 
         if ctx.plan.device != "cuda":
             configure_cpu_state()

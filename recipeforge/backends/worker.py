@@ -19,6 +19,7 @@ from recipeforge.errors import RecipeError
 
 if TYPE_CHECKING:
     from recipeforge.plan.types import Plan
+    from recipeforge.plan.planners import Planners
 
 # Plan fields every rank must agree on (memory figures may differ by a node's probed RAM).
 AGREE = ("backend", "preset", "device", "world_size", "data_parallel", "tensor_parallel", "pipeline_parallel",
@@ -35,18 +36,19 @@ def read_plan(path: Path) -> "Plan":
     return plan_from_dict(raw)
 
 
-def plan_from_dict(raw: dict[str, Any]) -> "Plan":
-    """A `Plan` from its `to_dict()` form."""
+def plan_from_dict(raw: dict[str, Any], planners: "Planners | None" = None) -> "Plan":
+    """A `Plan` from its `to_dict()` form; its backend's spec from `planners` (default: the installed
+    backends) reads the backend's part and gives the plan its traits."""
     from dataclasses import replace
 
-    from recipeforge.plan.memory import spec_of
+    from recipeforge.plan.planners import Planners
     from recipeforge.plan.types import Choice, Plan, PlanExtras
 
     raw = dict(raw)
     raw["reasons"] = {k: Choice(**v) if isinstance(v, dict) else v for k, v in raw.get("reasons", {}).items()}
     raw["extra"] = PlanExtras.from_dict(raw.get("extra"))
     raw.pop("traits", None)
-    spec = spec_of(raw["backend"])
+    spec = (planners if planners is not None else Planners.installed()).spec(raw["backend"])
     raw["backend_part"] = spec.part_from_dict(raw.get("backend_part") or {})
     plan = Plan(**raw)
     return replace(plan, traits=spec.traits(plan))

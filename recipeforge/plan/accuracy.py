@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from recipeforge.plan.hardware import GIB
-from recipeforge.plan.memory import Layout, MemoryEstimate, estimate, spec_of
+from recipeforge.plan.memory import Layout, MemoryEstimate, estimate
 from recipeforge.plan.workload import Workload
 
 _MIN_SAVING = 0.5 * GIB  # advice below this is noise next to the band
@@ -24,7 +24,7 @@ def band_class(w: Workload, layout: Layout) -> str:
     vision-language models)."""
     if w.rollout is not None or w.model.is_moe or w.vision is not None:
         return "uncalibrated"
-    return spec_of(layout.backend).accuracy_band(w, layout)
+    return layout.spec.accuracy_band(w, layout)
 
 
 def accuracy_band(w: Workload, layout: Layout) -> float:

@@ -22,6 +22,7 @@ for the step only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from recipeforge.plan.activations import (Activations, activation_bytes, activation_split,  # noqa: F401
                                           idle_at_loss, kv_cache_bytes, layer_activation_bytes_per_token,
@@ -65,6 +66,19 @@ class Layout:
     gpus_per_node: int = 1
     context_parallel: int = 1       # sequence split (FSDP2 + PyTorch context parallel)
     dp_replicate: int = 1           # FSDP2 replicas (hybrid sharding); data_parallel = replicate x shard
+    # The spec that offered this layout (a `backend_spec.PlannerSpec`): its memory terms and traits
+    # size it. Bound by the planner (`Planners.offered`), never looked up by name here; not part of a
+    # layout's identity. Typed loosely: `backend_spec` sizes its layouts with this module, so naming
+    # its class here would make the two modules import each other.
+    planner: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def spec(self) -> Any:
+        """The backend spec this layout is sized with; a layout built by hand names its own."""
+        if self.planner is None:
+            raise TypeError(f"Layout({self.backend!r}, ...) has no planner: build it with planner=<the backend's "
+                            "PlannerSpec>, or take it from Planners.offered / Planners.bind")
+        return self.planner
 
     @property
     def world_size(self) -> int:
@@ -73,7 +87,7 @@ class Layout:
     @property
     def label(self) -> str:
         base = f"{self.backend} {self.preset}" if self.preset else self.backend
-        if not spec_of(self.backend).preset_names_sizes:  # Megatron's tp2_pp4 says them already
+        if not self.spec.preset_names_sizes:  # Megatron's tp2_pp4 says them already
             base += (f" tp{self.tensor_parallel}" if self.tensor_parallel > 1 else "") + \
                 (f" cp{self.context_parallel}" if self.context_parallel > 1 else "")
         return base
@@ -178,7 +192,7 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
     trainable = w.trainable_params()
     mp = layout.tensor_parallel * layout.pipeline_parallel
 
-    cpu = spec_of(layout.backend).model_states(w, layout, part, trainable, _frozen_bytes(w, layout, trainable))
+    cpu = layout.spec.model_states(w, layout, part, trainable, _frozen_bytes(w, layout, trainable))
 
     # ---- reference model (DPO, GRPO with a KL term): frozen 16-bit copy, sharded like the weights
     if w.reference_model:
@@ -255,7 +269,7 @@ def _phase_peak(w: Workload, layout: Layout, part: dict[str, float], accumulatio
     with the `idle` free blocks its fullest moment cannot use. Books the allocator reserve, what that
     adds to the allocated peak."""
     # torch-owned gradients are allocated in backward and freed by zero_grad(set_to_none=True)
-    deferred = (spec_of(layout.backend).torch_allocates_gradients and w.full_finetune
+    deferred = (layout.spec.torch_allocates_gradients and w.full_finetune
                 and layout.offload == "none")
     grads = part["gradients"]
     persistent = sum(part[k] for k in PERSISTENT) - (grads if deferred else 0.0)
@@ -295,7 +309,7 @@ def _train_peak(w: Workload, layout: Layout, micro_batch: int, checkpointing: bo
     m, c = w.model, w.compute_bytes
     tokens = micro_batch * w.sequences_per_sample * w.seq_len
     # Megatron: sequence parallel and a vocab-parallel loss; transformers' plans keep both whole
-    sequence_parallel = spec_of(layout.backend).sequence_parallel
+    sequence_parallel = layout.spec.sequence_parallel
     cp, tp = layout.context_parallel, layout.tensor_parallel
     fp32_weights = autocast_fp32_weights(w, layout)
     # Megatron 1F1B: the first stage keeps p micro batches of L/p layers, i.e. L layers' worth
@@ -316,7 +330,7 @@ def _train_peak(w: Workload, layout: Layout, micro_batch: int, checkpointing: bo
         extra += 2 * m.largest_linear_params() * c  # one dequantized weight, forward and backward
     if w.lora_dora:
         extra += m.largest_linear_params() * c      # DoRA's weight norm needs the full matrix
-    gathered = spec_of(layout.backend).gathered(w, layout, engine_gathered)
+    gathered = layout.spec.gathered(w, layout, engine_gathered)
     step = Step(act, logits, checkpointing, copies=autocast_copies(w) if fp32_weights else Copies(),
                 output_gradient=output_gradient_bytes(w, layout, fp32_weights),
                 layer_gradient=layer_gradient_bytes(w, layout, fp32_weights), gathered=gathered.plus(extra),
@@ -344,7 +358,7 @@ def measured_view(memory_gb: dict, measure: str) -> float:
 def autocast_fp32_weights(w: Workload, layout: Layout) -> bool:
     """Whether the run trains fp32 weights under 16-bit autocast: full fine-tuning in mixed precision
     on one GPU or DDP (always for fp16). Sharding engines gather 16-bit weights themselves."""
-    return (spec_of(layout.backend).trainer_holds_weights and w.full_finetune and w.dtype != "fp32"
+    return (layout.spec.trainer_holds_weights and w.full_finetune and w.dtype != "fp32"
             and (w.dtype == "fp16" or w.fp32_master))
 
 
@@ -389,7 +403,7 @@ def layer_gradient_bytes(w: Workload, layout: Layout, fp32_weights: bool) -> Lay
     dtype, until the layer's reduce-scatter (`fsdp_gathered`). Other engines move it to their buckets."""
     lin = widest_linear(w.model)
     params = lin.count * lin.in_features * lin.out_features / layout.tensor_parallel
-    if w.full_finetune and spec_of(layout.backend).holds_layer_gradient(w):
+    if w.full_finetune and layout.spec.holds_layer_gradient(w):
         return LayerGradient(made=params * w.compute_bytes, held=params * w.compute_bytes)
     if not _torch_owns_gradients(w, layout):
         return LayerGradient()
@@ -407,11 +421,11 @@ def _gradient_bytes(w: Workload, fp32_weights: bool) -> tuple[float, float]:
 
 
 def _torch_owns_gradients(w: Workload, layout: Layout) -> bool:
-    return spec_of(layout.backend).trainer_holds_weights and w.full_finetune and layout.offload == "none"
+    return layout.spec.trainer_holds_weights and w.full_finetune and layout.offload == "none"
 
 
 def _shards_weights(layout: Layout) -> bool:
-    return spec_of(layout.backend).shards_weights(layout)
+    return layout.spec.shards_weights(layout)
 
 
 def replica_states(w: Workload, layout: Layout, part: dict, trainable: float, frozen_bytes: float, *,
@@ -436,13 +450,6 @@ def replica_states(w: Workload, layout: Layout, part: dict, trainable: float, fr
     if gradient_buckets:
         part["comm_buffers"] = gg
     return 0.0
-
-
-def spec_of(backend: str):
-    """The spec of backend `backend` (`backend_spec.PlannerSpec`), built in or from a plugin."""
-    from recipeforge.registry import registry_for
-
-    return registry_for("backends").get(backend, key="distributed.backend")
 
 
 def assign_trainable(w: Workload, part: dict, ww: float, gg: float, oo: float, frozen: float) -> None:

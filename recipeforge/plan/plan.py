@@ -12,8 +12,9 @@ from recipeforge.plan.catalog import resolve_model
 from recipeforge.plan.hardware import GIB, Hardware, hardware_for
 from recipeforge.plan import policy
 from recipeforge.plan.activations import activation_terms
-from recipeforge.plan.memory import autocast_fp32_weights, spec_of
+from recipeforge.plan.memory import autocast_fp32_weights
 from recipeforge.plan.models import human_count
+from recipeforge.plan.planners import Planners
 from recipeforge.plan.parallel_layouts import check_pinned_sizes, parallel_reasons
 from recipeforge.config.schema.distributed import PARALLEL_SIZE_KEYS
 from recipeforge.plan.presets import get_preset
@@ -26,23 +27,26 @@ from recipeforge.plan.workload import Workload, build_workload, lora_targets
 from recipeforge.stage_specs import Stage
 
 
-def make_plan(recipe, hardware: Hardware | None = None) -> Plan:
-    """Plan `recipe` on `hardware` (default: `hardware_for(recipe, None)`).
+def make_plan(recipe, hardware: Hardware | None = None, planners: Planners | None = None) -> Plan:
+    """Plan `recipe` on `hardware` (default: `hardware_for(recipe, None)`) with the backends of
+    `planners` (default: every installed one, `Planners.installed()`).
 
     Raises `RecipeError` when nothing fits (saying by how much and what would), when a pinned
     layout does not fit, or when the batch sizes cannot be split over the data-parallel ranks.
     """
     hw = hardware if hardware is not None else hardware_for(recipe, None)
+    planners = planners if planners is not None else Planners.installed()
     spec, model_source = resolve_model(recipe.model.name_or_path, recipe.model.revision)
-    w = build_workload(recipe, spec, hw)
+    w = build_workload(recipe, spec, hw, planners)
     dist = recipe.distributed
-    _check_pins(recipe, w, hw)
+    _check_pins(recipe, w, hw, planners)
     check_pinned_sizes(w, hw, dist)
 
     # train.precision: fp32 master weights or pure bf16 (auto: by what fits), then the layout for it
-    w, decision, precision = choose_precision(recipe, w, hw.device, lambda wl: decide(wl, hw, dist, recipe.train))
+    w, decision, precision = choose_precision(recipe, w, hw.device, lambda wl: decide(wl, hw, dist, recipe.train, planners),
+                                                 planners)
     if decision.chosen is None:
-        _raise_no_fit(recipe, w, hw, decision)
+        _raise_no_fit(recipe, w, hw, decision, planners)
     ev = decision.chosen
     plan = _build_plan(recipe, w, hw, ev, decision, model_source)
     # Workers read the precision from its reason's value (`stages.precision`); tf32 is settled on the GPU.
@@ -52,7 +56,7 @@ def make_plan(recipe, hardware: Hardware | None = None) -> Plan:
 
 # ----------------------------------------------------------------------------- pins and errors
 
-def _check_pins(recipe, w: Workload, hw: Hardware) -> None:
+def _check_pins(recipe, w: Workload, hw: Hardware, planners: Planners) -> None:
     dist = recipe.distributed
     if dist.backend != "auto":
         # The pinned backend's capability record, the same one the recipe rules and `check()` read;
@@ -70,7 +74,7 @@ def _check_pins(recipe, w: Workload, hw: Hardware) -> None:
         if found:
             raise found[0].error()
     if dist.preset and hw.device == "cuda":
-        presets = known_presets(w, hw, dist.backend)
+        presets = known_presets(w, hw, planners, dist.backend)
         if dist.preset not in presets:
             raise RecipeError(f"unknown preset '{dist.preset}' for backend {dist.backend} on {hw.describe()}",
                               key="distributed.preset",
@@ -96,7 +100,7 @@ def _pinned(recipe) -> list[str]:
     return out
 
 
-def _raise_no_fit(recipe, w: Workload, hw: Hardware, decision: Decision) -> None:
+def _raise_no_fit(recipe, w: Workload, hw: Hardware, decision: Decision, planners: Planners) -> None:
     evs = decision.evaluations
     if not evs:
         raise RecipeError(f"no {', '.join(_pinned(recipe))} layout exists for {hw.describe()}",
@@ -121,7 +125,7 @@ def _raise_no_fit(recipe, w: Workload, hw: Hardware, decision: Decision) -> None
     if pins:
         head = f"pinned {', '.join(pins)}: " + head
     raise RecipeError(head, key="distributed" if pins else "model.name_or_path",
-                      hint="what would fit: " + "; ".join(_alternatives(recipe, w, hw)))
+                      hint="what would fit: " + "; ".join(_alternatives(recipe, w, hw, planners)))
 
 
 def _describe_training(recipe, w: Workload) -> str:
@@ -131,14 +135,14 @@ def _describe_training(recipe, w: Workload) -> str:
     return f"{recipe.stage} ({kind}) of {recipe.model.name_or_path} ({size} parameters)"
 
 
-def _alternatives(recipe, w: Workload, hw: Hardware) -> list[str]:
+def _alternatives(recipe, w: Workload, hw: Hardware, planners: Planners) -> list[str]:
     """Computed suggestions: an adapter, more GPUs of the same kind, offload (with its host RAM)."""
     out: list[str] = []
     auto = recipe.distributed.model_copy(update={"backend": "auto", "preset": None, "zero_stage": "auto",
                                                  "offload": "auto", "pipeline_parallel": 1,
                                                  **dict.fromkeys(PARALLEL_SIZE_KEYS, "auto")})
     if _pinned(recipe):
-        d = decide(w, hw, auto, recipe.train)
+        d = decide(w, hw, auto, recipe.train, planners)
         if d.chosen is not None:
             return [f"distributed.backend: auto would choose {d.chosen.layout.label} "
                     f"({d.chosen.memory.total / GIB:.1f} GB per GPU)"]
@@ -147,17 +151,17 @@ def _alternatives(recipe, w: Workload, hw: Hardware) -> list[str]:
             if w.adapter == "lora" and adapter == "lora":
                 continue
             alt = _with_adapter(w, adapter, hw)
-            d = decide(alt, hw, auto, recipe.train)
+            d = decide(alt, hw, auto, recipe.train, planners)
             if d.chosen is not None:
                 out.append(f"adapter.type: {adapter} fits ({d.chosen.layout.label}, "
                            f"{d.chosen.memory.total / GIB:.1f} GB per GPU)")
                 break
             need = min(e.memory.total for e in d.evaluations if e.memory.cpu_per_node == 0) if d.evaluations else 0
             out.append(f"adapter.type: {adapter} would need {need / GIB:.1f} GB per GPU")
-        more = _more_gpus(recipe, w, hw, auto)
+        more = _more_gpus(recipe, w, hw, auto, planners)
         if more:
             out.append(more)
-        offload = [e for e in decide(w, hw, auto, recipe.train).evaluations if e.layout.offload != "none"]
+        offload = [e for e in decide(w, hw, auto, recipe.train, planners).evaluations if e.layout.offload != "none"]
         if offload:
             best = min(offload, key=lambda e: e.shortfall)
             ram, known = hw.host_ram_gb()
@@ -176,7 +180,7 @@ def _with_adapter(w: Workload, adapter: str, hw: Hardware) -> Workload:
                    dtype=dtype, reference_model=False)
 
 
-def _more_gpus(recipe, w: Workload, hw: Hardware, auto) -> str | None:
+def _more_gpus(recipe, w: Workload, hw: Hardware, auto, planners: Planners) -> str | None:
     per_node = max(8, hw.gpus_per_node)
     current = hw.num_gpus
     n = 2
@@ -187,7 +191,7 @@ def _more_gpus(recipe, w: Workload, hw: Hardware, auto) -> str | None:
             # more ranks may need a larger global batch: the smallest multiple of n not below the recipe's
             batch = n * -(-recipe.train.global_batch_size // n)
             train = recipe.train.model_copy(update={"global_batch_size": batch})
-            d = decide(w, bigger, auto, train)
+            d = decide(w, bigger, auto, train, planners)
             if d.chosen is not None:
                 note = f", global batch {batch}" if batch != recipe.train.global_batch_size else ""
                 return (f"{bigger.describe()} ({d.chosen.layout.label}, "
@@ -202,7 +206,7 @@ def _build_plan(recipe, w: Workload, hw: Hardware, ev: Evaluation, decision: Dec
     layout = ev.layout
     device = hw.device
     limit_gb = ev.limit / GIB
-    spec = spec_of(layout.backend)
+    spec = layout.spec
     terms = _activation_terms(w, ev, spec)
     # The insertion order of `reasons` is the order the text and JSON forms print them in.
     reasons: dict[str, Choice] = {}

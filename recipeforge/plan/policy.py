@@ -24,10 +24,11 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass, field, replace
 
-from recipeforge.capabilities import Refusal, backend_specs, capabilities_of, parallel_key, refusals
+from recipeforge.capabilities import Refusal, capabilities_of, parallel_key, refusals
 from recipeforge.plan.backend_spec import Candidate
 from recipeforge.plan.hardware import GIB, Hardware
-from recipeforge.plan.memory import Layout, MemoryEstimate, estimate, spec_of
+from recipeforge.plan.memory import Layout, MemoryEstimate, estimate
+from recipeforge.plan.planners import Planners
 from recipeforge.plan.presets import get_preset
 from recipeforge.plan.workload import Workload
 
@@ -97,38 +98,37 @@ def layout_refusals(w: Workload, layout: Layout, device: str) -> list[Refusal]:
                     if backend == layout.backend]
 
 
-def cpu_backends(dist) -> list[str]:
+def cpu_backends(dist, planners: Planners) -> list[str]:
     """The backends a CPU plan tries, in order: the pinned one (or the pinned preset's), else every
     backend that offers itself for the CPU (`cpu_preference`)."""
     if dist.backend != "auto":
         return [dist.backend]
     if dist.preset:
         return [get_preset(dist.preset).backend]
-    return auto_cpu_backends()
+    return auto_cpu_backends(planners)
 
 
-def auto_cpu_backends() -> list[str]:
+def auto_cpu_backends(planners: Planners) -> list[str]:
     """The backends that offer themselves for a CPU run in auto mode, in their `cpu_preference` order."""
-    specs = backend_specs()
-    offered = [n for n, spec in specs.items() if getattr(spec, "cpu_preference", None) is not None]
-    return sorted(offered, key=lambda n: specs[n].cpu_preference)
+    offered = [n for n, spec in planners.items() if getattr(spec, "cpu_preference", None) is not None]
+    return sorted(offered, key=lambda n: planners[n].cpu_preference)
 
 
-def candidate_list(w: Workload, hw: Hardware, dist) -> list[Candidate]:
+def candidate_list(w: Workload, hw: Hardware, dist, planners: Planners) -> list[Candidate]:
     """Layouts to try, in preference order, honouring the recipe's pins. Every registered backend
     offers its own (`PlannerSpec.candidates`); only layouts whose backend's capability record accepts
     the workload are candidates (`recipeforge.capabilities`)."""
     if hw.device == "cpu":
         # One process is planned; `plan.world` spreads it over the processes a launch starts. In auto
         # mode the first backend that runs the pinned settings wins (DeepSpeed for a pinned offload).
-        for backend in cpu_backends(dist):
-            candidate = spec_of(backend).cpu_candidate(dist)
+        for backend in cpu_backends(dist, planners):
+            candidate = planners.cpu_candidate(backend, dist)
             pinned_offload = dist.offload in ("auto", candidate.layout.offload)
             if pinned_offload and not layout_refusals(w, candidate.layout, "cpu"):
                 return [candidate]
         return []
     pinned = dist.backend != "auto"
-    out = [c for c in offered_layouts(w, hw, dist, backend=dist.backend if pinned else None)
+    out = [c for c in offered_layouts(w, hw, dist, planners, backend=dist.backend if pinned else None)
            if not layout_refusals(w, c.layout, hw.device)]
     if dist.preset:
         out = [c for c in out if c.layout.preset == dist.preset]
@@ -138,15 +138,16 @@ def candidate_list(w: Workload, hw: Hardware, dist) -> list[Candidate]:
         out = [c for c in out if c.layout.offload == dist.offload]
     out = [c for c in out if _matches_sizes(c.layout, dist)]
     if pinned and not dist.preset:  # a preset names its own settings
-        out = [c for c in out if spec_of(dist.backend).matches_pins(c.layout, dist)]
+        out = [c for c in out if c.layout.spec.matches_pins(c.layout, dist)]
     return out
 
 
-def offered_layouts(w: Workload, hw: Hardware, dist, *, backend: str | None = None) -> list[Candidate]:
+def offered_layouts(w: Workload, hw: Hardware, dist, planners: Planners, *,
+                    backend: str | None = None) -> list[Candidate]:
     """The layouts every backend (or only `backend`, which is then pinned) offers, in preference order."""
-    specs = backend_specs() if backend is None else {backend: spec_of(backend)}
-    offered = [c for spec in specs.values() for c in spec.candidates(w, hw, dist, pinned=backend is not None)]
-    return sorted(offered, key=lambda c: c.order)
+    if backend is None:
+        return planners.offered(w, hw, dist, pinned=False)
+    return planners.only(backend).offered(w, hw, dist, pinned=True)
 
 
 def _matches_sizes(layout: Layout, dist) -> bool:
@@ -172,14 +173,12 @@ def _matches_sizes(layout: Layout, dist) -> bool:
     return True
 
 
-def known_presets(w: Workload, hw: Hardware, backend: str | None = None) -> list[str]:
+def known_presets(w: Workload, hw: Hardware, planners: Planners, backend: str | None = None) -> list[str]:
     """Preset names available for `hw` (for hints on an unknown `distributed.preset`)."""
     if backend in (None, "auto"):
-        specs = backend_specs()
-        offered = sorted((c for spec in specs.values() for c in spec.candidates(w, hw, None, pinned=True)),
-                         key=lambda c: c.order)
+        offered = planners.offered(w, hw, None, pinned=True)
     else:
-        offered = offered_layouts(w, hw, None, backend=backend)
+        offered = offered_layouts(w, hw, None, planners, backend=backend)
     return list(dict.fromkeys(c.layout.preset for c in offered if c.layout.preset))
 
 
@@ -199,7 +198,7 @@ def evaluate(c: Candidate, w: Workload, hw: Hardware, train, headroom: float) ->
     global_batch = train.global_batch_size
 
     per_rank = global_batch // dp if global_batch % dp == 0 else 0
-    fixed = spec_of(layout.backend).fixed_micro_batch
+    fixed = layout.spec.fixed_micro_batch
     if fixed is not None:
         # e.g. Megatron-Bridge trains packed rows one per micro batch; a pinned micro batch other than
         # that is refused with the recipe
@@ -278,13 +277,13 @@ class Decision:
     warnings: list[str] = field(default_factory=list)
 
 
-def decide(w: Workload, hw: Hardware, dist, train) -> Decision:
+def decide(w: Workload, hw: Hardware, dist, train, planners: Planners) -> Decision:
     """Evaluate the candidates in order; the first that fits wins. When planning for this machine
     (probed hardware) in auto mode, a layout whose package is not installed gives way to the first
     fitting layout that can run here. A target described by a spec says nothing about what is
     installed there, so it keeps the preferred layout; either way a chosen layout whose package is
     missing here carries a warning naming the extra to install."""
-    evaluations = [evaluate(c, w, hw, train, dist.memory_headroom) for c in candidate_list(w, hw, dist)]
+    evaluations = [evaluate(c, w, hw, train, dist.memory_headroom) for c in candidate_list(w, hw, dist, planners)]
     fitting = [e for e in evaluations if e.fits]
     warnings: list[str] = []
     if not fitting:

@@ -17,7 +17,8 @@ pure bf16 on one GPU or DDP when that fits.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
+from collections.abc import Mapping
+from typing import Any, Callable
 
 from recipeforge.errors import RecipeError
 from recipeforge.plan.hardware import GIB
@@ -27,15 +28,11 @@ from recipeforge.plan.workload import Workload
 def holds_weights(layout) -> bool:
     """Whether the Trainer itself holds the weights on `layout` (one device, DDP): precision is then
     the run's to choose, where an engine keeps fp32 master weights itself."""
-    from recipeforge.plan.memory import spec_of
-
-    return spec_of(layout.backend).trainer_holds_weights
+    return layout.spec.trainer_holds_weights
 
 
-def _replica_backends() -> str:
-    from recipeforge.capabilities import backend_specs
-
-    names = [n for n, spec in backend_specs().items() if getattr(spec, "trainer_holds_weights", False)]
+def _replica_backends(planners: Mapping[str, Any]) -> str:
+    names = [n for n, spec in planners.items() if getattr(spec, "trainer_holds_weights", False)]
     return " or ".join(names)
 
 
@@ -43,10 +40,12 @@ PURE = ("pure_bf16", "pure_bf16_sr")
 SR_OPTIMIZERS = ("adamw", "adamw_fused")
 
 
-def choose_precision(recipe, w: Workload, device: str, decide: Callable[[Workload], object]):
+def choose_precision(recipe, w: Workload, device: str, decide: Callable[[Workload], object],
+                     planners: Mapping[str, Any]):
     """(workload as it will train, the layout decision for it, `Choice` of precision).
 
     `decide(workload)` is the policy's layout decision; `auto` may ask it twice (mixed, then pure bf16).
+    `planners`: the backends it chooses among (named in the hint of a refused pinned precision).
     Raises `RecipeError` for a pinned precision the run cannot honour."""
     pinned = recipe.train.precision
     pure = pinned in PURE
@@ -56,7 +55,7 @@ def choose_precision(recipe, w: Workload, device: str, decide: Callable[[Workloa
     if settled is not None:
         return settled
     if pure:
-        return _pinned_pure(w, pinned, decide)
+        return _pinned_pure(w, pinned, decide, planners)
     return _auto_precision(w, decide)
 
 
@@ -86,7 +85,7 @@ def _settled_precision(w: Workload, device: str, pinned: str, decide: Callable[[
     return None
 
 
-def _pinned_pure(w: Workload, pinned: str, decide: Callable[[Workload], object]):
+def _pinned_pure(w: Workload, pinned: str, decide: Callable[[Workload], object], planners: Mapping[str, Any]):
     """A pinned pure bf16 precision on a GPU; refused where the chosen layout keeps fp32 master weights."""
     decision = decide(w)
     chosen = getattr(decision, "chosen", None)
@@ -94,7 +93,7 @@ def _pinned_pure(w: Workload, pinned: str, decide: Callable[[Workload], object])
         raise RecipeError(f"train.precision {pinned} applies to one GPU or DDP, and this plan runs "
                           f"{chosen.layout.label}, which keeps fp32 master weights itself",
                           key="train.precision",
-                          hint=f"set train.precision: auto, or distributed.backend: {_replica_backends()}")
+                          hint=f"set train.precision: auto, or distributed.backend: {_replica_backends(planners)}")
     sr = " with stochastically rounded updates (torchao AdamW)" if pinned == "pure_bf16_sr" else ""
     return w, decision, Choice(pinned, f"recipe sets it: bf16 weights, gradients and AdamW states{sr}")
 

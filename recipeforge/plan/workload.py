@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 from recipeforge.stage_specs import Stage
 from recipeforge.plan.hardware import Hardware
@@ -141,8 +142,9 @@ def lora_targets(model: ModelSpec, target_modules) -> tuple[Linear, ...]:
     return tuple(lin for lin in linears if reached(lin))
 
 
-def build_workload(recipe, model: ModelSpec, hardware: Hardware) -> Workload:
-    """The `Workload` of `recipe` on `hardware` for the model `model`."""
+def build_workload(recipe, model: ModelSpec, hardware: Hardware, planners: Mapping[str, Any]) -> Workload:
+    """The `Workload` of `recipe` on `hardware` for the model `model`; the settings a backend refuses
+    come from the backend specs of `planners` (`plan.planners.Planners`: name -> spec)."""
     notes: list[str] = list(model.notes)
     dtype = resolve_dtype(recipe.model.dtype, hardware)
     adapter = recipe.adapter
@@ -171,7 +173,7 @@ def build_workload(recipe, model: ModelSpec, hardware: Hardware) -> Workload:
         rollout=shape.rollout, fused_loss=fused_loss, fused_kernels=fused_kernels, notes=tuple(notes),
         attn_implementation=recipe.model.attn_implementation, packing=bool(recipe.data.packing),
         attention_mask=masked,
-        setting_refusals=_setting_refusals(recipe), unfrozen_params=unfrozen, unfrozen_kinds=kinds,
+        setting_refusals=_setting_refusals(recipe, planners), unfrozen_params=unfrozen, unfrozen_kinds=kinds,
         activation_offloading=recipe.train.activation_offloading and hardware.device == "cuda",
         checkpoint_mode="selective" if recipe.train.gradient_checkpointing == "selective" else "full",
         checkpoint_every=recipe.train.checkpoint_every, vision=vision)
@@ -289,13 +291,11 @@ def sdpa_masks_packed_rows(attn_implementation: str, packing: bool, device: str)
     return sdpa and packing
 
 
-def _setting_refusals(recipe) -> tuple[tuple[str, str, str], ...]:
+def _setting_refusals(recipe, planners: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...]:
     """(backend, key, message) for each recipe setting a backend cannot honour beyond its capability
     record (`PlannerSpec.recipe_refusals`), so `auto` never plans a layout that validation or
     `check()` would refuse."""
-    from recipeforge.capabilities import backend_specs
-
-    return tuple((name, key, message) for name, spec in backend_specs().items()
+    return tuple((name, key, message) for name, spec in planners.items()
                  for key, message in spec.recipe_refusals(recipe))
 
 

@@ -19,27 +19,31 @@ from recipeforge.capabilities import capabilities_of, parallel_key, refusals
 from recipeforge.errors import RecipeError
 from recipeforge.plan.hardware import hardware_for
 from recipeforge.plan.plan import make_plan
-from recipeforge.plan.memory import spec_of
 from recipeforge.plan.parallel_layouts import runs_device_mesh
+from recipeforge.plan.planners import Planners
 from recipeforge.plan.policy import auto_cpu_backends
 from recipeforge.plan.trust import annotate_plan
 from recipeforge.plan.types import BackendPart, Choice, Plan
 
 
 def plan_for_world(recipe, *, nnodes: int | None = None, nproc_per_node: int | None = None,
-                   hardware=None) -> Plan:
-    """Plan `recipe` for `nnodes` x `nproc_per_node` processes (None: what the target says), with the
-    code-trust decision and the plugins it uses recorded in the plan."""
-    plan = _plan_for_world(recipe, nnodes=nnodes, nproc_per_node=nproc_per_node, hardware=hardware)
+                   hardware=None, planners: Planners | None = None) -> Plan:
+    """Plan `recipe` for `nnodes` x `nproc_per_node` processes (None: what the target says) with the
+    backends of `planners` (default: the installed ones), with the code-trust decision and the
+    plugins it uses recorded in the plan."""
+    planners = planners if planners is not None else Planners.installed()
+    plan = _plan_for_world(recipe, nnodes=nnodes, nproc_per_node=nproc_per_node, hardware=hardware,
+                           planners=planners)
     return annotate_plan(plan, recipe)
 
 
-def _plan_for_world(recipe, *, nnodes: int | None, nproc_per_node: int | None, hardware) -> Plan:
+def _plan_for_world(recipe, *, nnodes: int | None, nproc_per_node: int | None, hardware,
+                    planners: Planners) -> Plan:
     hw = hardware if hardware is not None else hardware_for(recipe, None)
     if nproc_per_node is not None and nproc_per_node < 1:
         raise RecipeError(f"--nproc-per-node must be >= 1 (got {nproc_per_node})")
     if hw.device == "cuda":
-        return make_plan(recipe, _gpu_target(hw, nnodes, nproc_per_node))
+        return make_plan(recipe, _gpu_target(hw, nnodes, nproc_per_node), planners)
     nodes = nnodes or hw.nodes
     per_node = nproc_per_node or 1
     world = nodes * per_node
@@ -52,11 +56,11 @@ def _plan_for_world(recipe, *, nnodes: int | None, nproc_per_node: int | None, h
         if found:
             raise found[0].error()
     if world == 1:
-        return make_plan(recipe, hw)
+        return make_plan(recipe, hw, planners)
     # The planner sizes one CPU process; plan that, then spread it over the world: memory per
     # process only shrinks when the batch is split.
-    base = make_plan(recipe, hw)
-    return _spread(base, recipe, nodes=nodes, per_node=per_node)
+    base = make_plan(recipe, hw, planners)
+    return _spread(base, recipe, nodes=nodes, per_node=per_node, planners=planners)
 
 
 def _cpu_parallel_key(d) -> str | None:
@@ -81,13 +85,14 @@ def _gpu_target(hw, nnodes: int | None, nproc_per_node: int | None):
     return hw
 
 
-def _spread(base: Plan, recipe, *, nodes: int, per_node: int) -> Plan:
+def _spread(base: Plan, recipe, *, nodes: int, per_node: int, planners: Planners) -> Plan:
     d = recipe.distributed
     world = nodes * per_node
     # auto: the one-process plan's backend when it runs several processes (e.g. DeepSpeed for a pinned
     # offload), else the first CPU backend that does (replicas: DDP)
-    backend = d.backend if d.backend != "auto" else _spreading_backend(base.backend, world)
-    spread = spec_of(backend).cpu_spread(d)
+    backend = d.backend if d.backend != "auto" else _spreading_backend(base.backend, world, planners)
+    spec = planners.spec(backend)
+    spread = spec.cpu_spread(d)
     tp = spread.tensor_parallel
     dp = _cpu_data_parallel(d, backend, world, tp)
     micro, micro_reason, accumulation = _cpu_batch_split(recipe.train, base, dp)
@@ -105,7 +110,7 @@ def _spread(base: Plan, recipe, *, nodes: int, per_node: int) -> Plan:
                    gradient_accumulation=accumulation, global_batch_size=micro * accumulation * dp,
                    offload=spread.offload, backend_part=spread.part if spread.part is not None else BackendPart(),
                    reasons=reasons, extra=extra)
-    return replace(plan, traits=spec_of(backend).traits(plan))  # the spreading backend's, not the base's
+    return replace(plan, traits=spec.traits(plan))  # the spreading backend's, not the base's
 
 
 def _cpu_data_parallel(d, backend: str, world: int, tp: int) -> int:
@@ -178,7 +183,7 @@ def _spread_state_reasons(d, spread) -> dict[str, Choice]:
     return reasons
 
 
-def _spreading_backend(planned: str, world: int) -> str:
+def _spreading_backend(planned: str, world: int, planners: Planners) -> str:
     """The backend a CPU job of `world` processes runs in auto mode: the one-process plan's, when it
     runs that many processes, else the first CPU backend (`cpu_preference`) that does."""
     def runs(name: str) -> bool:
@@ -187,7 +192,7 @@ def _spreading_backend(planned: str, world: int) -> str:
 
     if runs(planned):
         return planned
-    return next(n for n in auto_cpu_backends() if runs(n))
+    return next(n for n in auto_cpu_backends(planners) if runs(n))
 
 
 def processes_per_node(plan: Plan) -> int:

@@ -8,14 +8,16 @@ import pytest
 
 from recipeforge.plan.activations import activation_bytes, layer_activation_parts
 from recipeforge.plan.hardware import GIB
-from recipeforge.plan.memory import Layout, estimate
+from recipeforge.plan.memory import estimate
 from recipeforge.plan.offload_activations import FORWARD_STASH, offloaded_activations
+from plan_testing import bound_layout
 
 
 def _workload(offloading=True, gpus=1, seq=8192):
     from recipeforge.config.schema import recipe_adapter
     from recipeforge.plan.catalog import resolve_model
     from recipeforge.plan.hardware import hardware_for
+    from recipeforge.plan.planners import Planners
     from recipeforge.plan.workload import build_workload
 
     name = "meta-llama/Llama-3.1-8B"
@@ -25,7 +27,7 @@ def _workload(offloading=True, gpus=1, seq=8192):
         "data": {"datasets": [{"path": "d.jsonl", "format": "alpaca"}], "sequence_len": seq, "packing": True},
         "train": {"global_batch_size": 8, "micro_batch_size": 1, "activation_offloading": offloading},
         "hardware": {"nodes": 1, "gpus_per_node": gpus, **({"gpu": "H100-80GB"} if gpus else {})}})
-    return build_workload(recipe, resolve_model(name)[0], hardware_for(recipe, None))
+    return build_workload(recipe, resolve_model(name)[0], hardware_for(recipe, None), Planners.installed())
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
@@ -48,7 +50,7 @@ def test_what_stays_on_the_gpu_and_what_moves_to_host(checkpointing):
 
 def test_estimate_moves_the_activations_to_pinned_host_memory():
     on, off = _workload(True), _workload(False)
-    layout = Layout("single", None, gpus_per_node=1)
+    layout = bound_layout("single", None, gpus_per_node=1)
     a = estimate(on, layout, 1, False, gpu_memory=80 * GIB)
     b = estimate(off, layout, 1, False, gpu_memory=80 * GIB)
     moved = b.components["activations"] - a.components["activations"]
@@ -59,7 +61,7 @@ def test_estimate_moves_the_activations_to_pinned_host_memory():
     assert any("pinned host memory" in n for n in a.notes)
     assert a.components["logits"] == b.components["logits"]   # the loss still runs on the GPU
     # every GPU process of a node pins its own
-    eight = estimate(replace(on), Layout("ddp", None, data_parallel=8, gpus_per_node=8), 1, False,
+    eight = estimate(replace(on), bound_layout("ddp", None, data_parallel=8, gpus_per_node=8), 1, False,
                      gpu_memory=80 * GIB)
     assert eight.cpu_per_node == pytest.approx(8 * a.cpu_per_node)
 

@@ -8,7 +8,8 @@ import pytest
 
 from recipeforge.capabilities import capabilities_of, refusals
 from recipeforge.plan.hardware import GIB
-from recipeforge.plan.memory import Layout, estimate, quantized_bytes_per_param, quantized_model_bytes
+from recipeforge.plan.memory import estimate, quantized_bytes_per_param, quantized_model_bytes
+from plan_testing import bound_layout
 
 
 @pytest.mark.parametrize("backend, zero", [("deepspeed", 3), ("fsdp", None)])
@@ -32,6 +33,7 @@ def _workload(name="meta-llama/Llama-2-70b-hf", gpus=2):
     from recipeforge.config.schema import recipe_adapter
     from recipeforge.plan.catalog import resolve_model
     from recipeforge.plan.hardware import hardware_for
+    from recipeforge.plan.planners import Planners
     from recipeforge.plan.workload import build_workload
 
     recipe = recipe_adapter().validate_python({
@@ -41,15 +43,15 @@ def _workload(name="meta-llama/Llama-2-70b-hf", gpus=2):
         "train": {"global_batch_size": 8, "micro_batch_size": 2, "gradient_checkpointing": True},
         "hardware": {"nodes": 1, "gpus_per_node": gpus, "gpu": "A100-80GB"}})
     hw = hardware_for(recipe, None)
-    return build_workload(recipe, resolve_model(name)[0], hw)
+    return build_workload(recipe, resolve_model(name)[0], hw, Planners.installed())
 
 
 def test_sharded_base_keeps_non_quantized_weights_in_the_storage_dtype():
     w = _workload()
     m = w.model
-    z3 = estimate(w, Layout("deepspeed", "zero3", data_parallel=2, zero_stage=3, gpus_per_node=2), 2, True,
+    z3 = estimate(w, bound_layout("deepspeed", "zero3", data_parallel=2, zero_stage=3, gpus_per_node=2), 2, True,
                   gpu_memory=80 * GIB)
-    z2 = estimate(w, Layout("deepspeed", "zero2", data_parallel=2, zero_stage=2, gpus_per_node=2), 2, True,
+    z2 = estimate(w, bound_layout("deepspeed", "zero2", data_parallel=2, zero_stage=2, gpus_per_node=2), 2, True,
                   gpu_memory=80 * GIB)
     q = m.linear_params() * quantized_bytes_per_param(4, True, m.hidden_size)
     others = m.total_params() - m.linear_params()
@@ -60,20 +62,20 @@ def test_sharded_base_keeps_non_quantized_weights_in_the_storage_dtype():
 def test_a_base_loaded_whole_is_the_peak_while_it_loads():
     """With tensor parallel the quantized checkpoint loads whole onto every GPU before it is sharded."""
     w = _workload()
-    mem = estimate(w, Layout("fsdp", "fsdp_full_shard", data_parallel=1, tensor_parallel=2, gpus_per_node=2), 2, True,
+    mem = estimate(w, bound_layout("fsdp", "fsdp_full_shard", data_parallel=1, tensor_parallel=2, gpus_per_node=2), 2, True,
                    gpu_memory=80 * GIB)
     load = mem.components["quantized_load"]
     assert load == pytest.approx(quantized_model_bytes(w, 2))
     assert 33 * GIB < load < 35 * GIB                       # 69B weights at ~0.52 bytes, embeddings in bf16
     assert mem.total == pytest.approx(mem.components["runtime"] + load)  # the peak of this run
     assert any("loading the quantized model whole" in n for n in mem.notes)
-    whole = estimate(w, Layout("deepspeed", "zero2", data_parallel=2, zero_stage=2, gpus_per_node=2), 2, True,
+    whole = estimate(w, bound_layout("deepspeed", "zero2", data_parallel=2, zero_stage=2, gpus_per_node=2), 2, True,
                      gpu_memory=80 * GIB)
     assert whole.components["quantized_load"] == 0.0  # unsharded: the loaded model is the trained one
 
 
-@pytest.mark.parametrize("layout", [Layout("fsdp", "fsdp_full_shard", data_parallel=2, gpus_per_node=2),
-                                    Layout("deepspeed", "zero3", data_parallel=2, zero_stage=3, gpus_per_node=2)],
+@pytest.mark.parametrize("layout", [bound_layout("fsdp", "fsdp_full_shard", data_parallel=2, gpus_per_node=2),
+                                    bound_layout("deepspeed", "zero3", data_parallel=2, zero_stage=3, gpus_per_node=2)],
                          ids=["fsdp2", "zero3"])
 def test_the_4bit_base_loads_shard_by_shard(layout):
     """`backends.sharded_loading`: each GPU holds its shard (the weights term) and one checkpoint

@@ -15,13 +15,14 @@ TINY = "tiny/sft-full"
 def test_every_preset_the_planner_offers_has_a_meaning(load):
     # Every preset the planner can choose or accept on a multi-node GPU target translates to settings.
     from recipeforge.plan.catalog import resolve_model
+    from recipeforge.plan.planners import Planners
     from recipeforge.plan.policy import known_presets
     from recipeforge.plan.workload import build_workload
 
     recipe = load("llama3-70b-full-sft").recipe
     hw = parse_hardware("2x8xH100-80GB")
     spec, _ = resolve_model(recipe.model.name_or_path, recipe.model.revision)
-    names = known_presets(build_workload(recipe, spec, hw), hw)
+    names = known_presets(build_workload(recipe, spec, hw, Planners.installed()), hw, Planners.installed())
     assert {"zero2", "zero3_offload", "fsdp_full_shard", "fsdp_hybrid_shard", "tp8_pp1"} <= set(names)
     for name in names:
         preset = get_preset(name)

@@ -13,9 +13,11 @@ from recipeforge.plan import make_plan, parse_hardware
 from recipeforge.plan.activations import activation_bytes
 from recipeforge.plan.catalog import resolve_model
 from recipeforge.backends.fsdp import fsdp_gathered
-from recipeforge.plan.memory import Layout, estimate
+from recipeforge.plan.memory import estimate
 from recipeforge.plan.parallel_layouts import TP_PLAN_MODEL_TYPES
 from recipeforge.plan.workload import build_workload
+from recipeforge.plan.planners import Planners
+from plan_testing import bound_layout
 
 ROOT = Path(__file__).resolve().parents[3]
 LONG = dict(model={"attn_implementation": "sdpa"}, data={"sequence_len": 32768, "packing": False},
@@ -107,7 +109,7 @@ def test_pinned_sizes_are_used_as_given(recipe):
 def _workload(recipe, spec="8xH100-80GB"):
     hw = parse_hardware(spec)
     model, _ = resolve_model(recipe.model.name_or_path)
-    return build_workload(recipe, model, hw)
+    return build_workload(recipe, model, hw, Planners.installed())
 
 
 def test_activations_split_by_context_and_tensor_parallel(recipe):
@@ -139,8 +141,8 @@ def test_eager_attention_grows_quadratically_fused_linearly(recipe):
 
 def test_memory_estimate_of_a_tensor_parallel_layout_divides_model_states(recipe):
     w = _workload(recipe("meta-llama/Llama-3.1-70B"), "2x8xH100-80GB")
-    fsdp = Layout("fsdp", "fsdp_full_shard", data_parallel=16, nodes=2, gpus_per_node=8)
-    tp = Layout("fsdp", "fsdp_full_shard", data_parallel=4, tensor_parallel=4, nodes=2, gpus_per_node=8)
+    fsdp = bound_layout("fsdp", "fsdp_full_shard", data_parallel=16, nodes=2, gpus_per_node=8)
+    tp = bound_layout("fsdp", "fsdp_full_shard", data_parallel=4, tensor_parallel=4, nodes=2, gpus_per_node=8)
     a, b = estimate(w, fsdp, 1, True), estimate(w, tp, 1, True)
     # the same GPUs hold the states either way (sharded 16 ways, or 4 x tensor 4)
     assert b.components["optimizer"] == pytest.approx(a.components["optimizer"])

@@ -8,9 +8,10 @@ import pytest
 
 from recipeforge.plan.estimators import deepspeed_zero2_mem_needs, deepspeed_zero3_mem_needs, zero_model_states
 from recipeforge.plan.hardware import GIB
-from recipeforge.plan.memory import Layout, estimate
+from recipeforge.plan.memory import estimate
 from recipeforge.plan.models import ModelSpec
 from recipeforge.plan.workload import Workload
+from plan_testing import bound_layout
 
 GB = 1e9  # the ZeRO paper counts in 10^9 bytes
 
@@ -91,8 +92,8 @@ def _full_ft_workload(params: float) -> Workload:
 def test_planner_deepspeed_states_equal_deepspeed_estimators(gpus, nodes, preset, stage, offload):
     w = _full_ft_workload(7e9)
     psi, largest = w.model.total_params(), w.model.largest_module_params()
-    layout = Layout("deepspeed", preset, data_parallel=gpus * nodes, zero_stage=stage, offload=offload,
-                    nodes=nodes, gpus_per_node=gpus)
+    layout = bound_layout("deepspeed", preset, data_parallel=gpus * nodes, zero_stage=stage, offload=offload,
+                          nodes=nodes, gpus_per_node=gpus)
     mem = estimate(w, layout, micro_batch=1, checkpointing=True)
     states = sum(mem.components[k] for k in ("weights", "gradients", "optimizer"))
     if stage == 3:

@@ -8,13 +8,15 @@ import pytest
 
 from recipeforge.plan.catalog import KNOWN_CONFIGS
 from recipeforge.plan.hardware import GIB
-from recipeforge.plan.memory import (Layout, activation_bytes, estimate, layer_activation_bytes_per_token,
+from recipeforge.plan.memory import (activation_bytes, estimate, layer_activation_bytes_per_token,
                                      logits_bytes, quantized_bytes_per_param)
 from recipeforge.plan.models import spec_from_config
 from recipeforge.plan.workload import Rollout, Workload, lora_targets
+from recipeforge.plan.planners import Planners
+from plan_testing import bound_layout
 
 LLAMA8B = spec_from_config(KNOWN_CONFIGS["meta-llama/Llama-3.1-8B"], "meta-llama/Llama-3.1-8B")
-SINGLE = Layout("single", None)
+SINGLE = bound_layout("single", None)
 H100 = 79.6 * GIB
 
 
@@ -82,17 +84,17 @@ def test_logits_and_fused_loss():
 def test_sharding_divides_states():
     w = workload()
     single = estimate(w, SINGLE, 1, True)
-    fsdp = estimate(w, Layout("fsdp", "fsdp_full_shard", data_parallel=8, gpus_per_node=8), 1, True)
+    fsdp = estimate(w, bound_layout("fsdp", "fsdp_full_shard", data_parallel=8, gpus_per_node=8), 1, True)
     assert fsdp.components["optimizer"] == pytest.approx(single.components["optimizer"] * 2 / 8)  # fp32 states
     assert fsdp.components["weights"] == pytest.approx(4 * LLAMA8B.total_params() / 8)
-    ddp = estimate(w, Layout("ddp", None, data_parallel=8, gpus_per_node=8), 1, True)
+    ddp = estimate(w, bound_layout("ddp", None, data_parallel=8, gpus_per_node=8), 1, True)
     assert ddp.components["comm_buffers"] == ddp.components["gradients"]
 
 
 def test_offload_moves_states_to_host():
     w = workload()
-    on = estimate(w, Layout("deepspeed", "zero3", data_parallel=8, zero_stage=3, gpus_per_node=8), 1, True)
-    off = estimate(w, Layout("deepspeed", "zero3_offload_params", data_parallel=8, zero_stage=3,
+    on = estimate(w, bound_layout("deepspeed", "zero3", data_parallel=8, zero_stage=3, gpus_per_node=8), 1, True)
+    off = estimate(w, bound_layout("deepspeed", "zero3_offload_params", data_parallel=8, zero_stage=3,
                              offload="optimizer+params", gpus_per_node=8), 1, True)
     assert off.components["optimizer"] == 0 and off.components["weights"] == 0
     assert off.total < on.total and off.cpu_per_node > 16 * LLAMA8B.total_params()
@@ -100,7 +102,7 @@ def test_offload_moves_states_to_host():
 
 def test_megatron_distributed_optimizer():
     w = workload(stage="pretrain")
-    layout = Layout("megatron", "tp8_pp1", data_parallel=2, tensor_parallel=8, gpus_per_node=8, nodes=2)
+    layout = bound_layout("megatron", "tp8_pp1", data_parallel=2, tensor_parallel=8, gpus_per_node=8, nodes=2)
     mem = estimate(w, layout, 1, True)
     local = LLAMA8B.total_params() / 8
     # 6 + 12/d bytes per parameter (bf16 weights, fp32 main grads, fp32 master+Adam over d ranks)
@@ -144,7 +146,7 @@ def test_rollout_reservation_comes_from_the_engine(recipe, monkeypatch):
 
     def reserves(engine: str) -> bool:
         r = recipe("Qwen/Qwen2.5-7B", "grpo", grpo={"rollout": {"engine": engine}})
-        return build_workload(r, spec, hw).rollout.reserves_memory
+        return build_workload(r, spec, hw, Planners.installed()).rollout.reserves_memory
 
     assert reserves("hf") is False
     assert reserves("vllm") is True  # sized like vLLM even where its plugin is not installed
@@ -164,7 +166,7 @@ def test_liger_options_decide_what_is_fused(recipe):
     hw = parse_hardware("1xH100-80GB")
 
     def fused(kernels):
-        w = build_workload(recipe("meta-llama/Llama-3.1-8B", kernels=kernels), spec, hw)
+        w = build_workload(recipe("meta-llama/Llama-3.1-8B", kernels=kernels), spec, hw, Planners.installed())
         return w.fused_loss, w.fused_kernels
 
     assert fused({}) == (False, False)
@@ -259,7 +261,7 @@ def test_sdpa_over_packed_rows_keeps_a_mask_and_repeated_heads():
 def test_fsdp2_holds_more_unsharded_at_a_layers_backward_than_at_the_loss():
     from recipeforge.backends.fsdp import fsdp_gathered
 
-    layout = Layout("fsdp", "fsdp_full_shard", data_parallel=8, gpus_per_node=8)
+    layout = bound_layout("fsdp", "fsdp_full_shard", data_parallel=8, gpus_per_node=8)
     g = fsdp_gathered(workload(), layout)
     root = 2 * LLAMA8B.total_params() - 2 * 32 * LLAMA8B.layer_params()
     layer = 2 * LLAMA8B.layer_params()
@@ -280,7 +282,7 @@ def test_gradients_meet_the_activations_from_the_second_micro_batch():
     reserve = two.components["allocator_reserve"] - c["allocator_reserve"]
     assert two.total - one.total == pytest.approx(c["gradients"] - c["output_gradient"] + reserve)
     # DeepSpeed keeps its gradient partitions for the whole step, as its estimators count them
-    zero2 = Layout("deepspeed", "zero2", data_parallel=8, zero_stage=2, gpus_per_node=8)
+    zero2 = bound_layout("deepspeed", "zero2", data_parallel=8, zero_stage=2, gpus_per_node=8)
     assert estimate(workload(), zero2, 1, False).total == estimate(workload(), zero2, 1, False, accumulation=2).total
 
 

@@ -15,6 +15,7 @@ from recipeforge.plan.hardware import parse_hardware
 from recipeforge.plan.models import spec_from_config
 from recipeforge.plan.plan import make_plan
 from recipeforge.plan.workload import build_workload
+from recipeforge.plan.planners import Planners
 
 MODEL = "Qwen/Qwen2.5-0.5B"
 TINY = Path(__file__).resolve().parents[3] / "examples" / "yaml" / "tiny"
@@ -29,7 +30,7 @@ def recipe(stage: str, **sections):
 
 
 def workload(r):
-    return build_workload(r, spec_from_config(KNOWN_CONFIGS[MODEL], MODEL), parse_hardware("1xH100-80GB"))
+    return build_workload(r, spec_from_config(KNOWN_CONFIGS[MODEL], MODEL), parse_hardware("1xH100-80GB"), Planners.installed())
 
 
 @pytest.mark.parametrize("stage", ["orpo", "cpo"])

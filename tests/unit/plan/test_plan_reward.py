@@ -11,10 +11,12 @@ from recipeforge.components.tiny_spec import TINY_CONFIGS
 from recipeforge.config.schema import recipe_adapter
 from recipeforge.plan.catalog import KNOWN_CONFIGS
 from recipeforge.plan.hardware import parse_hardware
-from recipeforge.plan.memory import Layout, estimate
+from recipeforge.plan.memory import estimate
 from recipeforge.plan.models import spec_from_config
 from recipeforge.plan.plan import make_plan
 from recipeforge.plan.workload import build_workload
+from recipeforge.plan.planners import Planners
+from plan_testing import bound_layout
 
 MODEL = "meta-llama/Llama-3.1-8B"
 
@@ -28,7 +30,7 @@ def recipe(stage: str, model: str = MODEL, **sections):
 
 def workload(r, hardware: str = "8xH100-80GB"):
     spec = spec_from_config(KNOWN_CONFIGS.get(r.model.name_or_path) or TINY_CONFIGS["llama"], r.model.name_or_path)
-    return build_workload(r, spec, parse_hardware(hardware))
+    return build_workload(r, spec, parse_hardware(hardware), Planners.installed())
 
 
 @pytest.mark.parametrize("name", ["tiny:llama", "tiny:qwen2", "meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-0.5B",
@@ -65,7 +67,7 @@ def test_memory_terms_drop_the_vocabulary_logits_and_the_reference_model():
     from recipeforge.plan.activations import activation_split, logits_bytes
     from recipeforge.plan.memory import output_gradient_bytes
 
-    layout = Layout("single", None)
+    layout = bound_layout("single", None)
     w_rw = workload(recipe("reward", adapter={"type": "none"}))
     w_dpo = workload(recipe("dpo", adapter={"type": "none"}))
     rw = estimate(w_rw, layout, micro_batch=4, checkpointing=True, gpu_memory=80 * 2**30).components

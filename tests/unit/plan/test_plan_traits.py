@@ -15,7 +15,7 @@ import recipeforge
 from recipeforge.backends.worker import plan_from_dict
 from recipeforge.config import load_recipe
 from recipeforge.plan import make_plan, parse_hardware
-from recipeforge.plan.memory import spec_of
+from recipeforge.plan.planners import Planners
 from recipeforge.plan.types import BackendTraits
 from recipeforge.plan.world import plan_for_world
 
@@ -30,7 +30,7 @@ CASES = [("llama3-8b-full-sft.yaml", "1xH100-80GB"), ("llama3-70b-full-sft.yaml"
 def test_a_plan_carries_its_backends_traits_and_plan_json_gives_them_back(name, hardware):
     recipe = load_recipe(REPO / "examples" / "yaml" / name).recipe
     plan = make_plan(recipe, parse_hardware(hardware))
-    assert plan.traits == spec_of(plan.backend).traits(plan)
+    assert plan.traits == Planners.installed().spec(plan.backend).traits(plan)
     raw = plan.to_dict()
     assert "traits" not in raw  # plan.json is what it was
     assert plan_from_dict(raw).traits == plan.traits
@@ -49,7 +49,7 @@ def test_a_cpu_job_of_several_processes_takes_the_spreading_backends_traits():
                           "train.micro_batch_size=auto"]).recipe
     plan = plan_for_world(recipe, nproc_per_node=2, hardware=parse_hardware("cpu"))
     assert plan.backend == "deepspeed" and plan.world_size == 2
-    assert plan.traits == spec_of("deepspeed").traits(plan) and plan.traits.shards_weights
+    assert plan.traits == Planners.installed().spec("deepspeed").traits(plan) and plan.traits.shards_weights
     assert not plan.traits.trainer_holds_weights
 
 
@@ -64,8 +64,9 @@ def test_stages_and_outputs_never_look_a_backend_up_by_name(folder):
     found = []
     for path in sorted((PACKAGE / folder).rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            # spec_of(name), or registry_for("backends").get(name)
-            if (isinstance(node, ast.Name) and node.id == "spec_of") or \
-               (isinstance(node, ast.Constant) and node.value == "backends"):
+            # registry_for("backends").get(name), or the planners' spec(name)
+            if (isinstance(node, ast.Constant) and node.value == "backends") or \
+               (isinstance(node, ast.Attribute) and node.attr in ("spec", "installed")
+                    and isinstance(node.value, ast.Name) and node.value.id in ("planners", "Planners")):
                 found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     assert found == [], "read the plan's traits instead: " + ", ".join(found)

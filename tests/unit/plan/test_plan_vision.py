@@ -10,15 +10,17 @@ import pytest
 from recipeforge.plan import make_plan, parse_hardware
 from recipeforge.plan.catalog import KNOWN_CONFIGS, resolve_model
 from recipeforge.plan.hardware import GIB
-from recipeforge.plan.memory import Layout, estimate
+from recipeforge.plan.memory import estimate
 from recipeforge.plan.models import spec_from_config
 from recipeforge.plan.vision import QWEN_MAX_PIXELS
 from recipeforge.plan.workload import build_workload
+from recipeforge.plan.planners import Planners
 from recipeforge.config.schema import recipe_adapter
+from plan_testing import bound_layout
 
 QWEN_VL = "Qwen/Qwen2.5-VL-7B-Instruct"
 H100 = parse_hardware("1xH100-80GB")
-SINGLE = Layout(backend="single", preset=None)
+SINGLE = bound_layout("single")
 
 
 def build_recipe(model_name: str, **sections):
@@ -33,7 +35,7 @@ def _workload(model=QWEN_VL, vision=None, adapter=None, seq=4096):
                      adapter=adapter or {"type": "lora", "r": 16, "target_modules": "all-linear"},
                      data={"sequence_len": seq})
     spec, _ = resolve_model(model, allow_hub=False)
-    return build_workload(r, spec, H100)
+    return build_workload(r, spec, H100, Planners.installed())
 
 
 def test_qwen25_vl_7b_counts_the_published_total():
