@@ -153,8 +153,12 @@ def capabilities_of(name: str) -> BackendCapabilities:
     """The record of backend `name`: the ``capabilities`` of its spec (built in or from a plugin)."""
     from recipeforge.registry import registry_for
 
-    backend = registry_for("backends").get(name, key="distributed.backend")
-    caps = getattr(backend, "capabilities", None)
+    return spec_capabilities(name, registry_for("backends").get(name, key="distributed.backend"))
+
+
+def spec_capabilities(name: str, spec: object) -> BackendCapabilities:
+    """The ``capabilities`` record of backend `name`'s spec `spec`; a spec without one is an error."""
+    caps = getattr(spec, "capabilities", None)
     if not isinstance(caps, BackendCapabilities):
         raise RecipeError(f"backend '{name}' declares no capabilities", key="distributed.backend",
                           hint="a backend class sets `capabilities = BackendCapabilities(...)` "

@@ -63,7 +63,7 @@ def megatron_installed() -> bool:
     """Whether Megatron-Bridge is installed (looked up, not imported)."""
     from recipeforge.plan.policy import backend_installed
 
-    return backend_installed("megatron")
+    return backend_installed(MegatronBackend.capabilities)
 
 
 class MegatronBackend(BackendSpec):

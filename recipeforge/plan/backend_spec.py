@@ -1,8 +1,8 @@
 """What the planner asks of a backend: the planning half of a backend spec.
 
 `PlannerSpec` is the base of every backend spec (`backends.base.BackendSpec` adds launching, the
-worker and the final save). The planner never names a backend: it loops over the registered specs
-(`capabilities.backend_specs`), asks each for the layouts it offers a workload on a target
+worker and the final save). The planner never names a backend: it loops over the specs its caller
+hands it (`plan.planners.Planners`), asks each for the layouts it offers a workload on a target
 (`candidates`), sizes each layout with the spec's model-state memory terms (`model_states` and the
 traits below), and writes the chosen spec's reasons and plan part (`plan_reasons`, `plan_part`).
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from recipeforge.capabilities import BackendCapabilities, spec_capabilities
 from recipeforge.plan.activations import (Activations, activation_bytes, activation_split,  # noqa: F401
                                           idle_at_loss, kv_cache_bytes, layer_activation_bytes_per_token,
                                           logits_bytes, logits_phases, widest_linear)
@@ -79,6 +80,11 @@ class Layout:
             raise TypeError(f"Layout({self.backend!r}, ...) has no planner: build it with planner=<the backend's "
                             "PlannerSpec>, or take it from Planners.offered / Planners.bind")
         return self.planner
+
+    @property
+    def capabilities(self) -> BackendCapabilities:
+        """The capability record of the spec that offered this layout."""
+        return spec_capabilities(self.backend, self.spec)
 
     @property
     def world_size(self) -> int:

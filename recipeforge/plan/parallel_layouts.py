@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from recipeforge.capabilities import all_capabilities
 from recipeforge.config.schema.parallel_rules import (MAX_CONTEXT_PARALLEL, ParallelRefusal,  # noqa: F401
                                                        SLIDING_WINDOW_MODEL_TYPES, context_parallel_refusal)
 from recipeforge.stage_specs import Stage
@@ -150,32 +149,32 @@ def splits(model, hw, dist, *, seq_len: int, stage: str, adapter: str, attention
 
 # ----------------------------------------------------------------------------- for the planner
 
-def runs_device_mesh(backend: str) -> bool:
-    """Whether `backend` runs transformers' tensor-parallel plans and context parallel on a device mesh
-    of replicate x shard x context x tensor ranks (FSDP2 through Accelerate's ParallelismConfig)."""
-    from recipeforge.capabilities import capabilities_of
+def runs_device_mesh(caps) -> bool:
+    """Whether the backend of capability record `caps` runs transformers' tensor-parallel plans and
+    context parallel on a device mesh of replicate x shard x context x tensor ranks (FSDP2 through
+    Accelerate's ParallelismConfig)."""
+    return "data_parallel_shard" in caps.parallel_sizes
 
-    return "data_parallel_shard" in capabilities_of(backend).parallel_sizes
 
-
-def check_pinned_sizes(w, hw, dist) -> None:
+def check_pinned_sizes(w, hw, dist, planners) -> None:
     """Raise the first refusal of the parallel sizes the recipe pins, located at its key (GPU targets:
-    the sizes are checked against the model, the sequence and the GPU count)."""
+    the sizes are checked against the model, the sequence and the GPU count). `planners`: the backends
+    planned with (`plan.planners.Planners`)."""
     from recipeforge.errors import RecipeError
 
     if hw.device != "cuda":
         return
     pinned = [k for k in ("tensor_parallel", "context_parallel", "data_parallel_replicate", "data_parallel_shard")
               if dist.pinned_size(k) is not None and dist.pinned_size(k) > 1]
-    if not pinned or (dist.backend != "auto" and not runs_device_mesh(dist.backend)):
+    if not pinned or (dist.backend != "auto" and not runs_device_mesh(planners.capabilities(dist.backend))):
         return  # a backend with model parallelism of its own checks its own sizes
     found, refused = splits(w.model, hw, dist, seq_len=w.seq_len, stage=w.stage, adapter=w.adapter,
                             attention=w.attn_implementation, packing=w.packing)
     # backend auto with only a tensor-parallel size pinned: a backend with tensor parallel of its own
     # (Megatron) may still take it for pretraining
     own_tp = dist.backend == "auto" and pinned == ["tensor_parallel"] and w.stage == Stage.PRETRAIN and any(
-        "tensor_parallel" in c.parallel_sizes and w.stage in c.stages for n, c in all_capabilities().items()
-        if not runs_device_mesh(n))
+        "tensor_parallel" in c.parallel_sizes and w.stage in c.stages
+        for c in planners.all_capabilities().values() if not runs_device_mesh(c))
     if refused and not found and not own_tp:
         r = refused[0]
         raise RecipeError(r.message, key=r.key, hint=r.hint or None)
@@ -187,7 +186,7 @@ def parallel_reasons(layout, dist, w, memory_gb_activations: float, terms: str) 
     from recipeforge.plan.types import Choice
 
     out = {}
-    if runs_device_mesh(layout.backend):
+    if runs_device_mesh(layout.capabilities):
         def why(key: str, auto: str) -> str:
             return "recipe pins it" if dist.pinned_size(key) is not None else auto
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from recipeforge.capabilities import capabilities_of, parallel_key
+from recipeforge.capabilities import parallel_key
 from recipeforge.capabilities import refusals as capability_refusals
 from recipeforge.errors import RecipeError, did_you_mean
 from recipeforge.plan.accuracy import accuracy_band, band_class, sensitivity
@@ -40,7 +40,7 @@ def make_plan(recipe, hardware: Hardware | None = None, planners: Planners | Non
     w = build_workload(recipe, spec, hw, planners)
     dist = recipe.distributed
     _check_pins(recipe, w, hw, planners)
-    check_pinned_sizes(w, hw, dist)
+    check_pinned_sizes(w, hw, dist, planners)
 
     # train.precision: fp32 master weights or pure bf16 (auto: by what fits), then the layout for it
     w, decision, precision = choose_precision(recipe, w, hw.device, lambda wl: decide(wl, hw, dist, recipe.train, planners),
@@ -66,7 +66,7 @@ def _check_pins(recipe, w: Workload, hw: Hardware, planners: Planners) -> None:
             preset = get_preset(dist.preset, backend=dist.backend)
             zero = preset.zero_stage if preset.zero_stage is not None else zero
             offload = preset.offload
-        found = capability_refusals(capabilities_of(dist.backend), stage=recipe.stage, device=hw.device,
+        found = capability_refusals(planners.capabilities(dist.backend), stage=recipe.stage, device=hw.device,
                                     adapter=w.adapter, quant_bits=w.quant_bits, offload=offload,
                                     zero_stage=zero, optimizer=w.optimizer,
                                     model_parallel=parallel_key(dist.tensor_parallel, dist.pipeline_parallel,
@@ -403,8 +403,8 @@ def _runners_up(ev: Evaluation, decision: Decision) -> list[dict]:
         if not e.fits:
             why = e.problem
         elif i < chosen_index:
-            why = f"fits, but {e.layout.backend} is not installed ({install_hint(e.layout.backend)})" \
-                if not policy.backend_installed(e.layout.backend) else "fits"
+            why = f"fits, but {e.layout.backend} is not installed ({install_hint(e.layout.capabilities)})" \
+                if not policy.backend_installed(e.layout.capabilities) else "fits"
         else:
             why = f"fits, but comes later in preference order than {ev.layout.label}"
         out.append({"backend": e.layout.backend, "preset": e.layout.preset, "fits": e.fits,

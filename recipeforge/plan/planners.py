@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from recipeforge.errors import RecipeError
 
 if TYPE_CHECKING:
+    from recipeforge.capabilities import BackendCapabilities
     from recipeforge.plan.backend_spec import Candidate, PlannerSpec
     from recipeforge.plan.hardware import Hardware
     from recipeforge.plan.memory import Layout
@@ -56,6 +57,19 @@ class Planners(Mapping[str, "PlannerSpec"]):
             return self._missing(name)
         raise RecipeError(f"unknown backend '{name}'", key="distributed.backend",
                           hint=f"one of: {', '.join(self._specs)}")
+
+    def capabilities(self, name: str) -> "BackendCapabilities":
+        """The capability record of backend `name` (its spec's `capabilities`)."""
+        from recipeforge.capabilities import spec_capabilities
+
+        return spec_capabilities(name, self.spec(name))
+
+    def all_capabilities(self) -> "dict[str, BackendCapabilities]":
+        """The capability record of every backend here that declares one, by name."""
+        from recipeforge.capabilities import BackendCapabilities
+
+        return {name: spec.capabilities for name, spec in self._specs.items()
+                if isinstance(getattr(spec, "capabilities", None), BackendCapabilities)}
 
     def only(self, name: str) -> "Planners":
         """These planners narrowed to backend `name` (a pinned backend)."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass, field, replace
 
-from recipeforge.capabilities import Refusal, capabilities_of, parallel_key, refusals
+from recipeforge.capabilities import BackendCapabilities, Refusal, parallel_key, refusals
 from recipeforge.plan.backend_spec import Candidate
 from recipeforge.plan.hardware import GIB, Hardware
 from recipeforge.plan.memory import Layout, MemoryEstimate, estimate
@@ -62,9 +62,8 @@ class Evaluation:
         return max(gpu, cpu, 0.0)
 
 
-def backend_installed(backend: str) -> bool:
-    """Whether the package behind `backend` can be imported here (looked up, never imported)."""
-    caps = capabilities_of(backend)
+def backend_installed(caps: BackendCapabilities) -> bool:
+    """Whether the package behind the backend of `caps` can be imported here (looked up, never imported)."""
     if caps.package is None:
         return True
     if importlib.util.find_spec(caps.package.split(".")[0]) is None:
@@ -79,9 +78,9 @@ def backend_installed(backend: str) -> bool:
     return True
 
 
-def install_hint(backend: str) -> str:
-    """The pip command that installs what `backend` needs ("" when nothing)."""
-    extra = capabilities_of(backend).extra
+def install_hint(caps: BackendCapabilities) -> str:
+    """The pip command that installs what the backend of `caps` needs ("" when nothing)."""
+    extra = caps.extra
     return f"pip install 'recipeforge[{extra}]'" if extra else ""
 
 
@@ -89,7 +88,7 @@ def install_hint(backend: str) -> str:
 
 def layout_refusals(w: Workload, layout: Layout, device: str) -> list[Refusal]:
     """What the backend of `layout` refuses for this workload (its capability record decides)."""
-    found = refusals(capabilities_of(layout.backend), stage=w.stage, device=device, adapter=w.adapter,
+    found = refusals(layout.capabilities, stage=w.stage, device=device, adapter=w.adapter,
                      quant_bits=w.quant_bits, offload=layout.offload, zero_stage=layout.zero_stage,
                      optimizer=w.optimizer,
                      model_parallel=parallel_key(layout.tensor_parallel, layout.pipeline_parallel,
@@ -164,7 +163,7 @@ def _matches_sizes(layout: Layout, dist) -> bool:
         return False  # pinned TP alone: no pipeline stages added
     if replicate is not None or shard is not None:
         # replicate / shard sizes are a device mesh's (FSDP2: Accelerate's dp_replicate_size / dp_shard_size)
-        if "data_parallel_replicate" not in capabilities_of(layout.backend).parallel_sizes:
+        if "data_parallel_replicate" not in layout.capabilities.parallel_sizes:
             return False
         if replicate is not None and layout.dp_replicate != replicate:
             return False
@@ -300,8 +299,8 @@ def decide(w: Workload, hw: Hardware, dist, train, planners: Planners) -> Decisi
             return Decision(None, evaluations)
     chosen = fitting[0]
     if dist.backend == "auto" and hw.source == "probe":
-        runnable = [e for e in fitting if backend_installed(e.layout.backend)]
+        runnable = [e for e in fitting if backend_installed(e.layout.capabilities)]
         chosen = runnable[0] if runnable else chosen
-    if not backend_installed(chosen.layout.backend):
-        warnings.append(f"{chosen.layout.backend} is not installed here: {install_hint(chosen.layout.backend)}")
+    if not backend_installed(chosen.layout.capabilities):
+        warnings.append(f"{chosen.layout.backend} is not installed here: {install_hint(chosen.layout.capabilities)}")
     return Decision(chosen, evaluations, warnings)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from recipeforge.capabilities import capabilities_of, parallel_key, refusals
+from recipeforge.capabilities import parallel_key, refusals
 from recipeforge.errors import RecipeError
 from recipeforge.plan.hardware import hardware_for
 from recipeforge.plan.plan import make_plan
@@ -51,7 +51,7 @@ def _plan_for_world(recipe, *, nnodes: int | None, nproc_per_node: int | None, h
     if d.backend != "auto":
         # Whether the pinned backend runs on the CPU, with this many processes and the parallel sizes the
         # recipe pins: its capability record.
-        found = refusals(capabilities_of(d.backend), device="cpu", cpu_processes=world,
+        found = refusals(planners.capabilities(d.backend), device="cpu", cpu_processes=world,
                          model_parallel=_cpu_parallel_key(d))
         if found:
             raise found[0].error()
@@ -94,7 +94,7 @@ def _spread(base: Plan, recipe, *, nodes: int, per_node: int, planners: Planners
     spec = planners.spec(backend)
     spread = spec.cpu_spread(d)
     tp = spread.tensor_parallel
-    dp = _cpu_data_parallel(d, backend, world, tp)
+    dp = _cpu_data_parallel(d, runs_device_mesh(planners.capabilities(backend)), world, tp)
     micro, micro_reason, accumulation = _cpu_batch_split(recipe.train, base, dp)
     where = f"{world} CPU processes ({nodes} node(s) x {per_node}, gloo)"
     reasons = _spread_reasons(base, recipe, backend, spread, where, dp)
@@ -113,16 +113,17 @@ def _spread(base: Plan, recipe, *, nodes: int, per_node: int, planners: Planners
     return replace(plan, traits=spec.traits(plan))  # the spreading backend's, not the base's
 
 
-def _cpu_data_parallel(d, backend: str, world: int, tp: int) -> int:
+def _cpu_data_parallel(d, device_mesh: bool, world: int, tp: int) -> int:
     """The data-parallel size of a CPU job of `world` processes in groups of `tp` tensor-parallel
-    ranks; refuses a tensor-parallel or pinned shard size that does not fit that world."""
+    ranks; refuses a tensor-parallel or pinned shard size that does not fit that world. `device_mesh`:
+    the backend shards over one mesh of every data-parallel process (`runs_device_mesh`)."""
     if world % tp:
         raise RecipeError(f"tensor_parallel {tp} does not divide the {world} processes",
                           key="distributed.tensor_parallel",
                           hint=f"use --nproc-per-node a multiple of {tp}, or another tensor_parallel")
     dp = world // tp
     shard = d.pinned_size("data_parallel_shard")
-    if runs_device_mesh(backend) and shard is not None and shard != dp:
+    if device_mesh and shard is not None and shard != dp:
         raise RecipeError(f"data_parallel_shard {shard} is not the {dp} data-parallel processes of this CPU job",
                           key="distributed.data_parallel_shard",
                           hint=f"on the CPU every data-parallel process shards the model: set it to auto or {dp}")
@@ -187,7 +188,7 @@ def _spreading_backend(planned: str, world: int, planners: Planners) -> str:
     """The backend a CPU job of `world` processes runs in auto mode: the one-process plan's, when it
     runs that many processes, else the first CPU backend (`cpu_preference`) that does."""
     def runs(name: str) -> bool:
-        limit = capabilities_of(name).max_cpu_processes
+        limit = planners.capabilities(name).max_cpu_processes
         return limit is None or limit >= world
 
     if runs(planned):

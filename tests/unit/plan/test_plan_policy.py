@@ -168,7 +168,7 @@ def test_unknown_preset(recipe):
 
 
 def test_missing_package_is_a_warning_with_the_extra(recipe, monkeypatch):
-    monkeypatch.setattr(policy, "backend_installed", lambda backend: backend != "deepspeed")
+    monkeypatch.setattr(policy, "backend_installed", lambda caps: caps.name != "deepspeed")
     p = plan(recipe("meta-llama/Llama-3.1-8B", distributed={"backend": "deepspeed"}), "8xH100-80GB")
     assert any("pip install 'recipeforge[deepspeed]'" in w for w in p.extra.warnings)
 
@@ -176,7 +176,7 @@ def test_missing_package_is_a_warning_with_the_extra(recipe, monkeypatch):
 def test_auto_passes_over_a_missing_package_on_this_machine(recipe, monkeypatch):
     here = replace(parse_hardware("2x8xH100-80GB"), source="probe", cpu_ram_gb=2048.0)
     with_deepspeed = make_plan(recipe("meta-llama/Llama-3.1-70B"), here)
-    monkeypatch.setattr(policy, "backend_installed", lambda backend: backend != "deepspeed")
+    monkeypatch.setattr(policy, "backend_installed", lambda caps: caps.name != "deepspeed")
     p = make_plan(recipe("meta-llama/Llama-3.1-70B"), here)
     assert with_deepspeed.backend == "deepspeed" and p.backend == "fsdp"
     # a target described by a spec keeps the preferred layout, with a warning

@@ -86,8 +86,8 @@ def test_only_planners_py_reaches_the_backend_registry():
         if path.name == "planners.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            # registry_for("backends"), capabilities.backend_specs()
+            # registry_for("backends"), and capabilities' lookups of every backend or one by name
             if (isinstance(node, ast.Constant) and node.value == "backends") or \
-               (isinstance(node, ast.Name) and node.id == "backend_specs"):
+               (isinstance(node, ast.Name) and node.id in ("backend_specs", "all_capabilities", "capabilities_of")):
                 found.append(f"plan/{path.relative_to(PLAN)}:{node.lineno}")
     assert found == [], "take the planners the caller passed: " + ", ".join(found)
