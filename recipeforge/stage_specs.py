@@ -53,6 +53,10 @@ class StageSpec:
     section: str | None = None          # the recipe section only this stage has
     format_kinds: tuple[str, ...] = ()  # dataset format kinds it trains on (a format may widen this)
     reports: tuple[str, ...] = LOSS     # metrics a finished run reports (first and last value)
+    # Rows one micro batch needs at least, and why: the recipe rules refuse a smaller pinned micro batch
+    # and the planner never chooses one, so a run cannot learn of it only once its workers start.
+    min_micro_batch: int = 1
+    min_micro_batch_why: str = ""
 
 
 STAGE_SPECS: dict[Stage, StageSpec] = {s.name: s for s in (
@@ -71,7 +75,8 @@ STAGE_SPECS: dict[Stage, StageSpec] = {s.name: s for s in (
               reports=PREFERENCE),
     StageSpec(Stage.KTO, "Kahneman-Tversky Optimization on completions labelled desirable or undesirable.",
               "recipeforge.stages.kto:KTOStage", "trained with KTO", section="kto",
-              format_kinds=("preference", "unpaired"), reports=PREFERENCE),
+              format_kinds=("preference", "unpaired"), reports=PREFERENCE, min_micro_batch=2,
+              min_micro_batch_why="its KL estimate pairs each prompt with another row's completion"),
     StageSpec(Stage.CPO, "Contrastive Preference Optimization, or SimPO (`cpo.loss_type: simpo`), on "
                          "chosen/rejected pairs.",
               "recipeforge.stages.cpo:CPOStage", "trained with CPO", section="cpo", format_kinds=("preference",),

@@ -24,7 +24,7 @@ from recipeforge.plan.types import Choice, Plan, PlanExtras
 from recipeforge.plan.vision_report import vision_summary
 from recipeforge.plan.vocab import vocab_choice
 from recipeforge.plan.workload import Workload, build_workload, lora_targets
-from recipeforge.stage_specs import Stage
+from recipeforge.stage_specs import STAGE_SPECS, Stage
 
 
 def make_plan(recipe, hardware: Hardware | None = None, planners: Planners | None = None) -> Plan:
@@ -111,7 +111,10 @@ def _raise_no_fit(recipe, w: Workload, hw: Hardware, decision: Decision, planner
         e = batch_only[0]
         key = "train.micro_batch_size" if isinstance(recipe.train.micro_batch_size, int) else "train.global_batch_size"
         multiple = e.micro_batch * e.layout.data_parallel
-        raise RecipeError(f"{e.problem}, so gradient accumulation would not be a whole number", key=key,
+        stage = STAGE_SPECS[Stage(recipe.stage)]
+        least = (f" ({stage.name.value.upper()} needs micro batches of {stage.min_micro_batch} or more rows: "
+                 f"{stage.min_micro_batch_why})" if e.micro_batch == stage.min_micro_batch > 1 else "")
+        raise RecipeError(f"{e.problem}{least}, so gradient accumulation would not be a whole number", key=key,
                           hint=f"use a global batch that is a multiple of {multiple} "
                                f"(e.g. {multiple * max(1, round(recipe.train.global_batch_size / multiple))})")
     on_gpu = [e for e in evs if e.layout.offload == "none"] or evs

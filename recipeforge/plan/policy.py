@@ -31,6 +31,7 @@ from recipeforge.plan.memory import Layout, MemoryEstimate, estimate
 from recipeforge.plan.planners import Planners
 from recipeforge.plan.presets import get_preset
 from recipeforge.plan.workload import Workload
+from recipeforge.stage_specs import STAGE_SPECS, Stage
 
 MICRO_BATCH_CAP = 8  # larger micro batches rarely raise throughput for LLM-length sequences
 
@@ -205,8 +206,10 @@ def evaluate(c: Candidate, w: Workload, hw: Hardware, train, headroom: float) ->
     elif isinstance(train.micro_batch_size, int):
         micros = [train.micro_batch_size]
     else:
+        # the stage's least micro batch (KTO: 2); a per-rank batch below it is then a batch problem
+        least = STAGE_SPECS[Stage(w.stage)].min_micro_batch
         cap = min(MICRO_BATCH_CAP, per_rank) if per_rank else 1
-        micros = [b for b in range(cap, 0, -1) if per_rank and per_rank % b == 0] or [1]
+        micros = [b for b in range(cap, least - 1, -1) if per_rank and per_rank % b == 0] or [least]
     # `selective` is checkpointing too (its own activation term, `plan.activations`); `auto` tries without first
     ckpts = [True] if train.gradient_checkpointing == "selective" else \
         [train.gradient_checkpointing] if isinstance(train.gradient_checkpointing, bool) else [False, True]

@@ -24,6 +24,7 @@ from recipeforge.plan.planners import Planners
 from recipeforge.plan.policy import auto_cpu_backends
 from recipeforge.plan.trust import annotate_plan
 from recipeforge.plan.types import BackendPart, Choice, Plan
+from recipeforge.stage_specs import STAGE_SPECS, Stage
 
 
 def plan_for_world(recipe, *, nnodes: int | None = None, nproc_per_node: int | None = None,
@@ -95,7 +96,7 @@ def _spread(base: Plan, recipe, *, nodes: int, per_node: int, planners: Planners
     spread = spec.cpu_spread(d)
     tp = spread.tensor_parallel
     dp = _cpu_data_parallel(d, runs_device_mesh(planners.capabilities(backend)), world, tp)
-    micro, micro_reason, accumulation = _cpu_batch_split(recipe.train, base, dp)
+    micro, micro_reason, accumulation = _cpu_batch_split(recipe.train, base, dp, recipe.stage)
     where = f"{world} CPU processes ({nodes} node(s) x {per_node}, gloo)"
     reasons = _spread_reasons(base, recipe, backend, spread, where, dp)
     reasons["micro_batch_size"] = Choice(micro, micro_reason)
@@ -130,8 +131,9 @@ def _cpu_data_parallel(d, device_mesh: bool, world: int, tp: int) -> int:
     return dp
 
 
-def _cpu_batch_split(t, base: Plan, dp: int) -> tuple[int, str, int]:
-    """(micro batch, its reason, gradient accumulation) of the global batch over `dp` processes."""
+def _cpu_batch_split(t, base: Plan, dp: int, stage: str) -> tuple[int, str, int]:
+    """(micro batch, its reason, gradient accumulation) of the global batch over `dp` processes; a
+    micro batch below the stage's least (`StageSpec.min_micro_batch`) is refused."""
     global_batch = t.global_batch_size
     if global_batch % dp:
         raise RecipeError(f"global batch {global_batch} cannot be split over {dp} data-parallel processes",
@@ -150,6 +152,13 @@ def _cpu_batch_split(t, base: Plan, dp: int) -> tuple[int, str, int]:
         micro = max(b for b in range(1, min(per_rank, base.micro_batch_size) + 1) if per_rank % b == 0)
         micro_reason = (f"auto: largest divisor of the per-process batch {per_rank} that is at most the "
                         f"single-process choice {base.micro_batch_size}")
+    spec = STAGE_SPECS[Stage(stage)]
+    if micro < spec.min_micro_batch:
+        least = spec.min_micro_batch
+        raise RecipeError(f"{spec.name.value.upper()} needs micro batches of {least} or more rows "
+                          f"({spec.min_micro_batch_why}); a global batch of {global_batch} over {dp} data-parallel "
+                          f"processes leaves {per_rank} row(s) per process", key="train.global_batch_size",
+                          hint=f"use a global batch of {least * dp} or more (a multiple of {dp}), or fewer processes")
     return micro, micro_reason, per_rank // micro
 
 

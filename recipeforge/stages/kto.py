@@ -13,6 +13,7 @@ more rows; recipeforge shuffles the rows once, with `train.seed`, when `data.shu
 from __future__ import annotations
 
 from recipeforge.errors import RecipeError
+from recipeforge.stage_specs import STAGE_SPECS, Stage
 from recipeforge.stages.trl_preference import PreferenceTrainerStage
 
 
@@ -79,12 +80,15 @@ class KTOStage(PreferenceTrainerStage):
         self._check_micro_batch()
 
     def _check_micro_batch(self) -> None:
-        plan = self.context.plan
-        if plan.micro_batch_size < 2:
-            raise RecipeError(f"KTO needs micro batches of 2 or more rows (its KL estimate pairs each prompt with "
-                              f"another row's completion); the plan has {plan.micro_batch_size}",
+        # The recipe rules and the planner keep to the stage spec's least micro batch; a plan made
+        # elsewhere (an edited plan.json) is still refused here, before any step.
+        plan, spec = self.context.plan, STAGE_SPECS[Stage.KTO]
+        if plan.micro_batch_size < spec.min_micro_batch:
+            raise RecipeError(f"KTO needs micro batches of {spec.min_micro_batch} or more rows "
+                              f"({spec.min_micro_batch_why}); the plan has {plan.micro_batch_size}",
                               key="train.micro_batch_size", location=self.ctx.locate(("train", "micro_batch_size")),
-                              hint="set train.micro_batch_size: 2 or more (a divisor of the per-GPU batch)")
+                              hint=f"set train.micro_batch_size: {spec.min_micro_batch} or more (a divisor of the "
+                                   "per-GPU batch)")
 
     def method_arguments(self) -> dict:
         k = self.section

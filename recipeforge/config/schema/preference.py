@@ -24,7 +24,9 @@ class ORPOConfig(Section):
 
 
 class KTOConfig(Section):
-    """Kahneman-Tversky Optimization (TRL KTOTrainer) on completions labelled desirable or undesirable."""
+    """Kahneman-Tversky Optimization (TRL KTOTrainer) on completions labelled desirable or undesirable.
+    Micro batches hold 2 or more rows (the KL estimate pairs each prompt with another row's completion):
+    a smaller `train.micro_batch_size` is refused, and `auto` never chooses one."""
 
     beta: float = Field(0.1, gt=0, description="Strength of the KL penalty towards the reference model.")
     desirable_weight: float = Field(

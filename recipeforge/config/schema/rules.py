@@ -12,6 +12,7 @@ from typing import Iterator
 from recipeforge.config.schema.components import COMPONENT_RULES
 from recipeforge.config.schema.problems import RuleProblem
 from recipeforge.config.schema.recipe import Recipe
+from recipeforge.stage_specs import STAGE_SPECS, Stage
 
 
 def check_rules(recipe: Recipe) -> list[RuleProblem]:
@@ -157,6 +158,18 @@ def _distributed(r: Recipe) -> Iterator[RuleProblem]:
 
 
 def _stage_specific(r: Recipe) -> Iterator[RuleProblem]:
+    spec = STAGE_SPECS[Stage(r.stage)]
+    least, t = spec.min_micro_batch, r.train
+    if isinstance(t.micro_batch_size, int) and t.micro_batch_size < least:
+        yield RuleProblem(("train", "micro_batch_size"),
+                          f"{spec.name.value.upper()} needs micro batches of {least} or more rows "
+                          f"({spec.min_micro_batch_why}); the recipe sets {t.micro_batch_size}",
+                          f"set train.micro_batch_size: {least} or more (a divisor of the per-GPU batch), or auto")
+    elif t.global_batch_size < least:
+        yield RuleProblem(("train", "global_batch_size"),
+                          f"{spec.name.value.upper()} needs micro batches of {least} or more rows "
+                          f"({spec.min_micro_batch_why}); a global batch of {t.global_batch_size} has fewer",
+                          f"set train.global_batch_size: {least} or more")
     if r.stage == "grpo":
         g = r.grpo  # type: ignore[attr-defined]
         if r.train.global_batch_size % g.num_generations:

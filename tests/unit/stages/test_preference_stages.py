@@ -132,7 +132,14 @@ def test_kto_needs_both_kinds_of_rows(tmp_path, label, word):
 
 
 def test_kto_refuses_micro_batches_of_one(tmp_path):
-    runner = _runner("kto", tmp_path, "train.micro_batch_size=1")
+    """The recipe rules and the planner never give KTO a micro batch of one (tests/commands/
+    test_stage_micro_batch.py); a plan edited by hand still stops here, before any step."""
+    from dataclasses import replace
+
+    with pytest.raises(RecipeError, match="KTO needs micro batches of 2 or more rows"):
+        _runner("kto", tmp_path, "train.micro_batch_size=1")
+    runner = _runner("kto", tmp_path, "train.micro_batch_size=2")
+    runner.ctx = replace(runner.ctx, plan=replace(runner.ctx.plan, micro_batch_size=1))
     with pytest.raises(RecipeError) as err:
         runner.check()
     p = err.value.problems[0]
