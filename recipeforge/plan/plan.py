@@ -353,11 +353,21 @@ def _plan_extras(w: Workload, hw: Hardware, ev: Evaluation, decision: Decision, 
 
 def _backend_reason(ev: Evaluation, decision: Decision, pins: list[str], limit_gb: float) -> str:
     if pins:
-        return f"recipe pins {', '.join(pins)}; fits in {ev.memory.total / GIB:.1f} of {limit_gb:.1f} GB"
+        figures = _fit(ev, limit_gb)
+        return f"recipe pins {', '.join(pins)}; " + (figures if "tight" in figures else f"fits in {figures}")
     earlier = [e for e in decision.evaluations[: _position(decision, ev)] if not e.fits]
     lost = "; ".join(f"{e.layout.label} {e.problem}" for e in earlier[:3])
-    head = f"first layout in preference order that fits ({ev.memory.total / GIB:.1f} of {limit_gb:.1f} GB)"
+    head = f"first layout in preference order that fits ({_fit(ev, limit_gb)})"
     return f"{head}; before it: {lost}" if lost else head
+
+
+def _fit(ev: Evaluation, limit_gb: float) -> str:
+    """How the chosen layout fits: within the usable memory, or (a tight fit) only within the
+    estimate's accuracy band, above the margin `distributed.memory_headroom` keeps."""
+    total = ev.memory.total / GIB
+    if total <= limit_gb:
+        return f"{total:.1f} of {limit_gb:.1f} GB"
+    return f"a tight fit: {total:.1f} GB estimated, {limit_gb:.1f} GB usable with the margin; see the warning"
 
 
 def _position(decision: Decision, ev: Evaluation) -> int:
