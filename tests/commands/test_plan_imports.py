@@ -25,9 +25,14 @@ def test_importing_the_plan_layer_loads_nothing_above_it():
 
 
 def test_a_plan_loads_the_backend_specs_and_nothing_of_the_stages_the_run_or_the_tools():
-    loaded = _loaded("from recipeforge.config import load_recipe\n"
+    """With recipeforge's own backends: installed plugins are hidden (a plugin's backend imports what it
+    likes, and validating a recipe reads every backend's capabilities)."""
+    loaded = _loaded("sys.path.insert(0, 'tests')\n"
+                     "from plugin_testing import only_plugins\n"
+                     "from recipeforge.config import load_recipe\n"
                      "from recipeforge.plan import make_plan, parse_hardware\n"
-                     "make_plan(load_recipe('examples/yaml/llama3-70b-full-sft.yaml').recipe,"
+                     "with only_plugins():\n"
+                     "    make_plan(load_recipe('examples/yaml/llama3-70b-full-sft.yaml').recipe,"
                      " parse_hardware('2x8xH100-80GB'))")
     assert "recipeforge.backends.fsdp" in loaded  # the specs the planner was handed
     assert [m for m in loaded if not m.startswith("recipeforge.backends")] == [], loaded
