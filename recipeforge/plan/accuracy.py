@@ -24,7 +24,8 @@ def band_class(w: Workload, layout: Layout) -> str:
     vision-language models)."""
     if w.rollout is not None or w.model.is_moe or w.vision is not None:
         return "uncalibrated"
-    return layout.spec.accuracy_band(w, layout)
+    band: str = layout.spec.accuracy_band(w, layout)
+    return band
 
 
 def accuracy_band(w: Workload, layout: Layout) -> float:

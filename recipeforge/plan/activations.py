@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from recipeforge.plan.models import Linear, ModelSpec
+from recipeforge.plan.linear import Linear
+from recipeforge.plan.models import ModelSpec
 from recipeforge.plan.workload import Workload
 
 
@@ -342,4 +343,5 @@ def idle_at_loss(w: Workload, act: Activations, logit_tokens: int, checkpointing
 def kv_cache_bytes(w: Workload, sequences: int) -> float:
     """K and V of every layer for `sequences` prompt+completion sequences (transformers' generate)."""
     r, m = w.rollout, w.model
+    assert r is not None  # called for a workload that generates (GRPO)
     return sequences * (r.prompt_len + r.completion_len) * m.num_layers * 2 * m.kv_dim * w.compute_bytes

@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING, Any
 from recipeforge.capabilities import BackendCapabilities, Preset
 
 if TYPE_CHECKING:
+    from recipeforge.config.schema.distributed import DistributedConfig
+    from recipeforge.config.schema.recipe import Recipe
     from recipeforge.plan.hardware import Hardware
     from recipeforge.plan.memory import Layout
     from recipeforge.plan.train_phase import Gathered
-    from recipeforge.plan.types import BackendPart, BackendTraits, Choice
+    from recipeforge.plan.types import BackendPart, BackendTraits, Choice, Plan
     from recipeforge.plan.workload import Workload
 
 
@@ -59,7 +61,8 @@ class CpuSpread:
 class PlannerSpec:
     """The planning methods of a backend spec, with the defaults of a full replica per process."""
 
-    plan_part_type: type | None = None  # the `BackendPart` subclass its `plan_part` returns (None: the base)
+    # The `BackendPart` subclass its `plan_part` returns (None: the base).
+    plan_part_type: type[BackendPart] | None = None
 
     name: str = ""
     capabilities: BackendCapabilities
@@ -92,24 +95,25 @@ class PlannerSpec:
         return [p.name for p in self.presets]
 
     # -- candidate layouts -------------------------------------------------------------------------
-    def candidates(self, w: "Workload", hw: "Hardware", dist, *, pinned: bool) -> list[Candidate]:
+    def candidates(self, w: "Workload", hw: "Hardware", dist: "DistributedConfig | None", *,
+                   pinned: bool) -> list[Candidate]:
         """The GPU layouts this backend offers for `w` on `hw`. `pinned`: the recipe names this
         backend (or asks for every preset name), so layouts it would not offer on its own count too.
         `dist` is the recipe's distributed section (None when only preset names are wanted)."""
         return []
 
-    def cpu_candidate(self, dist) -> Candidate:
+    def cpu_candidate(self, dist: "DistributedConfig") -> Candidate:
         """The one-process CPU layout of this backend with the recipe's pins."""
         from recipeforge.plan.memory import Layout
 
         return Candidate(Layout(self.name, None, nodes=1, gpus_per_node=0), 1,
                          f"{self.name} on the CPU (gloo), one process planned")
 
-    def cpu_spread(self, dist) -> CpuSpread:
+    def cpu_spread(self, dist: "DistributedConfig") -> CpuSpread:
         """This backend's settings for a CPU job of several gloo processes."""
         return CpuSpread()
 
-    def matches_pins(self, layout: "Layout", dist) -> bool:
+    def matches_pins(self, layout: "Layout", dist: "DistributedConfig") -> bool:
         """Whether `layout` has the backend-specific settings the recipe pins (beyond backend,
         preset, ZeRO stage, offload and parallel sizes, which the planner checks)."""
         return True
@@ -151,7 +155,7 @@ class PlannerSpec:
         return f"{w.dtype} weights, gradients and optimizer states (no fp32 master copy)"
 
     # -- the plan ---------------------------------------------------------------------------------
-    def plan_reasons(self, layout: "Layout", dist, w: "Workload") -> dict[str, "Choice"]:
+    def plan_reasons(self, layout: "Layout", dist: "DistributedConfig", w: "Workload") -> dict[str, "Choice"]:
         """This backend's own entries in the plan's reasons (parallel sizes it chose, ...)."""
         return {}
 
@@ -176,11 +180,11 @@ class PlannerSpec:
                                                              "(`recipeforge train` rewrites plan.json)")
         return kind(**raw)
 
-    def plan_shards_weights(self, plan) -> bool:
+    def plan_shards_weights(self, plan: "Plan") -> bool:
         """`shards_weights` for a finished plan, as a training process sees it."""
         return False
 
-    def traits(self, plan) -> "BackendTraits":
+    def traits(self, plan: "Plan") -> "BackendTraits":
         """What the rest of the run needs to know of this backend for `plan` (`Plan.traits`)."""
         from recipeforge.plan.types import BackendTraits
 
@@ -189,6 +193,6 @@ class PlannerSpec:
                              preset_names_sizes=self.preset_names_sizes,
                              checkpoints_master_weights=self.checkpoints_master_weights)
 
-    def recipe_refusals(self, recipe) -> list[tuple[str, str]]:
+    def recipe_refusals(self, recipe: "Recipe") -> list[tuple[str, str]]:
         """(key, message) for recipe settings this backend cannot run, beyond its capability record."""
         return []

@@ -26,7 +26,9 @@ The rules replayed:
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 MIN_BLOCK = 512
 SMALL_SIZE = 1 << 20           # requests up to this size use the small pool
@@ -85,7 +87,7 @@ class CachingAllocator:
 
     capacity: int | None = None
     stats: Stats = field(default_factory=Stats)
-    _free: dict[bool, list] = field(default_factory=lambda: {True: [], False: []})
+    _free: dict[bool, list[tuple[int, int, Block]]] = field(default_factory=lambda: {True: [], False: []})
     _next_address: int = 0
     _next_segment: int = 0
     _segment_heads: dict[int, Block] = field(default_factory=dict)
@@ -172,7 +174,7 @@ class CachingAllocator:
         pool.pop(i)
 
 
-def replay(events, capacity: int | None = None) -> Stats:
+def replay(events: Iterable[tuple[Any, ...]], capacity: int | None = None) -> Stats:
     """Replay a trace: `events` is a sequence of ("alloc", id, nbytes), ("free", id) and ("reset",)
     (`reset_peak`) entries, in program order. Returns the counters at the end."""
     allocator = CachingAllocator(capacity=capacity)

@@ -15,6 +15,7 @@ import json
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
 from recipeforge.components.models import models
 from recipeforge.components.tiny_spec import TINY_CONFIGS, tiny_arch
@@ -22,19 +23,20 @@ from recipeforge.errors import RecipeError, did_you_mean
 from recipeforge.plan.models import ModelSpec, spec_from_config
 
 
-def _llama(v, h, i, layers, heads, kv, tie=False, model_type="llama", **extra) -> dict:
+def _llama(v: int, h: int, i: int, layers: int, heads: int, kv: int, tie: bool = False, model_type: str = "llama",
+           **extra: Any) -> dict[str, Any]:
     return dict(model_type=model_type, vocab_size=v, hidden_size=h, intermediate_size=i, num_hidden_layers=layers,
                 num_attention_heads=heads, num_key_value_heads=kv, tie_word_embeddings=tie, **extra)
 
 
-def _qwen25_vision(out_hidden_size: int) -> dict:
+def _qwen25_vision(out_hidden_size: int) -> dict[str, Any]:
     """The `vision_config` of the published Qwen2.5-VL checkpoints (3B, 7B; 72B the same ViT)."""
     return dict(depth=32, hidden_act="silu", hidden_size=1280, intermediate_size=3420, num_heads=16, in_chans=3,
                 out_hidden_size=out_hidden_size, patch_size=14, spatial_merge_size=2, spatial_patch_size=14,
                 window_size=112, fullatt_block_indexes=[7, 15, 23, 31], tokens_per_second=2, temporal_patch_size=2)
 
 
-KNOWN_CONFIGS: dict[str, dict] = {
+KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
     # Meta Llama 3.x
     "meta-llama/Llama-3.1-8B": _llama(128256, 4096, 14336, 32, 32, 8),
     "meta-llama/Llama-3.1-70B": _llama(128256, 8192, 28672, 80, 64, 8),
@@ -207,7 +209,7 @@ def _known(name: str) -> str | None:
     return None
 
 
-def _hub_config(repo_id: str, revision: str | None) -> tuple[dict | None, str]:
+def _hub_config(repo_id: str, revision: str | None) -> tuple[dict[str, Any] | None, str]:
     """config.json from the hub (or its local cache) when huggingface_hub is installed and online."""
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
         return None, "HF_HUB_OFFLINE is set"
@@ -245,14 +247,15 @@ def _hub_unreachable(timeout: float = 3.0) -> str:
     return ""
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
+        config: dict[str, Any] = json.loads(path.read_text())
+        return config
     except (OSError, ValueError) as exc:
         raise RecipeError(f"cannot read {path}: {exc}", key="model.name_or_path") from None
 
 
-def architecture_config(name_or_path: str, revision: str | None = None) -> dict:
+def architecture_config(name_or_path: str, revision: str | None = None) -> dict[str, Any]:
     """The config.json fields of `name_or_path` for building it with random weights (`model.init:
     random`): a local directory's config.json, the built-in table or a plugin's config, else the
     hub's. The same sources the planner sizes the model from, so the model trained is the one planned."""

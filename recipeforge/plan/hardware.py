@@ -16,8 +16,12 @@ import re
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from recipeforge.errors import RecipeError, did_you_mean
+
+if TYPE_CHECKING:
+    from recipeforge.config.schema.recipe import Recipe
 
 GIB = 2 ** 30
 
@@ -83,9 +87,10 @@ class Hardware:
             return self.cpu_ram_gb, True
         return max(128.0, 2.0 * self.gpus_per_node * self.gpu_memory_gb), False
 
-    def as_section(self) -> dict:
+    def as_section(self) -> dict[str, Any]:
         """This machine as a recipe's `hardware:` section (what `--hardware` puts in place of the recipe's)."""
-        section = {"nodes": self.nodes, "gpus_per_node": self.gpus_per_node if self.device == "cuda" else 0}
+        section: dict[str, Any] = {"nodes": self.nodes,
+                                   "gpus_per_node": self.gpus_per_node if self.device == "cuda" else 0}
         if self.accelerator is not None:
             section["gpu"] = self.accelerator.name
         if self.cpu_ram_gb is not None:
@@ -96,10 +101,11 @@ class Hardware:
         """``2x8xH100-80GB``, ``1xL4-24GB`` or ``cpu``: the spec form of this machine."""
         if self.device == "cpu":
             return "cpu"
+        assert self.accelerator is not None  # a "cuda" device has one
         prefix = f"{self.nodes}x" if self.nodes > 1 else ""
         return f"{prefix}{self.gpus_per_node}x{self.accelerator.name}"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["device"] = self.device
         out["spec"] = self.describe()
@@ -159,7 +165,7 @@ def parse_hardware(spec: str, *, nnodes: int | None = None) -> Hardware:
     return Hardware(nodes=nodes, gpus_per_node=gpus, accelerator=lookup_accelerator(name), source="--hardware")
 
 
-def hardware_for(recipe, spec: str | None) -> Hardware:
+def hardware_for(recipe: Recipe, spec: str | None) -> Hardware:
     """The hardware to plan for: the CLI spec wins, then the recipe's `hardware:` section, then this machine."""
     if spec:
         return parse_hardware(spec)
@@ -199,7 +205,7 @@ def probe_local_hardware() -> Hardware:
 
 
 # A probed GPU: (name, memory in GiB, compute capability major or None)
-_Probed = tuple
+_Probed = tuple[str, float, int | None]
 
 
 def _probe_nvml() -> list[_Probed] | None:
@@ -259,7 +265,7 @@ def _probe_torch() -> list[_Probed] | None:
 
     if not torch.cuda.is_available():
         return None
-    out = []
+    out: list[_Probed] = []
     for i in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(i)
         out.append((props.name, props.total_memory / GIB, props.major))

@@ -345,7 +345,7 @@ def _train_peak(w: Workload, layout: Layout, micro_batch: int, checkpointing: bo
     return peak, reserved_peak(step) - peak.total, host
 
 
-def measured_view(memory_gb: dict, measure: str) -> float:
+def measured_view(memory_gb: dict[str, float], measure: str) -> float:
     """The part of an estimate (GiB by component, as `MemoryEstimate.gb()`) that a measurement of kind
     `measure` counts: ``device`` (nvidia-smi) everything; ``reserved`` (torch.cuda.max_memory_reserved)
     without the CUDA context and NCCL buffers, which live outside torch's allocator; ``allocated``
@@ -431,10 +431,11 @@ def _torch_owns_gradients(w: Workload, layout: Layout) -> bool:
 
 
 def _shards_weights(layout: Layout) -> bool:
-    return layout.spec.shards_weights(layout)
+    shards: bool = layout.spec.shards_weights(layout)
+    return shards
 
 
-def replica_states(w: Workload, layout: Layout, part: dict, trainable: float, frozen_bytes: float, *,
+def replica_states(w: Workload, layout: Layout, part: dict[str, float], trainable: float, frozen_bytes: float, *,
                    gradient_buckets: bool = False, optimizer_shards: int = 1) -> float:
     """A full replica per process, trained by the Trainer in the weights' load dtype. Mixed precision
     (always for fp16, for bf16 with train.precision mixed) loads fp32 weights and computes under
@@ -458,7 +459,7 @@ def replica_states(w: Workload, layout: Layout, part: dict, trainable: float, fr
     return 0.0
 
 
-def assign_trainable(w: Workload, part: dict, ww: float, gg: float, oo: float, frozen: float) -> None:
+def assign_trainable(w: Workload, part: dict[str, float], ww: float, gg: float, oo: float, frozen: float) -> None:
     """Book trainable weights, gradients and optimizer states (and the frozen weights) into `part`."""
     if w.full_finetune:  # `frozen`: parameters train.unfrozen_parameters leaves out
         part["weights"], part["gradients"], part["optimizer"] = ww + frozen, gg, oo

@@ -11,6 +11,7 @@ Qwen's `decoder_sparse_step` / `mlp_only_layers`) count their dense MLP in both.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from recipeforge.plan.linear import Linear
 from recipeforge.plan.vision import VisionSpec, vision_from_config
@@ -315,9 +316,9 @@ class ModelSpec:
         """Outputs per token of the head: the vocabulary, or a classification head's labels."""
         return self.num_labels or self.vocab_size
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         """Counts for plan output."""
-        out = {"name": self.name, "model_type": self.model_type, "params": self.total_params(),
+        out: dict[str, Any] = {"name": self.name, "model_type": self.model_type, "params": self.total_params(),
                "layers": self.num_layers, "hidden_size": self.hidden_size, "vocab_size": self.vocab_size}
         weights, per_position = self.flops_terms()
         out.update(train_flops_per_token=weights, attention_flops_per_position=per_position)
@@ -339,7 +340,7 @@ def human_count(n: float) -> str:
     return str(int(n))
 
 
-def spec_from_config(config: dict, name: str = "") -> ModelSpec:
+def spec_from_config(config: dict[str, Any], name: str = "") -> ModelSpec:
     """A `ModelSpec` from a transformers ``config.json`` dict. Multimodal configs contribute their
     ``text_config``; unknown model types are counted as Llama-style decoders (noted in `notes`)."""
     notes: list[str] = []
@@ -383,7 +384,7 @@ def spec_from_config(config: dict, name: str = "") -> ModelSpec:
         notes=tuple(notes))
 
 
-def _language_config(config: dict, notes: list[str]) -> dict:
+def _language_config(config: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     """The language model's config: a multimodal config's ``text_config``, else the config itself
     (Qwen2-VL and Qwen2.5-VL also store their text fields at the top, next to ``vision_config``)."""
     cfg = dict(config)
@@ -394,7 +395,7 @@ def _language_config(config: dict, notes: list[str]) -> dict:
     return cfg
 
 
-def _multimodal_notes(config: dict, vision, notes: list[str]) -> None:
+def _multimodal_notes(config: dict[str, Any], vision: VisionSpec | None, notes: list[str]) -> None:
     """Say which towers of a multimodal config the count leaves out (or counts approximately)."""
     if isinstance(config.get("vision_config"), dict) and vision is None:
         notes.append(f"model_type '{config.get('model_type')}': its vision tower is not sized (the planner reads "
@@ -407,7 +408,7 @@ def _multimodal_notes(config: dict, vision, notes: list[str]) -> None:
         notes.append(vision.approximate)
 
 
-def _model_type(cfg: dict, notes: list[str]) -> str:
+def _model_type(cfg: dict[str, Any], notes: list[str]) -> str:
     """The config's model type as the planner counts it (Gemma 3's text model for ``gemma3``)."""
     model_type = str(cfg.get("model_type", "llama"))
     if model_type == "gemma3":
@@ -421,7 +422,7 @@ def _model_type(cfg: dict, notes: list[str]) -> str:
     return model_type
 
 
-def _gpt2_spec(cfg: dict, name: str, notes: list[str]) -> ModelSpec:
+def _gpt2_spec(cfg: dict[str, Any], name: str, notes: list[str]) -> ModelSpec:
     """GPT-2 names its sizes differently (n_embd, n_head, n_layer, n_inner, n_positions)."""
     hidden = _req(cfg, "n_embd", name)
     heads = _req(cfg, "n_head", name)
@@ -433,7 +434,7 @@ def _gpt2_spec(cfg: dict, name: str, notes: list[str]) -> ModelSpec:
         max_position_embeddings=cfg.get("n_positions", 1024), name=name, notes=tuple(notes))
 
 
-def _moe_sizes(cfg: dict) -> tuple[int, object, int, bool]:
+def _moe_sizes(cfg: dict[str, Any]) -> tuple[int, Any, int, bool]:
     """(routed experts, expert MLP width, shared-expert width, whether shared experts are gated);
     0 experts for a dense model."""
     experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0)
@@ -446,7 +447,7 @@ def _moe_sizes(cfg: dict) -> tuple[int, object, int, bool]:
     return experts, moe_i, shared, shared_gate
 
 
-def _dense_layers(cfg: dict, layers: int) -> tuple[int, ...]:
+def _dense_layers(cfg: dict[str, Any], layers: int) -> tuple[int, ...]:
     """Indices of an MoE model's layers that keep a dense MLP, by the config keys each family uses:
     DeepSeek's `first_k_dense_replace` and `moe_layer_freq` (a layer is MoE from the k-th on, every
     freq-th), Qwen-MoE's `decoder_sparse_step` (every step-th layer, counting from 1) and
@@ -459,7 +460,7 @@ def _dense_layers(cfg: dict, layers: int) -> tuple[int, ...]:
                  if i < first_k or i % freq != 0 or (i + 1) % step != 0 or i in dense_only)
 
 
-def _req(cfg: dict, key: str, name: str):
+def _req(cfg: dict[str, Any], key: str, name: str) -> int:
     from recipeforge.errors import RecipeError
 
     if cfg.get(key) is None:

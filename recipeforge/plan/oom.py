@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from recipeforge.errors import RecipeError
 from recipeforge.plan.hardware import ACCELERATORS, GIB, Accelerator, Hardware
 from recipeforge.plan.types import Plan
+
+if TYPE_CHECKING:
+    from recipeforge.config.schema.recipe import Recipe
 
 SAFETY = 0.95          # of the GPU the re-plan may fill, after scaling by the observed underestimate
 MIN_HEADROOM = 0.05
@@ -24,7 +28,7 @@ class OutOfMemory(RecipeError):
     """The run did not fit in memory after all (raised by whichever rank ran out)."""
 
 
-def explain_oom(recipe, plan: Plan, *, step: int | None, capacity_bytes: float | None = None,
+def explain_oom(recipe: Recipe, plan: Plan, *, step: int | None, capacity_bytes: float | None = None,
                 peak_bytes: float | None = None, checkpoint: str | None = None) -> OutOfMemory:
     """The user error for an out-of-memory failure of `plan` at `step` (None: before training).
 
@@ -51,7 +55,8 @@ def explain_oom(recipe, plan: Plan, *, step: int | None, capacity_bytes: float |
     return OutOfMemory(head, hint="what would fit: " + "; ".join(options) + f". {keep[0].upper()}{keep[1:]}")
 
 
-def _options(recipe, plan: Plan, *, estimate: float, needed: float, capacity: float, wrong_gpu: bool) -> list[str]:
+def _options(recipe: Recipe, plan: Plan, *, estimate: float, needed: float, capacity: float,
+             wrong_gpu: bool) -> list[str]:
     from recipeforge.plan.plan import make_plan
 
     out: list[str] = []
@@ -67,7 +72,7 @@ def _options(recipe, plan: Plan, *, estimate: float, needed: float, capacity: fl
     pinned = {k: v for k, v in (("train.micro_batch_size", recipe.train.micro_batch_size),
                                  ("train.gradient_checkpointing", recipe.train.gradient_checkpointing))
               if v != "auto" and not (k.endswith("checkpointing") and v is True)}
-    attempts = [{}]
+    attempts: list[dict[str, str]] = [{}]
     if pinned:
         attempts.append({k: "auto" for k in pinned})
     last: RecipeError | None = None
@@ -99,7 +104,7 @@ def _options(recipe, plan: Plan, *, estimate: float, needed: float, capacity: fl
     return out
 
 
-def _changed(recipe, headroom: float, unpin: dict):
+def _changed(recipe: Recipe, headroom: float, unpin: dict[str, str]) -> Recipe:
     train = recipe.train.model_copy(update={k.split(".", 1)[1]: v for k, v in unpin.items()})
     return recipe.model_copy(update={"distributed": recipe.distributed.model_copy(update={"memory_headroom": headroom}),
                                      "train": train})

@@ -17,10 +17,21 @@ model types with a tensor-parallel plan against the installed transformers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from recipeforge.config.schema.parallel_rules import (MAX_CONTEXT_PARALLEL, ParallelRefusal,  # noqa: F401
                                                        SLIDING_WINDOW_MODEL_TYPES, context_parallel_refusal)
 from recipeforge.stage_specs import Stage
+
+if TYPE_CHECKING:
+    from recipeforge.capabilities import BackendCapabilities
+    from recipeforge.config.schema.distributed import DistributedConfig
+    from recipeforge.plan.hardware import Hardware
+    from recipeforge.plan.memory import Layout
+    from recipeforge.plan.models import ModelSpec
+    from recipeforge.plan.planners import Planners
+    from recipeforge.plan.types import Choice
+    from recipeforge.plan.workload import Workload
 
 # Model types whose transformers (5.x) config class defines `base_model_tp_plan`; GPT-2 has none.
 TP_PLAN_MODEL_TYPES = frozenset({
@@ -33,7 +44,7 @@ PARALLEL_STAGES = (Stage.PRETRAIN.value, Stage.SFT.value)
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
-def tensor_parallel_refusal(model, tp: int, *, gpus_per_node: int | None = None) -> ParallelRefusal | None:
+def tensor_parallel_refusal(model: ModelSpec, tp: int, *, gpus_per_node: int | None = None) -> ParallelRefusal | None:
     """Why `model` (a `plan.models.ModelSpec`) cannot be split `tp` ways, or None."""
     if tp <= 1:
         return None
@@ -90,8 +101,8 @@ class Split:
         return self.dp_replicate * self.dp_shard
 
 
-def splits(model, hw, dist, *, seq_len: int, stage: str, adapter: str, attention: str,
-           packing: bool) -> tuple[list[Split], list[ParallelRefusal]]:
+def splits(model: ModelSpec, hw: Hardware, dist: DistributedConfig, *, seq_len: int, stage: str, adapter: str,
+           attention: str, packing: bool) -> tuple[list[Split], list[ParallelRefusal]]:
     """FSDP2 splits with tensor or context parallel above 1 for `hw` (smallest TP x CP first), and the
     refusals of pinned sizes. `dist` is the recipe's `distributed:` section; `auto` sizes are searched,
     pinned ones used as given."""
@@ -149,14 +160,14 @@ def splits(model, hw, dist, *, seq_len: int, stage: str, adapter: str, attention
 
 # ----------------------------------------------------------------------------- for the planner
 
-def runs_device_mesh(caps) -> bool:
+def runs_device_mesh(caps: BackendCapabilities) -> bool:
     """Whether the backend of capability record `caps` runs transformers' tensor-parallel plans and
     context parallel on a device mesh of replicate x shard x context x tensor ranks (FSDP2 through
     Accelerate's ParallelismConfig)."""
     return "data_parallel_shard" in caps.parallel_sizes
 
 
-def check_pinned_sizes(w, hw, dist, planners) -> None:
+def check_pinned_sizes(w: Workload, hw: Hardware, dist: DistributedConfig, planners: Planners) -> None:
     """Raise the first refusal of the parallel sizes the recipe pins, located at its key (GPU targets:
     the sizes are checked against the model, the sequence and the GPU count). `planners`: the backends
     planned with (`plan.planners.Planners`)."""
@@ -165,7 +176,7 @@ def check_pinned_sizes(w, hw, dist, planners) -> None:
     if hw.device != "cuda":
         return
     pinned = [k for k in ("tensor_parallel", "context_parallel", "data_parallel_replicate", "data_parallel_shard")
-              if dist.pinned_size(k) is not None and dist.pinned_size(k) > 1]
+              if (size := dist.pinned_size(k)) is not None and size > 1]
     if not pinned or (dist.backend != "auto" and not runs_device_mesh(planners.capabilities(dist.backend))):
         return  # a backend with model parallelism of its own checks its own sizes
     found, refused = splits(w.model, hw, dist, seq_len=w.seq_len, stage=w.stage, adapter=w.adapter,
@@ -180,12 +191,13 @@ def check_pinned_sizes(w, hw, dist, planners) -> None:
         raise RecipeError(r.message, key=r.key, hint=r.hint or None)
 
 
-def parallel_reasons(layout, dist, w, memory_gb_activations: float, terms: str) -> dict:
+def parallel_reasons(layout: Layout, dist: DistributedConfig, w: Workload, memory_gb_activations: float,
+                     terms: str) -> dict[str, Choice]:
     """The plan's reasons for the device mesh's tensor / context / replicate / shard sizes (FSDP2) and
     the activations."""
     from recipeforge.plan.types import Choice
 
-    out = {}
+    out: dict[str, Choice] = {}
     if runs_device_mesh(layout.capabilities):
         def why(key: str, auto: str) -> str:
             return "recipe pins it" if dist.pinned_size(key) is not None else auto

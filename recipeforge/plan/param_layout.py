@@ -8,7 +8,8 @@ transformers builds, architecture by architecture; its sum equals `ModelSpec.tot
 
 from __future__ import annotations
 
-from recipeforge.plan.models import _CLASSIC, _FOUR_NORMS, _QK_NORM, Linear, ModelSpec
+from recipeforge.plan.linear import Linear
+from recipeforge.plan.models import _CLASSIC, _FOUR_NORMS, _QK_NORM, ModelSpec
 
 
 # Where transformers puts the language model of a vision-language model (Qwen-VL, LLaVA, Gemma 3,

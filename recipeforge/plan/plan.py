@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from recipeforge.capabilities import parallel_key
 from recipeforge.capabilities import refusals as capability_refusals
@@ -26,8 +27,14 @@ from recipeforge.plan.vocab import vocab_choice
 from recipeforge.plan.workload import Workload, build_workload, lora_targets
 from recipeforge.stage_specs import STAGE_SPECS, Stage
 
+if TYPE_CHECKING:
+    from recipeforge.config.schema.distributed import DistributedConfig
+    from recipeforge.config.schema.recipe import Recipe
+    from recipeforge.config.schema.train import TrainConfig
+    from recipeforge.plan.backend_spec import PlannerSpec
 
-def make_plan(recipe, hardware: Hardware | None = None, planners: Planners | None = None) -> Plan:
+
+def make_plan(recipe: Recipe, hardware: Hardware | None = None, planners: Planners | None = None) -> Plan:
     """Plan `recipe` on `hardware` (default: `hardware_for(recipe, None)`) with the backends of
     `planners` (default: every installed one, `Planners.installed()`).
 
@@ -56,12 +63,13 @@ def make_plan(recipe, hardware: Hardware | None = None, planners: Planners | Non
 
 # ----------------------------------------------------------------------------- pins and errors
 
-def _check_pins(recipe, w: Workload, hw: Hardware, planners: Planners) -> None:
+def _check_pins(recipe: Recipe, w: Workload, hw: Hardware, planners: Planners) -> None:
     dist = recipe.distributed
     if dist.backend != "auto":
         # The pinned backend's capability record, the same one the recipe rules and `check()` read;
         # a pinned preset stands for its ZeRO stage and offload.
-        zero, offload = dist.zero_stage, dist.offload
+        zero: int | str = dist.zero_stage  # a preset's stage (an int) may replace the recipe's (or `auto`)
+        offload: str = dist.offload
         if dist.preset:
             preset = get_preset(dist.preset, backend=dist.backend)
             zero = preset.zero_stage if preset.zero_stage is not None else zero
@@ -81,7 +89,7 @@ def _check_pins(recipe, w: Workload, hw: Hardware, planners: Planners) -> None:
                               hint=(did_you_mean(dist.preset, presets) or "") + f" presets: {', '.join(presets)}")
 
 
-def _pinned(recipe) -> list[str]:
+def _pinned(recipe: Recipe) -> list[str]:
     d = recipe.distributed
     out = []
     if d.backend != "auto":
@@ -100,7 +108,7 @@ def _pinned(recipe) -> list[str]:
     return out
 
 
-def _raise_no_fit(recipe, w: Workload, hw: Hardware, decision: Decision, planners: Planners) -> None:
+def _raise_no_fit(recipe: Recipe, w: Workload, hw: Hardware, decision: Decision, planners: Planners) -> NoReturn:
     evs = decision.evaluations
     if not evs:
         raise RecipeError(f"no {', '.join(_pinned(recipe))} layout exists for {hw.describe()}",
@@ -131,14 +139,14 @@ def _raise_no_fit(recipe, w: Workload, hw: Hardware, decision: Decision, planner
                       hint="what would fit: " + "; ".join(_alternatives(recipe, w, hw, planners)))
 
 
-def _describe_training(recipe, w: Workload) -> str:
+def _describe_training(recipe: Recipe, w: Workload) -> str:
     size = human_count(w.model.total_params())
     kind = {"none": "full fine-tune" if recipe.stage != Stage.PRETRAIN else "pretraining",
             "lora": "LoRA", "qlora": "QLoRA"}[w.adapter]
     return f"{recipe.stage} ({kind}) of {recipe.model.name_or_path} ({size} parameters)"
 
 
-def _alternatives(recipe, w: Workload, hw: Hardware, planners: Planners) -> list[str]:
+def _alternatives(recipe: Recipe, w: Workload, hw: Hardware, planners: Planners) -> list[str]:
     """Computed suggestions: an adapter, more GPUs of the same kind, offload (with its host RAM)."""
     out: list[str] = []
     auto = recipe.distributed.model_copy(update={"backend": "auto", "preset": None, "zero_stage": "auto",
@@ -183,7 +191,7 @@ def _with_adapter(w: Workload, adapter: str, hw: Hardware) -> Workload:
                    dtype=dtype, reference_model=False)
 
 
-def _more_gpus(recipe, w: Workload, hw: Hardware, auto, planners: Planners) -> str | None:
+def _more_gpus(recipe: Recipe, w: Workload, hw: Hardware, auto: DistributedConfig, planners: Planners) -> str | None:
     per_node = max(8, hw.gpus_per_node)
     current = hw.num_gpus
     n = 2
@@ -205,7 +213,8 @@ def _more_gpus(recipe, w: Workload, hw: Hardware, auto, planners: Planners) -> s
 
 # ----------------------------------------------------------------------------- the plan
 
-def _build_plan(recipe, w: Workload, hw: Hardware, ev: Evaluation, decision: Decision, model_source: str) -> Plan:
+def _build_plan(recipe: Recipe, w: Workload, hw: Hardware, ev: Evaluation, decision: Decision,
+                model_source: str) -> Plan:
     layout = ev.layout
     device = hw.device
     limit_gb = ev.limit / GIB
@@ -235,7 +244,7 @@ def _build_plan(recipe, w: Workload, hw: Hardware, ev: Evaluation, decision: Dec
     return replace(plan, traits=spec.traits(plan))
 
 
-def _source_reasons(recipe, w: Workload, hw: Hardware, model_source: str) -> dict[str, Choice]:
+def _source_reasons(recipe: Recipe, w: Workload, hw: Hardware, model_source: str) -> dict[str, Choice]:
     """Where the hardware, the model's size and the dtype came from."""
     reasons: dict[str, Choice] = {}
     where = {"--hardware": "from --hardware", "recipe": "from the recipe's hardware: section",
@@ -246,13 +255,18 @@ def _source_reasons(recipe, w: Workload, hw: Hardware, model_source: str) -> dic
             if w.model.num_labels else "")
     reasons["model"] = Choice(f"{human_count(w.model.total_params())} params",
                               f"counted from {model_source}{active}{head}")
-    reasons["dtype"] = Choice(w.dtype, "recipe sets it" if recipe.model.dtype != "auto" else
-                              ("auto: fp32 on the CPU" if hw.device == "cpu" else
-                               f"auto: {hw.accelerator.name} {'supports' if hw.accelerator.bf16 else 'lacks'} bf16"))
+    if recipe.model.dtype != "auto":
+        dtype_why = "recipe sets it"
+    elif hw.device == "cpu":
+        dtype_why = "auto: fp32 on the CPU"
+    else:
+        assert hw.accelerator is not None  # a GPU target has one (`Hardware.device`)
+        dtype_why = f"auto: {hw.accelerator.name} {'supports' if hw.accelerator.bf16 else 'lacks'} bf16"
+    reasons["dtype"] = Choice(w.dtype, dtype_why)
     return reasons
 
 
-def _layout_reasons(recipe, w: Workload, hw: Hardware, ev: Evaluation, decision: Decision, spec,
+def _layout_reasons(recipe: Recipe, w: Workload, hw: Hardware, ev: Evaluation, decision: Decision, spec: PlannerSpec,
                     limit_gb: float) -> dict[str, Choice]:
     """Why this backend and preset, the backend's own reasons, and the data-parallel size."""
     layout = ev.layout
@@ -266,7 +280,7 @@ def _layout_reasons(recipe, w: Workload, hw: Hardware, ev: Evaluation, decision:
     return reasons
 
 
-def _activation_terms(w: Workload, ev: Evaluation, spec) -> str:
+def _activation_terms(w: Workload, ev: Evaluation, spec: PlannerSpec) -> str:
     """The activation estimate's terms for one micro batch on the chosen layout."""
     layout = ev.layout
     tokens = ev.micro_batch * w.sequences_per_sample * w.seq_len
@@ -279,7 +293,7 @@ def _activation_terms(w: Workload, ev: Evaluation, spec) -> str:
     return terms
 
 
-def _step_reasons(recipe, ev: Evaluation) -> dict[str, Choice]:
+def _step_reasons(recipe: Recipe, ev: Evaluation) -> dict[str, Choice]:
     """Batch split, checkpointing, ZeRO stage and offload of the chosen step."""
     layout = ev.layout
     dist, train = recipe.distributed, recipe.train
@@ -297,7 +311,7 @@ def _step_reasons(recipe, ev: Evaluation) -> dict[str, Choice]:
     return reasons
 
 
-def _memory_reasons(recipe, w: Workload, hw: Hardware, ev: Evaluation, limit_gb: float) -> dict[str, Choice]:
+def _memory_reasons(recipe: Recipe, w: Workload, hw: Hardware, ev: Evaluation, limit_gb: float) -> dict[str, Choice]:
     """The peak against its limit and, on GPUs, how accurate that peak is expected to be."""
     layout = ev.layout
     device = hw.device
@@ -329,7 +343,7 @@ def _plan_warnings(w: Workload, hw: Hardware, ev: Evaluation, decision: Decision
     return warnings
 
 
-def _plan_extras(w: Workload, hw: Hardware, ev: Evaluation, decision: Decision, spec, model_source: str,
+def _plan_extras(w: Workload, hw: Hardware, ev: Evaluation, decision: Decision, spec: PlannerSpec, model_source: str,
                  limit_gb: float, terms: str) -> PlanExtras:
     return PlanExtras(
         hardware=hw.to_dict(),
@@ -374,7 +388,7 @@ def _position(decision: Decision, ev: Evaluation) -> int:
     return next(i for i, e in enumerate(decision.evaluations) if e is ev)
 
 
-def _micro_reason(train, ev: Evaluation) -> str:
+def _micro_reason(train: TrainConfig, ev: Evaluation) -> str:
     if isinstance(train.micro_batch_size, int):
         return "recipe sets it"
     bigger = [t for t in ev.tried if t[0] > ev.micro_batch and t[1] == ev.checkpointing]
@@ -386,7 +400,7 @@ def _micro_reason(train, ev: Evaluation) -> str:
     return why
 
 
-def _ckpt_reason(train, ev: Evaluation) -> str:
+def _ckpt_reason(train: TrainConfig, ev: Evaluation) -> str:
     if train.gradient_checkpointing == "selective":
         return "recipe sets it: selective (matmul and attention outputs kept, the rest recomputed)"
     if isinstance(train.gradient_checkpointing, bool):
@@ -398,7 +412,7 @@ def _ckpt_reason(train, ev: Evaluation) -> str:
     return f"auto: on, without it even micro batch 1 needs {need / GIB:.1f} GB"
 
 
-def _precision(spec, w: Workload) -> str:
+def _precision(spec: PlannerSpec, w: Workload) -> str:
     if w.dtype == "fp32":
         return "fp32 weights, gradients and optimizer states"
     if w.adapter != "none":
@@ -407,8 +421,8 @@ def _precision(spec, w: Workload) -> str:
     return spec.precision(w)
 
 
-def _runners_up(ev: Evaluation, decision: Decision) -> list[dict]:
-    out = []
+def _runners_up(ev: Evaluation, decision: Decision) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
     chosen_index = _position(decision, ev)
     for i, e in enumerate(decision.evaluations):
         if e is ev:

@@ -16,6 +16,7 @@ from recipeforge.errors import RecipeError
 
 if TYPE_CHECKING:
     from recipeforge.capabilities import BackendCapabilities
+    from recipeforge.config.schema.distributed import DistributedConfig
     from recipeforge.plan.backend_spec import Candidate, PlannerSpec
     from recipeforge.plan.hardware import Hardware
     from recipeforge.plan.memory import Layout
@@ -79,13 +80,14 @@ class Planners(Mapping[str, "PlannerSpec"]):
         """`layout` sized with its backend's spec (a layout read back from a plan)."""
         return replace(layout, planner=self.spec(layout.backend))
 
-    def offered(self, w: "Workload", hw: "Hardware", dist, *, pinned: bool) -> list["Candidate"]:
+    def offered(self, w: "Workload", hw: "Hardware", dist: "DistributedConfig | None", *,
+                pinned: bool) -> list["Candidate"]:
         """Every layout these specs offer `w` on `hw`, each bound to its spec, in preference order."""
         out = [replace(c, layout=replace(c.layout, planner=spec))
                for spec in self._specs.values() for c in spec.candidates(w, hw, dist, pinned=pinned)]
         return sorted(out, key=lambda c: c.order)
 
-    def cpu_candidate(self, name: str, dist) -> "Candidate":
+    def cpu_candidate(self, name: str, dist: "DistributedConfig") -> "Candidate":
         """Backend `name`'s one-process CPU layout, bound to its spec."""
         spec = self.spec(name)
         c = spec.cpu_candidate(dist)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, cast
 
 from recipeforge.capabilities import BackendCapabilities, Refusal, parallel_key, refusals
 from recipeforge.plan.backend_spec import Candidate
@@ -32,6 +33,10 @@ from recipeforge.plan.planners import Planners
 from recipeforge.plan.presets import get_preset
 from recipeforge.plan.workload import Workload
 from recipeforge.stage_specs import STAGE_SPECS, Stage
+
+if TYPE_CHECKING:
+    from recipeforge.config.schema.distributed import DistributedConfig
+    from recipeforge.config.schema.train import TrainConfig
 
 MICRO_BATCH_CAP = 8  # larger micro batches rarely raise throughput for LLM-length sequences
 
@@ -98,7 +103,7 @@ def layout_refusals(w: Workload, layout: Layout, device: str) -> list[Refusal]:
                     if backend == layout.backend]
 
 
-def cpu_backends(dist, planners: Planners) -> list[str]:
+def cpu_backends(dist: DistributedConfig, planners: Planners) -> list[str]:
     """The backends a CPU plan tries, in order: the pinned one (or the pinned preset's), else every
     backend that offers itself for the CPU (`cpu_preference`)."""
     if dist.backend != "auto":
@@ -111,10 +116,11 @@ def cpu_backends(dist, planners: Planners) -> list[str]:
 def auto_cpu_backends(planners: Planners) -> list[str]:
     """The backends that offer themselves for a CPU run in auto mode, in their `cpu_preference` order."""
     offered = [n for n, spec in planners.items() if getattr(spec, "cpu_preference", None) is not None]
-    return sorted(offered, key=lambda n: planners[n].cpu_preference)
+    # every name offered has a preference (filtered above)
+    return sorted(offered, key=lambda n: cast(int, planners[n].cpu_preference))
 
 
-def candidate_list(w: Workload, hw: Hardware, dist, planners: Planners) -> list[Candidate]:
+def candidate_list(w: Workload, hw: Hardware, dist: DistributedConfig, planners: Planners) -> list[Candidate]:
     """Layouts to try, in preference order, honouring the recipe's pins. Every registered backend
     offers its own (`PlannerSpec.candidates`); only layouts whose backend's capability record accepts
     the workload are candidates (`recipeforge.capabilities`)."""
@@ -142,7 +148,7 @@ def candidate_list(w: Workload, hw: Hardware, dist, planners: Planners) -> list[
     return out
 
 
-def offered_layouts(w: Workload, hw: Hardware, dist, planners: Planners, *,
+def offered_layouts(w: Workload, hw: Hardware, dist: DistributedConfig | None, planners: Planners, *,
                     backend: str | None = None) -> list[Candidate]:
     """The layouts every backend (or only `backend`, which is then pinned) offers, in preference order."""
     if backend is None:
@@ -150,7 +156,7 @@ def offered_layouts(w: Workload, hw: Hardware, dist, planners: Planners, *,
     return planners.only(backend).offered(w, hw, dist, pinned=True)
 
 
-def _matches_sizes(layout: Layout, dist) -> bool:
+def _matches_sizes(layout: Layout, dist: DistributedConfig) -> bool:
     """Whether `layout` has the parallel sizes the recipe pins (``auto`` matches any)."""
     tp, cp = dist.pinned_size("tensor_parallel"), dist.pinned_size("context_parallel")
     replicate, shard = dist.pinned_size("data_parallel_replicate"), dist.pinned_size("data_parallel_shard")
@@ -184,7 +190,7 @@ def known_presets(w: Workload, hw: Hardware, planners: Planners, backend: str | 
 
 # ----------------------------------------------------------------------------- fitting
 
-def evaluate(c: Candidate, w: Workload, hw: Hardware, train, headroom: float) -> Evaluation:
+def evaluate(c: Candidate, w: Workload, hw: Hardware, train: TrainConfig, headroom: float) -> Evaluation:
     """Find the micro batch and checkpointing that fit `c`, preferring no recomputation, then the
     largest micro batch that divides the per-rank batch."""
     layout = c.layout
@@ -229,6 +235,7 @@ def evaluate(c: Candidate, w: Workload, hw: Hardware, train, headroom: float) ->
                 ev.problem = _batch_problem(global_batch, micro, dp)
                 ev.fits = not ev.problem
                 return ev
+    assert best is not None  # `micros` and `ckpts` are never empty: the loop above ran
     _, micro, ckpt, mem = best
     ev = Evaluation(c, False, micro, max(1, global_batch // (micro * dp)), ckpt, mem, limit, cpu_limit, tried=tried)
     if mem.total > limit:
@@ -239,7 +246,8 @@ def evaluate(c: Candidate, w: Workload, hw: Hardware, train, headroom: float) ->
     return ev
 
 
-def within_band(ev: Evaluation, w: Workload, hw: Hardware, train, headroom: float) -> tuple[Evaluation, str] | None:
+def within_band(ev: Evaluation, w: Workload, hw: Hardware, train: TrainConfig,
+                headroom: float) -> tuple[Evaluation, str] | None:
     """`ev` (a layout that does not fit with the usual margin; its smallest estimate) planned after
     all when the low end of the estimate's accuracy band fits the device (the whole GPU, or the host's
     RAM for a CPU run), with the warning that says so. None when even that end does not fit, or when
@@ -279,7 +287,7 @@ class Decision:
     warnings: list[str] = field(default_factory=list)
 
 
-def decide(w: Workload, hw: Hardware, dist, train, planners: Planners) -> Decision:
+def decide(w: Workload, hw: Hardware, dist: DistributedConfig, train: TrainConfig, planners: Planners) -> Decision:
     """Evaluate the candidates in order; the first that fits wins. When planning for this machine
     (probed hardware) in auto mode, a layout whose package is not installed gives way to the first
     fitting layout that can run here. A target described by a spec says nothing about what is

@@ -18,17 +18,27 @@ from __future__ import annotations
 
 from dataclasses import replace
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from recipeforge.errors import RecipeError
-from recipeforge.plan.hardware import GIB
+from recipeforge.plan.hardware import GIB, Hardware
 from recipeforge.plan.types import Choice
 from recipeforge.plan.workload import Workload
 
-def holds_weights(layout) -> bool:
+if TYPE_CHECKING:
+    from recipeforge.config.schema.recipe import Recipe
+    from recipeforge.plan.memory import Layout
+    from recipeforge.plan.policy import Decision
+
+    # (workload as it will train, the layout decision for it, `Choice` of precision)
+    Precision = tuple[Workload, Decision, Choice]
+
+
+def holds_weights(layout: Layout) -> bool:
     """Whether the Trainer itself holds the weights on `layout` (one device, DDP): precision is then
     the run's to choose, where an engine keeps fp32 master weights itself."""
-    return layout.spec.trainer_holds_weights
+    holds: bool = layout.spec.trainer_holds_weights
+    return holds
 
 
 def _replica_backends(planners: Mapping[str, Any]) -> str:
@@ -40,8 +50,8 @@ PURE = ("pure_bf16", "pure_bf16_sr")
 SR_OPTIMIZERS = ("adamw", "adamw_fused")
 
 
-def choose_precision(recipe, w: Workload, device: str, decide: Callable[[Workload], object],
-                     planners: Mapping[str, Any]):
+def choose_precision(recipe: Recipe, w: Workload, device: str, decide: Callable[[Workload], Decision],
+                     planners: Mapping[str, Any]) -> Precision:
     """(workload as it will train, the layout decision for it, `Choice` of precision).
 
     `decide(workload)` is the policy's layout decision; `auto` may ask it twice (mixed, then pure bf16).
@@ -59,7 +69,8 @@ def choose_precision(recipe, w: Workload, device: str, decide: Callable[[Workloa
     return _auto_precision(w, decide)
 
 
-def _settled_precision(w: Workload, device: str, pinned: str, decide: Callable[[Workload], object]):
+def _settled_precision(w: Workload, device: str, pinned: str,
+                       decide: Callable[[Workload], Decision]) -> Precision | None:
     """The choice where the dtype, an adapter, the CPU or a pinned `mixed` leaves no other (None where
     pure bf16 is still possible on a GPU)."""
     if w.dtype == "fp32":
@@ -85,7 +96,8 @@ def _settled_precision(w: Workload, device: str, pinned: str, decide: Callable[[
     return None
 
 
-def _pinned_pure(w: Workload, pinned: str, decide: Callable[[Workload], object], planners: Mapping[str, Any]):
+def _pinned_pure(w: Workload, pinned: str, decide: Callable[[Workload], Decision],
+                 planners: Mapping[str, Any]) -> Precision:
     """A pinned pure bf16 precision on a GPU; refused where the chosen layout keeps fp32 master weights."""
     decision = decide(w)
     chosen = getattr(decision, "chosen", None)
@@ -98,7 +110,7 @@ def _pinned_pure(w: Workload, pinned: str, decide: Callable[[Workload], object],
     return w, decision, Choice(pinned, f"recipe sets it: bf16 weights, gradients and AdamW states{sr}")
 
 
-def _auto_precision(w: Workload, decide: Callable[[Workload], object]):
+def _auto_precision(w: Workload, decide: Callable[[Workload], Decision]) -> Precision:
     """`auto` for bf16 full fine-tuning on a GPU: mixed where it fits on the GPUs, else pure bf16."""
     mixed_w = replace(w, fp32_master=True)
     # auto: fp32 master weights whenever some layout holds them without offload
@@ -126,7 +138,7 @@ def _auto_precision(w: Workload, decide: Callable[[Workload], object]):
         if chosen is not None else ""))
 
 
-def _check_pure(recipe, w: Workload, pinned: str) -> None:
+def _check_pure(recipe: Recipe, w: Workload, pinned: str) -> None:
     if w.dtype != "bf16":
         raise RecipeError(f"train.precision {pinned} keeps the weights in bf16, and model.dtype resolves to "
                           f"{w.dtype} here", key="train.precision",
@@ -140,13 +152,14 @@ def _check_pure(recipe, w: Workload, pinned: str) -> None:
                           hint="set train.optimizer: adamw, or train.precision: pure_bf16")
 
 
-def tf32_choice(recipe, hw) -> Choice | None:
+def tf32_choice(recipe: Recipe, hw: Hardware) -> Choice | None:
     """What `train.tf32` will do on the target (the worker decides on the GPU's compute capability)."""
     setting = recipe.train.tf32
     if hw.device != "cuda":
         return None
     if setting is not True and setting is not False:
         ampere = hw.accelerator is not None and hw.accelerator.vendor == "nvidia" and hw.accelerator.bf16
+        assert hw.accelerator is not None  # a GPU target has one (`Hardware.device`)
         return Choice(ampere, f"auto: {'on' if ampere else 'off'}, {hw.accelerator.name} "
                               f"{'is' if ampere else 'is not'} Ampere or newer (compute capability 8.0; "
                               f"checked again on the GPU at run time)")

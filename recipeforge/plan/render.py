@@ -168,7 +168,7 @@ def _sensitive(reason: str) -> str:
     return f"; {reason[reason.index(marker):]}" if marker in reason else ""
 
 
-def _value(value) -> str:
+def _value(value: object) -> str:
     if value is None:
         return "-"
     if isinstance(value, bool):

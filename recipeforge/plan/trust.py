@@ -9,14 +9,17 @@ recipe names into its plan, so `recipeforge plan` shows them next to the other d
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from recipeforge.stage_specs import Stage
 from recipeforge.plan.types import Choice, Plan
 from recipeforge.registry import BUILTIN, Registry, code_trust, is_code_reference, registry_for
 
+if TYPE_CHECKING:
+    from recipeforge.config.schema.recipe import Recipe
 
-def used_components(recipe) -> list[tuple[str, str]]:
+
+def used_components(recipe: Recipe) -> list[tuple[str, str]]:
     """(group, name) of every registered component `recipe` names."""
     used = [("models", recipe.model.name_or_path)]
     used += [("formats", ds.format) for ds in (*recipe.data.datasets, *recipe.data.eval_datasets)]
@@ -28,12 +31,12 @@ def used_components(recipe) -> list[tuple[str, str]]:
     return list(dict.fromkeys(used))
 
 
-def _registry(kind: str) -> Registry:
+def _registry(kind: str) -> Registry[Any]:
     """The registry of `kind`, its built-ins registered (`registry_for` imports the module that owns it)."""
     return registry_for(kind)
 
 
-def annotate_plan(plan: Plan, recipe, environ: Mapping[str, str] | None = None) -> Plan:
+def annotate_plan(plan: Plan, recipe: Recipe, environ: Mapping[str, str] | None = None) -> Plan:
     """`plan` with the code-trust decision and the plugin components `recipe` uses.
 
     The decision becomes ``plan.reasons["allow_code"]`` (printed with the other decisions), the

@@ -110,7 +110,7 @@ class Plan:
     extra: PlanExtras = field(default_factory=PlanExtras)
     traits: BackendTraits = field(default_factory=BackendTraits, compare=False)  # of `backend`
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-ready representation (written to plan.json; `backends.worker.plan_from_dict` reads it).
         The traits are left out: they follow from the backend."""
         out = asdict(self)

@@ -15,7 +15,7 @@ from recipeforge.plan.param_layout import parameter_layout
 KEY = "train.unfrozen_parameters"
 
 
-def check_adapter(patterns, adapter_type: str) -> None:
+def check_adapter(patterns: list[str] | None, adapter_type: str) -> None:
     """Refuse patterns next to a LoRA/QLoRA adapter: peft freezes the base model and saves only the
     adapter (plus `modules_to_save`), so base weights trained this way would be silently lost."""
     if patterns and adapter_type != "none":

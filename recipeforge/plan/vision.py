@@ -11,6 +11,7 @@ config.json leaves a key out.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from recipeforge.plan.linear import Linear
 
@@ -72,7 +73,7 @@ class VisionSpec:
 
     def linear_weight_params(self) -> int:
         """Weights of the tower's and projector's ``nn.Linear`` modules (what bitsandbytes quantizes)."""
-        def weights(linears) -> int:
+        def weights(linears: tuple[Linear, ...]) -> int:
             return sum(lin.count * lin.in_features * lin.out_features for lin in linears)
 
         return self.depth * weights(self.layer_linears) + weights(self.projector_linears) + self.other_linear_params
@@ -101,7 +102,7 @@ class ImageTokens:
     requested_pixels: int   # the max_pixels the plan sized it at
 
 
-def vision_from_config(config: dict, text_hidden: int) -> VisionSpec | None:
+def vision_from_config(config: dict[str, Any], text_hidden: int) -> VisionSpec | None:
     """The `VisionSpec` of a vision-language ``config.json`` (None: no vision tower the planner knows).
     `text_hidden`: the language model's width, where a projector maps to it."""
     vision = config.get("vision_config")
@@ -123,6 +124,8 @@ def _ln(width: int) -> int:
 def _vit_layer(h: int, i: int, *, fused_qkv: bool, qkv_bias: bool = True, gated: bool = False,
                mlp_bias: bool = True) -> tuple[Linear, ...]:
     """One ViT layer's linears: attention (fused qkv or q/k/v/o) and the MLP."""
+    attn: tuple[Linear, ...]
+    mlp: tuple[Linear, ...]
     if fused_qkv:
         attn = (Linear("qkv", h, 3 * h, bias=qkv_bias), Linear("proj", h, h, bias=True))
     else:
@@ -135,14 +138,14 @@ def _vit_layer(h: int, i: int, *, fused_qkv: bool, qkv_bias: bool = True, gated:
     return attn + mlp
 
 
-def _patch(vision: dict, key: str, default: int) -> int:
+def _patch(vision: dict[str, Any], key: str, default: int) -> int:
     value = vision.get(key, default)
     return int(value[0] if isinstance(value, (list, tuple)) else value)
 
 
 # ----------------------------------------------------------------------------- Qwen-VL
 
-def _qwen2_vl(config: dict, v: dict, text_hidden: int) -> VisionSpec:
+def _qwen2_vl(config: dict[str, Any], v: dict[str, Any], text_hidden: int) -> VisionSpec:
     """Qwen2-VL: `embed_dim` is the ViT's width, `hidden_size` the projector's output; LayerNorms and
     a QuickGELU fc1/fc2 MLP of embed_dim x mlp_ratio."""
     h = int(v.get("embed_dim", 1280))
@@ -152,7 +155,7 @@ def _qwen2_vl(config: dict, v: dict, text_hidden: int) -> VisionSpec:
                  patch_bias=False, positions=0, deepstack=0)
 
 
-def _qwen2_5_vl(config: dict, v: dict, text_hidden: int) -> VisionSpec:
+def _qwen2_5_vl(config: dict[str, Any], v: dict[str, Any], text_hidden: int) -> VisionSpec:
     """Qwen2.5-VL: RMSNorms and a biased SwiGLU MLP; window attention in all layers but
     `fullatt_block_indexes` (windows change no parameter and, with fused attention kernels, no
     activation per patch)."""
@@ -161,7 +164,7 @@ def _qwen2_5_vl(config: dict, v: dict, text_hidden: int) -> VisionSpec:
                  gated=True, layer_norms=2 * h, merger_norm=h, patch_bias=False, positions=0, deepstack=0)
 
 
-def _qwen3_vl(config: dict, v: dict, text_hidden: int) -> VisionSpec:
+def _qwen3_vl(config: dict[str, Any], v: dict[str, Any], text_hidden: int) -> VisionSpec:
     """Qwen3-VL: LayerNorms, fc1/fc2 MLP, a biased patch embedding, learned positions, and one extra
     merger per `deepstack_visual_indexes` entry (normalising after the merge) feeding early LLM layers."""
     h = int(v.get("hidden_size", 1152))
@@ -172,7 +175,7 @@ def _qwen3_vl(config: dict, v: dict, text_hidden: int) -> VisionSpec:
                  default_patch=16, min_pixels=QWEN3_MIN_PIXELS, max_pixels=QWEN3_MAX_PIXELS)
 
 
-def _qwen(v: dict, family: str, h: int, i: int, out: int, *, gated: bool, layer_norms: int, merger_norm: int,
+def _qwen(v: dict[str, Any], family: str, h: int, i: int, out: int, *, gated: bool, layer_norms: int, merger_norm: int,
           patch_bias: bool, positions: int, deepstack: int, default_patch: int = 14,
           min_pixels: int = QWEN_MIN_PIXELS, max_pixels: int = QWEN_MAX_PIXELS) -> VisionSpec:
     """The Qwen-VL towers: a Conv3d patch embedding over temporal_patch_size frames (an image is
@@ -223,7 +226,7 @@ class _ViT:
         return "SiglipEncoderLayer" if self.siglip else "CLIPEncoderLayer"
 
 
-def _clip_or_siglip(v: dict, default_type: str) -> _ViT:
+def _clip_or_siglip(v: dict[str, Any], default_type: str) -> _ViT:
     """The `_ViT` of a CLIP or SigLIP ``vision_config`` (transformers' defaults for missing keys)."""
     siglip = str(v.get("model_type", default_type)).startswith("siglip")
     h = int(v.get("hidden_size", 1024 if not siglip else 1152))
@@ -250,7 +253,7 @@ def _clip_or_siglip(v: dict, default_type: str) -> _ViT:
                 image=image, patch=patch, layer=layer, params=tower, patches=n, head_linears=head_linears)
 
 
-def _llava(config: dict, v: dict, text_hidden: int) -> VisionSpec:
+def _llava(config: dict[str, Any], v: dict[str, Any], text_hidden: int) -> VisionSpec:
     """LLaVA 1.5: a CLIP (or SigLIP) tower and a two-layer MLP projector from the selected feature
     layer(s) to the LLM. Every tower layer is built and counted, though features come from
     `vision_feature_layer` (-2 by default); the image tokens are the patches (`default` strategy
@@ -271,7 +274,7 @@ def _llava(config: dict, v: dict, text_hidden: int) -> VisionSpec:
                       llm_tokens_fixed=llm_tokens)
 
 
-def _gemma3(config: dict, v: dict, text_hidden: int) -> VisionSpec:
+def _gemma3(config: dict[str, Any], v: dict[str, Any], text_hidden: int) -> VisionSpec:
     """Gemma 3: a SigLIP tower at 896 px (4096 patches, no pooling head), average-pooled to
     `mm_tokens_per_image` (256) tokens, RMS-normalised and projected by one matrix (no bias)."""
     v = {"model_type": "siglip_vision_model", "image_size": 896, "vision_use_head": False, **v}
@@ -286,7 +289,7 @@ def _gemma3(config: dict, v: dict, text_hidden: int) -> VisionSpec:
                       llm_tokens_fixed=int(config.get("mm_tokens_per_image", 256)))
 
 
-def _mllama(config: dict, v: dict, text_hidden: int) -> VisionSpec:
+def _mllama(config: dict[str, Any], v: dict[str, Any], text_hidden: int) -> VisionSpec:
     """Mllama (Llama 3.2 Vision): a ViT over up to `max_num_tiles` tiles of `image_size` px with a
     class token per tile (padded to a multiple of 8 tokens), `num_hidden_layers` local and
     `num_global_layers` gated global layers, tile and aspect-ratio embeddings, and one linear from
@@ -308,7 +311,8 @@ def _mllama(config: dict, v: dict, text_hidden: int) -> VisionSpec:
     tower = embeddings + 2 * _ln(h) + (local + global_) * per_layer + 2 * global_
     out = int(v.get("vision_output_dim", 7680))
     projector = (Linear("multi_modal_projector", out, text_hidden, bias=True),)
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    text_config = config.get("text_config")
+    text = text_config if isinstance(text_config, dict) else {}
     cross = len(text.get("cross_attention_layers") or (3, 8, 13, 18, 23, 28, 33, 38))
     return VisionSpec(family="mllama", block_class="MllamaVisionEncoderLayer", depth=local + global_, hidden_size=h, intermediate_size=i,
                       num_heads=int(v.get("attention_heads", 16)), gated_mlp=False, patch_size=patch,

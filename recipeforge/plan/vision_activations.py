@@ -51,6 +51,7 @@ def per_image(w: Workload, checkpointing: bool) -> VisionActivations:
     ViT layer keeps only its input; the layer recomputed in backward runs after the language model's
     backward has freed its activations, so it is not counted at the peak."""
     v = w.vision
+    assert v is not None  # a vision-language model's workload
     spec, c = v.spec, w.compute_bytes
     patches = v.image.patches
     tower = 0.0
@@ -73,6 +74,7 @@ def per_image(w: Workload, checkpointing: bool) -> VisionActivations:
 def vit_layer_bytes(w: Workload) -> float:
     """Per patch, what one trained ViT layer keeps for backward (no recomputation)."""
     v = w.vision
+    assert v is not None  # a vision-language model's workload
     spec, c, h = v.spec, w.compute_bytes, v.spec.hidden_size
     weights_train = w.full_finetune  # with LoRA the tower's base weights stay frozen
     norms = 2 * (4 * h + (2 * c * h if weights_train else 0))
@@ -92,6 +94,7 @@ def projector_row_bytes(w: Workload) -> float:
     linears and the activation's input between them; the norm ahead of them keeps its fp32 input
     only when a gradient passes it (a trained tower below) or its own weight trains (full fine-tune)."""
     v, c = w.vision, w.compute_bytes
+    assert v is not None  # a vision-language model's workload
     spec = v.spec
     inputs = sum(lin.in_features for lin in spec.projector_linears)
     norm_keeps = v.train_tower or (v.train_projector and w.full_finetune)

@@ -8,9 +8,14 @@ Read from `model.vision` for a model whose config has a vision tower the planner
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from recipeforge.plan.linear import Linear
 from recipeforge.plan.vision import ImageTokens, VisionSpec
+
+if TYPE_CHECKING:
+    from recipeforge.config.schema.adapter import AdapterConfig
+    from recipeforge.config.schema.model import VisionConfig
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,8 @@ class VisionLoad:
         return self.spec.depth * per(self.tower_lora) + per(self.projector_lora)
 
 
-def build_vision_load(vision_cfg, spec: VisionSpec, adapter, notes: list[str]) -> VisionLoad:
+def build_vision_load(vision_cfg: VisionConfig, spec: VisionSpec, adapter: AdapterConfig,
+                      notes: list[str]) -> VisionLoad:
     """The `VisionLoad` of a recipe's `model.vision` section for the tower `spec`; appends to `notes`
     what the estimate assumes."""
     max_pixels = vision_cfg.max_pixels
@@ -75,7 +81,7 @@ def build_vision_load(vision_cfg, spec: VisionSpec, adapter, notes: list[str]) -
                       tower_targets=targets)
 
 
-def _tower_targets(spec: VisionSpec, target_modules) -> tuple[Linear, ...]:
+def _tower_targets(spec: VisionSpec, target_modules: str | tuple[str, ...]) -> tuple[Linear, ...]:
     """The ViT linears a LoRA `target_modules` setting reaches: all of them for ``all-linear``, else
     those whose module name is listed (peft matches the last part of a module's name)."""
     if target_modules == "all-linear":

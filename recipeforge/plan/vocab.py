@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from recipeforge.components.vocab import requested_tokens
 from recipeforge.plan.types import Choice
 
+if TYPE_CHECKING:
+    from recipeforge.config.schema.recipe import Recipe
 
-def vocab_choice(recipe) -> Choice | None:
+
+def vocab_choice(recipe: Recipe) -> Choice | None:
     """How many tokens the recipe may add and how their embedding rows train; None when it adds none.
 
     The count is an upper bound: tokens the tokenizer already has are not added (the run's log says

@@ -9,12 +9,17 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from recipeforge.stage_specs import Stage
 from recipeforge.plan.hardware import Hardware
-from recipeforge.plan.models import Linear, ModelSpec
+from recipeforge.plan.linear import Linear
+from recipeforge.plan.models import ModelSpec
 from recipeforge.plan.vision_workload import VisionLoad, build_vision_load
+
+if TYPE_CHECKING:
+    from recipeforge.config.schema.adapter import AdapterConfig
+    from recipeforge.config.schema.recipe import DPORecipe, GRPORecipe, KTORecipe, Recipe
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -121,10 +126,11 @@ def resolve_dtype(dtype: str, hardware: Hardware) -> str:
         return dtype
     if hardware.device == "cpu":
         return "fp32"
+    assert hardware.accelerator is not None  # a GPU target has one (`Hardware.device`)
     return "bf16" if hardware.accelerator.bf16 else "fp16"
 
 
-def lora_targets(model: ModelSpec, target_modules) -> tuple[Linear, ...]:
+def lora_targets(model: ModelSpec, target_modules: str | tuple[str, ...]) -> tuple[Linear, ...]:
     """The decoder linears a LoRA `target_modules` setting reaches. ``all-linear`` follows peft: every
     nn.Linear in the decoder layers (MoE experts are fused 3-D weights in transformers 5, so not)."""
     linears = model.layer_linears()
@@ -142,7 +148,7 @@ def lora_targets(model: ModelSpec, target_modules) -> tuple[Linear, ...]:
     return tuple(lin for lin in linears if reached(lin))
 
 
-def build_workload(recipe, model: ModelSpec, hardware: Hardware, planners: Mapping[str, Any]) -> Workload:
+def build_workload(recipe: Recipe, model: ModelSpec, hardware: Hardware, planners: Mapping[str, Any]) -> Workload:
     """The `Workload` of `recipe` on `hardware` for the model `model`; the settings a backend refuses
     come from the backend specs of `planners` (`plan.planners.Planners`: name -> spec)."""
     notes: list[str] = list(model.notes)
@@ -159,6 +165,7 @@ def build_workload(recipe, model: ModelSpec, hardware: Hardware, planners: Mappi
     if unfrozen is not None:
         from recipeforge.plan.unfrozen import unfrozen_kinds
 
+        assert recipe.train.unfrozen_parameters is not None  # `_unfrozen_params` counts them only when set
         kinds = unfrozen_kinds(model, list(recipe.train.unfrozen_parameters))
     fused_loss, fused_kernels = _liger_flags(recipe, model)
     vision = _vision_load(recipe, model, shape.seq_len, notes)
@@ -179,7 +186,7 @@ def build_workload(recipe, model: ModelSpec, hardware: Hardware, planners: Mappi
         checkpoint_every=recipe.train.checkpoint_every, vision=vision)
 
 
-def _vision_load(recipe, model: ModelSpec, seq_len: int, notes: list[str]) -> VisionLoad | None:
+def _vision_load(recipe: Recipe, model: ModelSpec, seq_len: int, notes: list[str]) -> VisionLoad | None:
     """The recipe's images for a vision-language model (None for a text-only one). Image tokens are
     part of the text sequence (the processor expands each image into its tokens in input_ids), so
     data.sequence_len bounds text and image tokens together: the language model's terms stay sized
@@ -205,16 +212,18 @@ class _StageShape(NamedTuple):
     rollout: Rollout | None
 
 
-def _stage_shape(recipe, model: ModelSpec, notes: list[str]) -> _StageShape:
+def _stage_shape(recipe: Recipe, model: ModelSpec, notes: list[str]) -> _StageShape:
     """The stage's `_StageShape`; appends to `notes` what the estimate assumes for it."""
     adapter = recipe.adapter
     seq = recipe.data.sequence_len
     logit_tokens, per_sample, reference, rollout = seq, 1, False, None
 
+    # A recipe of a stage is that stage's class (`config.schema.recipe`), which carries its section.
     if recipe.stage == Stage.DPO:
+        dpo = cast("DPORecipe", recipe).dpo
         per_sample = 2
-        reference = adapter.type == "none" or recipe.dpo.reference != "auto"
-        if recipe.dpo.reference != "auto":
+        reference = adapter.type == "none" or dpo.reference != "auto"
+        if dpo.reference != "auto":
             notes.append("the DPO reference model is sized like the policy model")
     elif recipe.stage in (Stage.ORPO, Stage.CPO):
         per_sample = 2  # chosen + rejected, no reference model
@@ -225,11 +234,12 @@ def _stage_shape(recipe, model: ModelSpec, notes: list[str]) -> _StageShape:
         model = dataclasses.replace(model, num_labels=1)
     elif recipe.stage == Stage.KTO:
         # One completion per row through the policy (the KL completions run without gradients).
-        reference = adapter.type == "none" or recipe.kto.reference != "auto"
-        if recipe.kto.reference != "auto":
+        kto = cast("KTORecipe", recipe).kto
+        reference = adapter.type == "none" or kto.reference != "auto"
+        if kto.reference != "auto":
             notes.append("the KTO reference model is sized like the policy model")
     elif recipe.stage == Stage.GRPO:
-        g = recipe.grpo
+        g = cast("GRPORecipe", recipe).grpo
         prompt = g.max_prompt_length or seq
         seq = prompt + g.max_completion_length
         logit_tokens = g.max_completion_length
@@ -241,7 +251,7 @@ def _stage_shape(recipe, model: ModelSpec, notes: list[str]) -> _StageShape:
     return _StageShape(model, seq, logit_tokens, per_sample, reference, rollout)
 
 
-def _adapter_params(model: ModelSpec, adapter, notes: list[str]) -> tuple[tuple[Linear, ...], int]:
+def _adapter_params(model: ModelSpec, adapter: AdapterConfig, notes: list[str]) -> tuple[tuple[Linear, ...], int]:
     """The linears a LoRA adapter targets and the parameters its `modules_to_save` train in full."""
     lora_linears: tuple[Linear, ...] = ()
     save_params = 0
@@ -260,7 +270,7 @@ def _adapter_params(model: ModelSpec, adapter, notes: list[str]) -> tuple[tuple[
     return lora_linears, save_params
 
 
-def _unfrozen_params(recipe, model: ModelSpec, notes: list[str]) -> int | None:
+def _unfrozen_params(recipe: Recipe, model: ModelSpec, notes: list[str]) -> int | None:
     """The parameters train.unfrozen_parameters selects (None: all of them train)."""
     if not recipe.train.unfrozen_parameters:
         return None
@@ -272,7 +282,7 @@ def _unfrozen_params(recipe, model: ModelSpec, notes: list[str]) -> int | None:
     return unfrozen
 
 
-def _liger_flags(recipe, model: ModelSpec) -> tuple[bool, bool]:
+def _liger_flags(recipe: Recipe, model: ModelSpec) -> tuple[bool, bool]:
     """(fused_loss, fused_kernels) from the recipe's liger kernel settings."""
     liger = recipe.kernels.get("liger")
     fused_loss = liger is not None and liger.get("fused_linear_cross_entropy") is not False \
@@ -291,7 +301,7 @@ def sdpa_masks_packed_rows(attn_implementation: str, packing: bool, device: str)
     return sdpa and packing
 
 
-def _setting_refusals(recipe, planners: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...]:
+def _setting_refusals(recipe: Recipe, planners: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...]:
     """(backend, key, message) for each recipe setting a backend cannot honour beyond its capability
     record (`PlannerSpec.recipe_refusals`), so `auto` never plans a layout that validation or
     `check()` would refuse."""

@@ -14,10 +14,11 @@ live: ``micro_batch_size x gradient_accumulation x data_parallel == train.global
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from recipeforge.capabilities import parallel_key, refusals
 from recipeforge.errors import RecipeError
-from recipeforge.plan.hardware import hardware_for
+from recipeforge.plan.hardware import Hardware, hardware_for
 from recipeforge.plan.plan import make_plan
 from recipeforge.plan.parallel_layouts import runs_device_mesh
 from recipeforge.plan.planners import Planners
@@ -26,9 +27,15 @@ from recipeforge.plan.trust import annotate_plan
 from recipeforge.plan.types import BackendPart, Choice, Plan
 from recipeforge.stage_specs import STAGE_SPECS, Stage
 
+if TYPE_CHECKING:
+    from recipeforge.config.schema.distributed import DistributedConfig
+    from recipeforge.config.schema.recipe import Recipe
+    from recipeforge.config.schema.train import TrainConfig
+    from recipeforge.plan.backend_spec import CpuSpread
 
-def plan_for_world(recipe, *, nnodes: int | None = None, nproc_per_node: int | None = None,
-                   hardware=None, planners: Planners | None = None) -> Plan:
+
+def plan_for_world(recipe: Recipe, *, nnodes: int | None = None, nproc_per_node: int | None = None,
+                   hardware: Hardware | None = None, planners: Planners | None = None) -> Plan:
     """Plan `recipe` for `nnodes` x `nproc_per_node` processes (None: what the target says) with the
     backends of `planners` (default: the installed ones), with the code-trust decision and the
     plugins it uses recorded in the plan."""
@@ -38,7 +45,7 @@ def plan_for_world(recipe, *, nnodes: int | None = None, nproc_per_node: int | N
     return annotate_plan(plan, recipe)
 
 
-def _plan_for_world(recipe, *, nnodes: int | None, nproc_per_node: int | None, hardware,
+def _plan_for_world(recipe: Recipe, *, nnodes: int | None, nproc_per_node: int | None, hardware: Hardware | None,
                     planners: Planners) -> Plan:
     hw = hardware if hardware is not None else hardware_for(recipe, None)
     if nproc_per_node is not None and nproc_per_node < 1:
@@ -64,14 +71,14 @@ def _plan_for_world(recipe, *, nnodes: int | None, nproc_per_node: int | None, h
     return _spread(base, recipe, nodes=nodes, per_node=per_node, planners=planners)
 
 
-def _cpu_parallel_key(d) -> str | None:
+def _cpu_parallel_key(d: DistributedConfig) -> str | None:
     """The first parallel size above 1 the recipe pins, replicas included (a CPU job is one mesh of
     shards, `data_parallel_shard` being every data-parallel process)."""
     return parallel_key(d.tensor_parallel, d.pipeline_parallel, d.context_parallel) or \
         ("data_parallel_replicate" if (d.pinned_size("data_parallel_replicate") or 1) > 1 else None)
 
 
-def _gpu_target(hw, nnodes: int | None, nproc_per_node: int | None):
+def _gpu_target(hw: Hardware, nnodes: int | None, nproc_per_node: int | None) -> Hardware:
     if nnodes is not None and nnodes != hw.nodes:
         # The command line wins, as every flag does: the probe sees one machine of a job that spans
         # several, and a recipe's hardware.nodes (or its default of 1) describes one job shape of many.
@@ -86,7 +93,7 @@ def _gpu_target(hw, nnodes: int | None, nproc_per_node: int | None):
     return hw
 
 
-def _spread(base: Plan, recipe, *, nodes: int, per_node: int, planners: Planners) -> Plan:
+def _spread(base: Plan, recipe: Recipe, *, nodes: int, per_node: int, planners: Planners) -> Plan:
     d = recipe.distributed
     world = nodes * per_node
     # auto: the one-process plan's backend when it runs several processes (e.g. DeepSpeed for a pinned
@@ -114,7 +121,7 @@ def _spread(base: Plan, recipe, *, nodes: int, per_node: int, planners: Planners
     return replace(plan, traits=spec.traits(plan))  # the spreading backend's, not the base's
 
 
-def _cpu_data_parallel(d, device_mesh: bool, world: int, tp: int) -> int:
+def _cpu_data_parallel(d: DistributedConfig, device_mesh: bool, world: int, tp: int) -> int:
     """The data-parallel size of a CPU job of `world` processes in groups of `tp` tensor-parallel
     ranks; refuses a tensor-parallel or pinned shard size that does not fit that world. `device_mesh`:
     the backend shards over one mesh of every data-parallel process (`runs_device_mesh`)."""
@@ -131,7 +138,7 @@ def _cpu_data_parallel(d, device_mesh: bool, world: int, tp: int) -> int:
     return dp
 
 
-def _cpu_batch_split(t, base: Plan, dp: int, stage: str) -> tuple[int, str, int]:
+def _cpu_batch_split(t: TrainConfig, base: Plan, dp: int, stage: str) -> tuple[int, str, int]:
     """(micro batch, its reason, gradient accumulation) of the global batch over `dp` processes; a
     micro batch below the stage's least (`StageSpec.min_micro_batch`) is refused."""
     global_batch = t.global_batch_size
@@ -162,7 +169,8 @@ def _cpu_batch_split(t, base: Plan, dp: int, stage: str) -> tuple[int, str, int]
     return micro, micro_reason, per_rank // micro
 
 
-def _spread_reasons(base: Plan, recipe, backend: str, spread, where: str, dp: int) -> dict[str, Choice]:
+def _spread_reasons(base: Plan, recipe: Recipe, backend: str, spread: CpuSpread, where: str,
+                    dp: int) -> dict[str, Choice]:
     """The one-process plan's reasons with the backend, preset and parallel sizes of the CPU job."""
     d = recipe.distributed
     preset, tp = spread.preset, spread.tensor_parallel
@@ -178,7 +186,7 @@ def _spread_reasons(base: Plan, recipe, backend: str, spread, where: str, dp: in
     return reasons
 
 
-def _spread_state_reasons(d, spread) -> dict[str, Choice]:
+def _spread_state_reasons(d: DistributedConfig, spread: CpuSpread) -> dict[str, Choice]:
     """Sharding, ZeRO stage and offload of the CPU job's backend."""
     zero, offload, sharding = spread.zero_stage, spread.offload, spread.fsdp_sharding
     reasons: dict[str, Choice] = {}
