@@ -58,6 +58,12 @@ class StageSpec:
     min_micro_batch: int = 1
     min_micro_batch_why: str = ""
 
+    @property
+    def needs_rows(self) -> str:
+        """What a micro batch below `min_micro_batch` lacks, for the errors that refuse one."""
+        return (f"{self.name.value.upper()} needs micro batches of {self.min_micro_batch} or more rows "
+                f"({self.min_micro_batch_why})")
+
 
 STAGE_SPECS: dict[Stage, StageSpec] = {s.name: s for s in (
     StageSpec(Stage.PRETRAIN, "Causal-LM pretraining or continued pretraining on raw text.",

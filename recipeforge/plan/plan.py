@@ -120,8 +120,7 @@ def _raise_no_fit(recipe: Recipe, w: Workload, hw: Hardware, decision: Decision,
         key = "train.micro_batch_size" if isinstance(recipe.train.micro_batch_size, int) else "train.global_batch_size"
         multiple = e.micro_batch * e.layout.data_parallel
         stage = STAGE_SPECS[Stage(recipe.stage)]
-        least = (f" ({stage.name.value.upper()} needs micro batches of {stage.min_micro_batch} or more rows: "
-                 f"{stage.min_micro_batch_why})" if e.micro_batch == stage.min_micro_batch > 1 else "")
+        least = f" ({stage.needs_rows})" if e.micro_batch == stage.min_micro_batch > 1 else ""
         raise RecipeError(f"{e.problem}{least}, so gradient accumulation would not be a whole number", key=key,
                           hint=f"use a global batch that is a multiple of {multiple} "
                                f"(e.g. {multiple * max(1, round(recipe.train.global_batch_size / multiple))})")

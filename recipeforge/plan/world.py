@@ -162,8 +162,7 @@ def _cpu_batch_split(t: TrainConfig, base: Plan, dp: int, stage: str) -> tuple[i
     spec = STAGE_SPECS[Stage(stage)]
     if micro < spec.min_micro_batch:
         least = spec.min_micro_batch
-        raise RecipeError(f"{spec.name.value.upper()} needs micro batches of {least} or more rows "
-                          f"({spec.min_micro_batch_why}); a global batch of {global_batch} over {dp} data-parallel "
+        raise RecipeError(f"{spec.needs_rows}; a global batch of {global_batch} over {dp} data-parallel "
                           f"processes leaves {per_rank} row(s) per process", key="train.global_batch_size",
                           hint=f"use a global batch of {least * dp} or more (a multiple of {dp}), or fewer processes")
     return micro, micro_reason, per_rank // micro

@@ -84,8 +84,7 @@ class KTOStage(PreferenceTrainerStage):
         # elsewhere (an edited plan.json) is still refused here, before any step.
         plan, spec = self.context.plan, STAGE_SPECS[Stage.KTO]
         if plan.micro_batch_size < spec.min_micro_batch:
-            raise RecipeError(f"KTO needs micro batches of {spec.min_micro_batch} or more rows "
-                              f"({spec.min_micro_batch_why}); the plan has {plan.micro_batch_size}",
+            raise RecipeError(f"{spec.needs_rows}; the plan has {plan.micro_batch_size}",
                               key="train.micro_batch_size", location=self.ctx.locate(("train", "micro_batch_size")),
                               hint=f"set train.micro_batch_size: {spec.min_micro_batch} or more (a divisor of the "
                                    "per-GPU batch)")

@@ -162,13 +162,11 @@ def _stage_specific(r: Recipe) -> Iterator[RuleProblem]:
     least, t = spec.min_micro_batch, r.train
     if isinstance(t.micro_batch_size, int) and t.micro_batch_size < least:
         yield RuleProblem(("train", "micro_batch_size"),
-                          f"{spec.name.value.upper()} needs micro batches of {least} or more rows "
-                          f"({spec.min_micro_batch_why}); the recipe sets {t.micro_batch_size}",
+                          f"{spec.needs_rows}; the recipe sets {t.micro_batch_size}",
                           f"set train.micro_batch_size: {least} or more (a divisor of the per-GPU batch), or auto")
     elif t.global_batch_size < least:
         yield RuleProblem(("train", "global_batch_size"),
-                          f"{spec.name.value.upper()} needs micro batches of {least} or more rows "
-                          f"({spec.min_micro_batch_why}); a global batch of {t.global_batch_size} has fewer",
+                          f"{spec.needs_rows}; a global batch of {t.global_batch_size} has fewer",
                           f"set train.global_batch_size: {least} or more")
     if r.stage == "grpo":
         g = r.grpo  # type: ignore[attr-defined]
