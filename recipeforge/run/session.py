@@ -93,7 +93,7 @@ def write_results(ctx: StageContext, runner: TrainerStage, backend: Backend) -> 
 
     # A backend exporting final/ after the job (Megatron) merges there (`finish_launch`).
     if ctx.recipe.output.merge_adapter and ctx.recipe.adapter.type != "none" and not backend.exports_after_job:
-        from recipeforge.outputs.export import merge_adapter
+        from recipeforge.outputs.merge import merge_adapter
 
         merge_adapter(ctx.run.root)
     write_loss_plot(ctx.run.root, log=ctx.log)  # loss.png, which the model card shows
@@ -125,7 +125,7 @@ def evaluate_after_training(loaded: LoadedRecipe, run_root: Path) -> None:
 
     options = options_for(section.model_dump(), batch_size=None, limit=None, device=None)
     _free_training_memory()
-    from recipeforge.outputs.export import whole_model_loading
+    from recipeforge.outputs.merge import whole_model_loading
 
     try:
         with whole_model_loading():  # a ZeRO-3 worker's process: the model loads whole, without its peers

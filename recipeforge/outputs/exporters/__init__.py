@@ -45,7 +45,7 @@ def export_run(run_dir: Path, fmt: str, out: Path | None = None, *, overwrite: b
     Every refusal (no final/ model, an unknown or unavailable format, an output folder that holds
     files without `overwrite`) is a `RecipeError` raised before anything is written; the folder is
     written beside `out` and takes its place only when complete."""
-    from recipeforge.outputs.export import staged_folder
+    from recipeforge.outputs.weights import staged_folder
     from recipeforge.outputs.exporters.source import check_output, check_run_dir, full_weights
 
     spec = format_spec(fmt)
