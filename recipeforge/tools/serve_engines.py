@@ -162,7 +162,7 @@ def serve(run_dir: Path, *, engine: str, host: str, port: int, name: str | None,
         print(f"serving {name} with vLLM at http://{host}:{port}/v1: {shlex.join(cmd[2:])}", flush=True)
         os.execvpe(cmd[0], cmd, env)
     from recipeforge.outputs import library_warnings
-    from recipeforge.outputs.serve import serve_run
+    from recipeforge.tools.serve import serve_run
 
     # Library noise (loading bars, deprecations) goes to the run's logs/warnings.log, as in training.
     library_warnings.route_library_warnings(0)
