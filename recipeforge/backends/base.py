@@ -150,7 +150,7 @@ class BackendSpec(PlannerSpec):
 
     def save_final(self, ctx: StageContext, trainer: Any, model: Any, tokenizer: Any) -> Path | None:
         """Write final/ on the main process; every process calls this (gathering may be collective)."""
-        from recipeforge.outputs.export import save_pretrained_atomic
+        from recipeforge.outputs.weights import save_pretrained_atomic
         from recipeforge.stages.precision import final_weights_dtype
 
         if ctx.dist.is_main:
@@ -179,7 +179,7 @@ def common_report(trainer: Any) -> dict[str, Any]:
 
 def full_state_dict_save(ctx: StageContext, model: Any, tokenizer: Any, state_dict: dict[str, Any] | None) -> Path:
     """Write final/ from a gathered full state dict (main process only), atomically."""
-    from recipeforge.outputs.export import save_pretrained_atomic
+    from recipeforge.outputs.weights import save_pretrained_atomic
     from recipeforge.stages.precision import final_weights_dtype
 
     out = ctx.run.final

@@ -189,7 +189,7 @@ class MegatronBackend(BackendSpec):
         final = export_final(loaded.recipe, run, log=log)
         recipe = loaded.recipe
         if recipe.output.merge_adapter and recipe.adapter.type != "none":
-            from recipeforge.outputs.export import merge_adapter
+            from recipeforge.outputs.merge import merge_adapter
 
             merge_adapter(run.root)
         return final

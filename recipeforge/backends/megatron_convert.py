@@ -32,7 +32,7 @@ from typing import Callable
 
 from recipeforge.backends.megatron_bridge import auto_bridge
 from recipeforge.errors import RecipeError
-from recipeforge.outputs.export import staged_folder
+from recipeforge.outputs.weights import staged_folder
 
 TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's record of its newest iter_* folder
 
@@ -68,7 +68,7 @@ def hf_source(recipe, run_root: Path | None) -> str:
     from recipeforge.components.models import load_model
     from recipeforge.components.tiny_spec import TINY_CONFIGS
     from recipeforge.components.tokenizer import load_tokenizer
-    from recipeforge.outputs.export import save_base_model
+    from recipeforge.outputs.weights import save_base_model
 
     base = run_root / "base_model"
     if not (base / "config.json").is_file():

@@ -30,7 +30,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 def add_export(sub: Any) -> None:
     # The format names come from the light formats module (no torch): --help stays fast.
-    from recipeforge.outputs.exporters.formats import FORMAT_SPECS
+    from recipeforge.tools.exporters.formats import FORMAT_SPECS
 
     p = sub.add_parser("export", help="write a run's model for serving: merged safetensors, torchao int8/int4 or "
                                       "compressed-tensors, checked against the unquantized model",
@@ -55,7 +55,7 @@ def add_export(sub: Any) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from recipeforge.outputs.exporters import export_run
+    from recipeforge.tools.exporters import export_run
 
     with library_warnings_to(Path(args.run_dir)):
         result = export_run(Path(args.run_dir), args.format, Path(args.output) if args.output else None,
@@ -81,7 +81,7 @@ def add_push(sub: Any) -> None:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    from recipeforge.outputs.hub import push, push_plan, repo_from_run
+    from recipeforge.tools.hub import push, push_plan, repo_from_run
 
     run_dir = Path(args.run_dir)
     repo_id, private = repo_from_run(run_dir)

@@ -41,7 +41,7 @@ def load(args: argparse.Namespace) -> Any:
         check_components(loaded)
     if args.command == "validate" or trains:
         # Local eval task files and lm-eval itself are checked before hours of training, not after.
-        from recipeforge.outputs.evaluation.tasks import check_recipe_tasks
+        from recipeforge.tools.evaluation.tasks import check_recipe_tasks
 
         section = loaded.recipe.eval
         check_recipe_tasks(list(section.tasks), Path(loaded.path).resolve().parent,

@@ -27,7 +27,7 @@ def add_report(sub: Any) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from recipeforge.outputs.report import write_report
+    from recipeforge.tools.report import write_report
 
     report = write_report(args.run_dirs, args.out)
     print(f"report of {', '.join(report.runs)} written to {report.html} ({len(report.images)} charts)")
@@ -59,8 +59,8 @@ def add_eval(sub: Any) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from recipeforge.outputs.evaluation.command import evaluate_targets
-    from recipeforge.outputs.evaluation.results import comparison_table, format_score
+    from recipeforge.tools.evaluation.command import evaluate_targets
+    from recipeforge.tools.evaluation.results import comparison_table, format_score
 
     for flag, value in (("--batch-size", args.batch_size), ("--limit", args.limit)):
         if value is not None and value < 1:

@@ -83,7 +83,7 @@ def add_diff(sub: Any) -> None:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from recipeforge.outputs.recipe_diff import diff_sides, render_diff
+    from recipeforge.tools.recipe_diff import diff_sides, render_diff
 
     recipe_lines, lock_lines = diff_sides(args.a, args.b)
     sys.stdout.write(render_diff(args.a, args.b, recipe_lines, lock_lines))

@@ -66,10 +66,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 def run_training(args: argparse.Namespace, loaded: Any, opts: Any) -> int:
     """Train `loaded` as `opts` (a `LaunchOptions`) says (`train`, `launch --ray`) and report the result."""
     from recipeforge.backends.worker_spec import launched_worker
-    from recipeforge.outputs.hub import PushFailed
     from recipeforge.run import LaunchFailed, summary, train
     from recipeforge.stages.base import DistInfo
     from recipeforge.stages.preemption import EXIT_PREEMPTED, Preempted
+    from recipeforge.tools.hub import PushFailed
 
     try:
         run_dir = train(loaded, overwrite=args.overwrite, force=args.force, launch=opts)

@@ -27,7 +27,7 @@ def add_chat(sub: Any) -> None:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from recipeforge.outputs.chat import Sampling, chat, load_chat_model
+    from recipeforge.tools.chat import Sampling, chat, load_chat_model
 
     if args.max_new_tokens < 1 or args.temperature < 0:
         raise RecipeError("--max-new-tokens must be 1 or more and --temperature 0 or more",
@@ -73,7 +73,7 @@ def add_serve(sub: Any) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from recipeforge.outputs.serve_engines import api_key_from, serve
+    from recipeforge.tools.serve_engines import api_key_from, serve
 
     if not 0 <= args.port <= 65535:
         raise RecipeError(f"--port {args.port} is not a port", hint="give 1-65535, or 0 for any free port")

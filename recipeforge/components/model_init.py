@@ -19,7 +19,7 @@ whole model in host memory first:
 Seeding each module by its name makes the weights a function of the seed, the architecture and the
 device type alone: the same on one process and on any number of shards, whatever the order in which
 modules are reached, and the same again when the base of a LoRA run is written out later, one tensor
-at a time (`outputs.export.write_random_base`), only when something will read it.
+at a time (`outputs.weights.write_random_base`), only when something will read it.
 
 The rows of tokens a recipe adds to the vocabulary are the mean of the other rows
 (`components.vocab`); the embedding is built with a row for every token of the tokenizer so that no

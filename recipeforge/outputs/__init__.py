@@ -1,1 +1,1 @@
-"""What a run leaves behind: the run directory, metrics, checkpoints, exported models, the model card."""
+"""What a run leaves behind while it trains: the run directory, metrics, checkpoints, final weights, merging."""

@@ -9,7 +9,7 @@ its engine's own timeout says.
 
 What cannot be checked up front (a service that fails mid-run) is handled where it is used: trackers
 stop logging with a warning (`outputs.trackers`), a failed push leaves the finished run on disk
-(`outputs.hub`).
+(`tools.hub`).
 """
 
 from __future__ import annotations

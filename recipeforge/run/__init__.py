@@ -82,7 +82,7 @@ def preprocess(loaded: LoadedRecipe) -> dict[str, Any]:
 def merge(run_dir: Path, out_dir: Path | None = None) -> Path:
     """Merge the LoRA adapter of a finished run into its base model (safetensors); returns the folder
     (default ``RUN_DIR/merged``)."""
-    from recipeforge.outputs.export import merge_adapter
+    from recipeforge.outputs.merge import merge_adapter
     from recipeforge.outputs.preflight import output_write_failure
 
     try:

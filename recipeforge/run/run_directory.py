@@ -127,7 +127,7 @@ def resolved_for_run(loaded: LoadedRecipe, run: RunDir) -> dict[str, Any]:
 def _local_task_path(task: str, base: Path) -> str:
     """A local eval task file (relative to the recipe) made absolute, like the data paths; a harness task
     name as it is."""
-    from recipeforge.outputs.evaluation.tasks import is_local
+    from recipeforge.tools.evaluation.tasks import is_local
 
     path = Path(task).expanduser()
     if not is_local(task) or path.is_absolute() or not (base / path).is_file():

@@ -88,12 +88,12 @@ def trained_runner(ctx: StageContext, backend: Backend) -> Any:
 
 def write_results(ctx: StageContext, runner: TrainerStage, backend: Backend) -> None:
     """The main process's files after training: merged weights, loss.png and the model card."""
-    from recipeforge.outputs.model_card import write_model_card
-    from recipeforge.outputs.report import write_loss_plot
+    from recipeforge.tools.model_card import write_model_card
+    from recipeforge.tools.report import write_loss_plot
 
     # A backend exporting final/ after the job (Megatron) merges there (`finish_launch`).
     if ctx.recipe.output.merge_adapter and ctx.recipe.adapter.type != "none" and not backend.exports_after_job:
-        from recipeforge.outputs.export import merge_adapter
+        from recipeforge.outputs.merge import merge_adapter
 
         merge_adapter(ctx.run.root)
     write_loss_plot(ctx.run.root, log=ctx.log)  # loss.png, which the model card shows
@@ -113,19 +113,19 @@ def write_backend_report(ctx: StageContext, runner: TrainerStage, backend: Backe
 
 
 def evaluate_after_training(loaded: LoadedRecipe, run_root: Path) -> None:
-    """`eval.tasks` with `eval.after_training`: evaluate the saved model (`outputs.evaluation`) before it
+    """`eval.tasks` with `eval.after_training`: evaluate the saved model (`tools.evaluation`) before it
     is pushed, so the card uploaded holds the scores. A user error (lm-eval missing, a bad task) is
     logged and leaves the run complete: `recipeforge eval RUN_DIR` retries."""
     section = loaded.recipe.eval
     if not section.tasks or not section.after_training:
         return
     from recipeforge.errors import RecipeError
-    from recipeforge.outputs.evaluation.command import options_for, refresh_card
-    from recipeforge.outputs.evaluation.runner import evaluate_run
+    from recipeforge.tools.evaluation.command import options_for, refresh_card
+    from recipeforge.tools.evaluation.runner import evaluate_run
 
     options = options_for(section.model_dump(), batch_size=None, limit=None, device=None)
     _free_training_memory()
-    from recipeforge.outputs.export import whole_model_loading
+    from recipeforge.outputs.merge import whole_model_loading
 
     try:
         with whole_model_loading():  # a ZeRO-3 worker's process: the model loads whole, without its peers
@@ -162,12 +162,12 @@ def _free_training_memory() -> None:
 
 
 def push_to_hub(loaded: LoadedRecipe, run_root: Path) -> None:
-    """`output.push_to_hub`: upload the saved model once the run is complete (`outputs.hub`). A failed
-    upload raises `outputs.hub.PushFailed`; the run directory is already complete then."""
+    """`output.push_to_hub`: upload the saved model once the run is complete (`tools.hub`). A failed
+    upload raises `tools.hub.PushFailed`; the run directory is already complete then."""
     hub = loaded.recipe.output.push_to_hub
     if hub is None:
         return
-    from recipeforge.outputs.hub import push
+    from recipeforge.tools.hub import push
 
     log(f"pushing the model to the Hub: {hub.repo_id}")
     log(f"pushed: {push(run_root, hub.repo_id, private=hub.private, log=log)}")

@@ -198,7 +198,7 @@ class TrainerStage:
 
     def save(self) -> Path:
         """Write final/: full weights (safetensors) or the adapter, plus the tokenizer."""
-        from recipeforge.outputs.export import save_pretrained_atomic
+        from recipeforge.outputs.weights import save_pretrained_atomic
 
         ctx = self.context
         if self.models is not None:  # an adapter's random-init base, unless a checkpoint wrote it

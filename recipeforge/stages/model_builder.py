@@ -119,13 +119,13 @@ class ModelBuilder:
 
     def write_base(self) -> None:
         """Write a random-init base not yet written to base_model/ (the main process; the weights made
-        again one module at a time, `outputs.export.write_random_base`). Called before the first
+        again one module at a time, `outputs.weights.write_random_base`). Called before the first
         checkpoint and final/ are written (`save_callback`, the stage's `save`)."""
         spec, self.pending_base = self.pending_base, None
         if spec is None or not self.ctx.dist.is_main:
             return
         from recipeforge.components.models import training_device
-        from recipeforge.outputs.export import write_random_base
+        from recipeforge.outputs.weights import write_random_base
 
         started = time.perf_counter()
         write_random_base(spec, self.files, self.ctx.run.base_model, device=training_device(self.ctx.plan.device),

@@ -1,5 +1,5 @@
 """`recipeforge validate` checks the local evaluation tasks a recipe names, and asks for lm-eval when
-`train` would evaluate, run as a user types it (the task files: tests/unit/outputs/test_eval_files.py)."""
+`train` would evaluate, run as a user types it (the task files: tests/unit/tools/test_eval_files.py)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-UPPER = ("recipeforge.backends", "recipeforge.stages", "recipeforge.run", "recipeforge.outputs", "recipeforge.cli")
+UPPER = ("recipeforge.backends", "recipeforge.stages", "recipeforge.run", "recipeforge.outputs", "recipeforge.tools",
+         "recipeforge.cli")
 
 
 def _loaded(code: str) -> list[str]:

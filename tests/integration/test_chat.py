@@ -32,7 +32,7 @@ def _read_until(fd: int, marker: bytes, buffer: bytearray, timeout: float = 120.
 
 
 def _greedy(run: Path, text: str, tokens: int) -> str:
-    from recipeforge.outputs.chat import load_chat_model
+    from recipeforge.tools.chat import load_chat_model
 
     model, tokenizer = load_chat_model(run, device="cpu")
     ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,

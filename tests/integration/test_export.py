@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from recipeforge.outputs.exporters.formats import FORMAT_SPECS, ExportFormat, Family
 from recipeforge.outputs.ownership import OWNER_FILE
+from recipeforge.tools.exporters.formats import FORMAT_SPECS, ExportFormat, Family
 
 pytestmark = pytest.mark.slow
 

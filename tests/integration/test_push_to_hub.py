@@ -36,7 +36,7 @@ def _cli(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
 
 
 def test_the_merged_model_and_its_card_are_all_that_goes_up(merged_run):
-    from recipeforge.outputs.hub import push_plan
+    from recipeforge.tools.hub import push_plan
 
     plan = push_plan(merged_run)
     assert plan.source == merged_run / "merged"
@@ -55,7 +55,7 @@ def test_the_merged_model_and_its_card_are_all_that_goes_up(merged_run):
 
 
 def test_without_a_merge_the_adapter_goes_up_with_a_note_about_its_local_base(merged_run):
-    from recipeforge.outputs.hub import push_plan
+    from recipeforge.tools.hub import push_plan
 
     plan = push_plan(merged_run, merged=False)
     assert set(plan.paths_in_repo()) >= {"adapter_model.safetensors", "adapter_config.json", "README.md"}

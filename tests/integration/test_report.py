@@ -84,8 +84,8 @@ def test_difference_table_shows_the_learning_rates(runs, page):
 
 
 def test_plotted_curves_are_the_runs_metrics(runs):
-    from recipeforge.outputs.report_plots import charts_for, draw, figure_lines
-    from recipeforge.outputs.report_runs import read_runs
+    from recipeforge.tools.report_plots import charts_for, draw, figure_lines
+    from recipeforge.tools.report_runs import read_runs
 
     read = read_runs(runs)
     labels = [r.label for r in read]
@@ -132,7 +132,7 @@ def test_a_run_still_training_is_reported(runs, tmp_path):
     assert main(["report", str(live), "--out", str(out)]) == 0
     text = out.read_text()
     assert "live has no final/ model" in text and "was being written and is left out" in text
-    from recipeforge.outputs.report_runs import read_run
+    from recipeforge.tools.report_runs import read_run
 
     steps, _ = read_run(live).series("loss", "train")
     assert steps == [json.loads(lines[i])["step"] for i in train_rows[:3]]

@@ -22,7 +22,7 @@ KEY = "sk-test-key"
 
 
 def _greedy(run: Path, *, messages=None, prompt=None, tokens: int) -> str:
-    from recipeforge.outputs.chat import load_chat_model
+    from recipeforge.tools.chat import load_chat_model
 
     model, tokenizer = load_chat_model(run, device="cpu")
     if messages is not None:

@@ -187,7 +187,7 @@ def test_run_guard_compares_credentials_redacted(tmp_path):
 def test_model_card_never_holds_credentials(tmp_path):
     from types import SimpleNamespace
 
-    from recipeforge.outputs.model_card import render_model_card
+    from recipeforge.tools.model_card import render_model_card
 
     write_files(tmp_path, {"r.yaml": OK})
     loaded = load_recipe(tmp_path / "r.yaml", [f"model.name_or_path=https://u:{PW}@hub/org/model",

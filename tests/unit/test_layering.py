@@ -26,19 +26,23 @@ _PLAN = _CONFIG | {"plan"}
 _OUTPUTS = _PLAN | {"outputs"}
 _STAGES = _OUTPUTS | {"stages"}
 _BACKENDS = _STAGES | {"backends"}
+_TOOLS = _BACKENDS | {"tools"}
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),                      # errors.py, and __init__.py (the version)
     "registry": _BASE,                    # the generic Registry, entry points, code trust
     "components": _REGISTRY,              # formats, kernels, rewards, rollout engines, models (their registries)
     "config": _COMPONENTS,                # recipe language; checks component names against their registries
     "plan": _CONFIG,                      # the planner, the plan for a world, presets, the trust annotation
-    "outputs": _PLAN,                     # run directory, checkpoints, export, metrics, model card
+    "outputs": _PLAN,                     # run directory, checkpoints, metrics, final weights, the LoRA merge
     "stages": _OUTPUTS,                   # stage runners: get a barrier and a saver, never a backend
     "backends": _STAGES,                  # launchers, worker plumbing, the Backend protocol
-    "run": _BACKENDS,                     # recipeforge.run: train / preprocess / merge
+    "tools": _BACKENDS,                   # after training: export, eval, chat, serve, push, model card, reports
+    "run": _TOOLS,                        # recipeforge.run: train / preprocess / merge; eval, push, card after a run
     "plugins": _BACKENDS,                 # the `recipeforge plugins` report loads every group
-    "cli": _BACKENDS | {"run", "plugins"},  # cli/ and __main__.py
+    "cli": _TOOLS | {"run", "plugins"},   # cli/ and __main__.py
 }
+# The layers a training run is made of: none of them may import the after-training tools.
+TRAINING = {"components", "config", "plan", "outputs", "stages", "backends"}
 # Modules outside the subpackages, by name; a new one must be placed here on purpose.
 TOP_LEVEL = {"recipeforge": "errors", "recipeforge.errors": "errors", "recipeforge.credentials": "errors",
              "recipeforge.log": "errors",  # the console logger
@@ -48,7 +52,7 @@ TOP_LEVEL = {"recipeforge": "errors", "recipeforge.errors": "errors", "recipefor
              "recipeforge.run": "run", "recipeforge.plugins": "plugins", "recipeforge.cli": "cli",
              "recipeforge.__main__": "cli",
              "recipeforge.ray_entry": "cli"}  # a Ray launch's driver and worker function: process entry points
-SUBPACKAGES = {"components", "config", "plan", "outputs", "stages", "backends"}
+SUBPACKAGES = {"components", "config", "plan", "outputs", "stages", "backends", "tools"}
 
 
 @dataclass(frozen=True)
@@ -182,6 +186,14 @@ def test_every_import_points_down_the_layers():
     assert len(imports) > 200  # the scan sees the package (function-local imports included)
     bad = wrong_way(imports)
     assert not bad, "imports that point the wrong way:\n" + "\n".join(bad)
+
+
+def test_training_never_imports_the_tools():
+    assert TRAINING <= set(ALLOWED) and all("tools" not in ALLOWED[layer] for layer in TRAINING)
+    assert {"run", "cli"} <= {layer for layer, allowed in ALLOWED.items() if "tools" in allowed}
+    found = [f"{i.where}: {i.source} -> {i.target}" for i in package_imports()
+             if layer_of(i.source) in TRAINING and layer_of(i.target) == "tools"]
+    assert not found, "training code importing an after-training tool:\n" + "\n".join(found)
 
 
 def test_the_recipe_schema_has_no_import_cycle():

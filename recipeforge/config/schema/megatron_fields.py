@@ -210,9 +210,9 @@ FIELDS: dict[str, Field] = {
     "output.merge_adapter": mapped("recipeforge's LoRA merge of final/ (the adapter exported by "
                                    "AutoBridge.export_adapter_ckpt)"),
     "output.push_to_hub": mapped("recipeforge's upload of the exported final/ (or merged/) after the job "
-                                 "(outputs.hub), as for every backend"),
+                                 "(tools.hub), as for every backend"),
     # eval
-    "eval": mapped("recipeforge's lm-eval evaluation of the exported final/ after the job (outputs.evaluation), as "
+    "eval": mapped("recipeforge's lm-eval evaluation of the exported final/ after the job (tools.evaluation), as "
                    "for every backend; Megatron's own checkpoints are not Hugging Face weights, so eval.at_checkpoints "
                    "finds none to evaluate"),
     # other stages' sections

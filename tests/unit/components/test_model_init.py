@@ -1,5 +1,5 @@
 """Random init module by module (`components.model_init`): the weights are a function of the seed and
-the architecture alone; the base written for a LoRA run (`outputs.export.write_random_base`) holds
+the architecture alone; the base written for a LoRA run (`outputs.weights.write_random_base`) holds
 exactly the weights training made, and quantizes to the same 4-bit words; the skeleton takes no memory."""
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def test_the_written_base_is_the_model_training_made(tok, tmp_path, shard_bytes)
     transformers to exactly the weights `build_random` made, tied and added rows included."""
     from transformers import AutoModelForCausalLM
 
-    from recipeforge.outputs.export import write_random_base
+    from recipeforge.outputs.weights import write_random_base
 
     tok2 = load_tokenizer("tiny:qwen2")
     tok2.add_tokens(["<x>"])
@@ -106,7 +106,7 @@ def test_a_written_4bit_base_quantizes_to_the_words_training_used(tok, tmp_path)
     pytest.importorskip("bitsandbytes")
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    from recipeforge.outputs.export import write_random_base
+    from recipeforge.outputs.weights import write_random_base
 
     quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                                bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=torch.bfloat16)

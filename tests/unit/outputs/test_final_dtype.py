@@ -21,7 +21,7 @@ def _tiny(tied: bool):
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_fp32_masters_are_written_in_bf16_and_load_as_bf16(tmp_path, tied):
-    from recipeforge.outputs.export import save_pretrained_atomic
+    from recipeforge.outputs.weights import save_pretrained_atomic
 
     model = _tiny(tied)
     save_pretrained_atomic(model, None, tmp_path / "final", dtype=torch.bfloat16)
@@ -36,7 +36,7 @@ def test_fp32_masters_are_written_in_bf16_and_load_as_bf16(tmp_path, tied):
 
 
 def test_modules_kept_in_fp32_stay_fp32(tmp_path):
-    from recipeforge.outputs.export import weights_in
+    from recipeforge.outputs.weights import weights_in
 
     model = _tiny(False)
     model._keep_in_fp32_modules = ["norm"]
@@ -47,7 +47,7 @@ def test_modules_kept_in_fp32_stay_fp32(tmp_path):
 
 
 def test_weights_already_16_bit_are_written_as_they_are(tmp_path):
-    from recipeforge.outputs.export import save_pretrained_atomic
+    from recipeforge.outputs.weights import save_pretrained_atomic
 
     model = _tiny(False).to(torch.bfloat16)
     save_pretrained_atomic(model, None, tmp_path / "final", dtype=torch.bfloat16)

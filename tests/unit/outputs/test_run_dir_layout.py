@@ -10,8 +10,8 @@ import yaml
 
 from recipeforge.config import load_recipe
 from recipeforge.errors import RecipeError
-from recipeforge.outputs.model_card import render_model_card
 from recipeforge.outputs.run_dir import RunDir, default_run_dir, prepare
+from recipeforge.tools.model_card import render_model_card
 
 TINY = Path(__file__).resolve().parents[3] / "examples" / "yaml" / "tiny"
 

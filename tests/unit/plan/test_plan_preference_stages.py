@@ -82,7 +82,7 @@ def test_validate_names_the_formats_each_stage_takes(tmp_path):
 
 
 def test_model_card_names_the_method(tmp_path):
-    from recipeforge.outputs.model_card import render_model_card
+    from recipeforge.tools.model_card import render_model_card
 
     for name, what in (("orpo", "trained with ORPO"), ("kto", "trained with KTO"), ("simpo", "trained with SimPO")):
         loaded = load_recipe(TINY / f"{name}.yaml")

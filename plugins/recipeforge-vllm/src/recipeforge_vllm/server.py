@@ -72,7 +72,7 @@ def server_command(rollout, options, model_path: str, host: str, port: int, *, c
 
 def _serve_entry(model_path: str) -> list[str]:
     """`vllm serve MODEL` as `recipeforge serve` starts it (the CPU build needs its module's entry)."""
-    from recipeforge.outputs.serve_engines import vllm_serve_argv
+    from recipeforge.components.rollout import vllm_serve_argv
 
     return vllm_serve_argv(model_path)
 

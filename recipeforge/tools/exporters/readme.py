@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from recipeforge.outputs.exporters.formats import Family, FormatSpec
+from recipeforge.tools.exporters.formats import Family, FormatSpec
 
 _LLAMA_CPP = ("python convert_hf_to_gguf.py {safetensors} --outtype q8_0 --outfile model.gguf   "
               "# in a clone of github.com/ggml-org/llama.cpp; then: llama-cli -m model.gguf")

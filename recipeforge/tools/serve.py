@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from recipeforge.errors import RecipeError
-from recipeforge.outputs import openai_api as api
-from recipeforge.outputs.openai_api import BadRequest, Request
+from recipeforge.tools import openai_api as api
+from recipeforge.tools.openai_api import BadRequest, Request
 
 ROUTES = {"/v1/chat/completions": True, "/v1/completions": False}  # path -> is chat
 MAX_BODY = 4 * 2**20   # bytes of one request body: a long conversation is kilobytes, a model's context far less
@@ -59,7 +59,7 @@ class Generator:
     @property
     def context_length(self) -> int:
         """Tokens the model reads at most (`chat.context_length`)."""
-        from recipeforge.outputs.chat import context_length
+        from recipeforge.tools.chat import context_length
 
         return context_length(self.model, self.tokenizer)
 
@@ -87,7 +87,7 @@ class Generator:
         `generation` is filled in when the stream ends. A prompt that does not fit the context is a
         `BadRequest` before anything is generated; `client_gone` is asked after every piece and ends the
         generation when it says yes. The caller holds `lock`."""
-        from recipeforge.outputs.chat import Sampling, stream_reply
+        from recipeforge.tools.chat import Sampling, stream_reply
 
         ids = self.prompt_ids(request)
         generation.prompt_tokens = int(ids.shape[1])
@@ -343,7 +343,7 @@ def announce(server: ModelServer, api_key: str | None) -> str:
 
 def serve_run(run_dir: Path, *, host: str, port: int, name: str, api_key: str | None, device: str | None) -> None:
     """Serve `run_dir`'s final/ with the transformers engine until interrupted."""
-    from recipeforge.outputs.chat import load_chat_model
+    from recipeforge.tools.chat import load_chat_model
 
     server = bind(host, port, name=name, api_key=api_key)  # a taken port is said before minutes of loading
     try:

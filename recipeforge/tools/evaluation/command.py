@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from recipeforge.errors import RecipeError
-from recipeforge.outputs.evaluation.runner import EvalOptions
+from recipeforge.tools.evaluation.runner import EvalOptions
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def evaluate_targets(args: list[str], *, tasks: list[str] | None, batch_size: in
                      log: Callable[[str], None]) -> list[tuple[Path, dict[str, dict[str, dict]]]]:
     """Evaluate each run of `args` on `tasks` (default: the first run's eval.tasks), each run's model
     card refreshed; returns (run dir, records by task by subject: "final", "checkpoint-N") per run."""
-    from recipeforge.outputs.evaluation.runner import evaluate_run, require_final, require_lm_eval
+    from recipeforge.tools.evaluation.runner import evaluate_run, require_final, require_lm_eval
 
     targets = [target(a) for a in args]
     require_lm_eval()
@@ -102,7 +102,7 @@ def evaluate_targets(args: list[str], *, tasks: list[str] | None, batch_size: in
 
 def refresh_card(run_dir: Path) -> None:
     """Put the run's evaluation results into its model card (README.md), when it has one."""
-    from recipeforge.outputs.model_card import update_eval_section
+    from recipeforge.tools.model_card import update_eval_section
 
     readme = Path(run_dir) / "README.md"
     if readme.is_file():

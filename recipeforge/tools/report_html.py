@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from recipeforge import __version__
-from recipeforge.outputs.report_runs import Run, final_figures, recipe_differences
+from recipeforge.tools.report_runs import Run, final_figures, recipe_differences
 
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1100px;
@@ -86,7 +86,7 @@ def _runs_table(runs: list[Run]) -> str:
 
 def _eval_table(runs: list[Run]) -> str:
     """Scores of `recipeforge eval` (RUN_DIR/eval/<task>.json): one row per task and metric, one column per run."""
-    from recipeforge.outputs.evaluation.results import score_rows
+    from recipeforge.tools.evaluation.results import score_rows
 
     esc = html.escape
     keys: dict[tuple[str, str], None] = {}
@@ -102,7 +102,7 @@ def _eval_table(runs: list[Run]) -> str:
 def _checkpoint_eval_table(runs: list[Run]) -> str:
     """Scores of the checkpoints evaluated (`recipeforge eval --checkpoints`): one row per run, checkpoint,
     task and metric."""
-    from recipeforge.outputs.evaluation.results import score_rows
+    from recipeforge.tools.evaluation.results import score_rows
 
     esc = html.escape
     rows = [f"<tr><td>{esc(run.label)}</td><td>{esc(name)}</td><td>{esc(task)}</td><td>{esc(metric)}</td>"

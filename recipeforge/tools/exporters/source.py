@@ -68,7 +68,7 @@ def full_weights(run_dir: Path, scratch: Path, log: Callable[[str], None] = lamb
     if not is_adapter(run_dir):
         yield final
         return
-    from recipeforge.outputs.export import merge_adapter
+    from recipeforge.outputs.merge import merge_adapter
 
     from recipeforge.outputs.ownership import staging_folder
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recipeforge.errors import RecipeError
-from recipeforge.outputs.report_runs import Run
+from recipeforge.tools.report_runs import Run
 
 EXTRA_HINT = "install the plotting extra: pip install 'recipeforge[report]'"
 STYLES = ("-", "--", ":", "-.")

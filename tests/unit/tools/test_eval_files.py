@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from recipeforge.errors import RecipeError
-from recipeforge.outputs.evaluation.results import (comparison_table, read_checkpoint_results, read_results,
+from recipeforge.tools.evaluation.results import (comparison_table, read_checkpoint_results, read_results,
                                                     split_scores, write_result)
-from recipeforge.outputs.evaluation.tasks import check_jsonl, resolve_tasks
-from recipeforge.outputs.model_card import EVAL_START, update_eval_section
+from recipeforge.tools.evaluation.tasks import check_jsonl, resolve_tasks
+from recipeforge.tools.model_card import EVAL_START, update_eval_section
 
 
 def _jsonl(path: Path, *rows) -> Path:

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from recipeforge.errors import RecipeError
-from recipeforge.outputs.evaluation.results import EVAL_DIR, fingerprint, split_scores, write_result
-from recipeforge.outputs.evaluation.tasks import TaskRef, resolve_tasks
+from recipeforge.tools.evaluation.results import EVAL_DIR, fingerprint, split_scores, write_result
+from recipeforge.tools.evaluation.tasks import TaskRef, resolve_tasks
 
 # A CPU has no out-of-memory search to lean on and gains little from larger batches: a modest fixed
 # batch. On a GPU lm-eval's "auto" starts from the largest batch and halves it until one fits.
@@ -168,7 +168,7 @@ def harness_model(model_dir: Path, options: EvalOptions) -> tuple[Any, int | str
     it uses."""
     from lm_eval.models.huggingface import HFLM
 
-    from recipeforge.outputs.chat import load_model_dir
+    from recipeforge.tools.chat import load_model_dir
 
     model, tokenizer = load_model_dir(Path(model_dir), device=options.device)
     device = str(model.device)

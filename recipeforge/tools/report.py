@@ -33,9 +33,9 @@ def default_output(run_dirs: list[str]) -> Path:
 
 def write_report(run_dirs: list[str], out: str | Path | None = None) -> Report:
     """Read `run_dirs`, draw every chart their metrics allow and write the page to `out`."""
-    from recipeforge.outputs.report_html import Image, render_html
-    from recipeforge.outputs.report_plots import charts_for, draw, require_matplotlib, save_png
-    from recipeforge.outputs.report_runs import read_runs
+    from recipeforge.tools.report_html import Image, render_html
+    from recipeforge.tools.report_plots import charts_for, draw, require_matplotlib, save_png
+    from recipeforge.tools.report_runs import read_runs
 
     if not run_dirs:
         raise RecipeError("no run directory given", hint="recipeforge report RUN_DIR [RUN_DIR ...]")
@@ -59,7 +59,7 @@ def write_report(run_dirs: list[str], out: str | Path | None = None) -> Report:
 
 
 def _notes(runs) -> list[str]:
-    from recipeforge.outputs.report_runs import final_figures
+    from recipeforge.tools.report_runs import final_figures
 
     notes = []
     for run in runs:
@@ -82,8 +82,8 @@ def write_loss_plot(run_root: Path, log: Callable[[str], None] = print) -> Path 
     except ImportError:
         log(f"{LOSS_PNG} not written: matplotlib is not installed (pip install 'recipeforge[report]')")
         return None
-    from recipeforge.outputs.report_plots import CHARTS, chart_lines, draw, save_png
-    from recipeforge.outputs.report_runs import read_run
+    from recipeforge.tools.report_plots import CHARTS, chart_lines, draw, save_png
+    from recipeforge.tools.report_runs import read_run
 
     try:
         run = read_run(run_root)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from recipeforge.outputs.exporters.formats import ExportFormat, int4_group
+from recipeforge.tools.exporters.formats import ExportFormat, int4_group
 
 # llmcompressor's preset scheme of each format.
 SCHEMES = {ExportFormat.W8A8: "W8A8", ExportFormat.W4A16: "W4A16", ExportFormat.FP8: "FP8_DYNAMIC"}

@@ -7,7 +7,7 @@ import pytest
 from report_testing import make_run
 
 from recipeforge.errors import RecipeError
-from recipeforge.outputs.report_runs import final_figures, read_records, read_run, read_runs, recipe_differences
+from recipeforge.tools.report_runs import final_figures, read_records, read_run, read_runs, recipe_differences
 
 def test_reads_metrics_recipe_and_series(tmp_path):
     run = read_run(make_run(tmp_path / "a", finished=True, summary=True))

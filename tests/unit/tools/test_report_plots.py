@@ -10,9 +10,9 @@ from report_testing import make_run
 
 from recipeforge.errors import RecipeError
 from recipeforge.outputs.metrics import MetricsWriter
-from recipeforge.outputs.report import write_loss_plot, write_report
-from recipeforge.outputs.report_plots import charts_for, require_matplotlib
-from recipeforge.outputs.report_runs import read_runs
+from recipeforge.tools.report import write_loss_plot, write_report
+from recipeforge.tools.report_plots import charts_for, require_matplotlib
+from recipeforge.tools.report_runs import read_runs
 
 matplotlib = pytest.importorskip("matplotlib", reason="the report needs the `report` extra (matplotlib)")
 
@@ -41,7 +41,7 @@ def test_tokens_per_second_from_the_cumulative_count(tmp_path):
 
 
 def test_figure_holds_the_points_colours_follow_the_run(tmp_path):
-    from recipeforge.outputs.report_plots import draw, figure_lines
+    from recipeforge.tools.report_plots import draw, figure_lines
 
     runs = read_runs([make_run(tmp_path / "a", lr=0.01), make_run(tmp_path / "b", lr=0.002, losses=(4.0, 1.0))])
     charts = dict((c.name, (c, lines)) for c, lines in charts_for(runs))

@@ -136,7 +136,7 @@ EVAL_START, EVAL_END = "<!-- recipeforge:eval -->", "<!-- /recipeforge:eval -->"
 
 def eval_section(run_dir: Path) -> list[str]:
     """The card's "## Evaluation" lines from RUN_DIR/eval/*.json; none before the run is evaluated."""
-    from recipeforge.outputs.evaluation.results import markdown_table, read_results
+    from recipeforge.tools.evaluation.results import markdown_table, read_results
 
     results = read_results(run_dir)
     table = markdown_table(results)

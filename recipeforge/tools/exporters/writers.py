@@ -7,7 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
-from recipeforge.outputs.exporters.formats import ExportFormat, Family, FormatSpec, int4_group
+from recipeforge.tools.exporters.formats import ExportFormat, Family, FormatSpec, int4_group
 
 
 def write_export(spec: FormatSpec, src: Path, dest: Path) -> dict:
@@ -18,7 +18,7 @@ def write_export(spec: FormatSpec, src: Path, dest: Path) -> dict:
     if spec.family == Family.TORCHAO:
         return quantize_torchao(spec.name, src, dest)
     if spec.family == Family.COMPRESSED_TENSORS:
-        from recipeforge.outputs.exporters.compressed import quantize_compressed
+        from recipeforge.tools.exporters.compressed import quantize_compressed
 
         return quantize_compressed(spec.name, src, dest)
     raise AssertionError(f"no writer for {spec.name}")  # formats.check_available refused it before

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from recipeforge.outputs.exporters.formats import FORMATS, ExportFormat, FormatSpec, check_available, format_spec
-from recipeforge.outputs.exporters.selfcheck import CheckResult
+from recipeforge.tools.exporters.formats import FORMATS, ExportFormat, FormatSpec, check_available, format_spec
+from recipeforge.tools.exporters.selfcheck import CheckResult
 
 __all__ = ["FORMATS", "ExportFormat", "ExportResult", "export_run", "default_output"]
 
@@ -45,8 +45,8 @@ def export_run(run_dir: Path, fmt: str, out: Path | None = None, *, overwrite: b
     Every refusal (no final/ model, an unknown or unavailable format, an output folder that holds
     files without `overwrite`) is a `RecipeError` raised before anything is written; the folder is
     written beside `out` and takes its place only when complete."""
-    from recipeforge.outputs.export import staged_folder
-    from recipeforge.outputs.exporters.source import check_output, check_run_dir, full_weights
+    from recipeforge.outputs.weights import staged_folder
+    from recipeforge.tools.exporters.source import check_output, check_run_dir, full_weights
 
     spec = format_spec(fmt)
     run_dir = Path(run_dir)
@@ -76,7 +76,7 @@ def export_run(run_dir: Path, fmt: str, out: Path | None = None, *, overwrite: b
 
 
 def _write(spec: FormatSpec, src: Path, dest: Path) -> dict:
-    from recipeforge.outputs.exporters.writers import write_export
+    from recipeforge.tools.exporters.writers import write_export
 
     return write_export(spec, src, dest)
 
@@ -86,8 +86,8 @@ def _self_check(run_dir: Path, export_dir: Path, spec: FormatSpec, log: Callable
     on its base), on the CPU: the same device for both, so only the format makes a difference."""
     from transformers import AutoModelForCausalLM
 
-    from recipeforge.outputs.chat import load_chat_model
-    from recipeforge.outputs.exporters.selfcheck import compare, held_texts, measure
+    from recipeforge.tools.chat import load_chat_model
+    from recipeforge.tools.exporters.selfcheck import compare, held_texts, measure
 
     log("checking the export against the unquantized model (loaded back with transformers)")
     reference, tokenizer = load_chat_model(run_dir, device="cpu")
@@ -102,7 +102,7 @@ def _records(spec: FormatSpec, *, run_dir: Path, out: Path, tmp: Path, settings:
              seconds: dict) -> None:
     """export.json (the numbers) and README.md (how to load it) in the folder being written."""
     from recipeforge import __version__
-    from recipeforge.outputs.exporters.readme import render_readme
+    from recipeforge.tools.exporters.readme import render_readme
 
     checked = check.to_dict() if check is not None else None
     record = {"format": spec.name.value, "run_dir": str(run_dir), "settings": settings, "seconds": seconds,

@@ -7,10 +7,10 @@ import pytest
 
 from recipeforge.errors import RecipeError
 from recipeforge.outputs.ownership import mark_owned
-from recipeforge.outputs.exporters.formats import (FORMAT_SPECS, FORMATS, ExportFormat, check_available, format_spec,
+from recipeforge.tools.exporters.formats import (FORMAT_SPECS, FORMATS, ExportFormat, check_available, format_spec,
                                                   int4_group)
-from recipeforge.outputs.exporters.selfcheck import FIXED_TEXTS, Measure, compare, held_texts
-from recipeforge.outputs.exporters.source import check_output
+from recipeforge.tools.exporters.selfcheck import FIXED_TEXTS, Measure, compare, held_texts
+from recipeforge.tools.exporters.source import check_output
 
 
 def test_every_format_is_named_once_with_a_spec():

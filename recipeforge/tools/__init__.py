@@ -1,0 +1,1 @@
+"""The after-training tools: export, evaluation, chat, serve, Hub upload, model card, reports, recipe diffs."""
