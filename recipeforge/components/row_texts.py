@@ -25,7 +25,8 @@ ANSWERS = {"preference": ("chosen", "rejected"), "unpaired": ("completion",)}
 def columns_read(template: str) -> list[str]:
     """The columns a format string reads (the part of each placeholder before any ``[index]``), in order;
     a malformed placeholder is a ValueError."""
-    from _string import formatter_field_name_split  # str.format's own parser of a placeholder
+    # str.format's own parser of a placeholder: the column, then its [index] parts
+    from _string import formatter_field_name_split
 
     names = []
     try:
