@@ -216,7 +216,19 @@ def remap_and_check(ds, ref: DatasetRef, fmt: Format, *, locate: Locate = _no_lo
 def apply_prompt(ds, ref: DatasetRef, fmt: Format, *, locate: Locate = _no_location) -> tuple[Any, Format]:
     """`remap_and_check`, then for a dataset with a text prompt (`prompt:`) its rows rendered to
     prompt/completion columns, which the `completion` format tokenizes (the prompt untrained, the reply
-    and EOS trained); returns the rows and the format that tokenizes them."""
+    and EOS trained), and for a preference or unpaired dataset with `texts:` its prompt and answers
+    written as text; returns the rows and the format that tokenizes them."""
+    texts = getattr(ref.spec, "texts", None)
+    if texts is not None:  # preference/unpaired rows written as text: the texts read the columns
+        import dataclasses
+
+        from recipeforge.components.row_texts import required_columns, text_names, to_text_rows
+
+        made = text_names(fmt.kind)
+        required = required_columns(texts, fmt.kind) + tuple(c for c in fmt.required if c not in made)
+        ds = remap_and_check(ds, ref, dataclasses.replace(fmt, required=required), locate=locate)
+        return to_text_rows(ds, texts, fmt.kind, key=ref.key, path=ref.spec.path,
+                            where=locate(ref.path_key + ("texts",))), fmt
     prompt = getattr(ref.spec, "prompt", None)
     if prompt is None:
         return remap_and_check(ds, ref, fmt, locate=locate), fmt

@@ -256,17 +256,34 @@ def _is_conv(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and isinstance(value[0], dict)
 
 
+def _as_messages(value: Any, column: str, role: str) -> list[dict]:
+    """A column of a conversational row as messages: text is one message of `role`, a mapping one message."""
+    if isinstance(value, str):
+        return [{"role": role, "content": value}]
+    return normalize_messages([value] if isinstance(value, dict) else value, column=column)
+
+
+def _reply_only(messages: list[dict], prompt: list[dict] | None, column: str) -> list[dict]:
+    """An answer that holds the whole exchange (the layout of argilla's datasets, whose `chosen` and `rejected`
+    start with the user's turn) beside a prompt: its last message, when the turns before it are the prompt's
+    last turns; the prompt would otherwise be sent twice."""
+    if prompt is None or len(messages) < 2 or messages[0]["role"] not in ("system", "user"):
+        return messages  # the reply alone (or replies and tool turns that continue the prompt)
+    head = messages[:-1]
+    if prompt[-len(head):] != head:
+        raise RecipeError(f"column '{column}' holds turns before its reply that are not the prompt's; give "
+                          f"'{column}' the reply alone, or leave the prompt out")
+    return messages[-1:]
+
+
 def _preference(row: dict, opts: RenderOptions) -> dict:
     prompt, chosen, rejected = row.get("prompt"), row["chosen"], row["rejected"]
-    if _is_conv(prompt) or _is_conv(chosen):
-        def conv(value, name):
-            if isinstance(value, str):
-                return [{"role": "assistant", "content": value}] if name != "prompt" else \
-                    [{"role": "user", "content": value}]
-            return normalize_messages(value, column=name)
-        out = {"chosen": conv(chosen, "chosen"), "rejected": conv(rejected, "rejected")}
-        if prompt is not None:
-            out["prompt"] = conv(prompt, "prompt")
+    if _is_conv(prompt) or _is_conv(chosen) or isinstance(chosen, dict):
+        turns = None if prompt is None else _as_messages(prompt, "prompt", "user")
+        out = {name: _reply_only(_as_messages(value, name, "assistant"), turns, name)
+               for name, value in (("chosen", chosen), ("rejected", rejected))}
+        if turns is not None:
+            out["prompt"] = turns
         return out
     return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
 
@@ -276,11 +293,9 @@ def _unpaired(row: dict, opts: RenderOptions) -> dict:
     if not isinstance(label, bool):  # 0/1 or "yes" would silently become truthy
         raise RecipeError(f"column 'label' must be true (desirable) or false (undesirable), got {label!r}")
     prompt, completion = row["prompt"], row["completion"]
-    if _is_conv(prompt) or _is_conv(completion):
-        prompt = normalize_messages([{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt,
-                                    column="prompt")
-        completion = normalize_messages([{"role": "assistant", "content": completion}]
-                                        if isinstance(completion, str) else completion, column="completion")
+    if _is_conv(prompt) or _is_conv(completion) or isinstance(completion, dict):
+        prompt = _as_messages(prompt, "prompt", "user")
+        completion = _reply_only(_as_messages(completion, "completion", "assistant"), prompt, "completion")
     return {"prompt": prompt, "completion": completion, "label": label}
 
 
@@ -290,7 +305,8 @@ def _prompt(row: dict, opts: RenderOptions) -> dict:
 
 
 def _register_builtins() -> None:
-    conv_pref = lambda row: _is_conv(row.get("chosen")) or _is_conv(row.get("prompt"))  # noqa: E731
+    conv_pref = lambda row: (_is_conv(row.get("chosen")) or _is_conv(row.get("prompt"))  # noqa: E731
+                             or isinstance(row.get("chosen"), dict))
     # Registration order is the order recipe errors list them in.
     for fmt in (
         Format("text", "lm", ("text",), _text, stages=("pretrain", "sft"),

@@ -8,7 +8,7 @@ counterpart and what the recipe does instead; nothing is dropped silently. The Y
 (`--trust-code` or `allow_code: true`, which the converter never writes).
 
 Modules: `convert` (this file: the pass over the config), `datasets` (dataset entries and their
-types), `training` (model, adapter, optimisation, precision, logging, output), `vision`
+types), `preference` (the DPO, KTO and ORPO types), `training` (model, adapter, optimisation, precision, logging, output), `vision`
 (multimodal configs: `model.vision`, image sizes, processor keys), `backend` (DeepSpeed, FSDP).
 """
 

@@ -16,16 +16,6 @@ CHAT_TEMPLATES = {"chatml": "chatml", "llama3": "llama3", "llama4": "llama4", "q
                   "gemma3": "gemma3", "mistral_v2v3": "mistral_v3", "mistral_v3_tekken": "mistral_v3_tekken",
                   "phi_3": "phi3", "deepseek_v3": "deepseek_v3", "tokenizer_default": "tokenizer"}
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
-# DPO types -> column renames to recipeforge's prompt/chosen/rejected (the prefix names a chat template).
-PREFERENCE_TYPES: dict[str, dict[str, str]] = {
-    "intel": {"prompt": "question"}, "argilla": {"prompt": "instruction", "chosen": "chosen_response",
-                                                 "rejected": "rejected_response"},
-    "argilla_chat": {}, "icr": {"prompt": "input"}, "prompt_pairs": {}, "ultra": {}, "default": {},
-}
-# KTO types -> column renames to recipeforge's prompt/completion/label (the prefix names a chat template).
-UNPAIRED_TYPES: dict[str, dict[str, str]] = {
-    "argilla": {"prompt": "instruction"}, "intel": {"prompt": "question"}, "prompt_pairs": {}, "ultra": {},
-}
 ENTRY_KEYS = ("path", "split", "name", "type")
 PER_DATASET_IGNORED = {
     "ds_type": "recipeforge tells json/parquet/csv/text files apart by their extension",
@@ -247,10 +237,16 @@ def _entry(conv, entry: Any, where: str) -> dict:
     handled = set(ENTRY_KEYS)
     stage = conv.recipe["stage"]
     kind = entry.get("type")
-    if stage in ("dpo", "orpo", "cpo", "reward"):
-        handled |= _preference(conv, entry, spec, where)
+    if stage == "reward":
+        handled |= _reward_pairs(conv, entry, spec, where)
+    elif stage in ("dpo", "orpo", "cpo"):
+        from recipeforge.config.axolotl.preference import preference
+
+        handled |= preference(conv, entry, spec, where)
     elif stage == "kto":
-        _unpaired(conv, entry, spec, where)
+        from recipeforge.config.axolotl.preference import unpaired
+
+        unpaired(conv, entry, spec, where)
     elif stage == "grpo":
         spec["format"] = "prompt"
         if kind:
@@ -375,33 +371,30 @@ def _messages(conv, entry: dict, spec: dict, where: str, kind: str) -> set[str]:
     return handled
 
 
-def _user_defined(conv, kind: dict, spec: dict, where: str, columns: tuple[str, ...]) -> None:
-    """A user-defined dataset type: its `field_<column>` keys name the format's columns."""
-    cols = {c: kind[f"field_{c}"] for c in columns if kind.get(f"field_{c}") and kind[f"field_{c}"] != c}
-    if cols:
-        spec["columns"] = cols
-    if [k for k in kind if not k.startswith("field_")]:
-        conv.note(f"{where}.type", "prompt format strings have no counterpart; the prompt goes through "
-                                   "data.chat_template when it is a chat, else is used as written")
+def _reward_pairs(conv, entry: dict, spec: dict, where: str) -> set[str]:
+    """A reward model's dataset: format `preference`, the columns of the DPO type of the same name."""
+    from recipeforge.config.axolotl import preference
 
-
-def _preference(conv, entry: dict, spec: dict, where: str) -> set[str]:
     spec["format"] = "preference"
     kind = entry.get("type")
     if isinstance(kind, dict):
-        _user_defined(conv, kind, spec, where, ("prompt", "chosen", "rejected"))
+        cols = {c: kind[f"field_{c}"] for c in ("prompt", "chosen", "rejected")
+                if kind.get(f"field_{c}") and kind[f"field_{c}"] != c}
+        if cols:
+            spec["columns"] = cols
+        conv.note(f"{where}.type", "prompt format strings have no counterpart for a reward model; the prompt goes "
+                                   "through data.chat_template when it is a chat, else is used as written")
         return set()
     kind = str(kind or "")
-    prefix, _, strategy = kind.rpartition(".")
+    prefix, strategy = preference.split_type(kind) if "." in kind else ("", kind)
     if prefix in CHAT_TEMPLATES:
         _chat_template(conv, prefix, f"{where}.type")
     elif prefix and prefix != "chat_template":
         conv.note(f"{where}.type", f"template '{prefix}' has no counterpart; data.chat_template decides")
-    cols = PREFERENCE_TYPES.get(strategy or kind)
-    if cols is None:
+    found = preference.PREFERENCE_TYPES.get(strategy) or preference.FORMER_PREFERENCE_TYPES.get(strategy, (None,))[0]
+    if found is None:
         conv.note(f"{where}.type", f"'{kind}' has no counterpart; the rows are read as prompt/chosen/rejected")
-        cols = {}
-    cols = dict(cols)
+    cols = dict(found.columns) if found is not None else {}
     for src, dst in (("field_chosen", "chosen"), ("field_rejected", "rejected"), ("field_messages", "prompt")):
         if entry.get(src) and entry[src] != dst:
             cols[dst] = str(entry[src])
@@ -413,25 +406,3 @@ def _preference(conv, entry: dict, spec: dict, where: str) -> set[str]:
                 conv.note(f"{where}.{key}", "recipeforge reads role/content (or from/value) messages with the "
                                             "standard roles; other keys must be renamed in the data")
     return {"field_chosen", "field_rejected", "field_messages"}
-
-
-def _unpaired(conv, entry: dict, spec: dict, where: str) -> None:
-    """A KTO dataset: the `unpaired` format (prompt, completion, label)."""
-    spec["format"] = "unpaired"
-    kind = entry.get("type")
-    if isinstance(kind, dict):
-        _user_defined(conv, kind, spec, where, ("prompt", "completion", "label"))
-        return
-    kind = str(kind or "")
-    prefix, _, strategy = kind.rpartition(".")
-    if prefix in CHAT_TEMPLATES:
-        _chat_template(conv, prefix, f"{where}.type")
-    elif prefix:
-        conv.note(f"{where}.type", f"template '{prefix}' has no counterpart; data.chat_template decides")
-    cols = UNPAIRED_TYPES.get(strategy or kind)
-    if cols is None:
-        conv.note(f"{where}.type", f"'{kind}' has no counterpart; the rows are read as prompt/completion/label"
-                  + (" (these rows hold the whole conversation in `completion`: split off the prompt)"
-                     if (strategy or kind) == "argilla_chat" else ""))
-    elif cols:
-        spec["columns"] = dict(cols)

@@ -86,6 +86,43 @@ class TextPrompt(Section):
         return self
 
 
+class RowTexts(Section):
+    """Preference and unpaired rows written as text with format strings, as Axolotl's DPO and KTO types do.
+
+    Each text is a format string over the row's columns (after `columns:`), and the trainer gets the texts,
+    not messages, so the chat template is not applied (TRL tokenizes them as any text: the tokenizer's BOS
+    before the prompt, EOS after an answer that does not end with it). ``{chosen[1][content]}`` reads into a
+    column holding a list of messages."""
+
+    prompt: str = Field(
+        "{prompt}", min_length=1,
+        description="The prompt, e.g. \"<|im_start|>user\\n{prompt}<|im_end|>\\n<|im_start|>assistant\\n\" "
+                    "(Python format string: {column}, {column[0][content]}; {{ for a brace).")
+    system: Optional[str] = Field(
+        None, min_length=1,
+        description="Written before the prompt when the row's `system` column is not empty, e.g. "
+                    "\"<|im_start|>system\\n{system}<|im_end|>\\n\". Default: nothing (a {system} in `prompt` "
+                    "reads the column, empty where it is missing).")
+    chosen: str = Field("{chosen}", min_length=1,
+                        description="Format `preference`: the chosen answer, e.g. \"{chosen}<|im_end|>\".")
+    rejected: str = Field("{rejected}", min_length=1,
+                          description="Format `preference`: the rejected answer, e.g. \"{rejected}<|im_end|>\".")
+    completion: str = Field("{completion}", min_length=1,
+                            description="Format `unpaired`: the completion, e.g. \"{completion}<|im_end|>\".")
+
+    @model_validator(mode="after")
+    def _placeholders(self):
+        from recipeforge.components.row_texts import columns_read
+
+        for name in ("prompt", "system", "chosen", "rejected", "completion"):
+            template = getattr(self, name)
+            try:
+                columns_read(template or "")
+            except ValueError as exc:
+                raise PydanticCustomError("texts_template", "{name}: {why}", {"name": name, "why": str(exc)})
+        return self
+
+
 class DatasetSpec(Section):
     """One dataset: a local file/directory or a hub id, its format and column names."""
 
@@ -120,6 +157,11 @@ class DatasetSpec(Section):
         description="Format `alpaca`: write each row with this instruction prompt (text, not the chat template), "
                     "as Axolotl's alpaca-style prompters do: the prompt untrained, the reply and EOS trained. "
                     "`recipeforge convert axolotl` writes Axolotl's own prompt here.")
+    texts: Optional[RowTexts] = Field(
+        None,
+        description="Formats `preference` and `unpaired`: write each row's prompt and answers as text with these "
+                    "format strings (not the chat template), as Axolotl's DPO and KTO types do. `recipeforge convert "
+                    "axolotl` writes Axolotl's own texts here.")
     weight: Optional[float] = Field(
         None, gt=0,
         description="Relative sampling weight when mixing several datasets: each training row is drawn from "
@@ -155,6 +197,20 @@ class DatasetSpec(Section):
         if self.prompt is not None and self.format != "alpaca":
             raise PydanticCustomError("prompt_format", "`prompt` needs format: alpaca (got format: {format})",
                                       {"format": self.format})
+        return self
+
+    @model_validator(mode="after")
+    def _texts_need_a_preference_format(self):
+        if self.texts is None:
+            return self
+        if self.format not in ("preference", "unpaired"):
+            raise PydanticCustomError("texts_format", "`texts` needs format: preference or unpaired (got format: "
+                                      "{format})", {"format": self.format})
+        other = ("completion",) if self.format == "preference" else ("chosen", "rejected")
+        wrong = [n for n in other if n in self.texts.model_fields_set]
+        if wrong:
+            raise PydanticCustomError("texts_format", "texts.{name} is not a text of format {format}",
+                                      {"name": wrong[0], "format": self.format})
         return self
 
     @model_validator(mode="after")

@@ -100,6 +100,23 @@ def test_preference_and_prompt_rows(tok):
     conv = get_format("preference").render(
         {"prompt": [{"role": "user", "content": "cow?"}], "chosen": "moo", "rejected": "quack"}, opts)
     assert conv["chosen"] == [{"role": "assistant", "content": "moo"}]
+    # an answer given as one message; answers holding the whole exchange beside the prompt (argilla's layout):
+    # their replies, so that the prompt is not sent twice
+    one = get_format("preference").render({"prompt": [{"role": "user", "content": "cow?"}], "rejected": "quack",
+                                           "chosen": {"role": "assistant", "content": "moo"}}, opts)
+    assert one["chosen"] == [{"role": "assistant", "content": "moo"}]
+
+    def whole(reply):
+        return [{"role": "user", "content": "cow?"}, {"role": "assistant", "content": reply}]
+
+    row = {"prompt": "cow?", "chosen": whole("moo"), "rejected": whole("quack")}
+    assert get_format("preference").render(row, opts) == {"prompt": [{"role": "user", "content": "cow?"}],
+                                                          "chosen": [{"role": "assistant", "content": "moo"}],
+                                                          "rejected": [{"role": "assistant", "content": "quack"}]}
+    with pytest.raises(RecipeError, match="column 'chosen' holds turns before its reply that are not the prompt's"):
+        get_format("preference").render({**row, "prompt": "dog?"}, opts)
+    unpaired = get_format("unpaired").render({"prompt": "cow?", "completion": whole("moo"), "label": True}, opts)
+    assert unpaired["completion"] == [{"role": "assistant", "content": "moo"}]
     prompt = get_format("prompt").render({"prompt": "cow?", "answer": "moo"}, opts)
     assert prompt == {"prompt": "cow?", "answer": "moo"}  # extra columns kept for the rewards
 

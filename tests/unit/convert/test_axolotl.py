@@ -130,18 +130,24 @@ def test_fsdp_and_the_combinations_recipeforge_refuses(tmp_path):
 
 
 def test_preference_stages(tmp_path):
-    _, loaded = convert_and_load(ROOT / "tests/data/axolotl/dpo-lora-chatml-intel.yaml", tmp_path)
+    conv, loaded = convert_and_load(ROOT / "tests/data/axolotl/dpo-lora-chatml-intel.yaml", tmp_path)
     r = loaded.recipe
     assert (r.stage, r.dpo.beta, r.dpo.label_smoothing, r.dpo.max_prompt_length) == ("dpo", 0.05, 0.1, 1024)
     assert [d.format for d in r.data.datasets] == ["preference", "preference"]
-    assert r.data.datasets[0].columns == {"prompt": "question"} and r.data.chat_template == "chatml"
+    # Axolotl's chatml.intel writes ChatML as text: so does the recipe (texts), leaving the tokenizer's tokens
+    # and chat template as Axolotl does (tests/unit/convert/test_axolotl_preference_fidelity.py: the same tokens)
+    assert r.data.datasets[0].columns == {"prompt": "question"} and r.data.chat_template == "tokenizer"
+    assert r.data.datasets[0].texts.chosen == "{chosen}<|im_end|>"
     assert r.data.datasets[1].columns == {"prompt": "instruction", "chosen": "chosen_response",
                                           "rejected": "rejected_response"}
-    _, loaded = convert_and_load(ROOT / "tests/data/axolotl/dpo-ipo-chat-template.yaml", tmp_path)
+    assert "no DPO type 'chatml.argilla' and stops on it" in conv.notes["datasets[1].type"]
+    conv, loaded = convert_and_load(ROOT / "tests/data/axolotl/dpo-ipo-chat-template.yaml", tmp_path)
     assert loaded.recipe.dpo.loss_type == "ipo" and loaded.recipe.data.datasets[0].columns == {"prompt": "messages"}
+    assert (loaded.recipe.data.chat_template, loaded.recipe.data.datasets[0].texts) == ("chatml", None)
+    assert "two BOS" in conv.changes["datasets[0].type"]
     _, loaded = convert_and_load(ROOT / "tests/data/axolotl/dpo-qlora-llama3-ultra.yaml", tmp_path)
-    assert (loaded.recipe.dpo.loss_type, loaded.recipe.dpo.beta, loaded.recipe.data.chat_template) == (
-        "ipo", 0.2, "llama3")
+    assert (loaded.recipe.dpo.loss_type, loaded.recipe.dpo.beta) == ("ipo", 0.2)
+    assert loaded.recipe.data.datasets[0].texts.rejected == "{rejected[1][content]}<|eot_id|>"
 
 
 def test_orpo_kto_simpo_map_to_their_stages(tmp_path):
@@ -153,7 +159,8 @@ def test_orpo_kto_simpo_map_to_their_stages(tmp_path):
     r = loaded.recipe
     assert (r.stage, r.kto.beta, r.kto.desirable_weight, r.kto.undesirable_weight) == ("kto", 0.1, 1.0, 1.0)
     ds = r.data.datasets[0]
-    assert (ds.format, dict(ds.columns), r.data.chat_template) == ("unpaired", {"prompt": "instruction"}, "chatml")
+    assert (ds.format, dict(ds.columns), ds.texts.completion) == ("unpaired", {"prompt": "instruction"},
+                                                                  "{completion}<|im_end|>")
     conv, loaded = convert_and_load(ROOT / "tests/data/axolotl/simpo-full.yaml", tmp_path)
     c = loaded.recipe.cpo
     assert (loaded.recipe.stage, c.loss_type, c.beta, c.simpo_gamma, c.cpo_alpha) == ("cpo", "simpo", 2.0, 0.5, 0.0)
@@ -183,7 +190,8 @@ def test_preference_stage_settings_follow_axolotl(tmp_path):
     assert conv.recipe["kto"] == {"desirable_weight": 1.33}
     first, second = conv.recipe["data"]["datasets"]
     assert first == {"path": "d", "format": "unpaired", "columns": {"prompt": "q", "completion": "a", "label": "good"}}
-    assert second["format"] == "unpaired" and "split off the prompt" in conv.notes["datasets[1].type"]
+    assert second == {"path": "e", "format": "unpaired"}
+    assert "every turn of `completion` before its last" in conv.changes["datasets[1].type"]
     assert conv.notes["simpo_gamma"] == "not a setting of stage kto; not converted"
 
 
