@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from recipeforge.config.axolotl.chat_templates import (
+    CHAT_TEMPLATES,
+    INLINE_JINJA,
+    chat_template_key,
+    jinja_key,
+)
 from recipeforge.config.axolotl.prompts import Prompter, prompter, user_defined
 from recipeforge.config.axolotl.values import num
 
-# Axolotl chat template names with a recipeforge counterpart (data.chat_template).
-CHAT_TEMPLATES = {"chatml": "chatml", "llama3": "llama3", "llama4": "llama4", "qwen_25": "qwen2.5", "qwen3": "qwen3",
-                  "gemma3": "gemma3", "mistral_v2v3": "mistral_v3", "mistral_v3_tekken": "mistral_v3_tekken",
-                  "phi_3": "phi3", "deepseek_v3": "deepseek_v3", "tokenizer_default": "tokenizer"}
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
 ENTRY_KEYS = ("path", "split", "name", "type")
 PER_DATASET_IGNORED = {
@@ -25,8 +27,7 @@ PER_DATASET_IGNORED = {
     "shards_idx": "no counterpart; use max_samples to train on part of a dataset",
     "preprocess_shards": "no counterpart; data.num_proc parallelises tokenization",
     "trust_remote_code": "datasets never run remote code in recipeforge",
-    "chat_template_jinja": "an inline Jinja template has no counterpart: save it as a .jinja file and set "
-                           "data.chat_template to its path (relative to the recipe)",
+    "chat_template_jinja": INLINE_JINJA,
 }
 # Dataset keys whose setting changes which tokens train, where the recipe has no counterpart: reported as
 # semantic changes, with what the recipe trains instead.
@@ -99,7 +100,7 @@ def data(conv) -> None:
         conv.put("data.streaming", bool(conv.get("streaming")) or bool(pre), "streaming")
     template = conv.get("chat_template")
     if template is not None:
-        _chat_template(conv, template, "chat_template")
+        chat_template_key(conv, template, "chat_template")
     _tokens(conv)
     if conv.get("dataset_exact_deduplication") is not None:
         conv.put("data.dedup", bool(conv.get("dataset_exact_deduplication")), "dataset_exact_deduplication")
@@ -113,7 +114,7 @@ def data(conv) -> None:
         else:
             conv.note("default_system_message", "no chat dataset to give it to (messages.system_prompt)")
     if conv.get("chat_template_jinja") is not None:
-        _jinja(conv, conv.get("chat_template_jinja"), "chat_template_jinja")
+        jinja_key(conv, conv.get("chat_template_jinja"), "chat_template_jinja")
 
 
 def _tokens(conv) -> None:
@@ -164,45 +165,6 @@ def _excess_length(conv) -> None:
                     f"cuts them to the length limit instead: remove those rows from the data to train as Axolotl does")
     elif conv.get("excess_length_strategy") is not None:
         conv.map("excess_length_strategy", f"(the {stage} stage cuts long rows)")
-
-
-def _jinja(conv, value: Any, key: str) -> None:
-    """A Jinja template file becomes data.chat_template; an inline template cannot be carried."""
-    text = str(value)
-    if "\n" not in text and "{%" not in text and "{{" not in text and text.endswith((".jinja", ".jinja2", ".j2")):
-        conv.put("data.chat_template", text, key)
-        conv.note(key, "data.chat_template is read relative to the recipe file: keep the template next to it")
-    else:
-        conv.note(key, PER_DATASET_IGNORED["chat_template_jinja"])
-        conv.change(key, "the rows go through data.chat_template, not this template: save it as a .jinja file and "
-                         "set data.chat_template to its path")
-
-
-def _chat_template(conv, name: Any, key: str) -> None:
-    name = str(name)
-    if name == "jinja":  # the template is chat_template_jinja's
-        conv.map(key, "data.chat_template")
-        return
-    if conv.vision is not None and name != "tokenizer_default":
-        from recipeforge.config.axolotl.vision import chat_template_note
-
-        current = conv.recipe.get("data", {}).get("chat_template")
-        if current not in (None, "tokenizer"):  # a .jinja file of the user's own is kept
-            conv.note(key, f"recipeforge has one chat template for all datasets; {current} is kept")
-            return
-        conv.put("data.chat_template", "tokenizer")
-        conv.note(key, chat_template_note(name))
-        return
-    if name in CHAT_TEMPLATES:
-        current = conv.recipe.get("data", {}).get("chat_template")
-        if current is not None and current != CHAT_TEMPLATES[name]:
-            conv.note(key, f"recipeforge has one chat template for all datasets; {current} is kept")
-        else:
-            conv.put("data.chat_template", CHAT_TEMPLATES[name], key)
-    else:
-        conv.note(key, f"'{name}' has no built-in counterpart ({', '.join(sorted(set(CHAT_TEMPLATES.values())))}); "
-                       f"data.chat_template is `tokenizer`, the model tokenizer's template (or set it to a .jinja "
-                       f"file)")
 
 
 def _pretraining(conv, entry: Any, where: str) -> dict:
@@ -365,9 +327,9 @@ def _messages(conv, entry: dict, spec: dict, where: str, kind: str) -> set[str]:
                                                f"token)")
     for key in ("chat_template", "conversation"):
         if entry.get(key) is not None:
-            _chat_template(conv, entry[key], f"{where}.{key}")
+            chat_template_key(conv, entry[key], f"{where}.{key}")
     if entry.get("chat_template_jinja") is not None:
-        _jinja(conv, entry["chat_template_jinja"], f"{where}.chat_template_jinja")
+        jinja_key(conv, entry["chat_template_jinja"], f"{where}.chat_template_jinja")
     return handled
 
 
@@ -388,7 +350,7 @@ def _reward_pairs(conv, entry: dict, spec: dict, where: str) -> set[str]:
     kind = str(kind or "")
     prefix, strategy = preference.split_type(kind) if "." in kind else ("", kind)
     if prefix in CHAT_TEMPLATES:
-        _chat_template(conv, prefix, f"{where}.type")
+        chat_template_key(conv, prefix, f"{where}.type")
     elif prefix and prefix != "chat_template":
         conv.note(f"{where}.type", f"template '{prefix}' has no counterpart; data.chat_template decides")
     found = preference.PREFERENCE_TYPES.get(strategy) or preference.FORMER_PREFERENCE_TYPES.get(strategy, (None,))[0]

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from recipeforge.config.axolotl.chat_templates import chat_template_key, jinja_key
+
 # The markup of Axolotl's text strategies, per module: the system text (written when the row has one), the
 # user's turn up to the assistant's, and the end of each answer.
 TEXT_TEMPLATES: dict[str, dict[str, str]] = {
@@ -254,14 +256,12 @@ def _field_columns(entry: dict, keys: dict[str, str], default: str | None = None
 
 def _chat_keys(conv, entry: dict, where: str) -> set[str]:
     """The chat template keys of an entry whose rows go through the chat template."""
-    from recipeforge.config.axolotl.datasets import _chat_template, _jinja
-
     for key in ("message_property_mappings", "roles"):
         if entry.get(key) is not None:
             conv.note(f"{where}.{key}", "recipeforge reads role/content (or from/value) messages with the "
                                         "standard roles; other keys must be renamed in the data")
     if entry.get("chat_template") is not None:
-        _chat_template(conv, entry["chat_template"], f"{where}.chat_template")
+        chat_template_key(conv, entry["chat_template"], f"{where}.chat_template")
     if entry.get("chat_template_jinja") is not None:
-        _jinja(conv, entry["chat_template_jinja"], f"{where}.chat_template_jinja")
+        jinja_key(conv, entry["chat_template_jinja"], f"{where}.chat_template_jinja")
     return {"message_property_mappings", "roles", "chat_template", "chat_template_jinja"}
