@@ -164,20 +164,20 @@ def read_config(path: str | Path) -> dict[str, Any]:
 def convert_config(config: dict[str, Any], source: str | Path = "config.yaml", *, world_size: int = 1) -> Conversion:
     """Convert Axolotl `config` (data) to a recipe; `source` is the file it came from (DeepSpeed JSON
     paths are read relative to it)."""
-    from recipeforge.config.axolotl import backend, datasets, training, vision
+    from recipeforge.config.axolotl import backend, datasets, stages, training, vision
 
     conv = Conversion(config=config, source=Path(source), world_size=world_size, vision=vision.detect(config))
     for key, value in config.items():
         if value is None or value == [] or value == {}:
             conv.mapped[key] = "(unset: the recipe default)"
-    training.stage(conv)
+    stages.stage(conv)
     conv.recipe["name"] = Path(source).stem
     conv.recipe["description"] = f"Converted from the Axolotl config {Path(source).name}."
     training.model(conv)
     training.adapter(conv)
     datasets.data(conv)
     training.optimisation(conv)
-    training.stage_settings(conv)
+    stages.stage_settings(conv)
     vision.settings(conv)
     backend.distributed(conv)
     training.logging_output(conv)
