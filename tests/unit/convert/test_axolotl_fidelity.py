@@ -8,6 +8,7 @@ To regenerate the ground truth on purpose (Axolotl's prompts or the tiny tokeniz
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 
 from recipeforge.config import load_recipe
 from recipeforge.config.axolotl import convert_config
+from recipeforge.config.axolotl.chat_templates import TEMPLATE_CHANGES
 
 ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = json.loads((ROOT / "tests/data/axolotl/fidelity/cases.json").read_text())
@@ -25,7 +27,8 @@ def _id(case: dict) -> str:
     kind = case["entry"]["type"]
     name = "user_defined" if isinstance(kind, dict) else kind
     return name + ("+conversation" if "conversation" in case["entry"] else "") + \
-        ("+field_messages" if "field_messages" in case["entry"] else "")
+        ("+field_messages" if "field_messages" in case["entry"] else "") + \
+        "".join(f"+{value}" for value in case.get("config", {}).values())
 
 
 @pytest.fixture(scope="module")
@@ -44,12 +47,27 @@ def converted_tokens(case: dict, tokenizer, tmp_path: Path, **extra) -> tuple[li
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in case["rows"]))
     config = {"base_model": "tiny:llama", "datasets": [case["entry"]], "sequence_len": FIXTURES["sequence_len"],
               "shuffle_merged_datasets": False, "micro_batch_size": 1, "num_epochs": 1,
-              "chat_template": FIXTURES["chat_template"], **extra}
+              "chat_template": FIXTURES["chat_template"], **case.get("config", {}), **extra}
     conv = convert_config(config, tmp_path / "axolotl.yaml")
     (tmp_path / "recipe.yaml").write_text(conv.recipe_text())
     recipe = load_recipe(tmp_path / "recipe.yaml").recipe
-    lm = prepare_lm_data(recipe, tokenizer, base_dir=tmp_path, use_cache=False)
+    lm = prepare_lm_data(recipe, _prepared(tokenizer, tmp_path), base_dir=tmp_path, use_cache=False)
     return [list(r) for r in lm.train["input_ids"]], [list(r) for r in lm.train["labels"]], conv
+
+
+def _prepared(tokenizer, tmp_path: Path):
+    """The tokenizer as the converted recipe in `tmp_path` prepares it (its chat template and tokens)."""
+    from recipeforge.components.vocab import prepare_tokenizer
+
+    tokenizer = copy.deepcopy(tokenizer)
+    prepare_tokenizer(tokenizer, load_recipe(tmp_path / "recipe.yaml").recipe, base_dir=tmp_path)
+    return tokenizer
+
+
+def _texts(ids: list, labels: list, tokenizer) -> list[tuple[str, str]]:
+    """Each row's text and the text of its trained tokens."""
+    return [(tokenizer.decode(row), tokenizer.decode([i for i, label in zip(row, lab) if label != -100]))
+            for row, lab in zip(ids, labels)]
 
 
 def test_the_fixtures_come_from_axolotl_and_cover_every_prompter():
@@ -75,14 +93,25 @@ def test_converted_recipe_trains_axolotls_tokens(case, tokenizer, tmp_path):
     ids, labels, conv = converted_tokens(case, tokenizer, tmp_path)
     want_ids = [t["input_ids"] for t in case["tokens"]]
     want_labels = [t["labels"] for t in case["tokens"]]
+    template = case.get("config", {}).get("chat_template")
+    if template is not None:
+        # A named template of both tools. The tiny tokenizer lacks its markers (<|eot_id|>, <think>, ...), which a
+        # model's tokenizer has: recipeforge adds them as tokens, Axolotl splits them, so the texts are compared.
+        ours, axolotls = _texts(ids, labels, _prepared(tokenizer, tmp_path)), _texts(want_ids, want_labels, tokenizer)
+        if template in TEMPLATE_CHANGES:  # they differ, and the report says how
+            assert ours != axolotls, f"{template} now trains Axolotl's text: take it out of TEMPLATE_CHANGES"
+            assert conv.changes["chat_template"] == TEMPLATE_CHANGES[template]
+        else:
+            assert ours == axolotls and "chat_template" not in conv.changes, (ours, axolotls, conv.changes)
+        return
     assert ids == want_ids, f"{_id(case)}: other token ids than Axolotl's\n{tokenizer.decode(ids[0])!r}\n" \
                             f"{tokenizer.decode(want_ids[0])!r}"
     assert labels == want_labels, f"{_id(case)}: other labels than Axolotl's"
     changes = [k for k in conv.changes if k.startswith("datasets[0]")]
     if "choices" in case["rows"][0]:  # equal only because these rows carry the input Axolotl builds: reported
         assert "choices" in conv.changes["datasets[0].type"]
-    else:  # nothing differs, so the report names no semantic change for the dataset
-        assert not changes, conv.changes
+    else:  # nothing differs, so the report names no semantic change for the dataset or its template
+        assert not changes and "chat_template" not in conv.changes, conv.changes
 
 
 def test_train_on_inputs_trains_the_prompt_as_axolotl_does(tokenizer, tmp_path):

@@ -83,6 +83,15 @@ CASES: list[dict] = [
     {"type": "chat_template", "field_messages": "conversations",
      "message_property_mappings": {"role": "from", "content": "value"},
      "rows": [{"conversations": [{"from": "human", "value": "Name a fruit."}, {"from": "gpt", "value": "A pear."}]}]},
+    # The same rows through a named template of Axolotl's (cfg.chat_template: chatml), which recipeforge names too.
+    {"type": "chat_template", "config": {"chat_template": "chatml"}, "rows": [{"messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "Hello!"}]}]},
+    *({"type": "chat_template", "config": {"chat_template": name}, "rows": [{"messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "Hello!"}]}]}
+      for name in ("phi_3", "llama3", "llama4", "qwen_25", "qwen3", "gemma3", "mistral_v2v3", "mistral_v3_tekken",
+                   "deepseek_v3")),
 ]
 SEQUENCE_LEN = 2048
 CHAT_TEMPLATE = "tokenizer_default"
@@ -268,12 +277,13 @@ def main() -> None:
                        "chat_template": CHAT_TEMPLATE})
     out = []
     for case in CASES:
-        entry = {"path": "rows.jsonl", **{k: v for k, v in case.items() if k != "rows"}}
+        entry = {"path": "rows.jsonl", **{k: v for k, v in case.items() if k not in ("rows", "config")}}
         base, style = _parse_dataset_type(entry["type"])
-        wrapped, _ = get_dataset_wrapper(DictDefault(entry), tokenizer, cfg, base, Dataset.from_list(case["rows"]),
-                                         style)
+        wrapped, _ = get_dataset_wrapper(DictDefault(entry), tokenizer, DictDefault({**cfg, **case.get("config", {})}),
+                                         base, Dataset.from_list(case["rows"]), style)
         tokens = [{"input_ids": list(r["input_ids"]), "labels": list(r["labels"])} for r in wrapped]
-        out.append({"entry": entry, "rows": case["rows"], "tokens": tokens})
+        out.append({"entry": entry, "rows": case["rows"], "tokens": tokens,
+                    **({"config": case["config"]} if "config" in case else {})})
     doc = {"axolotl_version": axolotl.__version__, "tokenizer": "recipeforge tiny tokenizer, vocab 1024",
            "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer), "sequence_len": SEQUENCE_LEN,
            "chat_template": CHAT_TEMPLATE, "cases": out}
