@@ -71,10 +71,11 @@ def trained_runner(ctx: StageContext, backend: Backend) -> Any:
         runner.setup()
         if ctx.dist.is_main and runner.data_stats:
             MetricsWriter(ctx.run.metrics).write({"split": "data", "step": 0, **runner.data_stats})
-        if ctx.dist.is_main and getattr(runner, "model_load_seconds", None) is not None:
+        load_seconds = getattr(runner, "model_load_seconds", None)
+        if ctx.dist.is_main and load_seconds is not None:
             # How long the model took to build or read before the first step (random init included).
             MetricsWriter(ctx.run.metrics).write({"split": "startup", "step": 0,
-                                                  "model_load_s": round(runner.model_load_seconds, 3)})
+                                                  "model_load_s": round(load_seconds, 3)})
         runner.train()
         if ctx.dist.is_main and backend.reports_runtime:
             write_backend_report(ctx, runner, backend)

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from recipeforge.stage_specs import STAGE_SPECS
 
+if TYPE_CHECKING:
+    from recipeforge.stages.base import TrainerStage
+
 # stage name -> "module:class"; imported only when a run needs it (TRL imports take seconds).
-RUNNERS = {name: spec.runner for name, spec in STAGE_SPECS.items()}
+RUNNERS: dict[str, str] = {name: spec.runner for name, spec in STAGE_SPECS.items()}
 
 
-def runner_class(stage: str, runner: str | None = None):
+def runner_class(stage: str, runner: str | None = None) -> type[TrainerStage]:
     """The runner class of `stage`, or `runner` (``"module:Class"``) when the backend trains with a
     loop of its own (`BackendSpec.runner`)."""
     spec = runner or RUNNERS[stage]
     module, _, name = spec.partition(":")
-    return getattr(importlib.import_module(module), name)
+    cls: type[TrainerStage] = getattr(importlib.import_module(module), name)
+    return cls

@@ -11,14 +11,19 @@ they are, and it asks ``torch.accelerator`` for the device, None without one), s
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from recipeforge.stage_specs import Stage
-from recipeforge.errors import RecipeError
+from recipeforge.errors import Location, RecipeError
+
+if TYPE_CHECKING:
+    from transformers import Trainer
 
 STAGES = tuple(s.value for s in (Stage.PRETRAIN, Stage.SFT, Stage.DPO, Stage.KTO, Stage.REWARD))
 KEY = "train.activation_offloading"
 
 
-def check_activation_offloading(stage: str, device: str, *, location=None) -> None:
+def check_activation_offloading(stage: str, device: str, *, location: Location | None = None) -> None:
     """Refuse `train.activation_offloading` where it cannot run: a stage without it, or a CPU run."""
     if stage not in STAGES:
         raise RecipeError(f"activation offloading is not available for the {stage} stage", key=KEY,
@@ -28,13 +33,13 @@ def check_activation_offloading(stage: str, device: str, *, location=None) -> No
                           f"planned for the {device}", key=KEY, location=location, hint=f"set {KEY}: false")
 
 
-def trainer_field(cls) -> dict:
+def trainer_field(cls: type) -> dict[str, bool]:
     """``{"activation_offloading": True}`` when the trainer's config class `cls` has TRL's field, else {}."""
     return {"activation_offloading": True} if "activation_offloading" in getattr(cls, "__dataclass_fields__", {}) \
         else {}
 
 
-def wrap_training_step(trainer) -> None:
+def wrap_training_step(trainer: Trainer) -> None:
     """Run every training step of `trainer` (a Trainer whose arguments lack TRL's field) inside TRL's
     offloading context, built for its model as TRL's own trainers build it."""
     if getattr(trainer.args, "activation_offloading", False):
@@ -44,7 +49,7 @@ def wrap_training_step(trainer) -> None:
     context = get_act_offloading_ctx_manager(model=trainer.model)
     step = trainer.training_step
 
-    def training_step(*args, **kwargs):
+    def training_step(*args: Any, **kwargs: Any) -> Any:
         with context:
             return step(*args, **kwargs)
 

@@ -14,7 +14,7 @@ arguments through `StageContext.backend_kwargs`, merged in exactly one place
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 
 from recipeforge.components.prepared import PreparedData
 from recipeforge.config.secrets import public
@@ -24,7 +24,16 @@ from recipeforge.stages.trainer_args import (BNB_OPTIMIZERS, OPTIMIZERS, SCHEDUL
                                              trainer_arguments)
 
 if TYPE_CHECKING:
+    from peft import LoraConfig
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback
+
+    from recipeforge.components.kernels import KernelEffects
+    from recipeforge.components.vocab import VocabChange
+    from recipeforge.config.schema.recipe import Recipe
     from recipeforge.stages.model_builder import ModelBuilder
+
+# The class of a stage's trainer arguments (TrainingArguments, a TRL config).
+_Arguments = TypeVar("_Arguments")
 
 __all__ = ["BNB_OPTIMIZERS", "OPTIMIZERS", "SCHEDULERS", "DistInfo", "RecipeContext", "StageContext",
            "StageRunner", "TrainerStage", "WorkerHooks", "trainer_error"]
@@ -51,19 +60,19 @@ class TrainerStage:
     def __init__(self, ctx: RecipeContext):
         from recipeforge.outputs.console import TokenRate
 
-        self.ctx: Any = ctx  # a StageContext when training; a RecipeContext for data preparation alone
-        self.recipe = ctx.recipe
-        self.tokenizer: Any = None
+        self.ctx: RecipeContext = ctx  # a StageContext when training (`context`); a RecipeContext for data alone
+        self.recipe: Recipe = ctx.recipe
+        self.tokenizer: Any = None  # a PreTrainedTokenizerBase, once `load_tokenizer` ran
         self.processor: Any = None  # a vision-language model's processor (`stages.vision`), else None
-        self.vocab: Any = None
+        self.vocab: VocabChange | None = None
         self.data: PreparedData | None = None
         self.models: ModelBuilder | None = None
-        self.model: Any = None
-        self.trainer: Any = None
-        self.kernels: Any = None
+        self.model: Any = None  # a PreTrainedModel (a PeftModel with adapters added), once `load_model` ran
+        self.trainer: Any = None  # a transformers Trainer (or a TRL one), once `build_trainer` ran
+        self.kernels: KernelEffects | None = None
         self.extra_log_sources: list[Callable[[], dict[str, Any]]] = []
         self.token_rate = TokenRate()  # tokens/s in every training record, once the trainer counts
-        self.trackers: list[Any] = []  # W&B / MLflow callbacks (`outputs.trackers`), finished by `train`
+        self.trackers: list[TrainerCallback] = []  # W&B / MLflow callbacks (`outputs.trackers`), finished by `train`
         self.model_load_seconds: float | None = None  # building or reading the model (`load_model`)
 
     @property
@@ -160,7 +169,7 @@ class TrainerStage:
         attach_progress(self.trainer, enabled=self.recipe.logging.progress_bar and ctx.dist.is_main,
                         data_parallel=data_parallel)
 
-    def build_trainer_explained(self) -> Any:
+    def build_trainer_explained(self) -> Trainer:
         """`build_trainer`, with a configuration or constructor error of the training library turned
         into a user error naming the stage, the trainer and the library's message (the original stays
         attached as the cause: ``--debug`` shows its traceback)."""
@@ -220,7 +229,7 @@ class TrainerStage:
         """The stage's training and eval data, read, checked and prepared for its trainer."""
         raise NotImplementedError
 
-    def build_trainer(self) -> Any:
+    def build_trainer(self) -> Trainer:
         """The stage's trainer, built from `self.data`, `self.model`, `training_arguments` and
         `callbacks`."""
         raise NotImplementedError
@@ -236,7 +245,7 @@ class TrainerStage:
         return False
 
     # --- building blocks ----------------------------------------------------------------------
-    def load_tokenizer(self) -> Any:
+    def load_tokenizer(self) -> PreTrainedTokenizerBase:
         """The recipe's tokenizer, with the chat template and the recipe's tokens added (before anything
         is tokenized: the data cache key includes them); `vocab` records what was added."""
         from recipeforge.components.tiny_spec import TINY_CONFIGS, tiny_arch
@@ -257,7 +266,7 @@ class TrainerStage:
                          f"and are trained")
         return tokenizer
 
-    def load_model(self) -> Any:
+    def load_model(self) -> PreTrainedModel:
         """The model the trainer gets: the base (`ModelBuilder.base`), with only the recipe's unfrozen
         parameters trainable in a partial full fine-tune."""
         import time
@@ -305,7 +314,7 @@ class TrainerStage:
             raise TypeError("the data is prepared by `setup` (or `prepare`)")
         return self.data
 
-    def peft_config(self) -> Any:
+    def peft_config(self) -> LoraConfig | None:
         """The LoRA config of the recipe, or None for full fine-tuning."""
         from recipeforge.components.adapters import lora_config
 
@@ -314,11 +323,11 @@ class TrainerStage:
         return lora_config(self.recipe.adapter, trainable_tokens=self.builder.trainable_tokens(self.model),
                            target_modules=self.builder.lora_targets(self.model))
 
-    def frozen_reference(self, name: str) -> Any:
+    def frozen_reference(self, name: str) -> PreTrainedModel | None:
         """The frozen reference model of a preference stage (`ModelBuilder.reference`)."""
         return self.builder.reference(name, location=self.ctx.locate((self.stage, "reference")))
 
-    def callbacks(self) -> list[Any]:
+    def callbacks(self) -> list[TrainerCallback]:
         """Every callback of the run (`stages.callbacks.run_callbacks`); the tracker ones are kept to
         be closed when training ends."""
         from recipeforge.stages.callbacks import run_callbacks
@@ -333,7 +342,7 @@ class TrainerStage:
         # A checkpoint's adapter names base_model/: a random-init base is written with the first one.
         return [*made.all, base] if base is not None else made.all
 
-    def training_arguments(self, cls: type, **stage_kwargs: Any) -> Any:
+    def training_arguments(self, cls: type[_Arguments], **stage_kwargs: Any) -> _Arguments:
         """Build `cls` (TrainingArguments or a TRL config): common settings, then the stage's, then
         the backend's — the single place where backend trainer arguments are merged."""
         kwargs = {**self.common_arguments(), **stage_kwargs, **self.context.backend_kwargs}

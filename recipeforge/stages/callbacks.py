@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from recipeforge.errors import RecipeError
 
 if TYPE_CHECKING:
+    from transformers import TrainerCallback
+
     from recipeforge.stages.context import StageContext
 
 
@@ -23,11 +25,11 @@ class Callbacks:
     """A run's callbacks: all of them in the order the trainer gets them, and the tracker ones apart
     (closed by the runner when training ends, before the process group goes)."""
 
-    all: list[Any] = field(default_factory=list)
-    trackers: list[Any] = field(default_factory=list)
+    all: list[TrainerCallback] = field(default_factory=list)
+    trackers: list[TrainerCallback] = field(default_factory=list)
 
 
-def run_callbacks(ctx: "StageContext", *, log_sources: Sequence[Callable[[], dict[str, Any]]],
+def run_callbacks(ctx: StageContext, *, log_sources: Sequence[Callable[[], dict[str, Any]]],
                   run_name: str | None, wandb_name: str | None) -> Callbacks:
     """The callbacks of a run in `ctx`; `log_sources` add values to each training record."""
     from recipeforge.outputs import metrics
@@ -39,7 +41,7 @@ def run_callbacks(ctx: "StageContext", *, log_sources: Sequence[Callable[[], dic
     recipe, run, is_main = ctx.recipe, ctx.run, ctx.dist.is_main
     memory = peak_memory_source(ctx.plan.device)
     writer = metrics.MetricsWriter(run.metrics, enabled=is_main)
-    cbs: list[Any] = [metrics.make_callback(writer, [*log_sources, *([memory] if memory else [])])]
+    cbs: list[TrainerCallback] = [metrics.make_callback(writer, [*log_sources, *([memory] if memory else [])])]
     if recipe.train.scheduler == "wsd":
         from recipeforge.components.schedules import wsd_callback
 
@@ -54,7 +56,7 @@ def run_callbacks(ctx: "StageContext", *, log_sources: Sequence[Callable[[], dic
     return Callbacks(all=[*cbs, *trackers], trackers=list(trackers))
 
 
-def tensorboard_callback(log_dir: Path) -> Any:
+def tensorboard_callback(log_dir: Path) -> TrainerCallback:
     """transformers' TensorBoard callback writing to `log_dir`; a `RecipeError` without tensorboard."""
     from transformers.integrations import TensorBoardCallback
 

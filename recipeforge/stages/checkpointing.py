@@ -16,12 +16,19 @@ enabled here on the model before the trainer is built, and the Trainer's own swi
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from peft import PeftModel
+    from torch._ops import OpOverload
+    from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
+    from transformers import PreTrainedModel
 
 SELECTIVE = "selective"
 
 
-def _saved_ops() -> set[Any]:
+def _saved_ops() -> set[OpOverload]:
     """The ops whose outputs selective checkpointing keeps (torchtitan's list, plus the CPU kernels of
     attention and the fused bias matmul that nn.Linear with a bias dispatches to)."""
     import torch
@@ -49,7 +56,7 @@ def selective_context() -> Any:
     saved = _saved_ops()
     counts: dict[str, int] = defaultdict(int)
 
-    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+    def policy(ctx: SelectiveCheckpointContext, func: OpOverload, *args: Any, **kwargs: Any) -> CheckpointPolicy:
         key = "recompute" if ctx.is_recompute else "forward"
         matmul = func.__name__.split(".")[0] in MATMULS
         if matmul:
@@ -57,10 +64,10 @@ def selective_context() -> Any:
         keep = func in saved and not (matmul and counts[key] % 2 == 0)
         return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
 
-    return create_selective_checkpoint_contexts(policy)
+    return create_selective_checkpoint_contexts(policy)  # type: ignore[no-untyped-call]  # unannotated in torch
 
 
-def enable_checkpointing(model: Any, *, selective: bool, every: int = 1) -> int:
+def enable_checkpointing(model: PreTrainedModel | PeftModel, *, selective: bool, every: int = 1) -> int:
     """Checkpoint `model`'s decoder layers selectively, or every `every`-th layer in full; returns the
     number of layers checkpointed. `model` may be wrapped by peft."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -77,7 +84,7 @@ def enable_checkpointing(model: Any, *, selective: bool, every: int = 1) -> int:
     return sum(1 for layer in layers if layer.gradient_checkpointing)
 
 
-def _is_checkpointed_layer(module: Any) -> bool:
+def _is_checkpointed_layer(module: torch.nn.Module) -> bool:
     """A transformers layer that checkpoints its forward when its flag is set."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 

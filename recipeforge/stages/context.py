@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from recipeforge.plan.types import Plan
 
 Logger = Callable[[str], None]
+# Where the recipe sets the key at a path (`RecipeContext.locate`), for error messages.
+Locate = Callable[[tuple[Any, ...]], Location | None]
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,13 @@ as in the SimPO paper, and to 1 for the CPO losses.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from recipeforge.stages.trl_preference import PreferenceTrainerStage
+
+if TYPE_CHECKING:
+    from recipeforge.config.schema.preference import CPOConfig
+    from recipeforge.config.schema.recipe import CPORecipe
 
 
 class CPOStage(PreferenceTrainerStage):
@@ -16,8 +22,13 @@ class CPOStage(PreferenceTrainerStage):
     stage = "cpo"
     method = "CPO"
     trainer_class = "trl.experimental.cpo.CPOTrainer"
+    recipe: CPORecipe
 
-    def method_arguments(self) -> dict:
+    @property
+    def section(self) -> CPOConfig:
+        return self.recipe.cpo
+
+    def method_arguments(self) -> dict[str, Any]:
         c = self.section
         return {"beta": c.beta, "loss_type": c.loss_type, "simpo_gamma": c.simpo_gamma, "cpo_alpha": c.nll_weight,
                 "label_smoothing": c.label_smoothing}

@@ -12,7 +12,7 @@ from typing import Callable
 GIB = 1024 ** 3
 
 
-def peak_memory_source(device: str) -> Callable[[], dict] | None:
+def peak_memory_source(device: str) -> Callable[[], dict[str, float]] | None:
     """A log source returning this process's peak GPU memory so far, or None off CUDA."""
     if device != "cuda":
         return None
@@ -21,7 +21,7 @@ def peak_memory_source(device: str) -> Callable[[], dict] | None:
     if not torch.cuda.is_available():
         return None
 
-    def take() -> dict:
+    def take() -> dict[str, float]:
         index = torch.cuda.current_device()
         return {"memory/peak_reserved_gib": round(torch.cuda.max_memory_reserved(index) / GIB, 3),
                 "memory/peak_allocated_gib": round(torch.cuda.max_memory_allocated(index) / GIB, 3)}

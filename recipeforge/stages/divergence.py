@@ -24,10 +24,16 @@ import math
 import os
 import statistics
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from recipeforge.stage_specs import Stage
 from recipeforge.errors import RecipeError
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+    from recipeforge.config.schema.train import DivergenceConfig
 
 HINT = ("lower train.learning_rate, keep gradient clipping on (train.max_grad_norm, e.g. 1.0) or add warmup "
         "(train.warmup_ratio)")
@@ -37,7 +43,7 @@ class Diverged(RecipeError):
     """Training diverged (NaN/inf, or a loss spike with `on_spike: stop`); a user error."""
 
 
-def finite(value) -> bool:
+def finite(value: Any) -> bool:
     """Whether a logged value is a finite number (non-numbers count as finite: nothing to judge)."""
     try:
         return math.isfinite(float(value))
@@ -71,18 +77,20 @@ class SpikeWatch:
         return median if self.streak == self.patience else None
 
 
-def make_callback(config, *, stage: str, checkpoints: Path, log: Callable[[str], None]):
+def make_callback(config: DivergenceConfig, *, stage: str, checkpoints: Path,
+                  log: Callable[[str], None]) -> TrainerCallback:
     """The divergence `TrainerCallback` for `config` (a `train.divergence` section)."""
     from transformers import TrainerCallback
 
     spike_factor = None if stage == Stage.GRPO else config.spike_factor
     nan_step = _nan_fault_step()  # read once here, not on every step
 
-    class DivergenceCallback(TrainerCallback):
-        def __init__(self):
+    class DivergenceCallback(TrainerCallback):  # type: ignore[misc]  # transformers is untyped here (`Any`)
+        def __init__(self) -> None:
             self.watch = SpikeWatch(spike_factor, config.spike_window, config.spike_patience)
 
-        def on_log(self, args, state, control, logs=None, **kwargs):
+        def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                   logs: dict[str, float] | None = None, **kwargs: Any) -> None:
             if not logs or any(k.startswith("eval_") for k in logs) or "train_runtime" in logs:
                 return
             step = state.global_step
@@ -106,15 +114,18 @@ def make_callback(config, *, stage: str, checkpoints: Path, log: Callable[[str],
                 log(f"warning: {what}: the run may be diverging ({HINT}; train.divergence.on_spike: stop ends "
                     f"such runs)")
 
-        def on_step_begin(self, args, state, control, model=None, **kwargs):
+        def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                          model: torch.nn.Module | None = None, **kwargs: Any) -> None:
             if nan_step is not None and nan_step == state.global_step and model is not None:
                 _poison(model)
 
-        def on_step_end(self, args, state, control, model=None, **kwargs):
+        def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                        model: torch.nn.Module | None = None, **kwargs: Any) -> None:
             if control.should_save and config.stop_on_nan:
                 _check_weights(model, state.global_step, checkpoints, before=f"checkpoint-{state.global_step}")
 
-        def on_train_end(self, args, state, control, model=None, **kwargs):
+        def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                         model: torch.nn.Module | None = None, **kwargs: Any) -> None:
             if config.stop_on_nan:
                 _check_weights(model, state.global_step, checkpoints, before="final/")
 
@@ -126,7 +137,7 @@ def _nan_fault_step() -> int | None:
     return int(step) if point == "nan" and step.isdecimal() else None
 
 
-def _poison(model) -> None:
+def _poison(model: torch.nn.Module) -> None:
     """Fill the largest trained weight with NaN (the `nan` fault point)."""
     import torch
 
@@ -146,7 +157,7 @@ def _kept(checkpoints: Path) -> str:
     return f"stopped without saving the diverged weights; {kept}"
 
 
-def _check_weights(model, step: int, checkpoints: Path, *, before: str) -> None:
+def _check_weights(model: torch.nn.Module | None, step: int, checkpoints: Path, *, before: str) -> None:
     """Raise `Diverged` when any weight is NaN/inf (agreed over all processes, so all stop together)."""
     if model is None:
         return

@@ -7,22 +7,30 @@ model `dpo.reference` names.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from recipeforge.components.prepared import PreparedData
 from recipeforge.stage_specs import Stage
 from recipeforge.stages.base import TrainerStage
 from recipeforge.stages.vision import VisionStage, distinct_rows
+
+if TYPE_CHECKING:
+    from transformers import BatchFeature, PreTrainedModel, Trainer
+
+    from recipeforge.config.schema.recipe import DPORecipe
+    from recipeforge.stages.context import RecipeContext
 
 # TRL's name for the NLL term on chosen answers among DPOConfig.loss_type values
 TRL_NLL_LOSS = "sft"
 
 
-def dpo_arguments(recipe, config_cls) -> dict:
+def dpo_arguments(recipe: DPORecipe, config_cls: type) -> dict[str, Any]:
     """The DPOConfig fields of the `dpo:` section: beta, the loss (with RPO's NLL term), lengths."""
     from recipeforge.stages.trl_lengths import length_arguments
 
     d = recipe.dpo
-    losses, weights = [d.loss_type], None
+    losses: list[str] = [d.loss_type]
+    weights: list[float] | None = None
     if d.rpo_alpha:
         # RPO: the preference loss plus an NLL term on chosen answers, weighted by rpo_alpha.
         losses, weights = [d.loss_type, TRL_NLL_LOSS], [1.0, d.rpo_alpha]
@@ -31,8 +39,10 @@ def dpo_arguments(recipe, config_cls) -> dict:
     # data.sequence_len; a TRL default never applies.
     lengths = length_arguments(config_cls, max_length=recipe.data.sequence_len,
                                max_prompt_length=d.max_prompt_length, max_completion_length=None)
+    num_proc = recipe.data.num_proc  # a number once the recipe is loaded (`auto` is resolved then)
     return dict(beta=d.beta, loss_type=losses, loss_weights=weights, label_smoothing=d.label_smoothing, **lengths,
-                disable_dropout=True, dataset_num_proc=recipe.data.num_proc if recipe.data.num_proc > 1 else None)
+                disable_dropout=True,
+                dataset_num_proc=num_proc if isinstance(num_proc, int) and num_proc > 1 else None)
 
 
 class DPOStage(TrainerStage):
@@ -40,22 +50,24 @@ class DPOStage(TrainerStage):
 
     stage = "dpo"
     trainer_class = "trl.DPOTrainer"
+    recipe: DPORecipe
 
-    def __new__(cls, ctx, *args, **kwargs):
+    # A `VisionDPOStage` is no DPOStage: the runner made is a TrainerStage.
+    def __new__(cls, ctx: RecipeContext, *args: Any, **kwargs: Any) -> TrainerStage:  # type: ignore[misc]
         from recipeforge.stages.vision_check import is_vision_recipe
 
         if cls is DPOStage and is_vision_recipe(ctx.recipe):
             return VisionDPOStage(ctx)
         return super().__new__(cls)
 
-    def prepare_data(self):
+    def prepare_data(self) -> PreparedData:
         return self.prepare_rows("preference", max_prompt_length=self.recipe.dpo.max_prompt_length)
 
-    def reference_model(self):
+    def reference_model(self) -> PreTrainedModel | None:
         """The frozen reference model (`TrainerStage.frozen_reference` of `dpo.reference`)."""
         return self.frozen_reference(self.recipe.dpo.reference)
 
-    def build_trainer(self):
+    def build_trainer(self) -> Trainer:
         from recipeforge.outputs.atomic import crash_safe
         from trl import DPOConfig, DPOTrainer
 
@@ -71,11 +83,12 @@ class VisionDPOStage(VisionStage):
 
     stage = Stage.DPO
     trainer_class = "trl.DPOTrainer"
+    recipe: DPORecipe
 
-    def reference_model(self) -> Any:
+    def reference_model(self) -> PreTrainedModel | None:
         return self.frozen_reference(self.recipe.dpo.reference)
 
-    def build_trainer(self) -> Any:
+    def build_trainer(self) -> Trainer:
         from trl import DPOConfig, DPOTrainer
 
         from recipeforge.outputs.atomic import crash_safe
@@ -92,7 +105,7 @@ class VisionDPOStage(VisionStage):
 
         from trl.data_utils import prepare_multimodal_messages
 
-        def collate(rows: list[dict]) -> dict:
+        def collate(rows: list[dict[str, Any]]) -> BatchFeature:
             # The prompt with its images, as DPO's collator encodes it (the answers hold no image).
             row = rows[0]
             messages = prepare_multimodal_messages(row["prompt"], images=row["images"])

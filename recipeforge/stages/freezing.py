@@ -4,15 +4,22 @@ torchao's low-bit optimizers can run before anything loads."""
 from __future__ import annotations
 
 import importlib.util
+from typing import TYPE_CHECKING
 
 from recipeforge.config.param_patterns import examples, parse_pattern, selected
-from recipeforge.errors import Problem, RecipeError
+from recipeforge.errors import Location, Problem, RecipeError
+
+if TYPE_CHECKING:
+    import torch
+
+    from recipeforge.stages.context import Locate, Logger
 
 KEY = "train.unfrozen_parameters"
 TORCHAO_OPTIMIZERS = ("adamw_torchao_8bit", "adamw_torchao_4bit")
 
 
-def apply_unfrozen_parameters(model, patterns: list[str], *, locate=None, log=None) -> tuple[int, int]:
+def apply_unfrozen_parameters(model: torch.nn.Module, patterns: list[str], *, locate: Locate | None = None,
+                              log: Logger | None = None) -> tuple[int, int]:
     """Freeze every parameter of `model` except those a pattern selects (Axolotl's semantics, see
     `config.param_patterns`); a row range leaves the other rows' gradients at zero. A pattern that
     selects nothing is a `RecipeError` at its index, listing some real parameter names. Returns
@@ -44,7 +51,7 @@ def apply_unfrozen_parameters(model, patterns: list[str], *, locate=None, log=No
     return trainable, total
 
 
-def _train_rows_only(param, ranges: list[tuple[int, int | None]], name: str) -> None:
+def _train_rows_only(param: torch.nn.Parameter, ranges: list[tuple[int, int | None]], name: str) -> None:
     """Zero the gradient of every row outside `ranges` (Adam then leaves those rows unchanged; the
     schema refuses row ranges with weight decay, which would still shrink them)."""
     rows = param.shape[0]
@@ -59,15 +66,15 @@ def _train_rows_only(param, ranges: list[tuple[int, int | None]], name: str) -> 
         mask[lo:hi] = True
     frozen = ~mask
 
-    def hook(grad):
+    def hook(grad: torch.Tensor) -> torch.Tensor:
         grad = grad.clone()
         grad[frozen.to(grad.device)] = 0
         return grad
 
-    param.register_hook(hook)
+    param.register_hook(hook)  # type: ignore[no-untyped-call]  # unannotated in torch
 
 
-def check_low_bit_optimizer(optimizer: str, *, location=None) -> None:
+def check_low_bit_optimizer(optimizer: str, *, location: Location | None = None) -> None:
     """Refuse torchao's low-bit AdamW when torchao (at the version transformers needs) is missing,
     before any data or weights load."""
     if optimizer not in TORCHAO_OPTIMIZERS:

@@ -9,8 +9,18 @@ from __future__ import annotations
 
 import atexit
 import json
+from typing import TYPE_CHECKING, Any
 
+from recipeforge.components.prepared import PreparedData
 from recipeforge.stages.base import TrainerStage
+
+if TYPE_CHECKING:
+    from transformers import Trainer
+
+    from recipeforge.components.rewards import BuiltRewards
+    from recipeforge.components.rollout import RunningServer
+    from recipeforge.config.schema.recipe import GRPORecipe
+    from recipeforge.config.schema.stages import RolloutConfig
 
 
 class GRPOStage(TrainerStage):
@@ -18,9 +28,15 @@ class GRPOStage(TrainerStage):
 
     stage = "grpo"
     trainer_class = "trl.GRPOTrainer"
-    server = None  # the generation server this run started (server mode with launch: true)
+    recipe: GRPORecipe
+    server: RunningServer | None = None  # the generation server this run started (server mode with launch: true)
+    # Set by `prepare_data`: the device the rewards and the rollout engine are checked for, the reward
+    # functions, and the rollout engine's trainer arguments.
+    device: str
+    rewards: BuiltRewards
+    rollout_kwargs: dict[str, Any]
 
-    def prepare_data(self):
+    def prepare_data(self) -> PreparedData:
         from recipeforge.components.rewards import RewardContext, build_rewards
         from recipeforge.components.rollout import rollout_arguments
         from recipeforge.stages.base import StageContext
@@ -48,7 +64,7 @@ class GRPOStage(TrainerStage):
 
         return self.recipe.grpo.beta > 0 or rollout_engine(self.recipe.grpo.rollout).loads_model_by_path
 
-    def start_rollout_server(self):
+    def start_rollout_server(self) -> RolloutConfig:
         """Start the generation server when the recipe has the run start it (server mode): on the
         main process, address in ``rollout_server.json``; every rank reads it from there. Returns
         `grpo.rollout` pointing at the server."""
@@ -57,18 +73,21 @@ class GRPOStage(TrainerStage):
         rollout = self.recipe.grpo.rollout
         if not starts_server(rollout):
             return rollout
-        run = self.ctx.run
-        if self.ctx.dist.is_main:
+        ctx = self.context
+        run = ctx.run
+        if ctx.dist.is_main:
             run.rollout_server.unlink(missing_ok=True)
             model_path = str(self.model.name_or_path)
-            self.ctx.log(f"starting the {rollout.engine} generation server for {model_path}")
-            self.server = rollout_engine(rollout).server.start(rollout, model_path, run.logs / "rollout_server.log")
+            ctx.log(f"starting the {rollout.engine} generation server for {model_path}")
+            server = rollout_engine(rollout).server
+            assert server is not None  # `starts_server` said the engine starts one
+            self.server = server.start(rollout, model_path, run.logs / "rollout_server.log")
             # Stopped when training ends (`train`), or at exit when the run fails before that.
             atexit.register(self.stop_rollout_server)
             run.write_rollout_server(self.server.url, engine=rollout.engine, model=model_path,
                                      log=str(run.logs / "rollout_server.log"))
-            self.ctx.log(f"{rollout.engine} generation server at {self.server.url}")
-        self.ctx.barrier()
+            ctx.log(f"{rollout.engine} generation server at {self.server.url}")
+        ctx.barrier()
         url = json.loads(run.rollout_server.read_text())["url"]
         return rollout.model_copy(update={"server_url": url})
 
@@ -78,13 +97,13 @@ class GRPOStage(TrainerStage):
         if server is not None:
             server.stop()
 
-    def train(self) -> dict:
+    def train(self) -> dict[str, Any]:
         try:
             return super().train()
         finally:
             self.stop_rollout_server()
 
-    def build_trainer(self):
+    def build_trainer(self) -> Trainer:
         from recipeforge.components.rollout import prepare_rollout_trainer, rollout_arguments, split_trainer_arguments
         from recipeforge.outputs.atomic import crash_safe
         from recipeforge.stages.trl_lengths import length_arguments
@@ -95,7 +114,7 @@ class GRPOStage(TrainerStage):
         engine, engine_trainer_args = split_trainer_arguments(
             self.rollout_kwargs if rollout is g.rollout else rollout_arguments(rollout, self.device))
         # Evaluation generates whole groups per batch: round its batch up to a multiple of the group.
-        micro = self.ctx.plan.micro_batch_size
+        micro = self.context.plan.micro_batch_size
         eval_batch = g.num_generations * -(-micro // g.num_generations)
         # Prompts are cut only by grpo.max_prompt_length (recipeforge cuts them itself, in
         # prepare_data); completions by grpo.max_completion_length. A TRL default never applies.

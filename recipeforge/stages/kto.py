@@ -12,12 +12,25 @@ more rows; recipeforge shuffles the rows once, with `train.seed`, when `data.shu
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+from recipeforge.components.prepared import PreparedData
 from recipeforge.errors import RecipeError
 from recipeforge.stage_specs import STAGE_SPECS, Stage
 from recipeforge.stages.trl_preference import PreferenceTrainerStage
 
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from transformers import PreTrainedModel
 
-def unpaired_rows(ds, fmt):
+    from recipeforge.components.formats import Format
+    from recipeforge.config.schema.data import DataConfig
+    from recipeforge.config.schema.preference import KTOConfig
+    from recipeforge.config.schema.recipe import KTORecipe
+    from recipeforge.stages.context import Locate
+
+
+def unpaired_rows(ds: Dataset, fmt: Format) -> Dataset:
     """Rows of an `unpaired` dataset as they are; a preference dataset's pairs as two rows each,
     the chosen answer desirable (label true) and the rejected one undesirable, kept next to each other."""
     if fmt.kind != "preference":
@@ -27,8 +40,8 @@ def unpaired_rows(ds, fmt):
 
         ds = ds.map(maybe_extract_prompt)
 
-    def unpair(batch):
-        out: dict[str, list] = {"prompt": [], "completion": [], "label": []}
+    def unpair(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = {"prompt": [], "completion": [], "label": []}
         for prompt, chosen, rejected in zip(batch["prompt"], batch["chosen"], batch["rejected"]):
             out["prompt"] += [prompt, prompt]
             out["completion"] += [chosen, rejected]
@@ -38,7 +51,7 @@ def unpaired_rows(ds, fmt):
     return ds.map(unpair, batched=True, remove_columns=ds.column_names)
 
 
-def check_labels(rows, data, locate) -> None:
+def check_labels(rows: Dataset, data: DataConfig, locate: Locate) -> None:
     """KTO needs desirable and undesirable completions among the training rows."""
     labels = set(rows["label"])
     if len(labels) > 1:
@@ -59,13 +72,18 @@ class KTOStage(PreferenceTrainerStage):
     stage = "kto"
     method = "KTO"
     trainer_class = "trl.KTOTrainer"
+    recipe: KTORecipe
 
-    def prepare_data(self):
+    @property
+    def section(self) -> KTOConfig:
+        return self.recipe.kto
+
+    def prepare_data(self) -> PreparedData:
         from recipeforge.stages.rows import prepare_rows
 
         data, seed = self.recipe.data, self.recipe.train.seed
 
-        def finish(train, stats):
+        def finish(train: Dataset, stats: dict[str, Any]) -> Dataset:
             check_labels(train, data, self.ctx.locate)
             stats["desirable_rows"] = sum(train["label"])
             stats["undesirable_rows"] = len(train) - stats["desirable_rows"]
@@ -89,10 +107,14 @@ class KTOStage(PreferenceTrainerStage):
                               hint=f"set train.micro_batch_size: {spec.min_micro_batch} or more (a divisor of the "
                                    "per-GPU batch)")
 
-    def method_arguments(self) -> dict:
+    def method_arguments(self) -> dict[str, Any]:
         k = self.section
         return {"beta": k.beta, "desirable_weight": k.desirable_weight, "undesirable_weight": k.undesirable_weight,
                 "train_sampling_strategy": "sequential"}
 
-    def trainer_arguments(self) -> dict:
+    def trainer_arguments(self) -> dict[str, Any]:
         return {"ref_model": self.reference_model()}
+
+    def reference_model(self) -> PreTrainedModel | None:
+        """The frozen reference model (`TrainerStage.frozen_reference` of `kto.reference`)."""
+        return self.frozen_reference(self.section.reference)

@@ -7,8 +7,15 @@ processing, a step costs what the model's forward and backward cost.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from recipeforge.components.prepared import PreparedData
 from recipeforge.stages.base import TrainerStage
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, Trainer, TrainerControl, TrainerState, TrainingArguments
+
+    from recipeforge.config.schema.data import DatasetSpec
 
 
 class LMStage(TrainerStage):
@@ -36,7 +43,7 @@ class LMStage(TrainerStage):
                             unit="packed sequences" if lm.packed else "sequences",
                             fingerprint=lm.fingerprint, cache_path=lm.cache_path)
 
-    def _prompt_as_chat_template(self, specs: list) -> None:
+    def _prompt_as_chat_template(self, specs: list[DatasetSpec]) -> None:
         """When every dataset is written with the same text prompt and the recipe names no chat template,
         the tokenizer saved with the model gets a chat template that writes that prompt, so `recipeforge
         chat` and `serve` prompt the model the way it was trained (not with the tokenizer's own template)."""
@@ -57,12 +64,13 @@ class LMStage(TrainerStage):
         from recipeforge.stages.context import StageContext
         from recipeforge.stages.streamed_data import eval_data, probe, training_stream
 
-        training = isinstance(self.ctx, StageContext)
-        if training and (self.ctx.plan.data_parallel or 1) != self.ctx.dist.world_size:
+        plan = self.ctx.plan if isinstance(self.ctx, StageContext) else None  # None: data prepared alone
+        training = plan is not None
+        if plan is not None and (plan.data_parallel or 1) != self.ctx.dist.world_size:
             from recipeforge.errors import RecipeError
 
             raise RecipeError(f"each process reads its own share of a stream, and this plan has "
-                              f"{self.ctx.dist.world_size} processes in {self.ctx.plan.data_parallel} data-parallel "
+                              f"{self.ctx.dist.world_size} processes in {plan.data_parallel} data-parallel "
                               "groups (tensor, context or pipeline parallel ranks share their rows)",
                               key="data.streaming", location=self.ctx.locate(("data", "streaming")),
                               hint="stream with data parallelism alone (ddp, deepspeed, fsdp), or set data.streaming: "
@@ -77,7 +85,7 @@ class LMStage(TrainerStage):
                             packed=bool(self.recipe.data.packing),
                             unit="packed sequences" if self.recipe.data.packing else "sequences")
 
-    def load_model(self):
+    def load_model(self) -> PreTrainedModel:  # a PeftModel with adapters
         model = super().load_model()
         if self.recipe.adapter.type != "none":
             model = self.builder.with_lora(model)
@@ -85,7 +93,7 @@ class LMStage(TrainerStage):
         model.config.use_cache = False
         return model
 
-    def build_trainer(self):
+    def build_trainer(self) -> Trainer:
         from recipeforge.outputs.atomic import crash_safe
         from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -97,10 +105,11 @@ class LMStage(TrainerStage):
         self.collator = collator
         self.extra_log_sources.append(collator.counter.take)
 
-        class ForgetEvalBatches(TrainerCallback):
+        class ForgetEvalBatches(TrainerCallback):  # type: ignore[misc]  # transformers is untyped here (`Any`)
             """Evaluation batches go through the same collator; keep them out of the padding share."""
 
-            def on_evaluate(self, args, state, control, **kwargs):
+            def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                            **kwargs: Any) -> None:
                 collator.counter.real = collator.counter.total = 0
 
         # Our collator needs the position_ids/labels columns as they are: no column pruning.

@@ -18,8 +18,12 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from recipeforge.stages.lm import LMStage
+
+if TYPE_CHECKING:
+    from recipeforge.stages.context import StageContext
 
 DATA_DIR = "megatron_data"
 
@@ -27,35 +31,36 @@ DATA_DIR = "megatron_data"
 class MegatronLMStage(LMStage):
     """Causal-LM pretraining or SFT through Megatron-Bridge (`stage` comes from the recipe)."""
 
-    def __init__(self, ctx):
+    def __init__(self, ctx: StageContext):
         super().__init__(ctx)
         self.stage = ctx.recipe.stage
-        self.config = None
-        self.megatron_data: dict = {}
+        self.config: Any = None  # Megatron-Bridge's ConfigContainer, built by the backend's `build_config`
+        self.megatron_data: dict[str, Any] = {}
         self.train_iters = 0
 
     @property
     def data_dir(self) -> Path:
-        return self.ctx.run.root / DATA_DIR
+        return self.context.run.root / DATA_DIR
 
     def setup(self) -> None:
         """Tokenizer and data (the shared step), Megatron's data files (main process), then the
         configuration on every rank."""
         from recipeforge.components.data_checks import check_data_numbers
 
-        check_data_numbers(self.recipe, self.ctx.plan, self.data or self.prepare(), log=self.ctx.log if self.ctx.dist.is_main
+        ctx = self.context
+        check_data_numbers(self.recipe, ctx.plan, self.data or self.prepare(), log=ctx.log if ctx.dist.is_main
                            else (lambda message: None))
-        if self.ctx.dist.is_main:
+        if ctx.dist.is_main:
             self.write_data()
-        self.ctx.barrier()  # every rank calls it: the files exist before anyone reads them
+        ctx.barrier()  # every rank calls it: the files exist before anyone reads them
         self.megatron_data = json.loads((self.data_dir / "megatron_data.json").read_text())
         self.train_iters = self.iterations(self.megatron_data["training"]["rows"])
-        build = self.ctx.backend_kwargs.get("build_config")
+        build = ctx.backend_kwargs.get("build_config")
         if build is None:
             raise RuntimeError("the megatron stage runs with the megatron backend (it supplies build_config)")
         self.config = build(data=self.megatron_data, train_iters=self.train_iters)
 
-    def write_data(self) -> dict:
+    def write_data(self) -> dict[str, Any]:
         """Write the training rows for Megatron and keep the tokenizer with them (export puts it in final/)."""
         from recipeforge.components.megatron_data import write_megatron_data
 
@@ -75,26 +80,27 @@ class MegatronLMStage(LMStage):
         t = self.recipe.train
         if t.max_steps:
             return t.max_steps
-        return max(1, math.ceil((t.epochs or 1.0) * rows / self.ctx.plan.global_batch_size))
+        return max(1, math.ceil((t.epochs or 1.0) * rows / self.context.plan.global_batch_size))
 
-    def train(self) -> dict:
+    def train(self) -> dict[str, Any]:
         """Megatron-Bridge's loop, on every rank."""
         from megatron.bridge.training.finetune import finetune
         from megatron.bridge.training.gpt_step import forward_step
 
         finetune(config=self.config, forward_step_func=forward_step)
-        stopped_at = last_saved_iteration(self.ctx.run.checkpoints)
+        checkpoints = self.context.run.checkpoints
+        stopped_at = last_saved_iteration(checkpoints)
         if stopped_at is not None and stopped_at < self.train_iters:
             # Megatron's signal handler saved this iteration and left its loop early: a stop request.
             from recipeforge.stages.preemption import Preempted
 
-            raise Preempted("SIGTERM", stopped_at, self.ctx.run.checkpoints / f"iter_{stopped_at:07d}")
+            raise Preempted("SIGTERM", stopped_at, checkpoints / f"iter_{stopped_at:07d}")
         return {"train_iters": self.train_iters}
 
     def save(self) -> Path:
         """The job's output is Megatron's checkpoint folder; final/ is exported from it after the job,
         in one process (`backends.megatron_convert.export_final`). Nothing collective here."""
-        return self.ctx.run.checkpoints
+        return self.context.run.checkpoints
 
 
 def last_saved_iteration(checkpoints: Path) -> int | None:

@@ -12,7 +12,16 @@ import time
 
 from typing import TYPE_CHECKING, Any
 
+from recipeforge.errors import Location
+
 if TYPE_CHECKING:
+    import torch
+    from peft import PeftModel
+    from transformers import (BitsAndBytesConfig, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase,
+                              ProcessorMixin, TrainerCallback, TrainerControl, TrainerState, TrainingArguments)
+
+    from recipeforge.components.model_init import RandomInit
+    from recipeforge.components.vocab import VocabChange
     from recipeforge.stages.context import StageContext
 
 
@@ -25,8 +34,8 @@ class ModelBuilder:
     before training.
     """
 
-    def __init__(self, ctx: "StageContext", tokenizer: Any, vocab: Any = None, *, num_labels: int | None = None,
-                 base_on_disk: bool = False, processor: Any = None):
+    def __init__(self, ctx: StageContext, tokenizer: PreTrainedTokenizerBase, vocab: VocabChange | None = None, *,
+                 num_labels: int | None = None, base_on_disk: bool = False, processor: ProcessorMixin | None = None):
         self.ctx = ctx
         self.tokenizer = tokenizer
         # What is written next to weights (base_model/): a VLM's processor (tokenizer, image processor
@@ -36,11 +45,11 @@ class ModelBuilder:
         self.num_labels = num_labels
         self.base_on_disk = base_on_disk
         # A random-init base to write to base_model/ when something reads it (`write_base`).
-        self.pending_base: Any = None
+        self.pending_base: RandomInit | None = None
         self.base_written = False
-        self.generation_config: Any = None
+        self.generation_config: GenerationConfig | None = None
 
-    def base(self, *, for_reference: bool = False) -> Any:
+    def base(self, *, for_reference: bool = False) -> PreTrainedModel:
         """The base model, quantized for QLoRA; adapters are added by `with_lora` or by the trainer.
         `for_reference`: a second, frozen copy (never sharded, never written, no fp32 masters).
 
@@ -79,7 +88,7 @@ class ModelBuilder:
             self._keep_base(model, spec)
         return model
 
-    def random_spec(self, common: dict[str, Any]) -> Any:
+    def random_spec(self, common: dict[str, Any]) -> RandomInit | None:
         """The `components.model_init.RandomInit` of a random-init run (a ``tiny:*`` model or
         `model.init: random`), or None when the model is loaded from weights."""
         from recipeforge.components.models import random_init_spec, resolve_attn_implementation, resolve_dtype
@@ -94,14 +103,15 @@ class ModelBuilder:
 
             random_config = architecture_config(m.name_or_path, m.revision)
         device = common["device"]
-        return random_init_spec(m.name_or_path, self.tokenizer, dtype=resolve_dtype(common["dtype"], device),
-                                attn_implementation=resolve_attn_implementation(common["attn_implementation"], device),
-                                seed=common["seed"], max_position_embeddings=common["max_position_embeddings"],
-                                num_labels=common.get("num_labels"), random_config=random_config,
-                                new_rows=tuple(self.vocab.new_ids) if self.vocab else (),
-                                location=common["location"])
+        spec: RandomInit | None = random_init_spec(
+            m.name_or_path, self.tokenizer, dtype=resolve_dtype(common["dtype"], device),
+            attn_implementation=resolve_attn_implementation(common["attn_implementation"], device),
+            seed=common["seed"], max_position_embeddings=common["max_position_embeddings"],
+            num_labels=common.get("num_labels"), random_config=random_config,
+            new_rows=tuple(self.vocab.new_ids) if self.vocab else (), location=common["location"])
+        return spec
 
-    def _keep_base(self, model: Any, spec: Any) -> None:
+    def _keep_base(self, model: PreTrainedModel, spec: RandomInit) -> None:
         """A random-init base exists nowhere else: an adapter run names base_model/ as its base (peft
         writes the adapter's base_model_name_or_path from the model's name), written when the trainer
         loads it by path (now), else at the first save."""
@@ -134,7 +144,7 @@ class ModelBuilder:
         self.ctx.log(f"model: random-init base written to {self.ctx.run.base_model} in "
                      f"{time.perf_counter() - started:.1f}s")
 
-    def save_callback(self) -> Any:
+    def save_callback(self) -> TrainerCallback | None:
         """A trainer callback writing the pending base (`write_base`) right before the first checkpoint
         is saved (the step's end decided it), so that the checkpoint's adapter has its base when peft
         writes it; None when no base is pending."""
@@ -144,14 +154,15 @@ class ModelBuilder:
 
         builder = self
 
-        class WriteBaseBeforeSave(TrainerCallback):
-            def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        class WriteBaseBeforeSave(TrainerCallback):  # type: ignore[misc]  # transformers is untyped here (`Any`)
+            def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                            **kwargs: Any) -> None:
                 if control.should_save:
                     builder.write_base()
 
         return WriteBaseBeforeSave()
 
-    def _load_arguments(self, for_reference: bool) -> tuple[dict[str, Any], Any]:
+    def _load_arguments(self, for_reference: bool) -> tuple[dict[str, Any], BitsAndBytesConfig | None]:
         """The keyword arguments of `components.models.load_model`, and the 4-bit/8-bit config (None
         unless QLoRA)."""
         from recipeforge.components.adapters import quantization_config
@@ -176,7 +187,7 @@ class ModelBuilder:
             common["num_labels"] = self.num_labels
         return common, quant
 
-    def _load_sharded(self, name: str, common: dict[str, Any], spec: Any) -> Any:
+    def _load_sharded(self, name: str, common: dict[str, Any], spec: RandomInit | None) -> PreTrainedModel:
         """The model loaded sharded by the backend's loader. A random-init model is made shard by
         shard by a backend that can (`WorkerHooks.makes_random`); for one that reads checkpoints only
         (tensor parallel) its base is written to base_model/ first, by the main process."""
@@ -197,7 +208,7 @@ class ModelBuilder:
                                      revision=None if spec is not None else common["revision"],
                                      trust_remote_code=common["trust_remote_code"], **extra)
 
-    def sharded_trainable_dtype(self) -> Any:
+    def sharded_trainable_dtype(self) -> torch.dtype | None:
         """The one dtype of every trainable parameter when a QLoRA base is partitioned like any other
         weights (ZeRO-3, FSDP: its 4-bit weights are stored in the compute dtype and nothing is upcast,
         `components.adapters`), else None. fp32 under a GPU's mixed precision (FSDP computes in 16 bits
@@ -209,11 +220,12 @@ class ModelBuilder:
         if self.ctx.recipe.adapter.type != "qlora" or not plan.traits.shards_weights:
             return None
         if plan.device == "cuda":
-            return resolve_dtype("fp32", plan.device)
-        resolved = resolve_dtype(dtype, plan.device)
+            fp32: torch.dtype = resolve_dtype("fp32", plan.device)
+            return fp32
+        resolved: torch.dtype = resolve_dtype(dtype, plan.device)
         return resolve_dtype("bf16", plan.device) if str(resolved) == "torch.float32" else resolved
 
-    def with_lora(self, model: Any) -> Any:
+    def with_lora(self, model: PreTrainedModel) -> PeftModel:
         """`model` with the recipe's LoRA adapters (for stages that add them before the trainer)."""
         from recipeforge.components.adapters import apply_lora
 
@@ -222,7 +234,7 @@ class ModelBuilder:
                           trainable_dtype=self.sharded_trainable_dtype(), trainable_tokens=self.trainable_tokens(model),
                           target_modules=self.lora_targets(model))
 
-    def lora_targets(self, model: Any) -> Any:
+    def lora_targets(self, model: torch.nn.Module) -> list[str] | None:
         """The modules LoRA adapts when the recipe's names need the model to resolve: a vision-language
         model's language side (`components.vision_model.lora_targets`); None otherwise."""
         from recipeforge.components.vision_model import is_vision_model, lora_targets
@@ -232,13 +244,13 @@ class ModelBuilder:
         r = self.ctx.recipe
         return lora_targets(model, r.adapter, r.model.vision, location=self.ctx.locate(("adapter", "target_modules")))
 
-    def trainable_tokens(self, model: Any) -> Any:
+    def trainable_tokens(self, model: torch.nn.Module) -> dict[str, list[int]] | None:
         """peft `trainable_token_indices` for the embedding rows of the tokens the recipe added."""
         from recipeforge.components.vocab import trainable_tokens
 
         return trainable_tokens(model, self.vocab, tuple(self.ctx.recipe.adapter.modules_to_save))
 
-    def reference(self, name: str, *, location: Any = None) -> Any:
+    def reference(self, name: str, *, location: Location | None = None) -> PreTrainedModel | None:
         """The frozen reference model of a preference stage: None when TRL derives it (adapters: the
         base with adapters disabled), else the starting model loaded again (`auto`; for tiny models an
         identical random init, same name and seed) or the model `name` names."""

@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import os
 import re
+from typing import TYPE_CHECKING
 
 from recipeforge.errors import RecipeError
+
+if TYPE_CHECKING:
+    from recipeforge.stages.base import TrainerStage
+    from recipeforge.stages.context import StageContext
 
 _TRIED = re.compile(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)")
 _TRIED_CPU = re.compile(r"you tried to allocate (\d+) bytes")
@@ -29,7 +34,7 @@ def is_out_of_memory(exc: BaseException) -> bool:
         sign in text for sign in ("CUDA out of memory", "CUDA error: out of memory", "DefaultCPUAllocator: not enough memory"))
 
 
-def out_of_memory_error(ctx, runner, exc: BaseException) -> RecipeError:
+def out_of_memory_error(ctx: StageContext, runner: TrainerStage, exc: BaseException) -> RecipeError:
     """The user error for `exc` raised while `runner` trained `ctx`'s plan (a `StageContext`); the step
     is the trainer's, when the trainer was built."""
     from recipeforge.outputs import checkpoint

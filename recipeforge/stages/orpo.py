@@ -6,7 +6,13 @@ stage instead of SFT then DPO, and no reference model (LoRA or full fine-tuning 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from recipeforge.stages.trl_preference import PreferenceTrainerStage
+
+if TYPE_CHECKING:
+    from recipeforge.config.schema.preference import ORPOConfig
+    from recipeforge.config.schema.recipe import ORPORecipe
 
 
 class ORPOStage(PreferenceTrainerStage):
@@ -15,6 +21,11 @@ class ORPOStage(PreferenceTrainerStage):
     stage = "orpo"
     method = "ORPO"
     trainer_class = "trl.experimental.orpo.ORPOTrainer"
+    recipe: ORPORecipe
 
-    def method_arguments(self) -> dict:
+    @property
+    def section(self) -> ORPOConfig:
+        return self.recipe.orpo
+
+    def method_arguments(self) -> dict[str, Any]:
         return {"beta": self.section.beta}

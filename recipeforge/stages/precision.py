@@ -6,19 +6,27 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from recipeforge.errors import RecipeError
 
+if TYPE_CHECKING:
+    import torch
 
-def precision_of(plan) -> str | None:
+    from recipeforge.config.schema.recipe import Recipe
+    from recipeforge.config.schema.train import TrainConfig
+    from recipeforge.plan.types import Plan
+
+
+def precision_of(plan: Plan) -> str | None:
     """The plan's `train.precision` decision (fp32 | mixed | pure_bf16 | pure_bf16_sr), or None for a
     plan that does not record one."""
-    choice = (getattr(plan, "reasons", None) or {}).get("precision")
-    return getattr(choice, "value", None)
+    choice = plan.reasons.get("precision")
+    value: str | None = choice.value if choice is not None else None
+    return value
 
 
-def loads_fp32_masters(plan, adapter_type: str, compute_dtype: str) -> bool:
+def loads_fp32_masters(plan: Plan, adapter_type: str, compute_dtype: str) -> bool:
     """Whether the trained weights load in fp32 and compute under 16-bit autocast: full fine-tuning in
     fp16 (always), or in bf16 on one GPU or DDP when the plan chose mixed precision (other backends
     keep their own fp32 masters)."""
@@ -30,7 +38,7 @@ def loads_fp32_masters(plan, adapter_type: str, compute_dtype: str) -> bool:
         and precision_of(plan) == "mixed"
 
 
-def final_weights_dtype(recipe: Any, plan: Any) -> Any:
+def final_weights_dtype(recipe: Recipe, plan: Plan) -> torch.dtype | None:
     """The torch dtype final/'s full weights are written in: the run's 16-bit compute dtype
     (`model.dtype` on the plan's device), so a model trained on fp32 master weights (mixed precision,
     FSDP2's fp32 sharded parameters) is written as the model it computes with, at half the size.
@@ -43,7 +51,7 @@ def final_weights_dtype(recipe: Any, plan: Any) -> Any:
     return dtype if dtype in (torch.bfloat16, torch.float16) else None
 
 
-def tf32_argument(setting, device: str, capability: tuple[int, int] | None) -> bool | None:
+def tf32_argument(setting: bool | Literal["auto"], device: str, capability: tuple[int, int] | None) -> bool | None:
     """`TrainingArguments.tf32` for `train.tf32`: None (leave torch's default) off CUDA; `auto` turns
     TF32 on for compute capability 8.0 (Ampere) or newer; `true` on an older GPU is refused, since
     it has no TF32 tensor cores."""
@@ -65,17 +73,18 @@ def cuda_capability() -> tuple[int, int] | None:
 
     if not torch.cuda.is_available():
         return None
-    return tuple(torch.cuda.get_device_capability())
+    major, minor = torch.cuda.get_device_capability()
+    return major, minor
 
 
-def check_sr_optimizer(plan) -> None:
+def check_sr_optimizer(plan: Plan) -> None:
     """Refuse pure bf16 with stochastic rounding when torchao is missing, before anything loads."""
     if precision_of(plan) == "pure_bf16_sr" and importlib.util.find_spec("torchao") is None:
         raise RecipeError("train.precision pure_bf16_sr needs the torchao package, which is not installed",
                           key="train.precision", hint="pip install torchao, or set train.precision: pure_bf16")
 
 
-def sr_optimizer(plan, train) -> tuple[type, dict] | None:
+def sr_optimizer(plan: Plan, train: TrainConfig) -> tuple[type, dict[str, Any]] | None:
     """(optimizer class, keyword arguments) for the Trainer's `optimizer_cls_and_kwargs` when the plan
     trains pure bf16 with stochastic rounding: torchao's AdamW computes each update in fp32 and
     rounds it to bf16 stochastically. None otherwise. Weight decay comes with the Trainer's parameter

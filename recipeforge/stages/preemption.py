@@ -20,11 +20,26 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Callable, Mapping, TypedDict, Union
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 EXIT_PREEMPTED = 75                 # EX_TEMPFAIL (sysexits.h): stopped early, re-run to continue
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT", "SIGHUP")
 
-_state: dict = {"signal": 0, "previous": {}}
+# What `signal.getsignal` returns: a handler, SIG_DFL / SIG_IGN, or None (set outside Python).
+_Handler = Union[Callable[[int, Union[FrameType, None]], Any], int, signal.Handlers, None]
+
+
+class _State(TypedDict):
+    signal: int                      # the signal that asked this process to stop, 0 for none
+    previous: dict[int, _Handler]     # signal -> the handler `install` replaced
+
+
+_state: _State = {"signal": 0, "previous": {}}
 
 
 class Preempted(Exception):
@@ -44,12 +59,12 @@ class Preempted(Exception):
             saved = f"stopped at step {self.step}, but no complete checkpoint of that step was found"
         return f"stopped by {self.signal_name}; {saved}"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"signal": self.signal_name, "step": self.step,
                 "checkpoint": str(self.checkpoint) if self.checkpoint else None}
 
     @classmethod
-    def from_dict(cls, raw: dict) -> "Preempted":
+    def from_dict(cls, raw: Mapping[str, Any]) -> "Preempted":
         ckpt = raw.get("checkpoint")
         return cls(raw.get("signal") or "a signal", raw.get("step"), Path(ckpt) if ckpt else None)
 
@@ -61,7 +76,7 @@ def _name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def _handler(signum, frame) -> None:
+def _handler(signum: int, frame: FrameType | None) -> None:
     if signum == signal.SIGINT and _state["signal"]:
         # A second Ctrl-C: abort now, without saving.
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -117,7 +132,7 @@ def requested() -> int:
     return _state["signal"]
 
 
-def agreed_stop(device=None) -> int:
+def agreed_stop(device: torch.device | None = None) -> int:
     """The stop request every rank agrees on (the largest signal number any rank received, 0 for none).
     One all-reduce of one int across the job when several processes train; a flag read otherwise."""
     local = _state["signal"]
@@ -134,7 +149,7 @@ def agreed_stop(device=None) -> int:
     return int(flag.item())
 
 
-def collective_device():
+def collective_device() -> torch.device:
     """The device a tensor must be on for a collective of the default process group: this process's
     GPU under NCCL (which has no CPU transport), else the CPU. Never a model parameter's device, which
     a sharded or placeholder-loaded model may hold anywhere."""
@@ -146,23 +161,25 @@ def collective_device():
     return torch.device("cpu")
 
 
-def make_callback(checkpoints: Path, resumed_from: Path | None):
+def make_callback(checkpoints: Path, resumed_from: Path | None) -> TrainerCallback:
     """The TrainerCallback that stops training at the agreed step and has that step saved."""
     from transformers import TrainerCallback
 
-    class StopOnSignal(TrainerCallback):
+    class StopOnSignal(TrainerCallback):  # type: ignore[misc]  # transformers is untyped here (`Any`)
         """Checks the stop flag at every optimizer step's end (all ranks together)."""
 
-        def __init__(self):
+        def __init__(self) -> None:
             self.stopped_at: int | None = None
             self.signum = 0
 
-        def on_train_begin(self, args, state, control, **kwargs):
+        def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                           **kwargs: Any) -> None:
             signum = agreed_stop()
             if signum:  # asked to stop while loading: nothing new to save
                 raise Preempted(_name(signum), None, resumed_from)
 
-        def on_step_end(self, args, state, control, **kwargs):
+        def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                        **kwargs: Any) -> None:
             if state.max_steps and state.global_step >= state.max_steps:
                 return  # the last step: finishing costs less than a checkpoint and a restart
             signum = agreed_stop()
@@ -172,7 +189,8 @@ def make_callback(checkpoints: Path, resumed_from: Path | None):
                 control.should_log = True
                 control.should_training_stop = True
 
-        def on_epoch_end(self, args, state, control, **kwargs):
+        def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                         **kwargs: Any) -> None:
             if self.stopped_at is not None:  # already saved at the stop step; no epoch-end eval/save
                 control.should_save = False
                 control.should_evaluate = False
@@ -188,7 +206,7 @@ def make_callback(checkpoints: Path, resumed_from: Path | None):
     return StopOnSignal()
 
 
-def raise_if_stopped(trainer) -> None:
+def raise_if_stopped(trainer: Trainer) -> None:
     """After `trainer.train()` returned: raise `Preempted` if it stopped on a signal."""
     for cb in getattr(getattr(trainer, "callback_handler", None), "callbacks", []):
         stop = cb.preempted() if hasattr(cb, "preempted") else None

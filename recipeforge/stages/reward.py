@@ -13,11 +13,19 @@ adapters (peft `modules_to_save`).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recipeforge.components.prepared import PreparedData
 from recipeforge.errors import RecipeError
 from recipeforge.stages.base import TrainerStage
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import PreTrainedTokenizerBase, Trainer
+
+    from recipeforge.components.formats import Format
+    from recipeforge.config.schema.recipe import RewardRecipe
 
 HEAD = "score"  # the head of transformers' *ForSequenceClassification models
 PAIR_COLUMNS = ("chosen_ids", "rejected_ids", "margin")  # what the trainer reads (RewardTrainer's signature)
@@ -29,6 +37,7 @@ class RewardStage(TrainerStage):
     stage = "reward"
     trainer_class = "trl.RewardTrainer"
     num_labels = 1  # one score per sequence
+    recipe: RewardRecipe
 
     def prepare_data(self) -> PreparedData:
         from recipeforge.components.data import format_rows, load_split
@@ -42,7 +51,7 @@ class RewardStage(TrainerStage):
         counts = {"pairs_truncated": 0, "pairs_dropped": 0}
         margins: list[bool] = []  # per dataset read: whether it has a margin column
 
-        def transform(ds, fmt):
+        def transform(ds: Dataset, fmt: Format) -> Dataset:
             check_pair_rows(ds)
             margins.append("margin" in ds.column_names)
             rows = format_rows(ds, opts)
@@ -71,7 +80,7 @@ class RewardStage(TrainerStage):
             stats["margin"] = "from the data"
         return PreparedData(train=train, eval=evaluation, stats=stats)
 
-    def peft_config(self):
+    def peft_config(self) -> LoraConfig | None:
         """LoRA for sequence classification, with the score head trained in full (it starts random)."""
         from recipeforge.components.adapters import lora_config
 
@@ -82,7 +91,7 @@ class RewardStage(TrainerStage):
         config.modules_to_save = list(dict.fromkeys([*(config.modules_to_save or []), HEAD]))
         return config
 
-    def build_trainer(self):
+    def build_trainer(self) -> Trainer:
         from recipeforge.outputs.atomic import crash_safe
         from recipeforge.stages.trl_lengths import length_arguments
         from trl import RewardConfig, RewardTrainer
@@ -108,18 +117,18 @@ class RewardStage(TrainerStage):
 
 # ----------------------------------------------------------------------------- rows
 
-def _is_messages(value: Any) -> bool:
+def _is_messages(value: object) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(m, dict) for m in value)
 
 
-def _kind(value: Any) -> str:
+def _kind(value: object) -> str:
     if isinstance(value, list):
         inner = sorted({type(v).__name__ for v in value})
         return f"a list of {', '.join(inner)}" if inner else "an empty list"
     return type(value).__name__
 
 
-def check_pair_rows(ds) -> None:
+def check_pair_rows(ds: Dataset) -> None:
     """Fail on the first row whose prompt/chosen/rejected is neither text nor chat messages, or
     whose margin is not a finite number. `ds` still has its ``_row`` column (1-based row numbers in
     the source), so the error names the row; `load_split` adds the dataset and its file."""
@@ -142,12 +151,13 @@ def check_pair_rows(ds) -> None:
                                   hint="margin is how much better the chosen answer is (0 for no margin)")
 
 
-def _conversational(rows) -> bool:
+def _conversational(rows: Dataset) -> bool:
     first = rows[0] if len(rows) else {}
     return any(_is_messages(first.get(c)) for c in ("prompt", "chosen"))
 
 
-def tokenize_pairs(rows, tokenizer, *, max_length: int, truncation: str):
+def tokenize_pairs(rows: Dataset, tokenizer: PreTrainedTokenizerBase, *, max_length: int,
+                   truncation: str) -> tuple[Dataset, int, int]:
     """Token ids of each chosen and rejected sequence (prompt + answer), as TRL's RewardTrainer
     tokenizes them: the chat template for messages, else the text with EOS appended. Sequences longer
     than `max_length` are cut to it (`truncation: truncate`) or their pair dropped (`drop`).
@@ -157,16 +167,17 @@ def tokenize_pairs(rows, tokenizer, *, max_length: int, truncation: str):
     eos = tokenizer.eos_token or ""
     cut = dropped = 0
 
-    def ids(prompt, answer) -> list[int]:
+    def ids(prompt: Any, answer: Any) -> list[int]:  # text, or chat messages (a prompt may be None)
         if _is_messages(answer):
             return list(tokenizer.apply_chat_template((prompt or []) + answer, tokenize=True,
                                                       return_dict=True)["input_ids"])
         text = (prompt or "") + answer
-        return tokenizer(text if text.endswith(eos) else text + eos)["input_ids"]
+        encoded: list[int] = tokenizer(text if text.endswith(eos) else text + eos)["input_ids"]
+        return encoded
 
-    def encode(batch):
+    def encode(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
         nonlocal cut, dropped
-        out: dict[str, list] = {"chosen_ids": [], "rejected_ids": [], "keep": []}
+        out: dict[str, list[Any]] = {"chosen_ids": [], "rejected_ids": [], "keep": []}
         prompts = batch.get("prompt") or [None] * len(batch["chosen"])
         for prompt, chosen, rejected in zip(prompts, batch["chosen"], batch["rejected"]):
             c, r = ids(prompt, chosen), ids(prompt, rejected)

@@ -8,16 +8,20 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from recipeforge.components.prepared import PreparedData
 
 if TYPE_CHECKING:
+    from datasets import Dataset
+    from transformers import PreTrainedTokenizerBase
+
+    from recipeforge.components.formats import Format
     from recipeforge.stages.context import RecipeContext
 
 # (train rows, statistics) -> train rows: a stage's own step on the training rows after they are
 # read (KTO: check the labels, count them, shuffle); it may add statistics.
-RowsStep = Callable[[Any, dict[str, Any]], Any]
+RowsStep = Callable[["Dataset", dict[str, Any]], "Dataset"]
 
 
-def prepare_rows(ctx: "RecipeContext", tokenizer: Any, kinds: Sequence[str], *, max_prompt_length: int | None,
-                 reshape: Callable[[Any, Any], Any] | None = None, finish: RowsStep | None = None,
-                 unit: str = "rows") -> PreparedData:
+def prepare_rows(ctx: RecipeContext, tokenizer: PreTrainedTokenizerBase, kinds: Sequence[str], *,
+                 max_prompt_length: int | None, reshape: Callable[[Dataset, Format], Dataset] | None = None,
+                 finish: RowsStep | None = None, unit: str = "rows") -> PreparedData:
     """The training and eval rows of formats of `kinds`, rendered by their format
     (`components.data.format_rows`) and `reshape`d (rendered rows, format -> rows), then `finish`, then prompts cut to
     `max_prompt_length` tokens. A conversational prompt needs a chat template (set from the recipe or
@@ -30,7 +34,7 @@ def prepare_rows(ctx: "RecipeContext", tokenizer: Any, kinds: Sequence[str], *, 
     set_chat_template(tokenizer, data.chat_template, required=False, location=where)
     opts = RenderOptions(tokenizer)
 
-    def render(ds: Any, fmt: Any) -> Any:
+    def render(ds: Dataset, fmt: Format) -> Dataset:
         rows = format_rows(ds, opts)
         return reshape(rows, fmt) if reshape is not None else rows
 

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from recipeforge.stages.lm import LMStage
+
+if TYPE_CHECKING:
+    from recipeforge.stages.base import TrainerStage
+    from recipeforge.stages.context import RecipeContext
 
 
 class SFTStage(LMStage):
@@ -11,7 +17,8 @@ class SFTStage(LMStage):
 
     stage = "sft"
 
-    def __new__(cls, ctx, *args, **kwargs):
+    # A `VisionSFTStage` is no SFTStage: the runner made is a TrainerStage.
+    def __new__(cls, ctx: RecipeContext, *args: Any, **kwargs: Any) -> TrainerStage:  # type: ignore[misc]
         # A vision-language model trains on TRL's SFTTrainer with its processor (`stages.vision`).
         from recipeforge.stages.vision_check import is_vision_recipe
 

@@ -6,12 +6,23 @@ from __future__ import annotations
 
 import time
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from recipeforge.errors import Location
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from recipeforge.components.lm_data import LMData
+    from recipeforge.components.lm_stream import StreamedLM
+    from recipeforge.config.schema.recipe import Recipe
+    from recipeforge.stages.context import RecipeContext
 
 PROBE_ROWS = 1024  # rows the check before a launch reads: enough to meet the rows' problems early, and quick
 
 
-def training_stream(recipe, tokenizer, ctx, *, rank: int, world: int):
+def training_stream(recipe: Recipe, tokenizer: PreTrainedTokenizerBase, ctx: RecipeContext, *, rank: int,
+                    world: int) -> StreamedLM:
     """Process `rank` of `world`'s `StreamedLM` for `recipe`."""
     from recipeforge.components.data import effective_format
     from recipeforge.components.lm_encode import EncodeOptions
@@ -32,7 +43,7 @@ def training_stream(recipe, tokenizer, ctx, *, rank: int, world: int):
                       seed=recipe.train.seed)
 
 
-def eval_data(recipe, tokenizer, ctx) -> Any:
+def eval_data(recipe: Recipe, tokenizer: PreTrainedTokenizerBase, ctx: RecipeContext) -> LMData | None:
     """The tokenized (cached) `data.eval_datasets` of a streamed recipe as an `LMData` whose `train`
     is the eval set, or None without eval datasets."""
     from recipeforge.components.lm_data import prepare_lm_data
@@ -43,7 +54,7 @@ def eval_data(recipe, tokenizer, ctx) -> Any:
     as_training = recipe.model_copy(update={"data": data.model_copy(update={
         "datasets": data.eval_datasets, "eval_datasets": (), "streaming": False})})
 
-    def locate(path: tuple):  # the eval datasets' own lines in the recipe
+    def locate(path: tuple[Any, ...]) -> Location | None:  # the eval datasets' own lines in the recipe
         if path[:2] == ("data", "datasets"):
             path = ("data", "eval_datasets") + path[2:]
         return ctx.locate(path)
@@ -51,7 +62,7 @@ def eval_data(recipe, tokenizer, ctx) -> Any:
     return prepare_lm_data(as_training, tokenizer, base_dir=ctx.base_dir, locate=locate)
 
 
-def probe(stream) -> dict[str, Any]:
+def probe(stream: StreamedLM) -> dict[str, Any]:
     """Tokenize and pack the first rows of `stream` (at most `PROBE_ROWS`): the statistics a streamed
     recipe can give before training, and its row errors before any worker starts."""
     import itertools

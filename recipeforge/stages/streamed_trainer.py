@@ -16,12 +16,37 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import DataLoader
+    from transformers import TrainerState, TrainingArguments
+
+    from recipeforge.components.lm_stream import StreamedLM
+
+    class _Trainer:
+        """What the mixin uses of transformers' `Trainer`, the class it is put in front of."""
+
+        train_dataset: StreamedLM  # what the stage hands a streamed trainer
+        data_collator: Callable[[list[dict[str, Any]]], Any]
+        state: TrainerState
+        args: TrainingArguments
+        _train_batch_size: int
+
+        def train(self, resume_from_checkpoint: str | None = None, *args: Any, **kwargs: Any) -> Any: ...
+
+        def _save_checkpoint(self, model: torch.nn.Module, trial: object) -> None: ...
+
+        def _get_output_dir(self, trial: object) -> str: ...
+else:
+    _Trainer = object
 
 
-class _StreamedTrainer:
+class _StreamedTrainer(_Trainer):
     """The hooks `streamed` puts in front of a trainer class (a mixin: `super()` is the trainer)."""
 
-    def get_train_dataloader(self):
+    def get_train_dataloader(self) -> DataLoader[dict[str, Any]]:
         from torch.utils.data import DataLoader
 
         stream = self.train_dataset
@@ -31,7 +56,7 @@ class _StreamedTrainer:
         return DataLoader(stream, batch_size=self._train_batch_size, collate_fn=collate, num_workers=0,
                           pin_memory=self.args.dataloader_pin_memory)
 
-    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+    def train(self, resume_from_checkpoint: str | None = None, *args: Any, **kwargs: Any) -> Any:
         stream = self.train_dataset
         if resume_from_checkpoint:
             stream.restore(Path(resume_from_checkpoint), self.args.process_index, self.args.world_size)
@@ -42,14 +67,14 @@ class _StreamedTrainer:
             trim_order(stream.order_log, _step_of(resume_from_checkpoint) if resume_from_checkpoint else 0)
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
-    def _save_checkpoint(self, model, trial):
+    def _save_checkpoint(self, model: torch.nn.Module, trial: object) -> None:
         super()._save_checkpoint(model, trial)
         # Under `outputs.atomic.crash_safe`, the output folder is still the staging one here.
         checkpoint = Path(self._get_output_dir(trial)) / f"checkpoint-{self.state.global_step}"
         self.train_dataset.save(checkpoint, self.args.process_index)
 
 
-def _step_of(checkpoint) -> int:
+def _step_of(checkpoint: str | Path) -> int:
     """The global step a checkpoint was saved at (its trainer state)."""
     import json
 
@@ -59,11 +84,11 @@ def _step_of(checkpoint) -> int:
 class _OrderLogged:
     """A collator that first appends the batch's rows to the ``data.stream_log`` file of this process."""
 
-    def __init__(self, collate, path: Path, step):
+    def __init__(self, collate: Callable[[list[dict[str, Any]]], Any], path: Path, step: Callable[[], int]):
         self.collate, self.path, self.step = collate, Path(path), step
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
-    def __call__(self, rows: list[dict]):
+    def __call__(self, rows: list[dict[str, Any]]) -> Any:
         from recipeforge.components.lm_stream import write_order
 
         write_order(self.path, self.step(), rows)
@@ -74,7 +99,7 @@ class _OrderLogged:
 def streamed(trainer_cls: type) -> type:
     """`trainer_cls` reading a `StreamedLM` (one subclass per trainer class)."""
 
-    class StreamedTrainer(_StreamedTrainer, trainer_cls):  # type: ignore[misc, valid-type]
+    class StreamedTrainer(_StreamedTrainer, trainer_cls):  # type: ignore[misc]
         pass
 
     StreamedTrainer.__name__ = StreamedTrainer.__qualname__ = f"Streamed{trainer_cls.__name__}"

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from recipeforge.config.schema.output import OutputConfig
+    from recipeforge.config.schema.recipe import Recipe
+    from recipeforge.config.schema.train import TrainConfig
+    from recipeforge.plan.types import Plan
 
 # recipe `train.optimizer` -> the Trainer's `optim` name
 OPTIMIZERS = {"adamw": "adamw_torch", "adamw_fused": "adamw_torch_fused", "adamw_8bit": "adamw_bnb_8bit",
@@ -44,7 +50,7 @@ class RunFacts:
     checkpointing_field: str = CHECKPOINTING_FIELD  # the installed transformers' name for it
 
 
-def trainer_arguments(recipe: Any, plan: Any, facts: RunFacts) -> dict[str, Any]:
+def trainer_arguments(recipe: Recipe, plan: Plan, facts: RunFacts) -> dict[str, Any]:
     """`TrainingArguments` keyword arguments for `recipe` (`config.Recipe`) run as `plan`
     (`plan.types.Plan`). Pure: the same inputs give the same dict, and nothing is imported."""
     t, o = recipe.train, recipe.output
@@ -81,12 +87,12 @@ def trainer_arguments(recipe: Any, plan: Any, facts: RunFacts) -> dict[str, Any]
     }
 
 
-def runner_checkpoints(plan: Any) -> bool:
+def runner_checkpoints(plan: Plan) -> bool:
     """Whether the plan's checkpointing is one the runner enables itself (selective, or every N-th layer)."""
     return bool(plan.gradient_checkpointing) and (plan.checkpoint_mode != "full" or plan.checkpoint_every > 1)
 
 
-def _batching(plan: Any, t: Any) -> dict[str, Any]:
+def _batching(plan: Plan, t: TrainConfig) -> dict[str, Any]:
     """Batch sizes from the plan, the length of the run from the recipe."""
     return {"per_device_train_batch_size": plan.micro_batch_size,
             "per_device_eval_batch_size": plan.micro_batch_size,
@@ -95,7 +101,7 @@ def _batching(plan: Any, t: Any) -> dict[str, Any]:
             "max_steps": t.max_steps or -1}
 
 
-def _logging_and_saving(t: Any, o: Any, facts: RunFacts) -> dict[str, Any]:
+def _logging_and_saving(t: TrainConfig, o: OutputConfig, facts: RunFacts) -> dict[str, Any]:
     """Logging, evaluation and checkpoint settings."""
     return {
         "output_dir": facts.output_dir,

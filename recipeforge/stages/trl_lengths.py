@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 
-def length_arguments(config_cls: type, **limits: int | None) -> dict:
+def length_arguments(config_cls: type, **limits: int | None) -> dict[str, int | None]:
     """The subset of `limits` (field name -> tokens, None for no limit) that `config_cls` has.
 
     Raises when none of the given fields exists: a TRL release that renamed all of them would

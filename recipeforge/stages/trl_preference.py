@@ -1,4 +1,4 @@
-"""What the ORPO, CPO and KTO runners share: finding TRL's trainer, building it, the reference model.
+"""What the ORPO, CPO and KTO runners share: finding TRL's trainer and building it.
 
 TRL moves trainers between `trl.experimental.<name>` and the top level across releases, leaving a
 deprecated subclass at the old place: in trl 1.0 ORPO and CPO live in `trl.experimental` only, and
@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import importlib
 import warnings
+from typing import TYPE_CHECKING, Any, Protocol
 
+from recipeforge.components.prepared import PreparedData
 from recipeforge.errors import RecipeError
 from recipeforge.stages.base import TrainerStage
+
+if TYPE_CHECKING:
+    from transformers import Trainer, TrainingArguments
 
 # Where each trainer may live: the stable API first, then the experimental module.
 TRL_LOCATIONS = {
@@ -58,27 +63,35 @@ def trl_classes(method: str, *, stage: str | None = None) -> tuple[type, type]:
     return found[0]
 
 
+class PreferenceSection(Protocol):
+    """What the shared runner reads of a stage's section (`ORPOConfig`, `CPOConfig`, `KTOConfig`)."""
+
+    @property
+    def max_prompt_length(self) -> int | None: ...
+
+
 class PreferenceTrainerStage(TrainerStage):
     """A runner on one of TRL's ORPO / CPO / KTO trainers; the stage's section is `recipe.<stage>`."""
 
     method: str = ""  # key of TRL_LOCATIONS
 
     @property
-    def section(self):
-        return getattr(self.recipe, self.stage)
+    def section(self) -> PreferenceSection:
+        section: PreferenceSection = getattr(self.recipe, self.stage)
+        return section
 
-    def prepare_data(self):
+    def prepare_data(self) -> PreparedData:
         return self.prepare_rows("preference", max_prompt_length=self.section.max_prompt_length)
 
-    def method_arguments(self) -> dict:
+    def method_arguments(self) -> dict[str, Any]:
         """The stage's own config fields (beta, loss, weights)."""
         raise NotImplementedError
 
-    def trainer_arguments(self) -> dict:
+    def trainer_arguments(self) -> dict[str, Any]:
         """Extra constructor arguments of the trainer (KTO: the reference model)."""
         return {}
 
-    def trainer_config(self):
+    def trainer_config(self) -> TrainingArguments:
         """TRL's config of the stage: common settings, the stage's section, lengths, the backend's."""
         from recipeforge.stages.trl_lengths import length_arguments
 
@@ -88,11 +101,12 @@ class PreferenceTrainerStage(TrainerStage):
         # completion limit stays open. A TRL default (ORPO and CPO fall back to 512 tokens) never applies.
         lengths = length_arguments(config_cls, max_length=self.recipe.data.sequence_len,
                                    max_prompt_length=self.section.max_prompt_length, max_completion_length=None)
-        num_proc = self.recipe.data.num_proc
+        num_proc = self.recipe.data.num_proc  # a number once the recipe is loaded (`auto` is resolved then)
         return self.training_arguments(config_cls, **self.method_arguments(), **lengths, disable_dropout=True,
-                                       dataset_num_proc=num_proc if num_proc > 1 else None)
+                                       dataset_num_proc=num_proc if isinstance(num_proc, int) and num_proc > 1
+                                       else None)
 
-    def build_trainer(self):
+    def build_trainer(self) -> Trainer:
         from recipeforge.outputs.atomic import crash_safe
 
         _, trainer_cls = trl_classes(self.method, stage=self.stage)
@@ -101,7 +115,3 @@ class PreferenceTrainerStage(TrainerStage):
                                        eval_dataset=self.eval_rows, processing_class=self.tokenizer,
                                        peft_config=self.peft_config(), callbacks=self.callbacks(),
                                        **self.trainer_arguments())
-
-    def reference_model(self):
-        """The frozen reference model (`TrainerStage.frozen_reference` of `<stage>.reference`)."""
-        return self.frozen_reference(self.section.reference)

@@ -16,15 +16,22 @@ saving the processor) is `TrainerStage`'s.
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from recipeforge.components.prepared import PreparedData
 from recipeforge.errors import RecipeError
 from recipeforge.stage_specs import Stage
 from recipeforge.stages.base import TrainerStage
 
+if TYPE_CHECKING:
+    from transformers import Trainer
+
+    from recipeforge.config.schema.data import DatasetSpec
+
 # The dataset formats each vision stage reads, and the `vision_rows` kind they become.
-VISION_FORMATS = {Stage.SFT: ("messages", "messages"), Stage.DPO: ("preference", "preference")}
+VISION_FORMATS: dict[str, tuple[str, str]] = {Stage.SFT: ("messages", "messages"),
+                                              Stage.DPO: ("preference", "preference")}
 
 
 class VisionStage(TrainerStage):
@@ -75,12 +82,12 @@ class VisionStage(TrainerStage):
                  "train_images": images}
         return PreparedData(train=train_ds, eval=eval_ds, stats=stats, unit="rows with images")
 
-    def _read(self, section: str, specs) -> list[dict]:
+    def _read(self, section: str, specs: Sequence[DatasetSpec]) -> list[dict[str, Any]]:
         from recipeforge.components.data import DatasetRef, load_raw, resolve_local
         from recipeforge.components.vision_data import image_base_dir, vision_rows
 
         wanted, kind = VISION_FORMATS[self.stage]
-        rows: list[dict] = []
+        rows: list[dict[str, Any]] = []
         for i, spec in enumerate(specs):
             ref = DatasetRef(spec, section, i)
             if spec.format != wanted:
@@ -93,18 +100,19 @@ class VisionStage(TrainerStage):
             if spec.max_samples:
                 raw = raw.shuffle(seed=self.recipe.train.seed).select(range(min(spec.max_samples, len(raw))))
             source = local if local is not None else spec.path
-            base = (image_base_dir(local if local is not None else self.ctx.base_dir, spec.image_root,
-                                   recipe_dir=self.ctx.base_dir)
+            # The recipe's folder is None for a recipe without a file. Without a local dataset file,
+            # `image_base_dir` reads only `image_root`; without either, the images start at the recipe's folder.
+            base = (image_base_dir(local if local is not None else self.ctx.base_dir,  # type: ignore[arg-type]
+                                   spec.image_root, recipe_dir=self.ctx.base_dir)
                     if local is not None or spec.image_root else self.ctx.base_dir)
-            rows += vision_rows(raw.to_list(), source=source, base_dir=base, kind=kind, image_column=spec.images,
+            rows += vision_rows(raw.to_list(), source=source, base_dir=base,  # type: ignore[arg-type]
+                                kind=kind, image_column=spec.images,
                                 location=self.ctx.locate(ref.path_key + ("path",)), embedded_dir=self._image_dir())
         return rows
 
-    def _image_dir(self):
+    def _image_dir(self) -> Path:
         """Where images held in the data itself (hub datasets' Image columns) are kept as files: beside
         the tokenized-data cache, named by content, shared by runs."""
-        from pathlib import Path
-
         from recipeforge.components.lm_data import default_cache_root
 
         cache = self.recipe.data.cache_dir
@@ -126,7 +134,7 @@ class VisionSFTStage(VisionStage):
     stage = Stage.SFT
     trainer_class = "trl.SFTTrainer"
 
-    def build_trainer(self) -> Any:
+    def build_trainer(self) -> Trainer:
         from trl import SFTConfig, SFTTrainer
 
         from recipeforge.components.vision_model import check_template
@@ -177,14 +185,14 @@ def check_libraries(stage: str) -> None:
                           key="model.name_or_path", hint="pip install -U 'trl<1.17'")
 
 
-def distinct_rows(rows) -> list[tuple[str, dict]]:
+def distinct_rows(rows: Iterable[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     """(where, row) for the first row of each distinct (image count, image sizes) shape."""
     from PIL import Image
 
-    seen: set = set()
+    seen: set[tuple[int, tuple[tuple[int, int], ...]]] = set()
     out = []
     for i, row in enumerate(rows):
-        sizes = []
+        sizes: list[tuple[int, int]] = []
         for path in row.get("images") or ():
             with Image.open(path) as img:
                 sizes.append(img.size)

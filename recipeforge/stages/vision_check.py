@@ -4,16 +4,19 @@ refusal of the stages that cannot train one. Kept apart from `stages.vision` (wh
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from recipeforge.errors import Location, RecipeError
 from recipeforge.stage_specs import Stage
+
+if TYPE_CHECKING:
+    from recipeforge.config.schema.recipe import Recipe
 
 # The stages that train vision-language models (`stages.vision`).
 VISION_STAGES = (Stage.SFT, Stage.DPO)
 
 
-def is_vision_recipe(recipe: Any) -> bool:
+def is_vision_recipe(recipe: Recipe) -> bool:
     """Whether the recipe's model is a VLM, from its config.json alone (tiny spec, local file,
     catalog, or the hub's config when reachable); False when no config can be read."""
     from recipeforge.components.vision_model import is_vision_config
@@ -25,7 +28,7 @@ def is_vision_recipe(recipe: Any) -> bool:
         return False
 
 
-def refuse_vision(recipe: Any, stage: str, *, why: str, location: Location | None = None) -> None:
+def refuse_vision(recipe: Recipe, stage: str, *, why: str, location: Location | None = None) -> None:
     """A stage that cannot train a VLM refuses one, before anything loads."""
     if is_vision_recipe(recipe):
         raise RecipeError(f"stage {stage} cannot train the vision-language model '{recipe.model.name_or_path}': "
