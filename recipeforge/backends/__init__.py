@@ -7,8 +7,6 @@ imported inside the methods that use them.
 
 from __future__ import annotations
 
-from typing import Any
-
 from recipeforge.backends.base import Backend, BackendSpec
 from recipeforge.backends.ddp import DDPBackend
 from recipeforge.backends.deepspeed import DeepSpeedBackend
@@ -21,7 +19,7 @@ _METHODS = ("check", "launcher", "accelerate_config", "launch_files", "launch_en
             "trainer_kwargs", "save_final", "runtime_report")
 
 
-def _as_backend(name: str, obj: Any) -> BackendSpec:
+def _as_backend(name: str, obj: object) -> BackendSpec:
     """A registered backend: a `BackendSpec` instance (a class is instantiated) named as registered."""
     if isinstance(obj, type):
         obj = obj()

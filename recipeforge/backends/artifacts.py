@@ -7,8 +7,24 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
 from recipeforge.errors import RecipeError
 from recipeforge.plan.types import Plan
+
+if TYPE_CHECKING:
+    from recipeforge.config.schema import Recipe
+
+
+# The backends' parts of a plan as read here: `deepspeed.ZeroPart` and `fsdp.FSDPPart`, which this module
+# cannot name (those modules import it). `_require` has checked the plan's backend first, and a plan's
+# part is the one its backend's spec reads and writes (`PlannerSpec.plan_part_type`).
+class _ZeroPart(Protocol):
+    zero_stage: int
+
+
+class _FSDPPart(Protocol):
+    sharding: str
 
 
 def _hidden(plan: Plan) -> int:
@@ -25,13 +41,13 @@ def _require(plan: Plan, backend: str) -> None:
                           hint=f"set distributed.backend: {backend} to plan for it")
 
 
-def deepspeed_config(plan: Plan, recipe) -> dict:
+def deepspeed_config(plan: Plan, recipe: Recipe) -> dict[str, Any]:
     """A DeepSpeed config for `plan`. Batch sizes are explicit and consistent:
     train_batch_size = micro * accumulation * data-parallel ranks."""
     _require(plan, "deepspeed")
     h = _hidden(plan)
-    stage = plan.backend_part.zero_stage
-    zero: dict = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True,
+    stage = cast(_ZeroPart, plan.backend_part).zero_stage
+    zero: dict[str, Any] = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True,
                   # bucket sizes scale with the model (as the HF integration's "auto" does), so small
                   # models do not allocate DeepSpeed's 500M-element defaults
                   "reduce_bucket_size": h * h}
@@ -49,7 +65,7 @@ def deepspeed_config(plan: Plan, recipe) -> dict:
     dtype = _dtype(plan) if plan.device == "cuda" else "fp32"
     t = recipe.train
     clip = t.max_grad_norm
-    config = {
+    config: dict[str, Any] = {
         "train_batch_size": plan.global_batch_size,
         "train_micro_batch_size_per_gpu": plan.micro_batch_size,
         "gradient_accumulation_steps": plan.gradient_accumulation,
@@ -76,10 +92,10 @@ def deepspeed_config(plan: Plan, recipe) -> dict:
 def fsdp_sharding(plan: Plan) -> str:
     """The FSDP sharding strategy the plan chose (full_shard | shard_grad_op | hybrid_shard)."""
     _require(plan, "fsdp")
-    return plan.backend_part.sharding
+    return cast(_FSDPPart, plan.backend_part).sharding
 
 
-def fsdp_plugin_config(plan: Plan, recipe) -> dict:
+def fsdp_plugin_config(plan: Plan, recipe: Recipe) -> dict[str, Any]:
     """Keyword arguments for ``accelerate.utils.FullyShardedDataParallelPlugin`` (FSDP2).
 
     Precision is not among them: Accelerate derives FSDP2's ``MixedPrecisionPolicy`` from its own
@@ -87,7 +103,7 @@ def fsdp_plugin_config(plan: Plan, recipe) -> dict:
     plan's dtype already sets."""
     sharding = fsdp_sharding(plan)
     layer_class = plan.extra.model.get("decoder_layer_class")
-    config = {
+    config: dict[str, Any] = {
         "fsdp_version": 2,
         # FSDP2 expresses full_shard / shard_grad_op as resharding (or not) after forward; hybrid
         # sharding reshards too, inside each node (the backend adds the replicate/shard mesh)
@@ -107,7 +123,7 @@ def fsdp_plugin_config(plan: Plan, recipe) -> dict:
     return config
 
 
-def megatron_parallel_settings(plan: Plan, recipe) -> dict:
+def megatron_parallel_settings(plan: Plan, recipe: Recipe) -> dict[str, Any]:
     """Megatron-Bridge settings: model-parallel sizes on the model provider, batch sizes on the
     training config, the distributed optimizer (and its CPU offload) on the optimizer config."""
     _require(plan, "megatron")
@@ -134,7 +150,7 @@ def megatron_parallel_settings(plan: Plan, recipe) -> dict:
     }
 
 
-def megatron_recompute(plan: Plan) -> dict:
+def megatron_recompute(plan: Plan) -> dict[str, Any]:
     """Megatron's recomputation for the plan's checkpointing: every layer recomputed whole (`full`,
     `uniform`, one layer per chunk), only its attention and activation functions (`selective`, no
     method), or whole but only for some layers (`block`: the first ceil(layers / N) of each pipeline

@@ -30,6 +30,8 @@ from recipeforge.errors import RecipeError
 from recipeforge.plan.backend_spec import PlannerSpec
 
 if TYPE_CHECKING:
+    import torch
+
     from recipeforge.config.pipeline import LoadedRecipe
     from recipeforge.config.schema import Recipe
     from recipeforge.outputs.run_dir import RunDir
@@ -59,9 +61,11 @@ class Backend(Protocol):
 
     def launch_env(self, plan: "Plan") -> dict[str, str]: ...
 
-    def prepare_launch(self, loaded: "LoadedRecipe", plan: "Plan", run: "RunDir", *, log: Log = print) -> None: ...
+    def prepare_launch(self, loaded: "LoadedRecipe", plan: "Plan", run: "RunDir", *,
+                       log: Log = print) -> Path | None: ...
 
-    def finish_launch(self, loaded: "LoadedRecipe", plan: "Plan", run: "RunDir", *, log: Log = print) -> None: ...
+    def finish_launch(self, loaded: "LoadedRecipe", plan: "Plan", run: "RunDir", *,
+                      log: Log = print) -> Path | None: ...
 
     def runner(self, stage: str) -> str | None: ...
 
@@ -69,7 +73,7 @@ class Backend(Protocol):
 
     def trainer_kwargs(self, ctx: StageContext) -> dict[str, Any]: ...
 
-    def save_final(self, ctx: StageContext, trainer: Any, model: Any, tokenizer: Any) -> Path | None: ...
+    def save_final(self, ctx: StageContext, trainer: Any, model: torch.nn.Module, tokenizer: Any) -> Path | None: ...
 
     def runtime_report(self, trainer: Any) -> dict[str, Any]: ...
 
@@ -125,11 +129,15 @@ class BackendSpec(PlannerSpec):
         """Environment variables the workers need beyond the launcher's own."""
         return {}
 
-    def prepare_launch(self, loaded: "LoadedRecipe", plan: "Plan", run: "RunDir", *, log: Log = print) -> None:
-        """Run once in the launching process (on the main node) before any worker starts."""
+    def prepare_launch(self, loaded: "LoadedRecipe", plan: "Plan", run: "RunDir", *,
+                       log: Log = print) -> Path | None:
+        """Run once in the launching process (on the main node) before any worker starts; returns what
+        it wrote, if anything (the run does not need it)."""
 
-    def finish_launch(self, loaded: "LoadedRecipe", plan: "Plan", run: "RunDir", *, log: Log = print) -> None:
-        """Run once in the launching process (on the main node) after the workers succeeded."""
+    def finish_launch(self, loaded: "LoadedRecipe", plan: "Plan", run: "RunDir", *,
+                      log: Log = print) -> Path | None:
+        """Run once in the launching process (on the main node) after the workers succeeded; returns
+        what it wrote, if anything (the run does not need it)."""
 
     # -- inside each worker -----------------------------------------------------------------------
     def runner(self, stage: str) -> str | None:
@@ -148,7 +156,7 @@ class BackendSpec(PlannerSpec):
         """Trainer arguments this backend needs (override the stage's and the common ones)."""
         return {}
 
-    def save_final(self, ctx: StageContext, trainer: Any, model: Any, tokenizer: Any) -> Path | None:
+    def save_final(self, ctx: StageContext, trainer: Any, model: torch.nn.Module, tokenizer: Any) -> Path | None:
         """Write final/ on the main process; every process calls this (gathering may be collective)."""
         from recipeforge.outputs.weights import save_pretrained_atomic
         from recipeforge.stages.precision import final_weights_dtype
@@ -177,7 +185,8 @@ def common_report(trainer: Any) -> dict[str, Any]:
     }
 
 
-def full_state_dict_save(ctx: StageContext, model: Any, tokenizer: Any, state_dict: dict[str, Any] | None) -> Path:
+def full_state_dict_save(ctx: StageContext, model: torch.nn.Module, tokenizer: Any,
+                         state_dict: dict[str, Any] | None) -> Path:
     """Write final/ from a gathered full state dict (main process only), atomically."""
     from recipeforge.outputs.weights import save_pretrained_atomic
     from recipeforge.stages.precision import final_weights_dtype

@@ -25,15 +25,27 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from recipeforge.errors import Location, Problem, RecipeError
+
+if TYPE_CHECKING:
+    from recipeforge.components.prepared import PreparedData
+    from recipeforge.config.pipeline import LoadedRecipe
+    from recipeforge.stages.context import DistInfo
 
 POLL_SECONDS = 0.5
 REPORT_EVERY = 60.0  # seconds between "still waiting" lines
 
 
-def build_before_launch(loaded, *, log: Callable[[str], None]) -> dict | None:
+class DataRunner(Protocol):
+    """A stage runner as far as its data goes: `TrainerStage.prepare` loads the tokenizer and builds (or
+    finds) the data cache."""
+
+    def prepare(self) -> PreparedData: ...
+
+
+def build_before_launch(loaded: LoadedRecipe, *, log: Callable[[str], None]) -> dict[str, Any] | None:
     """Build the tokenized-data cache of a recipe whose stage has one (pretrain, SFT), as
     `recipeforge preprocess` does; returns the data statistics, or None for stages whose trainer
     tokenizes itself (DPO, GRPO)."""
@@ -47,9 +59,9 @@ def build_before_launch(loaded, *, log: Callable[[str], None]) -> dict | None:
     return dict(_prepare(cls(RecipeContext(loaded=loaded, log=log))).stats)
 
 
-def prepare_on_first_rank(make_runner: Callable[[], object], dist_info, *, broadcast: Callable,
-                          barrier: Callable[[], None], log: Callable[[str], None],
-                          poll: float = POLL_SECONDS) -> None:
+def prepare_on_first_rank(make_runner: Callable[[], DataRunner], dist_info: DistInfo, *,
+                          broadcast: Callable[[str | None], str | None], barrier: Callable[[], None],
+                          log: Callable[[str], None], poll: float = POLL_SECONDS) -> None:
     """Prepare the data once per machine: its first rank loads the tokenizer and builds (or finds)
     the data cache; the machine's other ranks poll for the outcome, then every rank meets at one
     barrier. A failure on the first rank stops the others with its message (a recipe mistake stays
@@ -88,7 +100,7 @@ def wait_for(done: Path, failed: Path, *, builder: int, log: Callable[[str], Non
         time.sleep(poll)
 
 
-def _prepare(runner):
+def _prepare(runner: DataRunner) -> PreparedData:
     """The runner's tokenizer and data (`TrainerStage.prepare`), after any injected delay."""
     delay = injected_delay()
     if delay:
@@ -96,7 +108,7 @@ def _prepare(runner):
     return runner.prepare()
 
 
-def injected_delay(environ=os.environ) -> float:
+def injected_delay(environ: Mapping[str, str] = os.environ) -> float:
     """Seconds of `RECIPEFORGE_FAULT=slow_tokenize:<seconds>` (0 when unset); read once per data
     preparation, never on a training step."""
     point, _, arg = environ.get("RECIPEFORGE_FAULT", "").partition(":")
@@ -116,13 +128,13 @@ def _publish(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _describe(exc: BaseException) -> dict:
+def _describe(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, RecipeError):
         return {"problems": [asdict(p) for p in exc.problems]}
     return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def _error_from(data: dict, builder: int) -> RecipeError:
+def _error_from(data: dict[str, Any], builder: int) -> RecipeError:
     problems = data.get("problems")
     if problems:  # the same user error, reported by every rank
         return RecipeError([Problem(p["message"], Location(**p["location"]) if p.get("location") else None,

@@ -8,10 +8,19 @@ no GPU and runs MULTI_CPU over gloo.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from recipeforge.backends.base import BackendSpec
 from recipeforge.capabilities import BackendCapabilities
 from recipeforge.plan.backend_spec import Candidate
 from recipeforge.plan.memory import Layout, replica_states
+
+if TYPE_CHECKING:
+    from recipeforge.config.schema import DistributedConfig
+    from recipeforge.plan.hardware import Hardware
+    from recipeforge.plan.types import Plan
+    from recipeforge.plan.workload import Workload
+    from recipeforge.stages.context import StageContext
 
 
 class DDPBackend(BackendSpec):
@@ -23,27 +32,29 @@ class DDPBackend(BackendSpec):
         why={"offload": "every replica keeps its full optimizer on its device"})
     cpu_preference = 1  # replicas: what several CPU processes run unless a pin asks for more
 
-    def candidates(self, w, hw, dist, *, pinned: bool) -> list[Candidate]:
+    def candidates(self, w: Workload, hw: Hardware, dist: DistributedConfig | None, *,
+                   pinned: bool) -> list[Candidate]:
         g = hw.num_gpus
         if g <= 1 and not pinned:
             return []
         return [Candidate(Layout(self.name, None, data_parallel=g, nodes=hw.nodes, gpus_per_node=hw.gpus_per_node),
                           1, "a full replica per GPU; one gradient all-reduce per step")]
 
-    def model_states(self, w, layout, part, trainable, frozen_bytes) -> float:
+    def model_states(self, w: Workload, layout: Layout, part: dict[str, float], trainable: float,
+                     frozen_bytes: float) -> float:
         # DDP's gradient buckets are a second copy of the gradients
         return replica_states(w, layout, part, trainable, frozen_bytes, gradient_buckets=True)
 
-    def launcher(self, plan) -> str:
+    def launcher(self, plan: Plan) -> str:
         # One process is plain single-device training; there is nothing to launch.
         return "accelerate" if plan.world_size > 1 else "none"
 
-    def trainer_kwargs(self, ctx) -> dict:
-        kwargs: dict = {"ddp_backend": "gloo"} if ctx.plan.device != "cuda" else {}
+    def trainer_kwargs(self, ctx: StageContext) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"ddp_backend": "gloo"} if ctx.plan.device != "cuda" else {}
         kwargs.update(unused_parameter_kwargs(ctx.plan))
         return kwargs
 
-    def runtime_report(self, trainer) -> dict:
+    def runtime_report(self, trainer: Any) -> dict[str, Any]:
         report = super().runtime_report(trainer)
         report["ddp"] = type(trainer.model_wrapped).__name__ == "DistributedDataParallel"
         return report
@@ -56,7 +67,7 @@ TOWER_MODEL_TYPES = frozenset({
     "qwen2_5_vl", "qwen3_vl", "idefics3", "smolvlm"})
 
 
-def unused_parameter_kwargs(plan) -> dict:
+def unused_parameter_kwargs(plan: Plan) -> dict[str, Any]:
     """`ddp_find_unused_parameters` for a plan. DDP's search for parameters without a gradient costs an
     extra traversal of the autograd graph every step; in a causal LM (full fine-tuning or LoRA) every
     trained parameter is used in every forward pass, so the search is off. Models with a tower a text
@@ -65,7 +76,7 @@ def unused_parameter_kwargs(plan) -> dict:
     model_type = (plan.extra.model or {}).get("model_type")
     if model_type not in TOWER_MODEL_TYPES:
         return {"ddp_find_unused_parameters": False}
-    kwargs: dict = {"ddp_find_unused_parameters": True}
+    kwargs: dict[str, Any] = {"ddp_find_unused_parameters": True}
     if plan.gradient_checkpointing:
         from transformers import TrainingArguments  # transformers 5 renamed the switch and its kwargs
 

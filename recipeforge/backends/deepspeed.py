@@ -15,17 +15,22 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from recipeforge.backends.base import BackendSpec, common_report, full_state_dict_save
 from recipeforge.capabilities import OFFLOAD_MODES, BackendCapabilities, Preset
 from recipeforge.plan.backend_spec import Candidate, CpuSpread
 from recipeforge.plan.estimators import deepspeed_zero3_mem_needs, zero_model_states
 from recipeforge.plan.memory import BUFFER_FACTOR, Layout, assign_trainable, optimizer_state_bytes
-from recipeforge.plan.types import BackendPart
+from recipeforge.plan.types import BackendPart, Plan
 
 if TYPE_CHECKING:
-    from recipeforge.stages.context import WorkerHooks
+    import torch
+
+    from recipeforge.config.schema import DistributedConfig, Recipe
+    from recipeforge.plan.hardware import Hardware
+    from recipeforge.plan.workload import Workload
+    from recipeforge.stages.context import StageContext, WorkerHooks
 
 
 def preset_name(zero_stage: int, offload: str) -> str:
@@ -46,6 +51,14 @@ class ZeroPart(BackendPart):
     def rows(self) -> list[tuple[str, str]]:
         return [("zero stage", str(self.zero_stage))]
 
+
+def zero_part(plan: Plan) -> ZeroPart:
+    """DeepSpeed's part of `plan` (the part a DeepSpeed plan carries: `plan_part_type`)."""
+    part = plan.backend_part
+    assert isinstance(part, ZeroPart), f"a {plan.backend} plan has no ZeRO stage"
+    return part
+
+
 PRESETS = tuple(Preset(preset_name(z, o), NAME, zero_stage=z, offload=o) for z, o in (
     (0, "none"), (1, "none"), (2, "none"), (3, "none"), (2, "optimizer"), (3, "optimizer"), (3, "optimizer+params")))
 
@@ -62,13 +75,14 @@ LAYOUTS = (
 )
 
 
-def cpu_settings(dist) -> tuple[int, str, str]:
+def cpu_settings(dist: DistributedConfig) -> tuple[int, str, str]:
     """(ZeRO stage, offload, preset) of DeepSpeed on the CPU: the recipe's preset or pins, else ZeRO-2
     (ZeRO-3 for a pinned parameter offload) without offload (memory is not what a CPU run is short of)."""
     if dist.preset:
         from recipeforge.plan.presets import get_preset
 
         p = get_preset(dist.preset, backend=NAME)
+        assert p.zero_stage is not None  # every DeepSpeed preset names its stage (`PRESETS`)
         return p.zero_stage, p.offload, p.name
     offload = dist.offload if dist.offload != "auto" else "none"
     zero = dist.zero_stage if dist.zero_stage != "auto" else (3 if offload == "optimizer+params" else 2)
@@ -97,7 +111,8 @@ class DeepSpeedBackend(BackendSpec):
     checkpoints_master_weights = True  # fp32 master weights travel with DeepSpeed's optimizer state
 
     # -- planning ---------------------------------------------------------------------------------
-    def candidates(self, w, hw, dist, *, pinned: bool) -> list[Candidate]:
+    def candidates(self, w: Workload, hw: Hardware, dist: DistributedConfig | None, *,
+                   pinned: bool) -> list[Candidate]:
         g = hw.num_gpus
         out = []
         for tier, within, zero, offload, unpinned, why in LAYOUTS:
@@ -110,63 +125,65 @@ class DeepSpeedBackend(BackendSpec):
                                  tier, why, within))
         return out
 
-    def cpu_candidate(self, dist) -> Candidate:
+    def cpu_candidate(self, dist: DistributedConfig) -> Candidate:
         zero, offload, preset = cpu_settings(dist)
         return Candidate(Layout(NAME, preset, zero_stage=zero, offload=offload, nodes=1, gpus_per_node=0),
                          1, f"DeepSpeed ZeRO-{zero} on the CPU (gloo), one process planned")
 
-    def cpu_spread(self, dist) -> CpuSpread:
+    def cpu_spread(self, dist: DistributedConfig) -> CpuSpread:
         zero, offload, preset = cpu_settings(dist)
         return CpuSpread(preset=preset, zero_stage=zero, offload=offload, part=ZeroPart(zero))
 
-    def shards_weights(self, layout) -> bool:
+    def shards_weights(self, layout: Layout) -> bool:
         return layout.zero_stage == 3
 
-    def plan_shards_weights(self, plan) -> bool:
-        return plan.backend_part.zero_stage == 3
+    def plan_shards_weights(self, plan: Plan) -> bool:
+        return zero_part(plan).zero_stage == 3
 
-    def plan_part(self, layout) -> ZeroPart:
+    def plan_part(self, layout: Layout) -> ZeroPart:
+        assert layout.zero_stage is not None  # every DeepSpeed layout names its stage (`candidates`)
         return ZeroPart(layout.zero_stage)
 
-    def model_states(self, w, layout, part, trainable, frozen_bytes) -> float:
+    def model_states(self, w: Workload, layout: Layout, part: dict[str, float], trainable: float,
+                     frozen_bytes: float) -> float:
         return zero_states(w, layout, part, trainable, frozen_bytes)
 
-    def accuracy_band(self, w, layout) -> str:
+    def accuracy_band(self, w: Workload, layout: Layout) -> str:
         return "sharded" if layout.offload != "none" or layout.zero_stage == 3 else "calibrated"
 
-    def precision(self, w) -> str:
+    def precision(self, w: Workload) -> str:
         return f"{w.dtype} weights and gradients; fp32 master weights, gradients and optimizer states"
 
     # -- running ----------------------------------------------------------------------------------
 
-    def launcher(self, plan) -> str:
+    def launcher(self, plan: Plan) -> str:
         return "accelerate"  # even one process: the DeepSpeed engine needs a launched worker
 
-    def config(self, plan, recipe) -> dict:
+    def config(self, plan: Plan, recipe: Recipe) -> dict[str, Any]:
         """The DeepSpeed config dict of this plan."""
         from recipeforge.backends.artifacts import deepspeed_config
 
         return deepspeed_config(plan, recipe)
 
-    def accelerate_config(self, plan, recipe, run_dir: Path) -> dict:
+    def accelerate_config(self, plan: Plan, recipe: Recipe, run_dir: Path) -> dict[str, Any]:
         return {"distributed_type": "DEEPSPEED",
                 "deepspeed_config": {"deepspeed_config_file": str(run_dir / "deepspeed.json"),
                                      # as in `setup_worker`: checkpoints load partitioned
-                                     "zero3_init_flag": plan.backend_part.zero_stage == 3 and not _random_init(recipe),
+                                     "zero3_init_flag": zero_part(plan).zero_stage == 3 and not _random_init(recipe),
                                      # one launcher per node (torch's elastic agent), like DDP; no ssh/pdsh
                                      "deepspeed_multinode_launcher": "standard"}}
 
-    def launch_files(self, plan, recipe) -> dict[str, str]:
+    def launch_files(self, plan: Plan, recipe: Recipe) -> dict[str, str]:
         import json
 
         return {"deepspeed.json": json.dumps(self.config(plan, recipe), indent=2) + "\n"}
 
-    def launch_env(self, plan) -> dict[str, str]:
+    def launch_env(self, plan: Plan) -> dict[str, str]:
         from recipeforge.backends.deepspeed_ops import extensions_dir
 
         return {"TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR") or extensions_dir()}
 
-    def setup_worker(self, ctx) -> WorkerHooks:
+    def setup_worker(self, ctx: StageContext) -> WorkerHooks:
         """Accelerate's state for DeepSpeed (see the module); under ZeRO-3 the base goes straight into
         partitions: a checkpoint through zero.Init, or, for a 4-bit QLoRA base and for any random-init
         model, tensor by tensor (`sharded_loading`)."""
@@ -185,14 +202,14 @@ class DeepSpeedBackend(BackendSpec):
         os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
         PartialState(backend="nccl" if ctx.plan.device == "cuda" else "gloo")
         self._hf_config = None
-        zero3 = ctx.plan.backend_part.zero_stage == 3
+        zero3 = zero_part(ctx.plan).zero_stage == 3
         quantized = ctx.recipe.adapter.type == "qlora" and ctx.recipe.adapter.quant.bits == 4
         if zero3 and (quantized or _random_init(ctx.recipe)):
             # No process holds the whole base: placeholders now, the base read or made into ZeRO-3
             # partitions once the trainer (and its DeepSpeed config) exists, before the engine starts.
             from recipeforge.backends import sharded_loading
 
-            record: dict = {}
+            record: dict[str, int] = {}
             return WorkerHooks(load_sharded=sharded_loading.loader(ctx, record),
                                prepare_trainer=sharded_loading.partition_and_fill(ctx, record), makes_random=True)
         if zero3:
@@ -203,18 +220,18 @@ class DeepSpeedBackend(BackendSpec):
             self._hf_config = HfDeepSpeedConfig(self.config(ctx.plan, ctx.recipe))  # kept alive: a weakref
         return WorkerHooks()
 
-    def trainer_kwargs(self, ctx) -> dict:
+    def trainer_kwargs(self, ctx: StageContext) -> dict[str, Any]:
         return {"deepspeed": self.config(ctx.plan, ctx.recipe), "use_cpu": False,
                 "accelerator_config": {"use_configured_state": True}}
 
-    def save_final(self, ctx, trainer, model, tokenizer) -> Path | None:
-        if ctx.plan.backend_part.zero_stage != 3:
+    def save_final(self, ctx: StageContext, trainer: Any, model: torch.nn.Module, tokenizer: Any) -> Path | None:
+        if zero_part(ctx.plan).zero_stage != 3:
             return super().save_final(ctx, trainer, model, tokenizer)
         # Collective: every rank hands its partition; the main process gets the whole state dict.
         state_dict = trainer.accelerator.get_state_dict(trainer.model_wrapped)
         return full_state_dict_save(ctx, model, tokenizer, state_dict)
 
-    def runtime_report(self, trainer) -> dict:
+    def runtime_report(self, trainer: Any) -> dict[str, Any]:
         report = common_report(trainer)
         engine = trainer.model_wrapped
         report["engine"] = type(engine).__name__
@@ -239,7 +256,7 @@ class DeepSpeedBackend(BackendSpec):
         return report
 
 
-def zero_states(w, layout, part: dict, trainable: float, frozen_bytes: float) -> float:
+def zero_states(w: Workload, layout: Layout, part: dict[str, float], trainable: float, frozen_bytes: float) -> float:
     """DeepSpeed mixed precision as its estimators count it: 16-bit weights and gradients, and
     K = 16 bytes of fp32 state per parameter (master weights, gradients, momentum, variance).
     Stage 1 partitions K, stage 2 also the 16-bit gradients, stage 3 also the weights (its 16-bit
@@ -268,6 +285,7 @@ def zero_states(w, layout, part: dict, trainable: float, frozen_bytes: float) ->
         return 0.0
     # Processes per node: one per GPU, or the CPU processes of a run over gloo (a CPU layout has none).
     per_node = layout.gpus_per_node or max(1, layout.data_parallel // max(1, layout.nodes))
+    cpu: float
     if stage == 3:
         cpu, _, _ = deepspeed_zero3_mem_needs(trainable, m.largest_module_params(), per_node,
                                               layout.nodes, True, offload_params, True, BUFFER_FACTOR)
@@ -281,7 +299,7 @@ def zero_states(w, layout, part: dict, trainable: float, frozen_bytes: float) ->
     return float(cpu)
 
 
-def _random_init(recipe) -> bool:
+def _random_init(recipe: Recipe) -> bool:
     from recipeforge.components.tiny_spec import tiny_arch
 
     return tiny_arch(recipe.model.name_or_path) is not None or recipe.model.init == "random"

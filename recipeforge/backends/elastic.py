@@ -14,14 +14,20 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from recipeforge.backends.cluster import ClusterSpec
+
+if TYPE_CHECKING:
+    from datetime import timedelta
+
+    from recipeforge.config.schema import DistributedConfig
 
 STATIC = "static"
 LOCAL_ENDPOINT = "localhost:0"   # one machine without an endpoint: the agent hosts the store on a free port
 
 
-def rdzv_id(distributed, run_dir: Path) -> str:
+def rdzv_id(distributed: DistributedConfig, run_dir: Path) -> str:
     """The id every node of this launch shares: the recipe's, or one derived from the run directory
     (every node of a run names the same absolute directory; two runs never meet under one id)."""
     if distributed.rdzv_id:
@@ -29,12 +35,12 @@ def rdzv_id(distributed, run_dir: Path) -> str:
     return "recipeforge-" + hashlib.sha256(str(Path(run_dir).absolute()).encode()).hexdigest()[:12]
 
 
-def is_elastic_rendezvous(distributed) -> bool:
+def is_elastic_rendezvous(distributed: DistributedConfig) -> bool:
     """Whether the nodes meet through a rendezvous backend rather than fixed ranks at the master address."""
     return distributed.rdzv_backend != STATIC
 
 
-def endpoint(distributed) -> str:
+def endpoint(distributed: DistributedConfig) -> str:
     """The rendezvous endpoint: the recipe's, else (one machine) a store the agent hosts itself."""
     if distributed.rdzv_endpoint:
         return str(distributed.rdzv_endpoint)
@@ -42,7 +48,7 @@ def endpoint(distributed) -> str:
     return LOCAL_ENDPOINT
 
 
-def torchrun_args(distributed, cluster: ClusterSpec, run_dir: Path) -> list[str]:
+def torchrun_args(distributed: DistributedConfig, cluster: ClusterSpec, run_dir: Path) -> list[str]:
     """torchrun's node, rendezvous and restart flags (after --nnodes/--nproc_per_node)."""
     out = ["--max-restarts", str(distributed.max_restarts)] if distributed.max_restarts else []
     if is_elastic_rendezvous(distributed):
@@ -55,7 +61,7 @@ def torchrun_args(distributed, cluster: ClusterSpec, run_dir: Path) -> list[str]
     return out + ["--standalone"]
 
 
-def accelerate_args(distributed, cluster: ClusterSpec) -> list[str]:
+def accelerate_args(distributed: DistributedConfig, cluster: ClusterSpec) -> list[str]:
     """`accelerate launch` flags for restarts and the rendezvous backend (the endpoint and id go by
     `accelerate_env`)."""
     out = ["--max_restarts", str(distributed.max_restarts)] if distributed.max_restarts else []
@@ -67,14 +73,14 @@ def accelerate_args(distributed, cluster: ClusterSpec) -> list[str]:
     return out
 
 
-def accelerate_env(distributed, cluster: ClusterSpec, run_dir: Path) -> dict[str, str]:
+def accelerate_env(distributed: DistributedConfig, cluster: ClusterSpec, run_dir: Path) -> dict[str, str]:
     """torchrun options accelerate has no flag for, as the ``PET_*`` defaults torch's parser reads."""
     if not is_elastic_rendezvous(distributed):
         return {}
     return {"PET_RDZV_ENDPOINT": endpoint(distributed), "PET_RDZV_ID": rdzv_id(distributed, run_dir)}
 
 
-def attempt_store_kwargs(timeout=None) -> dict:
+def attempt_store_kwargs(timeout: timedelta | None = None) -> dict[str, Any]:
     """`init_process_group` arguments for a restarted worker: the agent's store under a prefix of this
     attempt. The agent keeps one store for every attempt of a launch (``TORCHELASTIC_USE_AGENT_STORE``),
     and a process group joined again under the same keys can read a peer's address left there by the

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from recipeforge.backends.base import BackendSpec, common_report, full_state_dict_save
 from recipeforge.capabilities import BackendCapabilities, Preset
@@ -24,10 +24,15 @@ from recipeforge.plan.estimators import zero_model_states
 from recipeforge.plan.memory import (Layout, assign_trainable, foreach_temp, optimizer_state_bytes,
                                      quantized_bytes_per_param)
 from recipeforge.plan.train_phase import Gathered
-from recipeforge.plan.types import BackendPart
+from recipeforge.plan.types import BackendPart, Plan
 
 if TYPE_CHECKING:
-    from recipeforge.stages.context import WorkerHooks
+    import torch
+
+    from recipeforge.config.schema import DistributedConfig, Recipe
+    from recipeforge.plan.hardware import Hardware
+    from recipeforge.plan.workload import Workload
+    from recipeforge.stages.context import StageContext, WorkerHooks
 
 NAME = "fsdp"
 
@@ -46,6 +51,13 @@ class FSDPPart(BackendPart):
         return [("fsdp sharding", f"{self.sharding}{mesh}")]
 
 
+def fsdp_part(plan: Plan) -> FSDPPart:
+    """FSDP2's part of `plan` (the part an FSDP plan carries: `plan_part_type`)."""
+    part = plan.backend_part
+    assert isinstance(part, FSDPPart), f"a {plan.backend} plan has no FSDP sharding"
+    return part
+
+
 def preset_name(sharding: str, offload: str) -> str:
     """The preset name of an FSDP sharding strategy and offload."""
     return f"fsdp_{sharding}" + ("_offload" if offload != "none" else "")
@@ -55,13 +67,14 @@ PRESETS = tuple(Preset(preset_name(sh, o), NAME, sharding=sh, offload=o) for sh,
     ("shard_grad_op", "none"), ("full_shard", "none"), ("hybrid_shard", "none"), ("full_shard", "optimizer+params")))
 
 
-def cpu_settings(dist) -> tuple[str, str, str]:
+def cpu_settings(dist: DistributedConfig) -> tuple[str, str, str]:
     """(sharding, offload, preset) of FSDP2 on the CPU: the recipe's preset or pins, else full sharding
     without offload. One machine has no replicas to shard within, so hybrid sharding is full sharding."""
     if dist.preset:
         from recipeforge.plan.presets import get_preset
 
         p = get_preset(dist.preset, backend=NAME)
+        assert p.sharding is not None  # every FSDP preset names its sharding (`PRESETS`)
         sharding, offload = p.sharding, p.offload
     else:
         sharding, offload = dist.fsdp_sharding, dist.offload if dist.offload != "auto" else "none"
@@ -91,11 +104,12 @@ class FSDPBackend(BackendSpec):
     trainer_holds_weights = False
 
     # -- planning ---------------------------------------------------------------------------------
-    def candidates(self, w, hw, dist, *, pinned: bool) -> list[Candidate]:
+    def candidates(self, w: Workload, hw: Hardware, dist: DistributedConfig | None, *,
+                   pinned: bool) -> list[Candidate]:
         g = hw.num_gpus
         out = []
 
-        def add(tier, within, why, sharding, offload="none", **kw):
+        def add(tier: int, within: float, why: str, sharding: str, offload: str = "none", **kw: int) -> None:
             layout = Layout(NAME, preset_name(sharding, offload), data_parallel=g, fsdp_sharding=sharding,
                             offload=offload, nodes=hw.nodes, gpus_per_node=hw.gpus_per_node, **kw)
             out.append(Candidate(layout, tier, why, within))
@@ -113,7 +127,7 @@ class FSDPBackend(BackendSpec):
             offload="optimizer+params")
         return out
 
-    def _parallel_candidates(self, w, hw, dist) -> list[Candidate]:
+    def _parallel_candidates(self, w: Workload, hw: Hardware, dist: DistributedConfig) -> list[Candidate]:
         """FSDP2 with tensor and/or context parallel (`plan.parallel_layouts.splits`), after the layouts
         that shard only data: planned when a model's layers or a sequence's activations need them."""
         from recipeforge.plan.parallel_layouts import splits
@@ -138,67 +152,68 @@ class FSDPBackend(BackendSpec):
                                         nodes=hw.nodes, gpus_per_node=hw.gpus_per_node), 4, why, 1))
         return out
 
-    def cpu_candidate(self, dist) -> Candidate:
+    def cpu_candidate(self, dist: DistributedConfig) -> Candidate:
         sharding, offload, preset = cpu_settings(dist)
         return Candidate(Layout(NAME, preset, offload=offload, fsdp_sharding=sharding, nodes=1, gpus_per_node=0),
                          1, f"FSDP2 ({sharding}) on the CPU (gloo), one process planned")
 
-    def cpu_spread(self, dist) -> CpuSpread:
+    def cpu_spread(self, dist: DistributedConfig) -> CpuSpread:
         sharding, offload, preset = cpu_settings(dist)
         # tensor parallel: the recipe pins it; every tp ranks hold one model replica's shards
         tp = dist.pinned_size("tensor_parallel") or 1
         return CpuSpread(preset=preset, offload=offload, fsdp_sharding=sharding, tensor_parallel=tp,
                          part=FSDPPart(sharding))
 
-    def matches_pins(self, layout, dist) -> bool:
+    def matches_pins(self, layout: Layout, dist: DistributedConfig) -> bool:
         # pinned replicas shard inside each replica: hybrid sharding, whatever fsdp_sharding says
         replicas = (dist.pinned_size("data_parallel_replicate") or 1) > 1
         return layout.fsdp_sharding == dist.fsdp_sharding or (replicas and layout.dp_replicate > 1)
 
-    def shards_weights(self, layout) -> bool:
+    def shards_weights(self, layout: Layout) -> bool:
         return True
 
-    def plan_shards_weights(self, plan) -> bool:
+    def plan_shards_weights(self, plan: Plan) -> bool:
         return True
 
-    def model_states(self, w, layout, part, trainable, frozen_bytes) -> float:
+    def model_states(self, w: Workload, layout: Layout, part: dict[str, float], trainable: float,
+                     frozen_bytes: float) -> float:
         return fsdp_states(w, layout, part, trainable, frozen_bytes)
 
-    def gathered(self, w, layout, engine_gathered) -> Gathered:
+    def gathered(self, w: Workload, layout: Layout, engine_gathered: float) -> Gathered:
         return fsdp_gathered(w, layout)
 
-    def holds_layer_gradient(self, w) -> bool:
+    def holds_layer_gradient(self, w: Workload) -> bool:
         return True
 
-    def accuracy_band(self, w, layout) -> str:
+    def accuracy_band(self, w: Workload, layout: Layout) -> str:
         return "sharded"
 
-    def precision(self, w) -> str:
+    def precision(self, w: Workload) -> str:
         return f"fp32 sharded weights, gradients and optimizer states; {w.dtype} compute on gathered copies"
 
-    def plan_part(self, layout) -> FSDPPart:
+    def plan_part(self, layout: Layout) -> FSDPPart:
         # the sharding the chosen layout was sized with is the one this backend runs
         return FSDPPart(layout.fsdp_sharding, layout.dp_replicate, layout.data_parallel // max(1, layout.dp_replicate))
 
     # -- running ----------------------------------------------------------------------------------
 
-    def launcher(self, plan) -> str:
+    def launcher(self, plan: Plan) -> str:
         # Even one process: FSDP2 needs a launched worker and its process group (one GPU with CPU
         # offload is an FSDP job of one rank; in-process training would drop the plugin).
         return "accelerate"
 
-    def plugin(self, plan, recipe) -> dict:
+    def plugin(self, plan: Plan, recipe: Recipe) -> dict[str, Any]:
         """Keyword arguments of Accelerate's ``FullyShardedDataParallelPlugin`` (the planner's)."""
         from recipeforge.backends.artifacts import fsdp_plugin_config
 
         return fsdp_plugin_config(plan, recipe)
 
-    def _hybrid(self, plan) -> bool:
+    def _hybrid(self, plan: Plan) -> bool:
         from recipeforge.backends.artifacts import fsdp_sharding
 
         return fsdp_sharding(plan) == "hybrid_shard"
 
-    def accelerate_config(self, plan, recipe, run_dir: Path) -> dict:
+    def accelerate_config(self, plan: Plan, recipe: Recipe, run_dir: Path) -> dict[str, Any]:
         from recipeforge.backends import parallelism
 
         if parallelism.tensor_parallel(plan):
@@ -206,7 +221,7 @@ class FSDPBackend(BackendSpec):
             # would shard it again, so the job runs as MULTI_GPU with the matching ParallelismConfig.
             return {"distributed_type": "MULTI_GPU", **parallelism.accelerate_parallelism_section(plan)}
         p = self.plugin(plan, recipe)
-        fsdp = {"fsdp_version": 2,
+        fsdp: dict[str, Any] = {"fsdp_version": 2,
                 "fsdp_auto_wrap_policy": p["auto_wrap_policy"],
                 "fsdp_reshard_after_forward": p["reshard_after_forward"],
                 "fsdp_offload_params": p["cpu_offload"],
@@ -215,15 +230,15 @@ class FSDPBackend(BackendSpec):
                 "fsdp_activation_checkpointing": p["activation_checkpointing"]}
         if p.get("transformer_cls_names_to_wrap"):
             fsdp["fsdp_transformer_layer_cls_to_wrap"] = ",".join(p["transformer_cls_names_to_wrap"])
-        out = {"distributed_type": "FSDP", "fsdp_config": fsdp}
-        if self._hybrid(plan) and plan.backend_part.dp_replicate <= 1:  # a plan without the mesh sizes
+        out: dict[str, Any] = {"distributed_type": "FSDP", "fsdp_config": fsdp}
+        if self._hybrid(plan) and fsdp_part(plan).dp_replicate <= 1:  # a plan without the mesh sizes
             out["parallelism_config"] = {"parallelism_config_dp_replicate_size": plan.nodes,
                                          "parallelism_config_dp_shard_size": plan.gpus_per_node}
         else:
             out.update(parallelism.accelerate_parallelism_section(plan))
         return out
 
-    def setup_worker(self, ctx) -> WorkerHooks:
+    def setup_worker(self, ctx: StageContext) -> WorkerHooks:
         """On the CPU, the process state Accelerate turns into FSDP (see the module); with tensor
         parallelism, the stage loads the model sharded (`parallelism.load_tensor_parallel`); a 4-bit
         QLoRA base and any random-init model are read or made shard by shard (`sharded_loading`)."""
@@ -237,7 +252,8 @@ class FSDPBackend(BackendSpec):
         if parallelism.tensor_parallel(ctx.plan):
             plan = ctx.plan
 
-            def load_sharded(path, *, dtype, attn_implementation, revision=None, trust_remote_code=False):
+            def load_sharded(path: str, *, dtype: torch.dtype, attn_implementation: str,
+                             revision: str | None = None, trust_remote_code: bool = False) -> Any:
                 return parallelism.load_tensor_parallel(path, plan, dtype=dtype,
                                                         attn_implementation=attn_implementation,
                                                         revision=revision, trust_remote_code=trust_remote_code)
@@ -250,12 +266,12 @@ class FSDPBackend(BackendSpec):
             # No process holds the whole base: placeholders now, shards after `fully_shard`.
             from recipeforge.backends import sharded_loading
 
-            record: dict = {}
+            record: dict[str, int] = {}
             return WorkerHooks(load_sharded=sharded_loading.loader(ctx, record),
                                prepare_trainer=sharded_loading.shard_and_fill(ctx, record), makes_random=True)
         return WorkerHooks()
 
-    def trainer_kwargs(self, ctx) -> dict:
+    def trainer_kwargs(self, ctx: StageContext) -> dict[str, Any]:
         from transformers import TrainingArguments
 
         from recipeforge.backends import parallelism
@@ -266,7 +282,7 @@ class FSDPBackend(BackendSpec):
             return {"parallelism_config": parallelism.parallelism_config(ctx.plan), "save_only_model": True,
                     **_cpu_kwargs(ctx.plan)}
         p = self.plugin(ctx.plan, ctx.recipe)
-        config = {"version": 2, "auto_wrap_policy": p["auto_wrap_policy"],
+        config: dict[str, Any] = {"version": 2, "auto_wrap_policy": p["auto_wrap_policy"],
                   "reshard_after_forward": p["reshard_after_forward"], "cpu_offload": p["cpu_offload"],
                   "state_dict_type": p["state_dict_type"],
                   "cpu_ram_efficient_loading": p["cpu_ram_efficient_loading"],
@@ -276,8 +292,8 @@ class FSDPBackend(BackendSpec):
         # FSDP recomputes per wrapped layer itself; the trainer's own switch would add an all-gather.
         ckpt = ("activation_checkpointing" if "activation_checkpointing" in TrainingArguments.__dataclass_fields__
                 else "gradient_checkpointing")
-        kwargs = {"fsdp": True, "fsdp_config": config, ckpt: False, **_cpu_kwargs(ctx.plan)}
-        if self._hybrid(ctx.plan) and ctx.plan.backend_part.dp_replicate <= 1:  # a plan without the mesh sizes
+        kwargs: dict[str, Any] = {"fsdp": True, "fsdp_config": config, ckpt: False, **_cpu_kwargs(ctx.plan)}
+        if self._hybrid(ctx.plan) and fsdp_part(ctx.plan).dp_replicate <= 1:  # a plan without the mesh sizes
             from accelerate import ParallelismConfig
 
             kwargs["parallelism_config"] = ParallelismConfig(dp_replicate_size=ctx.plan.nodes,
@@ -287,7 +303,7 @@ class FSDPBackend(BackendSpec):
             kwargs["parallelism_config"] = parallelism.parallelism_config(ctx.plan)
         return kwargs
 
-    def save_final(self, ctx, trainer, model, tokenizer) -> Path | None:
+    def save_final(self, ctx: StageContext, trainer: Any, model: torch.nn.Module, tokenizer: Any) -> Path | None:
         from recipeforge.backends import parallelism
 
         if parallelism.tensor_parallel(ctx.plan):
@@ -297,7 +313,7 @@ class FSDPBackend(BackendSpec):
         state_dict = trainer.accelerator.get_state_dict(trainer.model)
         return full_state_dict_save(ctx, model, tokenizer, state_dict)
 
-    def runtime_report(self, trainer) -> dict:
+    def runtime_report(self, trainer: Any) -> dict[str, Any]:
         from torch.distributed.fsdp import FSDPModule
         from torch.distributed.tensor import DTensor
 
@@ -348,14 +364,14 @@ def configure_cpu_state() -> None:
         state.distributed_type = DistributedType.MULTI_GPU
 
 
-def _cpu_kwargs(plan) -> dict:
+def _cpu_kwargs(plan: Plan) -> dict[str, Any]:
     """Trainer arguments that keep the state `configure_cpu_state` made (use_cpu would rebuild it)."""
     if plan.device == "cuda":
         return {}
     return {"use_cpu": False, "accelerator_config": {"use_configured_state": True}}
 
 
-def gathered_state_dict(model) -> dict:
+def gathered_state_dict(model: torch.nn.Module) -> dict[str, Any]:
     """The full state dict of a model whose weights are DTensors (tensor plan, FSDP2), on the CPU.
     Collective: every rank calls it; torch's distributed-checkpoint helper gathers each shard."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -365,7 +381,7 @@ def gathered_state_dict(model) -> dict:
 
 # ----------------------------------------------------------------------------- memory terms
 
-def fsdp_states(w, layout, part: dict, trainable: float, frozen_bytes: float) -> float:
+def fsdp_states(w: Workload, layout: Layout, part: dict[str, float], trainable: float, frozen_bytes: float) -> float:
     """FSDP2 through Accelerate: trainable parameters are upcast to fp32 and sharded with their
     gradients and optimizer states; compute runs on 16-bit unsharded copies gathered per layer."""
     m, c = w.model, w.compute_bytes
@@ -392,7 +408,7 @@ def fsdp_states(w, layout, part: dict, trainable: float, frozen_bytes: float) ->
     return 0.0
 
 
-def fsdp_gathered(w, layout) -> Gathered:
+def fsdp_gathered(w: Workload, layout: Layout) -> Gathered:
     """What FSDP2 holds unsharded at each moment of the step (bytes per GPU), as torch's FSDP2 moves it
     (`FSDPMemTracker` on a fake process group shows each; bench/plan_vs_tracker.py).
 
@@ -425,7 +441,7 @@ def fsdp_gathered(w, layout) -> Gathered:
     return out.divided(layout.tensor_parallel)
 
 
-def _fsdp_unsharded(w) -> tuple[float, float, float]:
+def _fsdp_unsharded(w: Workload) -> tuple[float, float, float]:
     """Bytes of FSDP2's root gathered, one decoder layer gathered, and one layer's unsharded
     gradients. Gathered copies keep each part's own dtype: QLoRA's embeddings, output layer and norms
     are not quantized (and stay in the compute dtype, the 4-bit weights' storage dtype), its decoder

@@ -214,7 +214,7 @@ def recipe_text(loaded: LoadedRecipe) -> str:
     return dump_recipe(loaded)
 
 
-def _differing_keys(a: Any, b: Any, path: str = "") -> list[str]:
+def _differing_keys(a: object, b: object, path: str = "") -> list[str]:
     """The dotted keys whose values differ between two recipe data trees (where a secret was redacted)."""
     if isinstance(a, dict) and isinstance(b, dict):
         return [k for key in a if key in b for k in _differing_keys(a[key], b[key], f"{path}.{key}" if path else str(key))]

@@ -23,13 +23,19 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from recipeforge.backends import elastic
 from recipeforge.backends.cluster import ClusterSpec
 from recipeforge.backends.launcher_command import launcher_command
 from recipeforge.backends.worker_spec import OUTCOME_NAME, SPEC_ENV, SPEC_NAME, WorkerSpec
 from recipeforge.plan.world import processes_per_node
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    from recipeforge.config.schema import Recipe
+    from recipeforge.plan.types import Plan
 
 
 @dataclass(frozen=True)
@@ -73,7 +79,7 @@ class LaunchSpec:
             os.replace(tmp, path)
 
 
-def launch_spec(plan, recipe, *, recipe_path: str, overrides: Sequence[str], run_dir: Path,
+def launch_spec(plan: Plan, recipe: Recipe, *, recipe_path: str, overrides: Sequence[str], run_dir: Path,
                 cluster: ClusterSpec, files_dir: Path | None = None, debug: bool = False, verbose: bool = False,
                 trust_code: bool = False) -> LaunchSpec:
     """The launch of `plan` on this node. `files_dir` is where this node's launch files go: the run
@@ -121,7 +127,7 @@ def launch_spec(plan, recipe, *, recipe_path: str, overrides: Sequence[str], run
     return LaunchSpec(launcher, command, env, files, plan_path, spec_path)
 
 
-def accelerate_config_text(plan, backend_section: dict, *, rdzv_backend: str = "static") -> str:
+def accelerate_config_text(plan: Plan, backend_section: dict[str, Any], *, rdzv_backend: str = "static") -> str:
     """The accelerate config file: the process layout from the plan plus the backend's section.
     (`accelerate launch` takes the rendezvous backend from its command line, `elastic.accelerate_args`;
     the file says the same, so a reader is not misled.)"""
@@ -142,7 +148,8 @@ def accelerate_config_text(plan, backend_section: dict, *, rdzv_backend: str = "
         from recipeforge.backends.parallelism import describe
 
         header += f"# Mesh: {describe(plan)}\n"
-    return header + yaml.safe_dump(config, sort_keys=False)
+    text: str = yaml.safe_dump(config, sort_keys=False)
+    return header + text
 
 
 # The launcher must not act on stop signals itself: torch's elastic agent would pass SIGTERM on and
@@ -158,7 +165,7 @@ def cpu_engine_env() -> dict[str, str]:
     return {} if "DS_ACCELERATOR" in os.environ else {"DS_ACCELERATOR": "cpu"}
 
 
-def run_launcher(spec: LaunchSpec, *, log=None, pass_fds: Sequence[int] = ()) -> int:
+def run_launcher(spec: LaunchSpec, *, log: Callable[[str], None] | None = None, pass_fds: Sequence[int] = ()) -> int:
     """Write the files and run the launcher in the foreground; returns its exit code.
 
     SIGTERM, SIGUSR1 and Ctrl-C reach the workers, not the launcher: the launcher starts with them
@@ -175,7 +182,7 @@ def run_launcher(spec: LaunchSpec, *, log=None, pass_fds: Sequence[int] = ()) ->
     env = {**os.environ, **LAUNCHER_ENV, **spec.env}
     stops: list[int] = []
 
-    def on_signal(signum, frame):
+    def on_signal(signum: int, frame: FrameType | None) -> None:
         stops.append(signum)
 
     import threading

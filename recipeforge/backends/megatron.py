@@ -24,15 +24,26 @@ import json
 import math
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
-from recipeforge.backends.base import BackendSpec
+from recipeforge.backends.base import BackendSpec, Log
 from recipeforge.capabilities import BackendCapabilities, Preset
 from recipeforge.stage_specs import Stage
 from recipeforge.errors import Problem, RecipeError
 from recipeforge.plan.backend_spec import Candidate
 from recipeforge.plan.estimators import zero_model_states
 from recipeforge.plan.memory import Layout, assign_trainable, optimizer_state_bytes
-from recipeforge.plan.types import Choice
+from recipeforge.plan.types import Choice, Plan
+
+if TYPE_CHECKING:
+    import torch
+
+    from recipeforge.config.pipeline import LoadedRecipe
+    from recipeforge.config.schema import DistributedConfig, Recipe
+    from recipeforge.outputs.run_dir import RunDir
+    from recipeforge.plan.hardware import Hardware
+    from recipeforge.plan.workload import Workload
+    from recipeforge.stages.context import StageContext
 
 NAME = "megatron"
 # Presets are generated for each tensor x pipeline split: tp{T}_pp{P}[_offload].
@@ -101,7 +112,8 @@ class MegatronBackend(BackendSpec):
     def preset_names(self) -> list[str]:
         return ["tp{T}_pp{P}[_offload]"]
 
-    def candidates(self, w, hw, dist, *, pinned: bool) -> list[Candidate]:
+    def candidates(self, w: Workload, hw: Hardware, dist: DistributedConfig | None, *,
+                   pinned: bool) -> list[Candidate]:
         g = hw.num_gpus
         # automatically for pretraining dense models with every weight trained on several GPUs; any run when
         # pinned, one GPU included (TP = PP = 1: Megatron-Bridge's loop and checkpoints on a single device)
@@ -120,16 +132,17 @@ class MegatronBackend(BackendSpec):
                 out.append(Candidate(layout, 4 if offload == "none" else 5, why))
         return out
 
-    def model_states(self, w, layout, part, trainable, frozen_bytes) -> float:
+    def model_states(self, w: Workload, layout: Layout, part: dict[str, float], trainable: float,
+                     frozen_bytes: float) -> float:
         return megatron_states(w, layout, part, trainable, frozen_bytes)
 
-    def accuracy_band(self, w, layout) -> str:
+    def accuracy_band(self, w: Workload, layout: Layout) -> str:
         return "uncalibrated"
 
-    def precision(self, w) -> str:
+    def precision(self, w: Workload) -> str:
         return f"{w.dtype} weights and gradients; fp32 master weights, gradients and optimizer states"
 
-    def plan_reasons(self, layout, dist, w) -> dict[str, Choice]:
+    def plan_reasons(self, layout: Layout, dist: DistributedConfig, w: Workload) -> dict[str, Choice]:
         pinned_sizes = dist.pinned_size("tensor_parallel") is not None or dist.pipeline_parallel > 1
         return {"tensor_parallel": Choice(layout.tensor_parallel, "recipe pins it" if pinned_sizes else
                                           "largest split inside a node (dividing the heads) before adding "
@@ -137,7 +150,7 @@ class MegatronBackend(BackendSpec):
                 "pipeline_parallel": Choice(layout.pipeline_parallel, f"{w.model.num_layers} layers over "
                                             f"{layout.pipeline_parallel} stage(s)")}
 
-    def recipe_refusals(self, recipe) -> list[tuple[str, str]]:
+    def recipe_refusals(self, recipe: Recipe) -> list[tuple[str, str]]:
         # Megatron maps recipe fields one by one; a setting it cannot honour rules it out, so `auto`
         # never plans a layout that validation or `check()` would refuse.
         from recipeforge.config.schema.megatron_fields import megatron_problems
@@ -148,7 +161,7 @@ class MegatronBackend(BackendSpec):
         return "recipeforge.stages.megatron_lm:MegatronLMStage" if stage in self.capabilities.stages else None
 
     # -- running ----------------------------------------------------------------------------------
-    def check(self, plan, recipe) -> None:
+    def check(self, plan: Plan, recipe: Recipe) -> None:
         from recipeforge.backends.megatron_bridge import EXTRA_HINT
         from recipeforge.config.schema.megatron_fields import megatron_problems
 
@@ -163,26 +176,26 @@ class MegatronBackend(BackendSpec):
             raise RecipeError("the megatron backend needs Megatron-Bridge and Transformer Engine, which are "
                               "not installed", key="distributed.backend", hint=EXTRA_HINT)
 
-    def launcher(self, plan) -> str:
+    def launcher(self, plan: Plan) -> str:
         return "torchrun"  # Megatron initialises its own process groups from torchrun's environment
 
-    def launch_env(self, plan) -> dict[str, str]:
+    def launch_env(self, plan: Plan) -> dict[str, str]:
         # Megatron-Core overlaps TP communication with compute only with one CUDA connection.
         return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
 
-    def launch_files(self, plan, recipe) -> dict[str, str]:
+    def launch_files(self, plan: Plan, recipe: Recipe) -> dict[str, str]:
         from recipeforge.backends.artifacts import megatron_parallel_settings
 
         return {"megatron_parallel.json": json.dumps(megatron_parallel_settings(plan, recipe), indent=2) + "\n"}
 
     # -- around the job (launching process, one process) ---------------------------------------
-    def prepare_launch(self, loaded, plan, run, *, log=print) -> Path:
+    def prepare_launch(self, loaded: LoadedRecipe, plan: Plan, run: RunDir, *, log: Log = print) -> Path:
         """Convert the Hugging Face model before any worker starts; returns the converted entry."""
         from recipeforge.backends.megatron_convert import import_checkpoint
 
         return import_checkpoint(loaded.recipe, run_root=run.root, log=log)
 
-    def finish_launch(self, loaded, plan, run, *, log=print) -> Path:
+    def finish_launch(self, loaded: LoadedRecipe, plan: Plan, run: RunDir, *, log: Log = print) -> Path:
         """final/ from the job's last checkpoint, then the LoRA merge when `output.merge_adapter`."""
         from recipeforge.backends.megatron_convert import export_final
 
@@ -195,20 +208,20 @@ class MegatronBackend(BackendSpec):
         return final
 
     # -- inside each worker ---------------------------------------------------------------------
-    def trainer_kwargs(self, ctx) -> dict:
+    def trainer_kwargs(self, ctx: StageContext) -> dict[str, Any]:
         """The Megatron stage's configuration builder (the stage never imports a backend)."""
         from functools import partial
 
         return {"build_config": partial(build_config, ctx)}
 
-    def save_final(self, ctx, trainer, model, tokenizer) -> Path | None:
+    def save_final(self, ctx: StageContext, trainer: Any, model: torch.nn.Module, tokenizer: Any) -> Path | None:
         return None  # final/ is exported after the job (`finish_launch`)
 
-    def runtime_report(self, trainer) -> dict:
+    def runtime_report(self, trainer: Any) -> dict[str, Any]:
         return {}
 
 
-def converted_base(recipe, run_root: Path) -> Path:
+def converted_base(recipe: Recipe, run_root: Path) -> Path:
     """The converted checkpoint `prepare_launch` left (same cache key); an error when it is missing."""
     from recipeforge.backends.megatron_convert import _cache_root, base_checkpoint, cache_key
     from recipeforge.backends.megatron_weights import layer_spec_name
@@ -226,7 +239,7 @@ def converted_base(recipe, run_root: Path) -> Path:
     return base_checkpoint(entry)
 
 
-def build_config(ctx, *, data: dict, train_iters: int):
+def build_config(ctx: StageContext, *, data: dict[str, Any], train_iters: int) -> Any:
     """The Megatron-Bridge `ConfigContainer` for this worker (called by the Megatron stage runner)."""
     from recipeforge.backends.megatron_config import megatron_config
 
@@ -236,13 +249,13 @@ def build_config(ctx, *, data: dict, train_iters: int):
     return build_container(settings, recipe, hf_path=_hf_path(recipe, ctx.run.root))
 
 
-def _hf_path(recipe, run_root: Path) -> str:
+def _hf_path(recipe: Recipe, run_root: Path) -> str:
     from recipeforge.components.tiny_spec import tiny_arch
 
     return str(run_root / "base_model") if tiny_arch(recipe.model.name_or_path) else recipe.model.name_or_path
 
 
-def construct(section: str, klass, values: dict):
+def construct(section: str, klass: Callable[..., Any], values: dict[str, Any]) -> Any:
     """`klass(**values)`: a field the installed Megatron-Bridge lacks is an error naming it."""
     import torch
 
@@ -256,14 +269,14 @@ def construct(section: str, klass, values: dict):
             from None
 
 
-def _class(spec: tuple[str, str]):
+def _class(spec: tuple[str, str]) -> Any:
     module, name = spec
     return getattr(importlib.import_module(module), name)
 
 
-def build_container(settings: dict, recipe, *, hf_path: str):
+def build_container(settings: dict[str, Any], recipe: Recipe, *, hf_path: str) -> Any:
     """The `ConfigContainer` from `megatron_config`'s sections, every dataclass built with keywords."""
-    from recipeforge.backends.megatron_convert import auto_bridge
+    from recipeforge.backends.megatron_bridge import auto_bridge
 
     from megatron.bridge.training.config import ConfigContainer
 
@@ -290,7 +303,7 @@ def build_container(settings: dict, recipe, *, hf_path: str):
 
 # ----------------------------------------------------------------------------- planning helpers
 
-def parallel_sizes(w, hw, every_split: bool = False) -> list[tuple[int, int]]:
+def parallel_sizes(w: Workload, hw: Hardware, every_split: bool = False) -> list[tuple[int, int]]:
     """(TP, PP) pairs, smallest model-parallel size first. For automatic planning each size uses the
     largest tensor-parallel degree that stays inside a node and divides the attention heads, the rest
     becomes pipeline stages (Narayanan et al. 2021: TP within a node, PP across nodes); a pinned
@@ -309,7 +322,7 @@ def parallel_sizes(w, hw, every_split: bool = False) -> list[tuple[int, int]]:
     return sizes
 
 
-def megatron_states(w, layout, part: dict, trainable: float, frozen_bytes: float) -> float:
+def megatron_states(w: Workload, layout: Layout, part: dict[str, float], trainable: float, frozen_bytes: float) -> float:
     """Megatron-Core: 16-bit weights, fp32 main gradients, and fp32 master weights + Adam states
     sharded over data-parallel ranks by the distributed optimizer (6 + 12/d bytes per parameter),
     on the most loaded pipeline stage's share of the tensor-parallel split."""

@@ -4,13 +4,15 @@ go through it, so neither imports the other for it."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from recipeforge.errors import RecipeError
 
 EXTRA_HINT = ("pip install 'recipeforge[megatron]' (Megatron-Bridge 0.6 needs Python 3.12 and Transformer Engine; "
               "training needs CUDA; .ci/megatron builds such an environment), or use another backend")
 
 
-def auto_bridge():
+def auto_bridge() -> Any:
     """Megatron-Bridge's `AutoBridge`, or an error naming the extra that installs it."""
     try:
         from megatron.bridge import AutoBridge

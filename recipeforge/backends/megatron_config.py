@@ -11,8 +11,13 @@ ignored.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from recipeforge.errors import RecipeError
+
+if TYPE_CHECKING:
+    from recipeforge.config.schema import OutputConfig, Recipe, TrainConfig
+    from recipeforge.plan.types import Plan
 
 # Megatron-Core names of the linear layers LoRA adapts (q/k/v are fused into linear_qkv, gate/up into linear_fc1).
 _LORA_TARGETS = {"q_proj": "linear_qkv", "k_proj": "linear_qkv", "v_proj": "linear_qkv", "o_proj": "linear_proj",
@@ -22,8 +27,8 @@ _DECAY = {"linear": "linear", "cosine": "cosine", "cosine_with_min_lr": "cosine"
           "constant_with_warmup": "constant", "wsd": "WSD"}
 
 
-def megatron_config(plan, recipe, *, run_dir: Path, data: dict, train_iters: int,
-                    base_checkpoint: Path | None = None) -> dict:
+def megatron_config(plan: Plan, recipe: Recipe, *, run_dir: Path, data: dict[str, Any], train_iters: int,
+                    base_checkpoint: Path | None = None) -> dict[str, Any]:
     """Megatron-Bridge settings for `recipe` under `plan`.
 
     `data` describes the prepared dataset, as `components.megatron_data.write_megatron_data` returns
@@ -54,8 +59,8 @@ def megatron_config(plan, recipe, *, run_dir: Path, data: dict, train_iters: int
     return config
 
 
-def _sections(plan, recipe, par: dict, *, dtype: str, warmup: int, run_dir: Path, data: dict, train_iters: int,
-              base_checkpoint: Path | None) -> dict:
+def _sections(plan: Plan, recipe: Recipe, par: dict[str, Any], *, dtype: str, warmup: int, run_dir: Path,
+              data: dict[str, Any], train_iters: int, base_checkpoint: Path | None) -> dict[str, Any]:
     """Every `ConfigContainer` section, before the WSD phases and the recompute switch are applied."""
     r, t, o = recipe, recipe.train, recipe.output
     seq = r.data.sequence_len
@@ -91,7 +96,7 @@ def _sections(plan, recipe, par: dict, *, dtype: str, warmup: int, run_dir: Path
     }
 
 
-def _model(plan, par: dict, dtype: str, seq: int) -> dict:
+def _model(plan: Plan, par: dict[str, Any], dtype: str, seq: int) -> dict[str, Any]:
     """The model section: the plan's parallel layout, the sequence length and the precision."""
     return {**{k: v for k, v in par["model"].items() if v is not None}, "seq_length": seq,
             "bf16": dtype == "bf16", "fp16": dtype == "fp16",
@@ -100,7 +105,7 @@ def _model(plan, par: dict, dtype: str, seq: int) -> dict:
             else None}
 
 
-def _optimizer_section(t, par: dict, dtype: str) -> dict:
+def _optimizer_section(t: TrainConfig, par: dict[str, Any], dtype: str) -> dict[str, Any]:
     """The optimizer section: `_optimizer`'s choice, learning rate, weight decay, precision, sharding."""
     return {**_optimizer(t), "lr": t.learning_rate,
             "min_lr": 0.1 * t.learning_rate if t.scheduler == "cosine_with_min_lr" else 0.0,
@@ -108,7 +113,7 @@ def _optimizer_section(t, par: dict, dtype: str) -> dict:
             **{k: v for k, v in par["optimizer"].items()}}
 
 
-def _scheduler(t, warmup: int, train_iters: int) -> dict:
+def _scheduler(t: TrainConfig, warmup: int, train_iters: int) -> dict[str, Any]:
     """The scheduler section: decay style, warmup, and a constant weight decay."""
     return {"lr_decay_style": _DECAY[t.scheduler], "lr_warmup_iters": warmup, "lr_warmup_init": 0.0,
             "lr_decay_iters": train_iters, "override_opt_param_scheduler": True,
@@ -116,7 +121,7 @@ def _scheduler(t, warmup: int, train_iters: int) -> dict:
             "weight_decay_incr_style": "constant"}
 
 
-def _wsd_phases(scheduler: dict, train_iters: int, warmup: int, decay_ratio) -> None:
+def _wsd_phases(scheduler: dict[str, Any], train_iters: int, warmup: int, decay_ratio: float) -> None:
     """Set the warmup-stable-decay phases in the scheduler section."""
     # The same phases as the transformers trainers (`components.schedules`): Megatron's WSD holds
     # the peak until the last `lr_wsd_decay_iters` iterations of `lr_decay_iters`.
@@ -127,7 +132,7 @@ def _wsd_phases(scheduler: dict, train_iters: int, warmup: int, decay_ratio) -> 
                      lr_wsd_decay_style=DECAY_TYPE)
 
 
-def _checkpoint(o, run_dir: Path, train_iters: int, base_checkpoint: Path | None) -> dict:
+def _checkpoint(o: OutputConfig, run_dir: Path, train_iters: int, base_checkpoint: Path | None) -> dict[str, Any]:
     """The checkpoint section: saves under RUN_DIR/checkpoints, resumed from there when output.resume is auto."""
     ckpt = run_dir / "checkpoints"
     # output.resume: never starts from the converted base even when checkpoints exist.
@@ -137,7 +142,7 @@ def _checkpoint(o, run_dir: Path, train_iters: int, base_checkpoint: Path | None
             "pretrained_checkpoint": str(base_checkpoint) if base_checkpoint else None}
 
 
-def _dataset(data: dict, seq: int, seed: int, *, max_samples: int) -> dict:
+def _dataset(data: dict[str, Any], seq: int, seed: int, *, max_samples: int) -> dict[str, Any]:
     """GPTSFTDatasetConfig over the packed rows recipeforge wrote (`components.megatron_data`): offline
     packing with explicit paths, so Megatron-Bridge neither tokenizes nor packs anything itself."""
     val = data.get("validation")
@@ -155,13 +160,13 @@ def _dataset(data: dict, seq: int, seed: int, *, max_samples: int) -> dict:
             "do_validation": val is not None, "do_test": False, "dataloader_type": "batch"}
 
 
-def _eval_iters(data: dict, global_batch: int) -> int:
+def _eval_iters(data: dict[str, Any], global_batch: int) -> int:
     """Evaluation covers the whole validation split, as the HF trainers' evaluation does."""
     val = data.get("validation")
     return -(-val["rows"] // global_batch) if val else 0
 
 
-def _optimizer(t) -> dict:
+def _optimizer(t: TrainConfig) -> dict[str, Any]:
     """Megatron-Core's optimizer for `train.optimizer`: Adam with decoupled weight decay (AdamW) or
     SGD. Values the HF path takes from TrainingArguments' defaults are written out: Adam's epsilon
     1e-8, and no SGD momentum (transformers' `sgd` is torch.optim.SGD with its defaults)."""
@@ -174,10 +179,10 @@ def _optimizer(t) -> dict:
                       hint="use adamw, adamw_fused or sgd")
 
 
-def _logger(r, run_dir: Path) -> dict:
+def _logger(r: Recipe, run_dir: Path) -> dict[str, Any]:
     """Logging interval and the experiment trackers of the recipe."""
     lg = r.logging
-    out: dict = {"log_interval": r.train.logging_steps,
+    out: dict[str, Any] = {"log_interval": r.train.logging_steps,
                  "tensorboard_dir": str(run_dir / "tensorboard") if lg.tensorboard else None}
     if lg.wandb is not None and lg.wandb.mode != "disabled":
         out.update(wandb_project=lg.wandb.project, wandb_entity=lg.wandb.entity,
@@ -187,7 +192,7 @@ def _logger(r, run_dir: Path) -> dict:
     return out
 
 
-def _lora(recipe) -> dict | None:
+def _lora(recipe: Recipe) -> dict[str, Any] | None:
     a = recipe.adapter
     if a.type == "none":
         return None

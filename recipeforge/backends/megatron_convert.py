@@ -28,11 +28,15 @@ import hashlib
 import json
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from recipeforge.backends.megatron_bridge import auto_bridge
 from recipeforge.errors import RecipeError
 from recipeforge.outputs.weights import staged_folder
+
+if TYPE_CHECKING:
+    from recipeforge.config.schema import Recipe
+    from recipeforge.outputs.run_dir import RunDir
 
 TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's record of its newest iter_* folder
 
@@ -46,21 +50,22 @@ def _cache_root() -> Path:
 def cache_key(model: str, revision: str | None, trust_remote_code: bool, spec: str = "transformer_engine") -> str:
     """The converted checkpoint's folder name: readable model name + hash of what changes the weights
     and of the layer spec (`megatron_weights.layer_spec_name`), whose weight names differ."""
-    ident = {"model": model, "revision": revision, "trust_remote_code": trust_remote_code}
+    ident: dict[str, str | bool | None] = {"model": model, "revision": revision, "trust_remote_code": trust_remote_code}
     if spec != "transformer_engine":  # keys written before the spec was part of them stay valid
         ident["spec"] = spec
-    ident = json.dumps(ident, sort_keys=True)
+    text = json.dumps(ident, sort_keys=True)
     name = "".join(c if c.isalnum() or c in "-._" else "-" for c in Path(model).name or model)[:60]
-    return f"{name}-{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
+    return f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
-def hf_source(recipe, run_root: Path | None) -> str:
+def hf_source(recipe: Recipe, run_root: Path | None) -> str:
     """Where the Hugging Face weights come from: the recipe's model, or for a built-in ``tiny:``
     model its random-init weights written to RUN/base_model (they exist nowhere else)."""
     from recipeforge.components.tiny_spec import tiny_arch
 
     name = recipe.model.name_or_path
-    if tiny_arch(name) is None:
+    arch = tiny_arch(name)
+    if arch is None:
         return name
     if run_root is None:
         raise RecipeError(f"{name} is built at run time; convert it inside a run (recipeforge train)",
@@ -72,23 +77,24 @@ def hf_source(recipe, run_root: Path | None) -> str:
 
     base = run_root / "base_model"
     if not (base / "config.json").is_file():
-        tok = load_tokenizer(name, vocab_size=TINY_CONFIGS.get(tiny_arch(name), {}).get("vocab_size"))
+        tok = load_tokenizer(name, vocab_size=TINY_CONFIGS.get(arch, {}).get("vocab_size"))
         # the same weights as the HF stages build for this seed (`TrainerStage.load_model`)
         model = load_model(name, tok, device="cpu", dtype="fp32", seed=recipe.train.seed)
         save_base_model(model, tok, base)
     return str(base)
 
 
-def import_checkpoint(recipe, *, run_root: Path | None = None, cache_root: Path | None = None,
+def import_checkpoint(recipe: Recipe, *, run_root: Path | None = None, cache_root: Path | None = None,
                       log: Callable[[str], None] = print) -> Path:
     """The recipe's model as a Megatron checkpoint, converted once and cached (one process)."""
     from recipeforge.backends.megatron_weights import layer_spec_name
-    from recipeforge.outputs.run_lock import exclusive
+    from recipeforge.components.file_lock import exclusive
 
     m = recipe.model
     auto_bridge()  # a missing Megatron-Bridge is an error naming the extra before anything is written
     source = hf_source(recipe, run_root)
     if source != m.name_or_path:  # a tiny model: its weights live with the run
+        assert run_root is not None  # `hf_source` refuses a tiny model without a run
         out, lock = run_root / "megatron_base", run_root / ".megatron_base.lock"
     else:
         root = cache_root or _cache_root()
@@ -103,7 +109,7 @@ def import_checkpoint(recipe, *, run_root: Path | None = None, cache_root: Path 
     return out
 
 
-def _write_converted(recipe, source: str, out: Path, *, tensor_parallel: int) -> None:
+def _write_converted(recipe: Recipe, source: str, out: Path, *, tensor_parallel: int) -> None:
     """`source` converted into out/ckpt, with out/done.json written last (a folder without it is not
     taken as converted)."""
     from recipeforge.backends.megatron_weights import convert, layer_spec_name
@@ -117,7 +123,7 @@ def _write_converted(recipe, source: str, out: Path, *, tensor_parallel: int) ->
                                                    "layer_spec": layer_spec_name()}) + "\n")
 
 
-def convert_to_megatron(recipe, out: Path, *, tensor_parallel: int = 1, log: Callable[[str], None] = print) -> Path:
+def convert_to_megatron(recipe: Recipe, out: Path, *, tensor_parallel: int = 1, log: Callable[[str], None] = print) -> Path:
     """The recipe's model as a Megatron checkpoint in out/ckpt, saved at `tensor_parallel` (that many
     gloo processes). A ``tiny:`` model's Hugging Face weights are written to out/base_model first."""
     auto_bridge()
@@ -130,7 +136,7 @@ def convert_to_megatron(recipe, out: Path, *, tensor_parallel: int = 1, log: Cal
     return base_checkpoint(entry)
 
 
-def convert_to_hf(recipe, checkpoint: Path, out: Path, *, tensor_parallel: int = 1,
+def convert_to_hf(recipe: Recipe, checkpoint: Path, out: Path, *, tensor_parallel: int = 1,
                   log: Callable[[str], None] = print) -> Path:
     """The Megatron checkpoint `checkpoint` of the recipe's model as Hugging Face safetensors in `out`,
     loaded at `tensor_parallel` (that many gloo processes; any saved parallel size is resharded)."""
@@ -172,7 +178,7 @@ def latest_checkpoint(checkpoints: Path) -> Path:
     return found[-1]
 
 
-def export_final(recipe, run, *, log: Callable[[str], None] = print) -> Path:
+def export_final(recipe: Recipe, run: RunDir, *, log: Callable[[str], None] = print) -> Path:
     """final/ from the job's last Megatron checkpoint, in one process after the job ended: Hugging
     Face safetensors (full fine-tuning, pretraining) or a PEFT adapter (LoRA), plus the tokenizer."""
     import torch.distributed as dist
@@ -199,7 +205,7 @@ def export_final(recipe, run, *, log: Callable[[str], None] = print) -> Path:
     return final
 
 
-def _save_tokenizer(recipe, run, out: Path) -> None:
+def _save_tokenizer(recipe: Recipe, run: RunDir, out: Path) -> None:
     """The tokenizer the data was tokenized with (chat template included), next to the weights as in
     every backend's final/; the Megatron stage keeps it in RUN/megatron_data/tokenizer."""
     kept = run.root / "megatron_data" / "tokenizer"

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 LOCAL_SPEC = "local"
 TE_SPEC = "transformer_engine"
@@ -102,7 +102,7 @@ def _saving_without_gpu() -> Iterator[None]:
     real = torch.cuda.get_rng_state, torch.cuda.synchronize, torch.cuda.current_device
     torch.cuda.get_rng_state = lambda device="cuda": torch.empty(0, dtype=torch.uint8)
     torch.cuda.synchronize = lambda device=None: None
-    torch.cuda.current_device = lambda: "cpu"
+    setattr(torch.cuda, "current_device", lambda: "cpu")  # a device name where torch declares an index
     try:
         yield
     finally:
@@ -114,13 +114,14 @@ def _free_port() -> int:
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
-def _bridge(source: str, *, trust_remote_code: bool, revision: str | None):
+def _bridge(source: str, *, trust_remote_code: bool, revision: str | None) -> tuple[Any, dict[str, Any]]:
     from recipeforge.backends.megatron_bridge import auto_bridge
 
-    kwargs: dict = {"trust_remote_code": trust_remote_code}
+    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
     if revision:
         kwargs["revision"] = revision
     return auto_bridge().from_hf_pretrained(source, **kwargs), kwargs
@@ -169,7 +170,7 @@ def megatron_to_hf(reference: str, checkpoint: Path, dest: Path, *, tensor_paral
 
 # ----------------------------------------------------------------------------- several processes
 
-def convert(task: dict, *, tensor_parallel: int = 1) -> None:
+def convert(task: dict[str, Any], *, tensor_parallel: int = 1) -> None:
     """Run one conversion (`task`: ``direction`` ``hf_to_megatron`` or ``megatron_to_hf`` and that
     function's keyword arguments, paths as strings) at `tensor_parallel`: in this process for 1, else
     in that many gloo processes started with torch's launcher (this module's `main` in each)."""
@@ -195,7 +196,7 @@ def convert(task: dict, *, tensor_parallel: int = 1) -> None:
                            f"(exit {proc.returncode}):\n{(proc.stderr or proc.stdout)[-4000:]}")
 
 
-def _run(task: dict, *, tensor_parallel: int) -> None:
+def _run(task: dict[str, Any], *, tensor_parallel: int) -> None:
     args = dict(task)
     direction = args.pop("direction")
     paths = {k: Path(v) for k, v in args.items() if k in ("dest", "checkpoint")}

@@ -21,30 +21,44 @@ and transformers 5.23 (``DistributedConfig``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from recipeforge.plan.types import Plan
 
 
-def sizes(plan) -> dict[str, int]:
+@runtime_checkable
+class MeshPart(Protocol):
+    """A backend's part of a plan that carries a device mesh of its own (FSDP2's `fsdp.FSDPPart`):
+    replicas, and the GPUs each replica shards over."""
+
+    dp_replicate: int
+    dp_shard: int
+
+
+def sizes(plan: Plan) -> dict[str, int]:
     """The plan's mesh: replicate x shard x tensor x context = world size (FSDP plans; 1s otherwise)."""
     part = plan.backend_part
-    if not hasattr(part, "dp_shard"):  # a backend without a device mesh of its own
+    if not isinstance(part, MeshPart):  # a backend without a device mesh of its own
         return {"dp_replicate": 1, "dp_shard": plan.data_parallel, "tp": 1, "cp": 1}
     replicate = max(1, part.dp_replicate)
     shard = part.dp_shard if part.dp_shard > 1 else plan.data_parallel // replicate
     return {"dp_replicate": replicate, "dp_shard": shard, "tp": plan.tensor_parallel, "cp": plan.extra.context_parallel}
 
 
-def tensor_parallel(plan) -> bool:
+def tensor_parallel(plan: Plan) -> bool:
     """Whether the model is loaded sharded with its tensor-parallel plan."""
-    return hasattr(plan.backend_part, "dp_shard") and plan.tensor_parallel > 1
+    return isinstance(plan.backend_part, MeshPart) and plan.tensor_parallel > 1
 
 
-def context_parallel(plan) -> bool:
+def context_parallel(plan: Plan) -> bool:
     """Whether sequences are split over GPUs (ring attention)."""
-    return hasattr(plan.backend_part, "dp_shard") and plan.extra.context_parallel > 1
+    return isinstance(plan.backend_part, MeshPart) and plan.extra.context_parallel > 1
 
 
-def parallelism_config_kwargs(plan) -> dict[str, Any] | None:
+def parallelism_config_kwargs(plan: Plan) -> dict[str, Any] | None:
     """Keyword arguments of ``accelerate.ParallelismConfig`` for `plan`, or None when it needs none
     (plain FSDP2 within a replica)."""
     s = sizes(plan)
@@ -60,7 +74,7 @@ def parallelism_config_kwargs(plan) -> dict[str, Any] | None:
     return None
 
 
-def accelerate_parallelism_section(plan) -> dict[str, Any]:
+def accelerate_parallelism_section(plan: Plan) -> dict[str, Any]:
     """The ``parallelism_config`` section of the accelerate config file (`accelerate launch` turns each
     ``parallelism_config_<field>`` into ``PARALLELISM_CONFIG_<FIELD>`` for the workers)."""
     kwargs = parallelism_config_kwargs(plan)
@@ -69,7 +83,7 @@ def accelerate_parallelism_section(plan) -> dict[str, Any]:
     return {"parallelism_config": {f"parallelism_config_{k}": v for k, v in kwargs.items()}}
 
 
-def distributed_config_kwargs(plan) -> dict[str, int] | None:
+def distributed_config_kwargs(plan: Plan) -> dict[str, int] | None:
     """Keyword arguments of transformers' ``DistributedConfig`` that load the model tensor-parallel
     (with FSDP2 over the remaining ranks), or None without tensor parallelism."""
     if not tensor_parallel(plan):
@@ -78,7 +92,7 @@ def distributed_config_kwargs(plan) -> dict[str, int] | None:
     return {"tp_size": s["tp"], "fsdp_size": s["dp_shard"], "dp_replicate_size": s["dp_replicate"]}
 
 
-def parallelism_config(plan):
+def parallelism_config(plan: Plan) -> Any:
     """The ``accelerate.ParallelismConfig`` of `plan` (None when it needs none)."""
     kwargs = parallelism_config_kwargs(plan)
     if kwargs is None:
@@ -88,8 +102,8 @@ def parallelism_config(plan):
     return ParallelismConfig(**kwargs)
 
 
-def load_tensor_parallel(path: str, plan, *, dtype, attn_implementation: str, revision: str | None = None,
-                         trust_remote_code: bool = False):
+def load_tensor_parallel(path: str, plan: Plan, *, dtype: torch.dtype, attn_implementation: str,
+                         revision: str | None = None, trust_remote_code: bool = False) -> Any:
     """The model at `path` (a checkpoint directory or hub id) loaded sharded: transformers applies its
     tensor-parallel plan (DTensor weights on the ``tp`` mesh) and FSDP2 on the other ranks. Every
     process of the job calls this (the mesh is built collectively)."""
@@ -104,7 +118,7 @@ def load_tensor_parallel(path: str, plan, *, dtype, attn_implementation: str, re
                                                 distributed_config=DistributedConfig(**kwargs))
 
 
-def describe(plan) -> str:
+def describe(plan: Plan) -> str:
     """One line for launch files: the mesh and which library runs each dimension."""
     s = sizes(plan)
     line = (f"replicate {s['dp_replicate']} x shard {s['dp_shard']} x tensor {s['tp']} x context {s['cp']} "

@@ -17,8 +17,12 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 from recipeforge.backends.ray_launch import INSTALL_HINT, RayJob, describe
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 # What accelerate's launcher sets for the process layout and the rendezvous (Ray sets these itself), and
 # the launching machine's module path (DeepSpeed's launch adds its working directory; a node has its own).
@@ -62,7 +66,7 @@ def request_stop_on_signals(job: RayJob) -> None:
     """Stop signals leave a stop request for the workers (the first one's name); the driver goes on
     waiting for them to save and stop. A second Ctrl-C reaches us as SIGKILL from the launching command."""
 
-    def on_signal(signum, frame):
+    def on_signal(signum: int, frame: FrameType | None) -> None:
         if not job.stop_path.exists():
             job.stop_path.write_text(f"{signum}\n")
             log(f"{signal.Signals(signum).name}: asking the Ray workers to save a checkpoint and stop")
@@ -90,8 +94,8 @@ def unreachable(address: str) -> str | None:
         if not address:
             return None  # none started here: ray.init says so at once
     target = address[len("ray://"):] if address.startswith("ray://") else address
-    host, colon, port = target.rpartition(":")
-    host, port = (host, int(port)) if colon else (target, RAY_CLIENT_PORT)
+    host, colon, port_text = target.rpartition(":")
+    host, port = (host, int(port_text)) if colon else (target, RAY_CLIENT_PORT)
     try:
         with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
             return None
@@ -99,7 +103,7 @@ def unreachable(address: str) -> str | None:
         return f"nothing answers at {host}:{port} ({exc})"
 
 
-def run_job(job_path: Path, train_loop) -> int:
+def run_job(job_path: Path, train_loop: Callable[[dict[str, Any]], None]) -> int:
     """Submit the job at `job_path` with `train_loop` as each worker's function, wait; the exit code."""
     job = RayJob.read(Path(job_path))
     job.stop_path.unlink(missing_ok=True)  # an earlier launch's

@@ -27,8 +27,14 @@ import shlex
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from recipeforge.errors import RecipeError
+
+if TYPE_CHECKING:
+    from recipeforge.backends.launch import LaunchSpec
+    from recipeforge.config.schema import Recipe
+    from recipeforge.plan.types import Plan
 
 JOB_NAME = "ray_job.json"
 STOP_NAME = "ray_stop"                 # the driver's stop request, next to the worker spec
@@ -82,14 +88,14 @@ class RayJob:
         return cls(**json.loads(Path(path).read_text()))
 
 
-def wants_ray(recipe, opts) -> bool:
+def wants_ray(recipe: Recipe, opts: object) -> bool:
     """Whether this launch starts its workers through Ray (`launch --ray`, or `distributed.launcher: ray`)."""
     from recipeforge.capabilities import Launcher
 
     return bool(getattr(opts, "ray", False)) or recipe.distributed.launcher == Launcher.RAY
 
 
-def ray_address(recipe, given: str | None = None) -> str:
+def ray_address(recipe: Recipe, given: str | None = None) -> str:
     """The cluster: `--ray-address`, else the recipe's `distributed.ray_address`, else `RAY_ADDRESS`,
     else `auto` (a cluster started on this machine with `ray start --head`)."""
     from recipeforge.config.schema.rules import ray_address_ok
@@ -114,7 +120,7 @@ def check_ray_installed() -> None:
                           key="distributed.launcher", hint=f"{INSTALL_HINT} (here and on the cluster's nodes)")
 
 
-def ray_launch_spec(spec, plan, recipe, *, run_dir: Path, address: str):
+def ray_launch_spec(spec: LaunchSpec, plan: Plan, recipe: Recipe, *, run_dir: Path, address: str) -> LaunchSpec:
     """The backend's `LaunchSpec` (its files, its worker command) turned into a Ray driver's: the same
     files plus ``ray_job.json``, and the driver as the command `run_launcher` starts."""
     from recipeforge.backends.launch import LaunchSpec
@@ -131,6 +137,7 @@ def ray_launch_spec(spec, plan, recipe, *, run_dir: Path, address: str):
         start = 3 if command[1:3] == ["-m", "accelerate.commands.launch"] else 2
         accelerate_argv = command[start:]
     cuda = plan.device == "cuda"
+    assert spec.spec_path is not None  # a worker launch names its workers' spec (`launch.launch_spec`)
     job = RayJob(
         address=address, name=f"recipeforge-{Path(run_dir).name}", num_workers=plan.world_size, use_gpu=cuda,
         resources_per_worker={"CPU": 1.0, "GPU": 1.0} if cuda else {"CPU": 1.0},

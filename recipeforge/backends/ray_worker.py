@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 STOP_POLL_S = 0.5
 # The attempt number torch's elastic agent gives its workers (0, then 1, 2 ... per restart), which
@@ -47,7 +48,7 @@ def watch_stop(stop_path: Path, done: threading.Event) -> None:
             return
 
 
-def start_worker(config: dict) -> tuple[int, threading.Event]:
+def start_worker(config: dict[str, Any]) -> tuple[int, threading.Event]:
     """Everything before the worker entry point runs: the launch's environment, the attempt's number
     (agreed through rank 0), the working directory, the GPU, the stop watcher. Returns this worker's
     rank and the event that ends the watcher."""

@@ -42,9 +42,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from recipeforge.components.model_init import PREFIX, QUANT, RandomInit, is_4bit_layer, marked_modules
+
+if TYPE_CHECKING:
+    import ctypes
+
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    from recipeforge.errors import Location
+    from recipeforge.stages.context import StageContext
+
+    # `keep(module, name, param, full)` of `fill_base`: stores this process's part of `full` as `param`
+    # of `module`; returns the parameter now registered there and the local tensor it holds.
+    Keep = Callable[["torch.nn.Module", str, "torch.nn.Parameter", "torch.Tensor"],
+                    tuple["torch.Tensor | None", "torch.Tensor"]]
 
 # On the model's root: where its base comes from (a checkpoint path, or a `RandomInit`), and the
 # checkpoint names of tied parameters.
@@ -52,9 +66,9 @@ _SOURCE = "_sharded_loading_source"
 _ALIASES = "_sharded_loading_aliases"
 
 
-def build_placeholder_model(path: str | None, quantization_config, *, dtype, attn_implementation: str,
-                            trust_remote_code: bool = False, name: str | None = None,
-                            random: RandomInit | None = None):
+def build_placeholder_model(path: str | None, quantization_config: Any, *, dtype: torch.dtype,
+                            attn_implementation: str, trust_remote_code: bool = False, name: str | None = None,
+                            random: RandomInit | None = None) -> Any:
     """The model of the checkpoint in the local directory `path` (or of the random-init `random`) with
     4-bit linears when `quantization_config` is given and placeholder weights (module docstring);
     `fill_local_shards` gives it its weights once it is sharded. `name` (default: `path`) is the name
@@ -83,7 +97,7 @@ def build_placeholder_model(path: str | None, quantization_config, *, dtype, att
     return model
 
 
-def packed_shape(shape, quant_storage) -> tuple[int, int]:
+def packed_shape(shape: tuple[int, ...], quant_storage: torch.dtype) -> tuple[int, int]:
     """The shape of a 4-bit weight of `shape` packed into `quant_storage` words (bitsandbytes'
     `quantize_4bit`: two 4-bit values a byte, one column)."""
     import math
@@ -94,14 +108,14 @@ def packed_shape(shape, quant_storage) -> tuple[int, int]:
     return ((math.prod(shape) + 1) // per_word, 1)
 
 
-def _placeholder(shape, dtype):
+def _placeholder(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A tensor of `shape` that takes one element of memory (every element is the same zero)."""
     import torch
 
     return torch.zeros((1,) * len(shape), dtype=dtype).expand(*shape)
 
 
-def _replace_with_placeholders(model) -> None:
+def _replace_with_placeholders(model: torch.nn.Module) -> None:
     """Swap every meta parameter for a placeholder; tied parameters stay one object."""
     import torch
 
@@ -125,7 +139,7 @@ def _replace_with_placeholders(model) -> None:
             setattr(module, pname, done[id(param)])
 
 
-def placeholders_to_meta(model) -> int:
+def placeholders_to_meta(model: torch.nn.Module) -> int:
     """Swap the placeholders for parameters on the meta device, right before sharding: FSDP2 takes
     only contiguous parameters, and shards meta ones into meta shards without allocating anything.
     (The placeholders were real CPU tensors until then so that peft put the adapters on the CPU.)
@@ -142,9 +156,10 @@ def placeholders_to_meta(model) -> int:
                 if type(param).__name__ == "Params4bit":
                     import bitsandbytes as bnb
 
-                    new = bnb.nn.Params4bit(data, requires_grad=False, blocksize=param.blocksize,
-                                            compress_statistics=param.compress_statistics, quant_type=param.quant_type,
-                                            quant_storage=param.quant_storage, module=module, bnb_quantized=True)
+                    q4: Any = param  # bitsandbytes' Params4bit, with its quantization settings
+                    new = bnb.nn.Params4bit(data, requires_grad=False, blocksize=q4.blocksize,
+                                            compress_statistics=q4.compress_statistics, quant_type=q4.quant_type,
+                                            quant_storage=q4.quant_storage, module=module, bnb_quantized=True)
                 else:
                     new = torch.nn.Parameter(data, requires_grad=param.requires_grad)
                 done[id(param)] = new
@@ -152,13 +167,15 @@ def placeholders_to_meta(model) -> int:
     return len(done)
 
 
-def _is_placeholder(param) -> bool:
+def _is_placeholder(param: torch.Tensor) -> bool:
     """An expanded one-element tensor: stride 0 along every dimension longer than one."""
     sizes = [(size, st) for size, st in zip(param.shape, param.stride()) if size > 1]
     return param.device.type != "meta" and bool(sizes) and all(st == 0 for _, st in sizes)
 
 
-def fill_local_shards(model, source, *, compute_dtype, device=None, shard_device=None) -> dict:
+def fill_local_shards(model: torch.nn.Module, source: str | RandomInit, *, compute_dtype: torch.dtype | None,
+                      device: torch.device | str | None = None,
+                      shard_device: torch.device | str | None = None) -> dict[str, int]:
     """Give the local shards of `model` (its base on the meta device, sharded by FSDP2) their values,
     tensor by tensor from `source` (a checkpoint directory, or a `RandomInit`). Every weight of a 4-bit
     layer is quantized whole, then only this process's part of its packed words is kept. Returns what
@@ -170,7 +187,8 @@ def fill_local_shards(model, source, *, compute_dtype, device=None, shard_device
     offloads parameters."""
     holders = _holders(model)
 
-    def keep(module, pname: str, param, full):
+    def keep(module: torch.nn.Module, pname: str, param: torch.nn.Parameter,
+             full: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
         part = _local_part(param, full, shard_device or device or "cpu")
         # assign=True: the shard becomes the parameter (no copy), and FSDP2's hook on the module
         # re-registers it as the sharded parameter (`FSDPParam.reset_sharded_param`).
@@ -180,7 +198,8 @@ def fill_local_shards(model, source, *, compute_dtype, device=None, shard_device
     return fill_base(model, source, compute_dtype=compute_dtype, device=device, keep=keep)
 
 
-def fill_zero3_partitions(model, source, *, compute_dtype, ds_config, device=None) -> dict:
+def fill_zero3_partitions(model: torch.nn.Module, source: str | RandomInit, *, compute_dtype: torch.dtype | None,
+                          ds_config: dict[str, Any], device: torch.device | str | None = None) -> dict[str, int]:
     """Give the placeholder `model` its base tensor by tensor from `source` (a checkpoint directory,
     or a `RandomInit`), handing every tensor (a 4-bit layer's weight quantized whole, on `device`) to
     DeepSpeed's ZeRO-3 partitioning, which keeps this process's slice (`ds_tensor`) and frees the
@@ -188,7 +207,8 @@ def fill_zero3_partitions(model, source, *, compute_dtype, ds_config, device=Non
     partition = zero3_partitioner(ds_config)
     dtype = engine_dtype(ds_config)
 
-    def keep(module, pname: str, param, full):
+    def keep(module: torch.nn.Module, pname: str, param: torch.nn.Parameter,
+             full: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
         # The placeholder object stays the parameter: tied holders, peft's wrappers and the 4-bit
         # state on it keep pointing at what ZeRO-3 partitions and later gathers. Other tensors take
         # the engine's dtype, which it gives a model loaded whole (`in_engine_dtype`).
@@ -196,12 +216,13 @@ def fill_zero3_partitions(model, source, *, compute_dtype, ds_config, device=Non
             full = full.to(dtype)
         param.data = full
         partition([param])
-        return param, param.ds_tensor
+        partitioned: Any = param  # a ZeRO-3 parameter now: DeepSpeed's attributes on it
+        return param, partitioned.ds_tensor
 
     return fill_base(model, source, compute_dtype=compute_dtype, device=device, keep=keep)
 
 
-def engine_dtype(ds_config):
+def engine_dtype(ds_config: dict[str, Any]) -> torch.dtype | None:
     """The dtype DeepSpeed trains the model's weights in under `ds_config` (bf16, fp16), or None (fp32)."""
     import torch
 
@@ -211,7 +232,7 @@ def engine_dtype(ds_config):
     return None
 
 
-def in_engine_dtype(model, ds_config) -> int:
+def in_engine_dtype(model: torch.nn.Module, ds_config: dict[str, Any]) -> int:
     """Give the parameters of `model` not yet ZeRO-3 partitioned (the adapters and peft's trainable
     copies, modules_to_save, which peft keeps in fp32) the dtype the DeepSpeed engine computes in, as
     the engine itself does to a model loaded whole (`module.bfloat16()`) but not to one already
@@ -233,7 +254,7 @@ def in_engine_dtype(model, ds_config) -> int:
     return cast
 
 
-def zero3_partitioner(ds_config):
+def zero3_partitioner(ds_config: dict[str, Any]) -> Callable[[list[torch.nn.Parameter]], None]:
     """DeepSpeed's conversion of allocated parameters into ZeRO-3 ones (each process keeps its
     slice of the flat tensor), as `deepspeed.zero.Init(module=...)` applies it to a whole model.
 
@@ -248,18 +269,19 @@ def zero3_partitioner(ds_config):
     init = deepspeed.zero.Init(module=torch.nn.Module(), config_dict_or_path=ds_config)
     # deepspeed/runtime/zero/partition_parameters.py `Init._convert_to_zero_parameters`: the one
     # entry that partitions given parameters (broadcast from the first process, then `partition`).
-    return init._convert_to_zero_parameters
+    convert: Callable[[list[torch.nn.Parameter]], None] = init._convert_to_zero_parameters
+    return convert
 
 
 class CheckpointTensors:
     """The base's tensors read one at a time from the checkpoint in a local directory."""
 
-    def __init__(self, model, path: str):
+    def __init__(self, model: torch.nn.Module, path: str):
         self.files = checkpoint_files(path)
-        self.aliases = getattr(_find(model, _ALIASES), _ALIASES, {})
+        self.aliases: dict[str, str] = getattr(_find(model, _ALIASES), _ALIASES, {})
         self.held_bytes = 0  # nothing is kept between tensors
 
-    def tensor(self, module, pname: str, name: str):
+    def tensor(self, module: torch.nn.Module, pname: str, name: str) -> torch.Tensor:
         return _read(self.files, name, self.aliases)
 
 
@@ -267,33 +289,35 @@ class RandomTensors:
     """The base's tensors made by `RandomWeights` on `device`, a module at a time (a module's other
     tensors wait, made, until asked for)."""
 
-    def __init__(self, model, spec: RandomInit, device):
+    def __init__(self, model: torch.nn.Module, spec: RandomInit, device: torch.device | str | None):
         import torch
 
         from recipeforge.components.model_init import RandomWeights
 
         self.weights = RandomWeights(model, spec, device=torch.device(device or "cpu"))
-        self._module: Any = None
-        self._made: dict[str, Any] = {}
+        self._module: torch.nn.Module | None = None
+        self._made: dict[str, torch.Tensor] = {}
 
     @property
     def held_bytes(self) -> int:
         return sum(_nbytes(t) for t in self._made.values())
 
-    def tensor(self, module, pname: str, name: str):
+    def tensor(self, module: torch.nn.Module, pname: str, name: str) -> torch.Tensor:
         if module is not self._module:
             self._module, self._made = module, self.weights.module_tensors(module)
         return self._made.pop(pname)
 
 
-def tensor_source(model, source, device=None) -> CheckpointTensors | RandomTensors:
+def tensor_source(model: torch.nn.Module, source: str | RandomInit,
+                  device: torch.device | str | None = None) -> CheckpointTensors | RandomTensors:
     """Where the base of `model` comes from: a checkpoint directory, or a `RandomInit`."""
     if isinstance(source, RandomInit):
         return RandomTensors(model, source, device)
     return CheckpointTensors(model, str(source))
 
 
-def fill_base(model, source, *, compute_dtype, keep: Callable[..., Any], device=None) -> dict:
+def fill_base(model: torch.nn.Module, source: str | RandomInit, *, compute_dtype: torch.dtype | None, keep: Keep,
+              device: torch.device | str | None = None) -> dict[str, int]:
     """Give the base of `model` (its placeholder or meta parameters) its tensors one at a time from
     `source` (a checkpoint directory, or a `RandomInit`, `tensor_source`): a weight of a 4-bit layer is
     quantized whole on `device` (default: the CPU), any other tensor converted to its parameter's
@@ -346,23 +370,24 @@ def fill_base(model, source, *, compute_dtype, keep: Callable[..., Any], device=
     return stats
 
 
-def _check_shape(name: str, full, param) -> None:
+def _check_shape(name: str, full: torch.Tensor, param: torch.Tensor) -> None:
     if tuple(full.shape) != tuple(param.shape):  # e.g. embeddings grown for added tokens
         raise ValueError(f"checkpoint tensor '{name}' has shape {tuple(full.shape)}, the model "
                          f"{tuple(param.shape)}: sharded 4-bit loading takes the checkpoint's shapes as "
                          f"they are (no tokens added to the vocabulary)")
 
 
-def _holders(model) -> dict[int, list]:
+def _holders(model: torch.nn.Module) -> dict[int, list[tuple[torch.nn.Module, str]]]:
     """Every (module, name) holding each parameter object: tied weights have several."""
-    holders: dict[int, list] = {}
+    holders: dict[int, list[tuple[torch.nn.Module, str]]] = {}
     for module in model.modules():
         for pname, param in module.named_parameters(recurse=False):
             holders.setdefault(id(param), []).append((module, pname))
     return holders
 
 
-def _retie(module, pname: str, holders: list):
+def _retie(module: torch.nn.Module, pname: str,
+           holders: list[tuple[torch.nn.Module, str]]) -> torch.nn.Parameter | None:
     """Give the other holders of a tied parameter the one just loaded (FSDP2 then registers it as
     the sharded parameter of all of them at its lazy initialization); returns it."""
     loaded = module._parameters[pname]
@@ -372,17 +397,17 @@ def _retie(module, pname: str, holders: list):
     return loaded
 
 
-def _nbytes(tensor) -> int:
+def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def _local(param):
+def _local(param: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return param.to_local() if isinstance(param, DTensor) else param.data
 
 
-def _local_part(param, full, device):
+def _local_part(param: torch.Tensor, full: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     """This process's part of `full` as `param` holds it: for a DTensor, the rows FSDP2 gave this
     process (its placements say which, on any mesh), in storage of their own."""
     from torch.distributed.tensor import DTensor
@@ -398,7 +423,7 @@ def _local_part(param, full, device):
     return _dtensor_like(local, param)
 
 
-def _dtensor_like(local, like):
+def _dtensor_like(local: torch.Tensor, like: DTensor) -> DTensor:
     """A DTensor of `local` laid out as the DTensor `like`, left on `local`'s device. (`DTensor.from_local`
     would move it to the mesh's device type: a CPU shard of a CUDA mesh, as FSDP2's CPU offload keeps
     them, would land on the GPU, and FSDP2 refuses offloaded parameters off the CPU. FSDP2 builds its
@@ -408,11 +433,12 @@ def _dtensor_like(local, like):
     except ImportError:  # an older layout of torch's FSDP2 package
         from torch.distributed.tensor import DTensor
 
-        return DTensor(local, like._spec, requires_grad=local.requires_grad)
+        make: Callable[..., DTensor] = DTensor  # torch declares its constructor without types
+        return make(local, like._spec, requires_grad=local.requires_grad)
     return _from_local_no_grad(local, like._spec)
 
 
-def _quantize(module, weight):
+def _quantize(module: torch.nn.Module, weight: torch.Tensor) -> tuple[torch.Tensor, int]:
     """bitsandbytes' 4-bit quantization of a whole weight (as transformers does when it loads one);
     the state goes on the module, where its 4-bit layer finds it after FSDP2 replaced the weight."""
     import bitsandbytes as bnb
@@ -427,14 +453,14 @@ def _quantize(module, weight):
     return packed, sum(t.numel() * t.element_size() for t in _state_tensors(state))
 
 
-def _state_tensors(state):
+def _state_tensors(state: Any) -> list[torch.Tensor]:
     tensors = [state.absmax]
     if getattr(state, "state2", None) is not None:
         tensors += [state.state2.absmax, state.state2.code]
     return [t for t in tensors if t is not None]
 
 
-def local_checkpoint(name_or_path: str, revision: str | None = None, *, location=None) -> str:
+def local_checkpoint(name_or_path: str, revision: str | None = None, *, location: Location | None = None) -> str:
     """The local directory of a checkpoint: the directory itself, or a hub model's snapshot in the
     Hugging Face cache (its config and safetensors files, fetched if missing; every process asks,
     the hub client's file locks let one download). A checkpoint without safetensors files is a user
@@ -472,7 +498,7 @@ def checkpoint_files(path: str) -> dict[str, Path]:
         return {k: single for k in f.keys()}
 
 
-def _read(files: dict[str, Path], key: str, aliases: dict[str, str]):
+def _read(files: dict[str, Path], key: str, aliases: dict[str, str]) -> torch.Tensor:
     """One tensor of the checkpoint; `aliases` names where tied weights are stored."""
     from safetensors import safe_open
 
@@ -482,10 +508,11 @@ def _read(files: dict[str, Path], key: str, aliases: dict[str, str]):
         raise KeyError(f"tensor '{key}' is not in the checkpoint; low-memory 4-bit loading needs a checkpoint "
                        f"whose tensor names are the model's parameter names")
     with safe_open(str(files[key]), framework="pt") as f:
-        return f.get_tensor(key)
+        tensor: torch.Tensor = f.get_tensor(key)
+        return tensor
 
 
-def _tied_aliases(model) -> dict[str, str]:
+def _tied_aliases(model: Any) -> dict[str, str]:
     """Output layer weight -> embedding weight, for a model whose output layer is tied to its
     embeddings (checkpoints store the tensor once). A modules_to_save copy of the output layer has
     its own weight, started from the same tensor."""
@@ -526,7 +553,7 @@ def _malloc_trim() -> None:
         _LIBC.malloc_trim(0)
 
 
-_LIBC = None
+_LIBC: ctypes.CDLL | Literal[False] | None = None
 
 
 def _rss_bytes() -> int:
@@ -543,7 +570,7 @@ def _rss_bytes() -> int:
     return (resident - shared) * os.sysconf("SC_PAGE_SIZE")
 
 
-def loader(ctx, record: dict):
+def loader(ctx: StageContext, record: dict[str, int]) -> Callable[..., Any]:
     """The `StageContext.load_sharded` of a base no process holds whole under FSDP2 and ZeRO-3 (a
     4-bit QLoRA checkpoint, or any random-init model: `random=`): the placeholder model, which the
     stage freezes and gives its adapters as for a whole load. `record` gets this process's resident
@@ -552,8 +579,8 @@ def loader(ctx, record: dict):
 
     adapter, device = ctx.recipe.adapter, ctx.plan.device
 
-    def load_sharded(path, *, dtype, attn_implementation, revision=None, trust_remote_code=False,
-                     random: RandomInit | None = None):
+    def load_sharded(path: str, *, dtype: torch.dtype, attn_implementation: str, revision: str | None = None,
+                     trust_remote_code: bool = False, random: RandomInit | None = None) -> Any:
         quant = None
         if adapter.type == "qlora":
             quant = quantization_config(adapter, dtype, device, location=ctx.locate(("adapter", "type")))
@@ -568,13 +595,13 @@ def loader(ctx, record: dict):
     return load_sharded
 
 
-def shard_and_fill(ctx, record: dict):
+def shard_and_fill(ctx: StageContext, record: dict[str, int]) -> Callable[[Any], None]:
     """The `StageContext.prepare_trainer` of a base loaded by `loader` under FSDP2: the trainer's own
     Accelerator shards the placeholder model (the same `fully_shard` calls a whole model gets), then
     the local shards are read from the checkpoint or made, before the trainer builds its optimizer on
     the trainable ones. This process's numbers go to `sharded_loading/rank<N>.json` (`write_report`)."""
 
-    def prepare(trainer) -> None:
+    def prepare(trainer: Any) -> None:
         source = base_source(trainer.model)
         if source is None:  # a model loaded another way
             return
@@ -588,14 +615,14 @@ def shard_and_fill(ctx, record: dict):
     return prepare
 
 
-def partition_and_fill(ctx, record: dict):
+def partition_and_fill(ctx: StageContext, record: dict[str, int]) -> Callable[[Any], None]:
     """The `StageContext.prepare_trainer` of a base loaded by `loader` under DeepSpeed ZeRO-3: the
     base is read or made into ZeRO-3 partitions of the placeholder model (`fill_zero3_partitions`,
     with the trainer's DeepSpeed config) before the trainer starts the engine, which then finds the
     base partitioned and partitions the adapters like it. This process's numbers go to
     `sharded_loading/rank<N>.json` (`write_report`)."""
 
-    def prepare(trainer) -> None:
+    def prepare(trainer: Any) -> None:
         source = base_source(trainer.model)
         if source is None:  # a model loaded another way
             return
@@ -609,7 +636,8 @@ def partition_and_fill(ctx, record: dict):
     return prepare
 
 
-def write_report(ctx, record: dict, stats: dict, rss_before_fill: int, source: Any = None) -> None:
+def write_report(ctx: StageContext, record: dict[str, int], stats: dict[str, Any], rss_before_fill: int,
+                 source: str | RandomInit | None = None) -> None:
     """Write this process's loading figures (`fill_base`'s, plus its resident memory growth,
     `released_rss_bytes`: the peak of the samples and what is held at the end, while filling the base
     and from the start of loading) to `sharded_loading/rank<N>.json` in the run directory.
@@ -634,14 +662,15 @@ def write_report(ctx, record: dict, stats: dict, rss_before_fill: int, source: A
             f"{stats['full_base_bytes'] / 2**20:.1f} MiB on rank {ctx.dist.rank}")
 
 
-def _compute_dtype(model):
+def _compute_dtype(model: Any) -> torch.dtype | None:
     """The dtype 4-bit weights are quantized from (the quantization config's compute dtype), or None
     for a model without 4-bit layers."""
     config = getattr(model.config, "quantization_config", None)
-    return getattr(config, "bnb_4bit_compute_dtype", None)
+    dtype: torch.dtype | None = getattr(config, "bnb_4bit_compute_dtype", None)
+    return dtype
 
 
-def _devices(accelerator):
+def _devices(accelerator: Any) -> tuple[torch.device, torch.device | str]:
     """Where tensors are quantized (the training device) and where the shards stay (the CPU when
     FSDP2 offloads parameters, else the training device)."""
     from torch.distributed.fsdp import CPUOffloadPolicy
@@ -651,18 +680,19 @@ def _devices(accelerator):
     return device, ("cpu" if offload else device)
 
 
-def base_source(model) -> Any:
+def base_source(model: torch.nn.Module) -> str | RandomInit | None:
     """Where a placeholder model's base comes from (a checkpoint directory or a `RandomInit`; peft
     wraps it: look inside), or None for a model loaded another way."""
-    return getattr(_find(model, _SOURCE), _SOURCE, None)
+    source: str | RandomInit | None = getattr(_find(model, _SOURCE), _SOURCE, None)
+    return source
 
 
-def _find(model, attribute: str):
+def _find(model: torch.nn.Module, attribute: str) -> torch.nn.Module | None:
     """The module of `model` (itself or one inside a wrapper) that has `attribute`, or None."""
     return next((m for m in model.modules() if getattr(m, attribute, None)), None)
 
 
-def shard_with_accelerator(trainer):
+def shard_with_accelerator(trainer: Any) -> torch.nn.Module:
     """Shard the trainer's model now, with the trainer's Accelerator and the steps its FSDP2 prepare
     takes for a model (accelerate/accelerator.py `_prepare_fsdp2`: wrap policy, activation
     checkpointing, `fsdp2_prepare_model`), the placeholders turned into meta tensors first. The
@@ -673,7 +703,7 @@ def shard_with_accelerator(trainer):
 
     accelerator = trainer.accelerator
     plugin = accelerator.state.fsdp_plugin
-    model = trainer.model
+    model: torch.nn.Module = trainer.model
     placeholders_to_meta(model)
     # The shards are filled here (`fill_local_shards`), not broadcast from the main process's model,
     # which holds placeholders like every other's.

@@ -19,12 +19,17 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from recipeforge.backends import job_values
 from recipeforge.backends.cluster import DEFAULT_PORT
 from recipeforge.config.secrets import public
 from recipeforge.errors import RecipeError
+
+if TYPE_CHECKING:
+    from recipeforge.config.pipeline import LoadedRecipe
+    from recipeforge.config.schema import DistributedConfig
+    from recipeforge.plan.types import Plan
 
 SIGNAL_LEAD_S = 120   # seconds of warning before the time limit: the step, a checkpoint save, the exit
 EXIT_PREEMPTED = 75   # `recipeforge train` stopped on a signal after saving (stages.preemption)
@@ -130,7 +135,7 @@ def _comment(text: str) -> str:
     return "".join(repr(ch)[1:-1] if job_values.control_characters(ch) else ch for ch in text)
 
 
-def write_sbatch(loaded, *, recipe: str, overrides: Sequence[str], options: SlurmOptions = SlurmOptions(),
+def write_sbatch(loaded: LoadedRecipe, *, recipe: str, overrides: Sequence[str], options: SlurmOptions = SlurmOptions(),
                  nproc_per_node: int | None = None, port: int | None = None, output: str | None = None) -> Path:
     """Plan `loaded` and write its sbatch script (default: RUN_DIR/slurm.sbatch); returns the path.
 
@@ -163,7 +168,7 @@ def write_sbatch(loaded, *, recipe: str, overrides: Sequence[str], options: Slur
     return path
 
 
-def elastic_lines(distributed, run_dir: Path) -> list[str]:
+def elastic_lines(distributed: DistributedConfig, run_dir: Path) -> list[str]:
     """The header's account of the recipe's restarts and rendezvous (`distributed.max_restarts`,
     `rdzv_*`). The script passes nothing for them: every node's `recipeforge train` reads them from the
     recipe, and an endpoint written as ``${env:MASTER_ADDR,...}:PORT`` resolves on each node to the
@@ -181,7 +186,7 @@ def elastic_lines(distributed, run_dir: Path) -> list[str]:
     return lines
 
 
-def layout_lines(plan) -> list[str]:
+def layout_lines(plan: Plan) -> list[str]:
     """What each node's `recipeforge train` launches, for the script's header: the backend and, with
     a parallelism mesh, its sizes and the accelerate settings the launch file carries."""
     from recipeforge.backends import parallelism

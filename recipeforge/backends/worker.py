@@ -13,13 +13,19 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from recipeforge.errors import RecipeError
+from recipeforge.errors import Problem, RecipeError
 
 if TYPE_CHECKING:
+    from datetime import timedelta
+
+    from recipeforge.config.schema import Recipe
     from recipeforge.plan.types import Plan
     from recipeforge.plan.planners import Planners
+    from recipeforge.stages.context import DistInfo
+
+T = TypeVar("T")
 
 # Plan fields every rank must agree on (memory figures may differ by a node's probed RAM).
 AGREE = ("backend", "preset", "device", "world_size", "data_parallel", "tensor_parallel", "pipeline_parallel",
@@ -69,12 +75,12 @@ def init_process_group(device: str, timeout_minutes: float | None = None) -> Non
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     from recipeforge.backends.elastic import attempt_store_kwargs
 
-    kwargs = {"timeout": process_group_timeout(timeout_minutes)} if timeout_minutes else {}
+    kwargs: dict[str, Any] = {"timeout": process_group_timeout(timeout_minutes)} if timeout_minutes else {}
     kwargs.update(attempt_store_kwargs(kwargs.get("timeout")))  # a restarted worker group: fresh keys
     dist.init_process_group(backend="nccl" if device == "cuda" else "gloo", **kwargs)
 
 
-def process_group_timeout(minutes: float):
+def process_group_timeout(minutes: float) -> timedelta:
     """`distributed.timeout_minutes` as the `timedelta` torch.distributed takes."""
     from datetime import timedelta
 
@@ -101,7 +107,7 @@ def finish() -> None:
         dist.destroy_process_group()
 
 
-def broadcast(obj, *, src: int = 0):
+def broadcast(obj: T, *, src: int = 0) -> T:
     """Rank `src`'s `obj` on every rank (any picklable object)."""
     import torch.distributed as dist
 
@@ -112,14 +118,16 @@ def broadcast(obj, *, src: int = 0):
     return box[0]
 
 
-def on_main(fn, dist_info, *, local: bool = False):
+def on_main(fn: Callable[[], T], dist_info: DistInfo, *, local: bool = False) -> T | None:
     """Run `fn` on rank 0 (with `local`: on each machine's first rank) while the others wait; returns
     its result there, None elsewhere. A failure is shared, so no rank is left waiting at a barrier:
     the failing rank re-raises its error, the others stop with a `RecipeError` saying who failed."""
     import torch.distributed as dist
 
     here = dist_info.local_rank == 0 if local else dist_info.is_main
-    result, failure, error = None, None, None
+    result: T | None = None
+    failure: list[Problem] | str | None = None
+    error: BaseException | None = None
     if here:
         try:
             result = fn()
@@ -130,7 +138,7 @@ def on_main(fn, dist_info, *, local: bool = False):
         if error is not None:
             raise error
         return result
-    failures: list = [None] * dist.get_world_size()
+    failures: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(failures, (dist.get_rank(), failure))
     if error is not None:
         raise error
@@ -147,6 +155,7 @@ def agreed_plan(plan: "Plan | None") -> "Plan":
     """Rank 0's plan on every rank; a rank whose own plan differs in a training-relevant field raises."""
     mine = plan.to_dict() if plan is not None else None
     ref = broadcast(mine)
+    assert ref is not None  # rank 0 has planned (`on_main` ran the planner there)
     if mine is not None:
         diff = [k for k in AGREE if mine.get(k) != ref.get(k)]
         if diff:
@@ -163,7 +172,7 @@ def launched_world() -> tuple[int, int]:
     return max(1, world // max(1, local)), local
 
 
-def worker_device(recipe) -> str:
+def worker_device(recipe: Recipe) -> str:
     """cuda or cpu, decided without a plan (a directly launched worker needs it to join the group)."""
     from recipeforge.plan import hardware_for
 

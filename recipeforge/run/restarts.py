@@ -47,8 +47,8 @@ def resume_point(resume: str, run: RunDir, dist: DistInfo) -> Path | None:
         return checkpoint.resume_checkpoint(resume, run.checkpoints)
     from recipeforge.backends import worker as w
 
-    chosen = w.on_main(lambda: tidy_after_failure(resume, run), dist)
-    chosen = w.broadcast(str(chosen) if chosen is not None else None)
+    tidied = w.on_main(lambda: tidy_after_failure(resume, run), dist)
+    chosen = w.broadcast(str(tidied) if tidied is not None else None)
     return Path(chosen) if chosen is not None else None
 
 
