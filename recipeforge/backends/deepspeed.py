@@ -207,11 +207,11 @@ class DeepSpeedBackend(BackendSpec):
         if zero3 and (quantized or _random_init(ctx.recipe)):
             # No process holds the whole base: placeholders now, the base read or made into ZeRO-3
             # partitions once the trainer (and its DeepSpeed config) exists, before the engine starts.
-            from recipeforge.backends import sharded_loading
+            from recipeforge.backends import sharded_hooks
 
             record: dict[str, int] = {}
-            return WorkerHooks(load_sharded=sharded_loading.loader(ctx, record),
-                               prepare_trainer=sharded_loading.partition_and_fill(ctx, record), makes_random=True)
+            return WorkerHooks(load_sharded=sharded_hooks.loader(ctx, record),
+                               prepare_trainer=sharded_hooks.partition_and_fill(ctx, record), makes_random=True)
         if zero3:
             # Checkpoints load straight into ZeRO-3 partitions (zero.Init) instead of whole on every
             # process.

@@ -264,11 +264,11 @@ class FSDPBackend(BackendSpec):
         random = recipe.model.init == "random" or tiny_arch(recipe.model.name_or_path) is not None
         if quantized or random:
             # No process holds the whole base: placeholders now, shards after `fully_shard`.
-            from recipeforge.backends import sharded_loading
+            from recipeforge.backends import sharded_hooks
 
             record: dict[str, int] = {}
-            return WorkerHooks(load_sharded=sharded_loading.loader(ctx, record),
-                               prepare_trainer=sharded_loading.shard_and_fill(ctx, record), makes_random=True)
+            return WorkerHooks(load_sharded=sharded_hooks.loader(ctx, record),
+                               prepare_trainer=sharded_hooks.shard_and_fill(ctx, record), makes_random=True)
         return WorkerHooks()
 
     def trainer_kwargs(self, ctx: StageContext) -> dict[str, Any]:

@@ -36,24 +36,22 @@ A process holds its shards, the quantization states and, at the peak, one full t
 tensors, for random init) and its quantized copy. Checkpoints whose tensor names are not the model's
 parameter names (those transformers converts at load, e.g. fused experts) are refused with an error.
 Each process writes what it held to `sharded_loading/rank<N>.json` in the run directory.
+
+The worker hooks that run these steps (the stage's loader, `shard_with_accelerator`, `partition_and_fill`) are
+in `sharded_hooks`; the checkpoint is read through `checkpoint_reading`, memory measured by `process_memory`.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable
 
+from recipeforge.backends.checkpoint_reading import checkpoint_files, read_tensor
+from recipeforge.backends.process_memory import released_rss_bytes
 from recipeforge.components.model_init import PREFIX, QUANT, RandomInit, is_4bit_layer, marked_modules
 
 if TYPE_CHECKING:
-    import ctypes
-
     import torch
     from torch.distributed.tensor import DTensor
-
-    from recipeforge.errors import Location
-    from recipeforge.stages.context import StageContext
 
     # `keep(module, name, param, full)` of `fill_base`: stores this process's part of `full` as `param`
     # of `module`; returns the parameter now registered there and the local tensor it holds.
@@ -282,7 +280,7 @@ class CheckpointTensors:
         self.held_bytes = 0  # nothing is kept between tensors
 
     def tensor(self, module: torch.nn.Module, pname: str, name: str) -> torch.Tensor:
-        return _read(self.files, name, self.aliases)
+        return read_tensor(self.files, name, self.aliases)
 
 
 class RandomTensors:
@@ -460,58 +458,6 @@ def _state_tensors(state: Any) -> list[torch.Tensor]:
     return [t for t in tensors if t is not None]
 
 
-def local_checkpoint(name_or_path: str, revision: str | None = None, *, location: Location | None = None) -> str:
-    """The local directory of a checkpoint: the directory itself, or a hub model's snapshot in the
-    Hugging Face cache (its config and safetensors files, fetched if missing; every process asks,
-    the hub client's file locks let one download). A checkpoint without safetensors files is a user
-    error: this loader reads tensors one by one, which pickled weights do not allow."""
-    from recipeforge.errors import RecipeError
-
-    root = Path(name_or_path).expanduser()
-    if not root.is_dir():
-        from huggingface_hub import snapshot_download
-
-        root = Path(snapshot_download(name_or_path, revision=revision,
-                                      allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]))
-    if not any(root.glob("*.safetensors")):
-        raise RecipeError(f"'{name_or_path}' has no safetensors weights, which QLoRA on FSDP or ZeRO-3 reads "
-                          f"tensor by tensor to load only each process's shard", key="model.name_or_path",
-                          location=location,
-                          hint="convert the checkpoint to safetensors (save_pretrained does by default)")
-    return str(root)
-
-
-def checkpoint_files(path: str) -> dict[str, Path]:
-    """Tensor name -> safetensors file of a local checkpoint directory (sharded or not)."""
-    root = Path(path)
-    index = root / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {k: root / v for k, v in weight_map.items()}
-    single = root / "model.safetensors"
-    if not single.is_file():
-        raise FileNotFoundError(f"no safetensors checkpoint in {root} (low-memory 4-bit loading reads local "
-                                f"safetensors files)")
-    from safetensors import safe_open
-
-    with safe_open(str(single), framework="pt") as f:
-        return {k: single for k in f.keys()}
-
-
-def _read(files: dict[str, Path], key: str, aliases: dict[str, str]) -> torch.Tensor:
-    """One tensor of the checkpoint; `aliases` names where tied weights are stored."""
-    from safetensors import safe_open
-
-    if key not in files:
-        key = aliases.get(key, key)
-    if key not in files:
-        raise KeyError(f"tensor '{key}' is not in the checkpoint; low-memory 4-bit loading needs a checkpoint "
-                       f"whose tensor names are the model's parameter names")
-    with safe_open(str(files[key]), framework="pt") as f:
-        tensor: torch.Tensor = f.get_tensor(key)
-        return tensor
-
-
 def _tied_aliases(model: Any) -> dict[str, str]:
     """Output layer weight -> embedding weight, for a model whose output layer is tied to its
     embeddings (checkpoints store the tensor once). A modules_to_save copy of the output layer has
@@ -525,161 +471,6 @@ def _tied_aliases(model: Any) -> dict[str, str]:
     return {f"{getattr(output, PREFIX)}.weight": f"{getattr(embeddings, PREFIX)}.weight"}
 
 
-def released_rss_bytes() -> int:
-    """This process's anonymous resident memory (`_rss_bytes`) once the C allocator has handed its
-    free memory back.
-
-    Reading a checkpoint tensor by tensor frees many large temporaries; glibc keeps such freed
-    memory in its heaps (its mmap threshold grows with every large free), so the resident size
-    climbs far above what is alive (several times the shard, measured). `malloc_trim` returns it,
-    which keeps the resident size of a long load near its live bytes, and makes the figure a
-    measure of what is held. Elsewhere than glibc: the resident size as it is."""
-    _malloc_trim()
-    return _rss_bytes()
-
-
-def _malloc_trim() -> None:
-    import ctypes
-    import ctypes.util
-
-    global _LIBC
-    if _LIBC is None:
-        try:
-            _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            _LIBC.malloc_trim  # noqa: B018  (raises where the C library has none)
-        except (OSError, AttributeError):
-            _LIBC = False
-    if _LIBC:
-        _LIBC.malloc_trim(0)
-
-
-_LIBC: ctypes.CDLL | Literal[False] | None = None
-
-
-def _rss_bytes() -> int:
-    """This process's anonymous resident memory now: resident minus file-backed pages (Linux; 0
-    where /proc is missing). Pages of a memory-mapped checkpoint count as resident while mapped but
-    are the page cache's, which the kernel drops under pressure; what a load really costs is the
-    anonymous part."""
-    import os
-
-    try:
-        _, resident, shared = (int(v) for v in Path("/proc/self/statm").read_text().split()[:3])
-    except (OSError, ValueError):
-        return 0
-    return (resident - shared) * os.sysconf("SC_PAGE_SIZE")
-
-
-def loader(ctx: StageContext, record: dict[str, int]) -> Callable[..., Any]:
-    """The `StageContext.load_sharded` of a base no process holds whole under FSDP2 and ZeRO-3 (a
-    4-bit QLoRA checkpoint, or any random-init model: `random=`): the placeholder model, which the
-    stage freezes and gives its adapters as for a whole load. `record` gets this process's resident
-    memory before and after building, which `write_report` reports with the loading's own."""
-    from recipeforge.components.adapters import quantization_config
-
-    adapter, device = ctx.recipe.adapter, ctx.plan.device
-
-    def load_sharded(path: str, *, dtype: torch.dtype, attn_implementation: str, revision: str | None = None,
-                     trust_remote_code: bool = False, random: RandomInit | None = None) -> Any:
-        quant = None
-        if adapter.type == "qlora":
-            quant = quantization_config(adapter, dtype, device, location=ctx.locate(("adapter", "type")))
-        local = None if random is not None else \
-            local_checkpoint(path, revision, location=ctx.locate(("model", "name_or_path")))
-        record["rss_before"] = released_rss_bytes()
-        model = build_placeholder_model(local, quant, dtype=dtype, attn_implementation=attn_implementation,
-                                        trust_remote_code=trust_remote_code, name=path, random=random)
-        record["rss_built"] = released_rss_bytes()
-        return model
-
-    return load_sharded
-
-
-def shard_and_fill(ctx: StageContext, record: dict[str, int]) -> Callable[[Any], None]:
-    """The `StageContext.prepare_trainer` of a base loaded by `loader` under FSDP2: the trainer's own
-    Accelerator shards the placeholder model (the same `fully_shard` calls a whole model gets), then
-    the local shards are read from the checkpoint or made, before the trainer builds its optimizer on
-    the trainable ones. This process's numbers go to `sharded_loading/rank<N>.json` (`write_report`)."""
-
-    def prepare(trainer: Any) -> None:
-        source = base_source(trainer.model)
-        if source is None:  # a model loaded another way
-            return
-        prepared = shard_with_accelerator(trainer)
-        rss_sharded = released_rss_bytes()
-        device, shard_device = _devices(trainer.accelerator)
-        stats = fill_local_shards(prepared, source, compute_dtype=_compute_dtype(prepared), device=device,
-                                  shard_device=shard_device)
-        write_report(ctx, record, stats, rss_sharded, source)
-
-    return prepare
-
-
-def partition_and_fill(ctx: StageContext, record: dict[str, int]) -> Callable[[Any], None]:
-    """The `StageContext.prepare_trainer` of a base loaded by `loader` under DeepSpeed ZeRO-3: the
-    base is read or made into ZeRO-3 partitions of the placeholder model (`fill_zero3_partitions`,
-    with the trainer's DeepSpeed config) before the trainer starts the engine, which then finds the
-    base partitioned and partitions the adapters like it. This process's numbers go to
-    `sharded_loading/rank<N>.json` (`write_report`)."""
-
-    def prepare(trainer: Any) -> None:
-        source = base_source(trainer.model)
-        if source is None:  # a model loaded another way
-            return
-        rss_start = released_rss_bytes()
-        ds_config = trainer.accelerator.state.deepspeed_plugin.deepspeed_config
-        stats = fill_zero3_partitions(trainer.model, source, compute_dtype=_compute_dtype(trainer.model),
-                                      ds_config=ds_config, device=trainer.accelerator.device)
-        in_engine_dtype(trainer.model, ds_config)
-        write_report(ctx, record, stats, rss_start, source)
-
-    return prepare
-
-
-def write_report(ctx: StageContext, record: dict[str, int], stats: dict[str, Any], rss_before_fill: int,
-                 source: str | RandomInit | None = None) -> None:
-    """Write this process's loading figures (`fill_base`'s, plus its resident memory growth,
-    `released_rss_bytes`: the peak of the samples and what is held at the end, while filling the base
-    and from the start of loading) to `sharded_loading/rank<N>.json` in the run directory.
-    `rss_before_fill`: the resident size right before the base was filled."""
-    fill_peak, held = stats.pop("rss_peak_bytes"), released_rss_bytes()
-    # The filling alone: the base's own cost, apart from what building the skeleton, the adapters
-    # and the trainer costs whatever the model's size.
-    stats["fill_rss_peak_growth_bytes"] = fill_peak - rss_before_fill
-    stats["fill_rss_held_growth_bytes"] = held - rss_before_fill
-    if "rss_before" in record:  # the whole load, from before the skeleton was built
-        stats["rss_peak_growth_bytes"] = max(record["rss_built"], rss_before_fill, fill_peak) - record["rss_before"]
-        stats["rss_held_growth_bytes"] = held - record["rss_before"]
-        stats["skeleton_rss_growth_bytes"] = record["rss_built"] - record["rss_before"]
-    stats["rank"] = ctx.dist.rank
-    stats["source"] = "random init" if isinstance(source, RandomInit) else "checkpoint"
-    out = ctx.run.root / "sharded_loading" / f"rank{ctx.dist.rank}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(stats, indent=2) + "\n")
-    what = "4-bit base" if stats["quant_state_bytes"] else "base"
-    how = "made" if isinstance(source, RandomInit) else "loaded"
-    ctx.log(f"{what} {how} sharded: {stats['local_base_bytes'] / 2**20:.1f} MiB of "
-            f"{stats['full_base_bytes'] / 2**20:.1f} MiB on rank {ctx.dist.rank}")
-
-
-def _compute_dtype(model: Any) -> torch.dtype | None:
-    """The dtype 4-bit weights are quantized from (the quantization config's compute dtype), or None
-    for a model without 4-bit layers."""
-    config = getattr(model.config, "quantization_config", None)
-    dtype: torch.dtype | None = getattr(config, "bnb_4bit_compute_dtype", None)
-    return dtype
-
-
-def _devices(accelerator: Any) -> tuple[torch.device, torch.device | str]:
-    """Where tensors are quantized (the training device) and where the shards stay (the CPU when
-    FSDP2 offloads parameters, else the training device)."""
-    from torch.distributed.fsdp import CPUOffloadPolicy
-
-    device = accelerator.device
-    offload = isinstance(accelerator.state.fsdp_plugin.cpu_offload, CPUOffloadPolicy)
-    return device, ("cpu" if offload else device)
-
-
 def base_source(model: torch.nn.Module) -> str | RandomInit | None:
     """Where a placeholder model's base comes from (a checkpoint directory or a `RandomInit`; peft
     wraps it: look inside), or None for a model loaded another way."""
@@ -690,29 +481,3 @@ def base_source(model: torch.nn.Module) -> str | RandomInit | None:
 def _find(model: torch.nn.Module, attribute: str) -> torch.nn.Module | None:
     """The module of `model` (itself or one inside a wrapper) that has `attribute`, or None."""
     return next((m for m in model.modules() if getattr(m, attribute, None)), None)
-
-
-def shard_with_accelerator(trainer: Any) -> torch.nn.Module:
-    """Shard the trainer's model now, with the trainer's Accelerator and the steps its FSDP2 prepare
-    takes for a model (accelerate/accelerator.py `_prepare_fsdp2`: wrap policy, activation
-    checkpointing, `fsdp2_prepare_model`), the placeholders turned into meta tensors first. The
-    trainer gets the sharded model back; when training starts it builds its optimizer on it and
-    prepares both, and `fsdp2_prepare_model` leaves a model that already is an FSDP module as it
-    is. (Accelerate's `prepare` itself refuses a model without its optimizer under FSDP2.)"""
-    from accelerate.utils import fsdp2_apply_ac, fsdp2_prepare_model
-
-    accelerator = trainer.accelerator
-    plugin = accelerator.state.fsdp_plugin
-    model: torch.nn.Module = trainer.model
-    placeholders_to_meta(model)
-    # The shards are filled here (`fill_local_shards`), not broadcast from the main process's model,
-    # which holds placeholders like every other's.
-    plugin.cpu_ram_efficient_loading = False
-    plugin.set_auto_wrap_policy(model)
-    if plugin.activation_checkpointing:
-        model = fsdp2_apply_ac(accelerator, model)
-        # Applied once here; the trainer's prepare would wrap the wrapped layers again.
-        plugin.activation_checkpointing = False
-    model = fsdp2_prepare_model(accelerator, model)
-    trainer.model = trainer.model_wrapped = model
-    return model

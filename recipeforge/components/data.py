@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from recipeforge.components.data_files import check_jsonl, is_blank, load_hint, read_file
 from recipeforge.components.formats import Format, RenderOptions, get_format
 from recipeforge.errors import Location, Problem, RecipeError
 
@@ -102,12 +103,12 @@ def load_raw(ref: DatasetRef, *, base_dir: Path | None, locate: Locate = _no_loc
             if builder is None:
                 raise RecipeError(f"unsupported data file type '{found.suffix}' ({found})", key=f"{ref.key}.path",
                                   location=where, hint=f"use one of {', '.join(sorted(LOCAL_BUILDERS))}")
-            if _blank(found):
+            if is_blank(found):
                 raise RecipeError(f"dataset '{spec.path}' has no rows (the file is empty)", key=f"{ref.key}.path",
                                   location=where)
             if found.suffix.lower() == ".jsonl":
-                _check_jsonl(found, spec.path, key=f"{ref.key}.path", location=where)
-            ds = _read_file(found, builder)
+                check_jsonl(found, spec.path, key=f"{ref.key}.path", location=where)
+            ds = read_file(found, builder)
         elif found is not None:
             ds = datasets.load_dataset(str(found), name=spec.name, split=spec.split)
         else:
@@ -116,7 +117,7 @@ def load_raw(ref: DatasetRef, *, base_dir: Path | None, locate: Locate = _no_loc
         raise
     except Exception as exc:  # datasets raises many types; all mean "could not read this dataset"
         raise RecipeError(f"cannot read dataset '{spec.path}': {_first_line(exc)}", key=f"{ref.key}.path",
-                          location=where, hint=_load_hint(spec, found)) from None
+                          location=where, hint=load_hint(spec, found)) from None
     finally:
         datasets.enable_progress_bars()
     if isinstance(ds, datasets.DatasetDict):  # a directory with several splits and no split chosen
@@ -134,54 +135,6 @@ def no_telemetry() -> None:
 
     os.environ["HF_UPDATE_DOWNLOAD_COUNTS"] = "false"
     datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False
-
-
-def _read_file(path: Path, builder: str):
-    """A local file through the `datasets` readers directly (no dataset-module lookup, no network)."""
-    import datasets
-
-    readers = {"json": datasets.Dataset.from_json, "csv": datasets.Dataset.from_csv,
-               "parquet": datasets.Dataset.from_parquet, "text": datasets.Dataset.from_text}
-    if builder in readers:
-        return readers[builder](str(path))
-    return datasets.Dataset.from_file(str(path))  # .arrow
-
-
-def _check_jsonl(path: Path, name: str, *, key: str, location) -> None:
-    """Name the first unreadable row of a JSON-lines file (the reader only says "parse error")."""
-    import json
-
-    with open(path, "rb") as fh:
-        for row, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            try:
-                value = json.loads(raw.rstrip(b"\r\n"))
-            except json.JSONDecodeError as exc:
-                raise RecipeError(f"{name}: row {row} is not valid JSON ({exc.msg} at column {exc.colno})", key=key,
-                                  location=location, hint="each line of a .jsonl file holds one JSON object") from None
-            except (UnicodeDecodeError, ValueError) as exc:
-                raise RecipeError(f"{name}: row {row} is not valid JSON ({exc})", key=key, location=location,
-                                  hint="each line of a .jsonl file holds one JSON object") from None
-            if not isinstance(value, dict):
-                raise RecipeError(f"{name}: row {row} is a JSON {type(value).__name__}, not an object",
-                                  key=key, location=location,
-                                  hint='each line holds one object, e.g. {"instruction": ..., "output": ...}')
-
-
-def _blank(path: Path) -> bool:
-    """Whether a text file holds nothing but whitespace (the readers fail on those obscurely)."""
-    if path.suffix.lower() in (".parquet", ".arrow"):
-        return path.stat().st_size == 0
-    with open(path, "rb") as fh:
-        return not fh.read(1 << 16).strip() and path.stat().st_size < (1 << 16)
-
-
-def _load_hint(spec, found) -> str:
-    if found is not None:
-        return "check that the file is valid (one JSON object per line for .jsonl)"
-    return ("hub datasets need network access (or a local copy); for local files give a path that exists, "
-            f"e.g. ./{spec.path}.jsonl")
 
 
 def remap_and_check(ds, ref: DatasetRef, fmt: Format, *, locate: Locate = _no_location):

@@ -65,7 +65,7 @@ def test_a_random_init_is_made_on_the_gpu_in_seconds(quantized):
 
     import torch
 
-    from recipeforge.backends.sharded_loading import released_rss_bytes
+    from recipeforge.backends.process_memory import released_rss_bytes
     from recipeforge.components.models import build_random, config_for, random_spec
     from recipeforge.components.tokenizer import load_tokenizer
 

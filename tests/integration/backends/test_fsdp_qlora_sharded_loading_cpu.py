@@ -48,7 +48,7 @@ def _whole_load_rss_growth(checkpoint: Path) -> int:
     code = f"""
 import torch, bitsandbytes
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig
-from recipeforge.backends.sharded_loading import released_rss_bytes
+from recipeforge.backends.process_memory import released_rss_bytes
 q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                        bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=torch.bfloat16)
 before = released_rss_bytes()

@@ -125,7 +125,7 @@ def test_a_written_4bit_base_quantizes_to_the_words_training_used(tok, tmp_path)
 def test_the_skeleton_of_an_8b_model_takes_no_memory():
     """Llama-3.1-8B's architecture on the meta device: every parameter without storage, in well under
     a second's work and a few MiB of this process."""
-    from recipeforge.backends.sharded_loading import released_rss_bytes
+    from recipeforge.backends.process_memory import released_rss_bytes
 
     fields = json.loads((REPO / "bench" / "gpu" / "models" / "llama-3.1-8b" / "config.json").read_text())
     config = config_for(fields, load_tokenizer("tiny:llama"))
