@@ -41,8 +41,11 @@ def test_qat_makes_the_int4_export_lose_less(tiny, tmp_path):
     # final/ holds plain Linear weights under their usual names: transformers loads it as it is.
     from safetensors import safe_open
 
-    with safe_open(str(qat / "final" / "model.safetensors"), "pt") as f:
-        assert sorted(f.keys()) == sorted(safe_open(str(plain / "final" / "model.safetensors"), "pt").keys())
+    def names(run: Path) -> list[str]:
+        with safe_open(str(run / "final" / "model.safetensors"), "pt") as f:
+            return sorted(f.keys())
+
+    assert names(qat) == names(plain)
     assert "qat" in (qat / "resolved_recipe.yaml").read_text()
 
     records = {name: _export_int4(run) for name, run in (("plain", plain), ("qat", qat))}
@@ -56,3 +59,16 @@ def test_qat_makes_the_int4_export_lose_less(tiny, tmp_path):
     assert "groups_from" in records["qat"]["settings"] and "groups_from" not in records["plain"]["settings"]
     assert records["qat"]["self_check"]["texts_from"].endswith("sft-chat.jsonl")
     assert change["qat"] < change["plain"], change
+
+
+def test_int8_activations_with_int4_weights_train_and_save_plain_weights(tiny, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    run = tiny.train("sft-full", tmp_path / "run", "train.max_steps=4", "data.val_size=0", "train.eval_steps=null",
+                     "output.save_steps=4", "train.qat.scheme=int8_dynamic_act_int4_weight",
+                     "train.qat.group_size=16")
+    model = AutoModelForCausalLM.from_pretrained(str(run / "final"))
+    assert type(model.model.layers[0].self_attn.q_proj) is torch.nn.Linear
+    assert "int8_dynamic_act_int4_weight" in (run / "README.md").read_text()
+    assert '"qat"' in (run / "plan.json").read_text()
