@@ -307,6 +307,10 @@ def _step_reasons(recipe: Recipe, ev: Evaluation) -> dict[str, Choice]:
     reasons["offload"] = Choice(layout.offload, "recipe pins it" if dist.offload != "auto" else
                                 ("needed: nothing fits on the GPUs alone" if layout.offload != "none"
                                  else "not needed"))
+    if train.qat is not None:
+        reasons["qat"] = Choice(train.qat.scheme, f"recipe sets train.qat: torchao fake-quantizes the linear layers "
+                                f"(int4 groups of {train.qat.group_size}) while training; final/ holds plain weights "
+                                f"for `recipeforge export --format torchao-int4`")
     return reasons
 
 

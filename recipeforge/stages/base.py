@@ -134,6 +134,10 @@ class TrainerStage:
             check_activation_offloading(self.stage or self.recipe.stage, ctx.plan.device,
                                         location=ctx.locate(("train", "activation_offloading")))
         check_low_bit_optimizer(self.recipe.train.optimizer, location=ctx.locate(("train", "optimizer")))
+        if self.recipe.train.qat is not None:
+            from recipeforge.components.qat import check_torchao
+
+            check_torchao(location=ctx.locate(("train", "qat")))
         if self.recipe.train.optimizer in BNB_OPTIMIZERS:
             from recipeforge.components.adapters import check_bitsandbytes
 
@@ -213,6 +217,10 @@ class TrainerStage:
         if self.models is not None:  # an adapter's random-init base, unless a checkpoint wrote it
             self.models.write_base()
         model = self.trainer.accelerator.unwrap_model(self.trainer.model) if self.trainer is not None else self.model
+        if self.recipe.train.qat is not None:
+            from recipeforge.components.qat import strip
+
+            strip(model)  # plain nn.Linear weights in final/ (the fake quantizers hold no weights of their own)
         # A VLM's processor is saved with it: tokenizer, image processor and chat template.
         files = self.processor if self.processor is not None else self.tokenizer
         if ctx.save_final is not None and self.trainer is not None:  # every rank: gathering is collective
@@ -284,11 +292,30 @@ class TrainerStage:
             # Full fine-tuning of a VLM: the tower and the projector train only when the recipe says so.
             freeze_vision(model, self.recipe.model.vision, log=self.ctx.log,
                           location=self.ctx.locate(("model", "name_or_path")))
+        if self.recipe.train.qat is not None:
+            self.fake_quantize(model)
         # A full-size model takes minutes to build or read; the line says where a slow start went, and
         # the run's records keep it (metrics.jsonl, split "startup").
         self.model_load_seconds = time.perf_counter() - started
         self.ctx.log(f"model: {self.recipe.model.name_or_path} ready in {self.model_load_seconds:.1f}s")
         return model
+
+    def fake_quantize(self, model: Any) -> None:
+        """`train.qat`: torchao's fake quantization on the linear layers the int4 export quantizes
+        (`components.qat`), before the trainer wraps the model; `save` swaps them back."""
+        from recipeforge.components import qat
+
+        ctx, q = self.context, self.recipe.train.qat
+        assert q is not None
+        if ctx.load_sharded is not None:
+            raise RecipeError("train.qat swaps the linear layers of a whole model for torchao's fake-quantized "
+                              f"ones, and the {ctx.plan.backend} backend loads this model shard by shard",
+                              key="train.qat", location=ctx.locate(("train", "qat")),
+                              hint="use distributed.backend: single or ddp, or drop train.qat")
+        qat.check_group_size(model, q.group_size, location=ctx.locate(("train", "qat", "group_size")))
+        count = qat.prepare(model, q.scheme, q.group_size)
+        ctx.log(f"qat: {count} linear layers fake-quantized ({q.scheme}, groups of {q.group_size}; torchao); "
+                f"final/ holds plain weights")
 
     @property
     def builder(self) -> "ModelBuilder":

@@ -83,6 +83,20 @@ def _train(r: Recipe) -> Iterator[RuleProblem]:
                           "set data.val_size or data.eval_datasets")
 
 
+def _qat(r: Recipe) -> Iterator[RuleProblem]:
+    """`train.qat` fake-quantizes the full weights that train and are exported; an adapter run has none."""
+    if r.train.qat is None or r.adapter.type == "none":
+        return
+    if r.adapter.type == "qlora":
+        why = ("a QLoRA base is already 4-bit (bitsandbytes): there are no full-precision weights to "
+               "fake-quantize, and the int4 export quantizes the merged full weights instead")
+    else:
+        why = ("with LoRA the base stays frozen and the int4 export quantizes the merged weights (base + "
+               "adapter), which fake-quantizing the base alone does not simulate")
+    yield RuleProblem(("train", "qat"), f"quantization-aware training needs full fine-tuning: {why}",
+                      "set adapter.type: none, or drop train.qat")
+
+
 def _target_device(r: Recipe) -> str | None:
     """cuda or cpu when the recipe's `hardware:` section says so (else known only when planning)."""
     if r.hardware is None:
@@ -232,4 +246,4 @@ def _host_port(text: str) -> bool:
     return bool(host) and port.isdecimal() and 0 < int(port) < 65536
 
 
-CORE_RULES = (_data, _adapter, _train, _distributed, _rendezvous, _ray, _stage_specific)
+CORE_RULES = (_data, _adapter, _train, _qat, _distributed, _rendezvous, _ray, _stage_specific)

@@ -6,6 +6,7 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator
 
+from recipeforge.components.qat import QAT_SCHEMES
 from recipeforge.config.param_patterns import parse_pattern
 from recipeforge.config.schema.base import Section
 
@@ -35,6 +36,20 @@ class DivergenceConfig(Section):
     spike_patience: int = Field(3, ge=1, description="Consecutive spiking logs before `on_spike` acts.")
     on_spike: Literal["warn", "stop"] = Field(
         "warn", description="`warn`: print a warning with the step; `stop`: end the run as for a NaN loss.")
+
+
+class QATConfig(Section):
+    """Quantization-aware training: torchao's fake quantization while training."""
+
+    scheme: Literal[QAT_SCHEMES] = Field(
+        description="What the forward pass sees quantized: `int4_weight`: the weights of every linear layer "
+                    "but the output head rounded to int4 per group (symmetric, torchao's "
+                    "`IntxWeightOnlyConfig`, what `recipeforge export --format torchao-int4` writes); "
+                    "`int8_dynamic_act_int4_weight`: and their inputs to int8 per token (torchao's "
+                    "`Int8DynamicActivationIntxWeightConfig`).")
+    group_size: Literal[16, 32, 64, 128, 256] = Field(
+        32, description="Input features sharing one int4 scale; must divide the input width of every linear "
+                        "layer. `export --format torchao-int4` of the run uses the same groups.")
 
 
 class TrainConfig(Section):
@@ -102,6 +117,11 @@ class TrainConfig(Section):
                           "e.g. `^model.embed_tokens.weight$[32000:]`. Every other parameter is frozen; the "
                           "planner counts gradients and optimizer states for the selected ones only. A pattern "
                           "that selects nothing is an error. Needs `adapter.type: none` (null: train all).")
+    qat: Optional[QATConfig] = Field(
+        None, description="Quantization-aware training (torchao): train with the linear layers' weights "
+                          "fake-quantized as the int4 export will store them, so `recipeforge export --format "
+                          "torchao-int4` loses less; final/ holds plain full-precision weights. Full "
+                          "fine-tuning only; needs the `torchao` extra (null: off).")
 
     @field_validator("checkpoint_every")
     @classmethod

@@ -61,7 +61,7 @@ def export_run(run_dir: Path, fmt: str, out: Path | None = None, *, overwrite: b
         with staged_folder(out, kind="export") as tmp:
             with full_weights(run_dir, scratch=out.parent, log=log) as src:
                 log(f"writing {spec.name} of {run_dir}")
-                settings = _write(spec, src, tmp)
+                settings = _write(spec, src, tmp, run_dir)
             written = time.perf_counter() - started
             result = _self_check(run_dir, tmp, spec, log) if check else None
             seconds = time.perf_counter() - started
@@ -75,10 +75,12 @@ def export_run(run_dir: Path, fmt: str, out: Path | None = None, *, overwrite: b
     return ExportResult(out=out, seconds=seconds, check=result)
 
 
-def _write(spec: FormatSpec, src: Path, dest: Path) -> dict:
-    from recipeforge.tools.exporters.writers import write_export
+def _write(spec: FormatSpec, src: Path, dest: Path, run_dir: Path) -> dict:
+    from recipeforge.tools.exporters.writers import qat_group, write_export
 
-    return write_export(spec, src, dest)
+    # int4 in the groups a quantization-aware run trained for (train.qat.group_size)
+    group = qat_group(run_dir) if spec.name == ExportFormat.TORCHAO_INT4 else None
+    return write_export(spec, src, dest, group=group)
 
 
 def _self_check(run_dir: Path, export_dir: Path, spec: FormatSpec, log: Callable[[str], None]) -> CheckResult:

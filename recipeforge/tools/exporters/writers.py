@@ -10,13 +10,14 @@ from pathlib import Path
 from recipeforge.tools.exporters.formats import ExportFormat, Family, FormatSpec, int4_group
 
 
-def write_export(spec: FormatSpec, src: Path, dest: Path) -> dict:
+def write_export(spec: FormatSpec, src: Path, dest: Path, *, group: int | None = None) -> dict:
     """Write `spec`'s format of the model in `src` (full weights and tokenizer) into the empty folder
-    `dest`; returns what was chosen on the way (recorded in export.json)."""
+    `dest`; returns what was chosen on the way (recorded in export.json). `group`: the int4 group size
+    the run trained for (`train.qat`), else the export's own choice (`int4_group`)."""
     if spec.family == Family.SAFETENSORS:
         return copy_weights(src, dest)
     if spec.family == Family.TORCHAO:
-        return quantize_torchao(spec.name, src, dest)
+        return quantize_torchao(spec.name, src, dest, group=group)
     if spec.family == Family.COMPRESSED_TENSORS:
         from recipeforge.tools.exporters.compressed import quantize_compressed
 
@@ -33,7 +34,7 @@ def copy_weights(src: Path, dest: Path) -> dict:
     return {"dtype": json.loads((Path(src) / "config.json").read_text()).get("dtype")}
 
 
-def torchao_config(fmt: ExportFormat, model_config: dict):
+def torchao_config(fmt: ExportFormat, model_config: dict, group: int | None = None):
     """The torchao config of `fmt` for a model with `model_config` (its config.json), and its settings.
 
     int4 is torchao's `IntxWeightOnlyConfig(torch.int4, PerGroup)`: with torchao 0.15+ the
@@ -46,21 +47,35 @@ def torchao_config(fmt: ExportFormat, model_config: dict):
 
     if fmt == ExportFormat.TORCHAO_INT8:
         return Int8WeightOnlyConfig(), {"weights": "int8", "granularity": "per channel"}
-    group = int4_group(model_config)
-    return (IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(group)),
-            {"weights": "int4", "granularity": f"per group of {group}", "storage": "one value per byte"})
+    chosen = group or int4_group(model_config)
+    settings = {"weights": "int4", "granularity": f"per group of {chosen}", "storage": "one value per byte"}
+    if group:
+        settings["groups_from"] = "train.qat.group_size (the groups the run trained with fake-quantized)"
+    return IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(chosen)), settings
 
 
-def quantize_torchao(fmt: ExportFormat, src: Path, dest: Path) -> dict:
+def quantize_torchao(fmt: ExportFormat, src: Path, dest: Path, *, group: int | None = None) -> dict:
     """Load `src` quantized by torchao (every linear layer but the output head and the embeddings,
     transformers' default) and save it as safetensors with its `quantization_config`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, TorchAoConfig
 
     config = json.loads((Path(src) / "config.json").read_text())
-    quant, settings = torchao_config(fmt, config)
+    quant, settings = torchao_config(fmt, config, group)
     # dtype "auto": the weights keep the precision they were trained and saved in.
     model = AutoModelForCausalLM.from_pretrained(str(src), dtype="auto", quantization_config=TorchAoConfig(quant))
     model.config.use_cache = True
     model.save_pretrained(str(dest), safe_serialization=True)
     AutoTokenizer.from_pretrained(str(src)).save_pretrained(str(dest))
     return {**settings, "dtype": str(model.dtype).removeprefix("torch.")}
+
+
+def qat_group(run_dir: Path) -> int | None:
+    """The int4 group size a run trained its weights for (`train.qat.group_size` in its
+    resolved_recipe.yaml), None when it trained without quantization-aware training."""
+    import yaml
+
+    path = Path(run_dir) / "resolved_recipe.yaml"
+    recipe = (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+    qat = (recipe.get("train") or {}).get("qat") if isinstance(recipe, dict) else None
+    group = qat.get("group_size") if isinstance(qat, dict) else None
+    return group if isinstance(group, int) and group > 0 else None

@@ -164,3 +164,11 @@ def test_overrides_may_follow_flags(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["validate", recipe, "--no-such-flag"])
     assert exit_info.value.code == 2
+
+
+def test_validate_refuses_qat_with_qlora_at_the_key(tmp_path, capsys):
+    recipe = tmp_path / "qat.yaml"
+    recipe.write_text(MINIMAL + "adapter:\n  type: qlora\ntrain:\n  qat:\n    scheme: int4_weight\n")
+    assert main(["validate", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert f"{recipe}:" in err and "train.qat" in err and "set adapter.type: none, or drop train.qat" in err

@@ -90,6 +90,10 @@ def test_all_problems_reported_together_sorted_by_line(write):
     ("train: {global_batch_size: 4, micro_batch_size: 8}\n", "train.micro_batch_size", "larger than the global"),
     ("train: {load_best_model_at_end: true}\n", "train.load_best_model_at_end", "needs evaluation data"),
     ("kernels: [ligre]\n", "kernels.ligre", "unknown kernel"),
+    ("train: {qat: {scheme: int4_weight}}\nadapter: {type: qlora}\n", "train.qat", "already 4-bit"),
+    ("train: {qat: {scheme: int4_weight}}\nadapter: {type: lora}\n", "train.qat", "merged weights"),
+    ("train: {qat: {scheme: int4_weight}}\ndistributed: {backend: megatron}\n", "train.qat.scheme",
+     "Megatron-Core builds its own"),
     ("", "data.val_size", "share must be below 1"),
 ])
 def test_cross_field_rules(write, extra, key, fragment):
@@ -121,3 +125,11 @@ def test_grpo_batch_divisible_by_group(write):
     text = MINIMAL.replace("sft", "grpo").replace("alpaca", "prompt")
     ps = problems(write, text + "grpo: {num_generations: 3, rewards: [{name: length}]}\ntrain: {global_batch_size: 8}\n")
     assert "divisible by grpo.num_generations" in ps["train.global_batch_size"].message
+
+
+def test_qat_scheme_and_group_size_are_checked_at_their_keys(write):
+    ps = problems(write, MINIMAL + "train: {qat: {scheme: int3_weight, group_size: 48}}\n")
+    assert "int4_weight" in ps["train.qat.scheme"].message and "train.qat.group_size" in ps
+    ok = load_recipe(write("ok.yaml", MINIMAL + "train: {qat: {scheme: int8_dynamic_act_int4_weight}}\n")).recipe
+    assert ok.train.qat.scheme == "int8_dynamic_act_int4_weight" and ok.train.qat.group_size == 32
+    assert load_recipe(write("off.yaml", MINIMAL)).recipe.train.qat is None
