@@ -102,8 +102,17 @@ class BackendSpec(PlannerSpec):
         self.check_installed()
 
     def check_supported(self, plan: "Plan", recipe: "Recipe") -> None:
-        """Refuse what the capability record does not run (stage, device, adapter, offload, ...)."""
+        """Refuse what the capability record does not run (stage, device, adapter, offload, ...), and
+        quantization-aware training where the weights are sharded."""
         check_plan(self.capabilities, plan, recipe)
+        if recipe.train.qat is not None and plan.traits.shards_weights:
+            # torchao swaps whole nn.Linear modules for fake-quantized ones; a sharded model's weights are
+            # DTensors or ZeRO-3 partitions, which the swap does not carry
+            raise RecipeError(f"quantization-aware training swaps a whole model's linear layers for torchao's fake-quantized ones, "
+                              f"and the plan's {plan.backend} backend ({plan.preset}) shards the weights across "
+                              f"processes", key="train.qat",
+                              hint="pin distributed.backend: ddp (or deepspeed with distributed.zero_stage: 2), or "
+                                   "drop train.qat")
 
     def check_installed(self) -> None:
         """Refuse when the package this backend needs is missing here (looked up, never imported)."""
