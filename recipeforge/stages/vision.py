@@ -100,12 +100,14 @@ class VisionStage(TrainerStage):
             if spec.max_samples:
                 raw = raw.shuffle(seed=self.recipe.train.seed).select(range(min(spec.max_samples, len(raw))))
             source = local if local is not None else spec.path
-            # The recipe's folder is None for a recipe without a file. Without a local dataset file,
-            # `image_base_dir` reads only `image_root`; without either, the images start at the recipe's folder.
-            base = (image_base_dir(local if local is not None else self.ctx.base_dir,  # type: ignore[arg-type]
-                                   spec.image_root, recipe_dir=self.ctx.base_dir)
-                    if local is not None or spec.image_root else self.ctx.base_dir)
-            rows += vision_rows(raw.to_list(), source=source, base_dir=base,  # type: ignore[arg-type]
+            # Relative paths start at the recipe's folder; a recipe without a file (built in Python) has
+            # none, and its paths start at the working directory, as its dataset paths do (`local_path`).
+            # Without a local dataset file `image_base_dir` reads only `image_root`; without either, the
+            # images start at the recipe's folder.
+            recipe_dir = self.ctx.base_dir if self.ctx.base_dir is not None else Path.cwd()
+            base = (image_base_dir(local if local is not None else recipe_dir, spec.image_root, recipe_dir=recipe_dir)
+                    if local is not None or spec.image_root else recipe_dir)
+            rows += vision_rows(raw.to_list(), source=source, base_dir=base,
                                 kind=kind, image_column=spec.images,
                                 location=self.ctx.locate(ref.path_key + ("path",)), embedded_dir=self._image_dir())
         return rows
