@@ -110,17 +110,17 @@ class RowTexts(Section):
     completion: str = Field("{completion}", min_length=1,
                             description="Format `unpaired`: the completion, e.g. \"{completion}<|im_end|>\".")
 
-    @model_validator(mode="after")
-    def _placeholders(self):
+    @field_validator("prompt", "system", "chosen", "rejected", "completion")
+    @classmethod
+    def _placeholders(cls, template: Optional[str]) -> Optional[str]:
+        """Each placeholder names a column, indexed at most: checked at the text's own line."""
         from recipeforge.components.row_texts import columns_read
 
-        for name in ("prompt", "system", "chosen", "rejected", "completion"):
-            template = getattr(self, name)
-            try:
-                columns_read(template or "")
-            except ValueError as exc:
-                raise PydanticCustomError("texts_template", "{name}: {why}", {"name": name, "why": str(exc)})
-        return self
+        try:
+            columns_read(template or "")
+        except ValueError as exc:
+            raise PydanticCustomError("texts_template", "{why}", {"why": str(exc)}) from None
+        return template
 
 
 class DatasetSpec(Section):

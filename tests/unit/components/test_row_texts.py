@@ -41,7 +41,7 @@ def test_the_columns_the_texts_read():
     ({"prompt": "{x.__class__}"}, "reads an attribute"),
     ({"prompt": "{0}"}, "does not start with a column name"),
     ({"prompt": "{x!r}"}, "format spec or conversion"),
-    ({"chosen": "{oops"}, "chosen: "),
+    ({"chosen": "{oops"}, "\nchosen\n  expected '}' before end of string"),  # the error's location: the text
 ])
 def test_malformed_texts_are_refused_by_the_schema(texts, message):
     with pytest.raises(ValidationError, match=message):
