@@ -35,6 +35,7 @@ class Stage(Names):
     KTO = "kto"
     CPO = "cpo"
     REWARD = "reward"
+    DISTILL = "distill"
 
 
 STAGES = tuple(s.value for s in Stage)
@@ -92,6 +93,11 @@ STAGE_SPECS: dict[Stage, StageSpec] = {s.name: s for s in (
               "recipeforge.stages.reward:RewardStage",
               "trained as a Bradley-Terry reward model (a one-output sequence-classification head; a higher score "
               "means a preferred answer)", section="reward", format_kinds=("preference",), reports=PREFERENCE),
+    StageSpec(Stage.DISTILL, "Knowledge distillation: the model learns a teacher's next-token distributions "
+                             "(colocated or served teacher; forward/reverse KL or JSD over its top-k tokens; "
+                             "off- or on-policy).",
+              "recipeforge.stages.distill:DistillStage", "distilled from a teacher", section="distill",
+              format_kinds=("lm",), reports=(*LOSS, "distill/kl")),
 )}
 
 

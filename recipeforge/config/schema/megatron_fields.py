@@ -224,6 +224,7 @@ FIELDS: dict[str, Field] = {
     "kto": ignored("KTO runs on other backends (stage is refused)"),
     "cpo": ignored("CPO runs on other backends (stage is refused)"),
     "reward": ignored("reward-model training runs on other backends (stage is refused)"),
+    "distill": ignored("distillation runs on other backends (stage is refused)"),
 }
 
 

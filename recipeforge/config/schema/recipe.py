@@ -15,6 +15,7 @@ from recipeforge.stage_specs import STAGE_SPECS, STAGES
 from recipeforge.config.schema.adapter import AdapterConfig
 from recipeforge.config.schema.base import Section
 from recipeforge.config.schema.data import DataConfig
+from recipeforge.config.schema.distill import DistillConfig
 from recipeforge.config.schema.distributed import DistributedConfig, HardwareConfig
 from recipeforge.config.schema.evaluation import EvalConfig
 from recipeforge.config.schema.lock import LockConfig
@@ -131,12 +132,19 @@ class RewardRecipe(Recipe):
     reward: RewardModelConfig = Field(default_factory=RewardModelConfig, description="Reward-model settings.")
 
 
+class DistillRecipe(Recipe):
+    """The recipe of stage `distill` (its description: `stage_specs.STAGE_SPECS`)."""
+
+    stage: Literal["distill"] = Field(description=f"Training stage: {STAGE_CHOICES}.")
+    distill: DistillConfig = Field(description="The teacher and the distillation loss.")
+
+
 AnyRecipe = Annotated[Union[PretrainRecipe, SFTRecipe, DPORecipe, GRPORecipe, ORPORecipe, KTORecipe, CPORecipe,
-                            RewardRecipe],
+                            RewardRecipe, DistillRecipe],
                       Field(discriminator="stage")]
 STAGE_CLASSES: dict[str, type[Recipe]] = {
     "pretrain": PretrainRecipe, "sft": SFTRecipe, "dpo": DPORecipe, "grpo": GRPORecipe,
-    "orpo": ORPORecipe, "kto": KTORecipe, "cpo": CPORecipe, "reward": RewardRecipe}
+    "orpo": ORPORecipe, "kto": KTORecipe, "cpo": CPORecipe, "reward": RewardRecipe, "distill": DistillRecipe}
 # Sections that exist only for one stage, for "this section belongs to stage X" hints.
 STAGE_ONLY_SECTIONS = {spec.section: name.value for name, spec in STAGE_SPECS.items() if spec.section}
 for _stage, _cls in STAGE_CLASSES.items():  # each stage's summary, as the schema and docs show it
