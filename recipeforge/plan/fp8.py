@@ -24,7 +24,6 @@ from recipeforge.plan.types import Choice
 if TYPE_CHECKING:
     from recipeforge.config.schema.recipe import Recipe
     from recipeforge.plan.linear import Linear
-    from recipeforge.plan.memory import Layout
     from recipeforge.plan.models import ModelSpec
     from recipeforge.plan.workload import Workload
 
@@ -99,16 +98,18 @@ def cast_bytes(w: Workload, tokens: int) -> float:
     return float(weight + act + scales)
 
 
-def gathered_layer_saving(w: Workload, layout: Layout) -> float:
+def gathered_layer_saving(w: Workload, tensor_parallel: int) -> float:
     """Bytes FSDP2's float8 all-gather saves in one gathered decoder layer (per GPU, before tensor
     parallel splits): one byte a converted weight instead of the compute dtype's."""
-    if not w.fp8_gather or layout.tensor_parallel > 1:
+    if not w.fp8_gather or tensor_parallel > 1:
         return 0.0
     return float(w.fp8_layer_params * (w.compute_bytes - 1))
 
 
-def reason(recipe: Recipe, w: Workload, layout: Layout) -> Choice:
-    """The plan's `fp8` entry: the scaling, what converts and what stays bf16, and the all-gather."""
+def reason(recipe: Recipe, w: Workload, shards_weights: bool, tensor_parallel: int) -> Choice:
+    """The plan's `fp8` entry: the scaling, what converts and what stays bf16, and the all-gather
+    (`shards_weights`: the chosen layout gathers sharded weights, FSDP2 here since DeepSpeed and
+    Megatron are refused)."""
     m, s = w.model, recipe.train.fp8_settings()
     lins = converted(m)
     names = ", ".join(lin.name for lin in lins) or "none"
@@ -119,9 +120,9 @@ def reason(recipe: Recipe, w: Workload, layout: Layout) -> Choice:
                     + ", ".join(f"{lin.name} {lin.in_features}x{lin.out_features}" for lin in odd) + ")")
     if w.model.is_moe:
         stay.append("the routers and routed experts (plain parameters, not nn.Linear)")
-    if layout.backend == "fsdp" and s.all_gather:
+    if shards_weights and s.all_gather:
         gather = ("FSDP2 all-gathers the converted weights in float8 (half the bytes), scales refreshed after "
-                  "each optimizer step" if gathered_layer_saving(w, layout) else
+                  "each optimizer step" if gathered_layer_saving(w, tensor_parallel) else
                   "FSDP2 all-gathers in bf16 (float8 all-gather needs tensorwise scaling, no tensor "
                   "parallelism and a model loaded whole)")
     else:

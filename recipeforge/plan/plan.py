@@ -60,7 +60,8 @@ def make_plan(recipe: Recipe, hardware: Hardware | None = None, planners: Planne
     plan = _build_plan(recipe, w, hw, ev, decision, model_source)
     # Workers read the precision from its reason's value (`stages.precision`); tf32 is settled on the GPU.
     added = {"precision": precision, "tf32": tf32_choice(recipe, hw), "added_tokens": vocab_choice(recipe),
-             "fp8": fp8_reason(recipe, w, ev.layout) if recipe.train.precision == "fp8" else None}
+             "fp8": fp8_reason(recipe, w, ev.layout.spec.shards_weights(ev.layout), ev.layout.tensor_parallel)
+             if recipe.train.precision == "fp8" else None}
     return replace(plan, reasons={**plan.reasons, **{k: v for k, v in added.items() if v is not None}})
 
 

@@ -53,7 +53,8 @@ def convert(ctx: StageContext, model: Any) -> list[str]:
     from recipeforge.components import fp8
 
     settings = ctx.recipe.train.fp8_settings()
-    gather = settings.all_gather and ctx.plan.backend == "fsdp" and ctx.load_sharded is None
+    # a plan that shards the weights with fp8 is FSDP2's (DeepSpeed and Megatron refuse fp8)
+    gather = settings.all_gather and ctx.plan.traits.shards_weights and ctx.load_sharded is None
     names = fp8.convert(model, settings.scaling, gather)
     ctx.log(f"fp8: {len(names)} linear layers compute in float8 ({settings.scaling} scaling; torchao); the "
             f"output head and layers with dims not multiples of 16 stay bf16"
