@@ -42,6 +42,7 @@ class Case:
     needs: tuple[str, ...] = ()       # importable packages the case needs
     note: str = ""
     weights: bool = False             # start from written random-init weights instead of model.init: random
+    gpu_only: tuple[str, ...] = ()    # a recipe key refused on a CPU (fp8): smoke plans it for GPU_TARGET instead
 
 
 LORA = {"adapter": {"type": "lora", "r": 16, "alpha": 32, "target_modules": "all-linear"}}
@@ -53,6 +54,9 @@ QLORA = {"adapter": {"type": "qlora", "r": 16, "alpha": 32, "target_modules": "a
 CASES = [
     Case("full-1b", "llama-3.2-1b", seq=2048, micro_batch=4, checkpointing=False,
          note="full bf16 SFT; the planner chooses the precision (mixed when it fits)"),
+    Case("fp8-1b", "llama-3.2-1b", {"train": {"precision": "fp8"}}, seq=2048, micro_batch=4, checkpointing=False,
+         gpu_only=("train", "precision"),
+         note="full-1b with float8 matmuls (torchao, tensorwise): tokens/s and loss against full-1b, its bf16 twin"),
     Case("lora-8b-ckpt", "llama-3.1-8b", LORA, micro_batch=2),
     Case("lora-8b-nockpt", "llama-3.1-8b", LORA, micro_batch=1, checkpointing=False),
     Case("qlora-8b-ckpt", "llama-3.1-8b", QLORA, micro_batch=2, needs=("bitsandbytes",)),
@@ -113,6 +117,8 @@ def run_case(case: Case, out: Path, steps: int, smoke: bool) -> dict:
     if missing:
         return {**row, "status": "skipped", "why": f"not installed: {', '.join(missing)}"}
     recipe = recipe_of(case, out, steps, smoke)
+    if smoke and case.gpu_only:
+        return smoke_gpu_only(case, recipe, row)
     try:
         plan = common.plan_json(recipe)
     except RuntimeError as exc:
@@ -144,6 +150,28 @@ def run_case(case: Case, out: Path, steps: int, smoke: bool) -> dict:
         flops = common.model_flops_per_token(config, seq) * got["tokens_per_s"]
         row["mfu"] = round(flops / (peak * 1e12), 4)
     return row
+
+
+GPU_TARGET = "1xH100-80GB"
+
+
+def smoke_gpu_only(case: Case, recipe: Path, row: dict) -> dict:
+    """A GPU-only case on a CPU (`--smoke`): the recipe plans for GPU_TARGET with the key set, and this
+    CPU refuses it at that key (exit 2), so the harness and the recipe are checked without training."""
+    key = ".".join(case.gpu_only)
+    try:
+        plan = common.plan_json(recipe, "--hardware", GPU_TARGET)
+    except RuntimeError as exc:
+        return {**row, "status": "plan failed", "why": common.tail(str(exc))}
+    refused = common.cli("plan", str(recipe), "--hardware", "cpu", timeout=300)
+    if refused.returncode != 2 or key not in refused.stderr:
+        return {**row, "status": f"not refused on the CPU (exit {refused.returncode})",
+                "why": common.tail(refused.stderr)}
+    from recipeforge.plan.memory import measured_view
+
+    return {**row, "status": "ok", "backend": plan["backend"], "precision": plan["extra"].get("precision"),
+            "plan_gb": round(measured_view(plan["memory_gb"], "reserved"), 2),
+            "why": f"smoke: planned for {GPU_TARGET}; the CPU refuses {key} (GPU-only)"}
 
 
 def run_pytest_gpu(out: Path) -> dict:

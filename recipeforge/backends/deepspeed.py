@@ -140,6 +140,15 @@ class DeepSpeedBackend(BackendSpec):
     def plan_shards_weights(self, plan: Plan) -> bool:
         return zero_part(plan).zero_stage == 3
 
+    def recipe_refusals(self, recipe: Recipe) -> list[tuple[str, str]]:
+        # torchao's float8 linear layers compose with FSDP2 and DDP; ZeRO partitions and casts the
+        # weights itself, so `auto` never plans fp8 training on DeepSpeed.
+        if recipe.train.precision == "fp8":
+            return [("train.precision", "train.precision: fp8 training uses torchao's float8 linear layers, which "
+                                        "compose with FSDP2 and DDP, not with DeepSpeed ZeRO (its engine "
+                                        "partitions and casts the weights itself)")]
+        return []
+
     def plan_part(self, layout: Layout) -> ZeroPart:
         assert layout.zero_stage is not None  # every DeepSpeed layout names its stage (`candidates`)
         return ZeroPart(layout.zero_stage)

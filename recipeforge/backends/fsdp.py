@@ -422,7 +422,10 @@ def fsdp_gathered(w: Workload, layout: Layout) -> Gathered:
     layer's from its backward on, the embeddings' at the end) wait for the root's reduce-scatter
     after the whole backward. `shard_grad_op` (reshard_after_forward=False) keeps every layer
     unsharded from its forward to its backward. Tensor parallelism splits all of it."""
+    from recipeforge.plan.fp8 import gathered_layer_saving
+
     root, layer, grads = _fsdp_unsharded(w)
+    layer -= gathered_layer_saving(w, layout.tensor_parallel)  # train.precision fp8: converted weights gathered in float8
     m, c = w.model, w.compute_bytes
     head_grad = c * m.output_width * m.hidden_size if w.full_finetune else 0.0
     embed_grad = c * m.embedding_params() if w.full_finetune and m.head_params() else 0.0  # tied: the head's

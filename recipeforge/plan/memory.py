@@ -336,6 +336,10 @@ def _train_peak(w: Workload, layout: Layout, micro_batch: int, checkpointing: bo
         extra += 2 * m.largest_linear_params() * c  # one dequantized weight, forward and backward
     if w.lora_dora:
         extra += m.largest_linear_params() * c      # DoRA's weight norm needs the full matrix
+    if w.fp8_layer_params:
+        from recipeforge.plan.fp8 import cast_bytes
+
+        extra += cast_bytes(w, tokens // (tp * cp))  # one converted layer's float8 casts (`plan.fp8`)
     gathered = layout.spec.gathered(w, layout, engine_gathered)
     step = Step(act, logits, checkpointing, copies=autocast_copies(w) if fp32_weights else Copies(),
                 output_gradient=output_gradient_bytes(w, layout, fp32_weights),

@@ -10,6 +10,7 @@ from recipeforge.capabilities import refusals as capability_refusals
 from recipeforge.errors import RecipeError, did_you_mean
 from recipeforge.plan.accuracy import accuracy_band, band_class, sensitivity
 from recipeforge.plan.catalog import resolve_model
+from recipeforge.plan.fp8 import check_hardware as check_fp8_hardware, reason as fp8_reason
 from recipeforge.plan.hardware import GIB, Hardware, hardware_for
 from recipeforge.plan import policy
 from recipeforge.plan.activations import activation_terms
@@ -49,6 +50,7 @@ def make_plan(recipe: Recipe, hardware: Hardware | None = None, planners: Planne
     _check_pins(recipe, w, hw, planners)
     check_pinned_sizes(w, hw, dist, planners)
 
+    check_fp8_hardware(recipe, hw)
     # train.precision: fp32 master weights or pure bf16 (auto: by what fits), then the layout for it
     w, decision, precision = choose_precision(recipe, w, hw.device, lambda wl: decide(wl, hw, dist, recipe.train, planners),
                                                  planners)
@@ -57,7 +59,9 @@ def make_plan(recipe: Recipe, hardware: Hardware | None = None, planners: Planne
     ev = decision.chosen
     plan = _build_plan(recipe, w, hw, ev, decision, model_source)
     # Workers read the precision from its reason's value (`stages.precision`); tf32 is settled on the GPU.
-    added = {"precision": precision, "tf32": tf32_choice(recipe, hw), "added_tokens": vocab_choice(recipe)}
+    added = {"precision": precision, "tf32": tf32_choice(recipe, hw), "added_tokens": vocab_choice(recipe),
+             "fp8": fp8_reason(recipe, w, ev.layout.spec.shards_weights(ev.layout), ev.layout.tensor_parallel)
+             if recipe.train.precision == "fp8" else None}
     return replace(plan, reasons={**plan.reasons, **{k: v for k, v in added.items() if v is not None}})
 
 

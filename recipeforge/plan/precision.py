@@ -58,6 +58,8 @@ def choose_precision(recipe: Recipe, w: Workload, device: str, decide: Callable[
     `planners`: the backends it chooses among (named in the hint of a refused pinned precision).
     Raises `RecipeError` for a pinned precision the run cannot honour."""
     pinned = recipe.train.precision
+    if pinned == "fp8":
+        return _fp8_precision(recipe, w, decide)
     pure = pinned in PURE
     if pure:
         _check_pure(recipe, w, pinned)
@@ -94,6 +96,22 @@ def _settled_precision(w: Workload, device: str, pinned: str,
         return mixed_w, decide(mixed_w), Choice("mixed", "recipe sets it: fp32 master weights, gradients and "
                                                          "AdamW states; bf16 autocast compute")
     return None
+
+
+def _fp8_precision(recipe: Recipe, w: Workload, decide: Callable[[Workload], Decision]) -> Precision:
+    """`train.precision: fp8`: mixed precision (fp32 masters where the Trainer holds the weights,
+    the engine's own elsewhere) with the float8 matmuls of `plan.fp8`; the recipe rules refuse
+    adapters and fp32/fp16 compute, `plan.fp8.check_hardware` the device."""
+    from recipeforge.plan.fp8 import fp8_workload
+
+    if not w.full_finetune or w.dtype != "bf16":
+        raise RecipeError(f"train.precision fp8 applies to full fine-tuning in bf16 (here: {w.adapter} adapter, "
+                          f"{w.dtype})", key="train.precision",
+                          hint="set adapter.type: none and model.dtype: bf16, or train.precision: auto")
+    fw = fp8_workload(recipe, w)
+    return fw, decide(fw), Choice("fp8", "recipe sets it: float8 matmuls in the eligible linear layers (see fp8); "
+                                         "fp32 master weights, gradients and optimizer states; bf16 compute "
+                                         "elsewhere")
 
 
 def _pinned_pure(w: Workload, pinned: str, decide: Callable[[Workload], Decision],

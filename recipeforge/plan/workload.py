@@ -72,6 +72,8 @@ class Workload:
     fused_kernels: bool = False       # liger: fused RMSNorm / SwiGLU
     activation_offloading: bool = False  # train.activation_offloading on a GPU (plan.offload_activations)
     fp32_master: bool = False         # full fine-tune on single/ddp: fp32 weights under 16-bit autocast
+    fp8_layer_params: int = 0         # train.precision fp8: weights per decoder layer in float8 matmuls (`plan.fp8`)
+    fp8_gather: bool = False          # ... and FSDP2 all-gathers them in float8
     unfrozen_params: int | None = None  # train.unfrozen_parameters: the selected parameters (None: all)
     unfrozen_kinds: frozenset[str] | None = None  # the kinds of weight they are (`unfrozen.unfrozen_kinds`)
     attn_implementation: str = "auto"  # the recipe's model.attn_implementation (context parallel needs sdpa)

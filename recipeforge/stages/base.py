@@ -138,6 +138,9 @@ class TrainerStage:
             from recipeforge.components.qat import check_torchao
 
             check_torchao(location=ctx.locate(("train", "qat")))
+        from recipeforge.stages import fp8
+
+        fp8.check(ctx)  # train.precision fp8: torchao and float8 tensor cores on this device
         if self.recipe.train.optimizer in BNB_OPTIMIZERS:
             from recipeforge.components.adapters import check_bitsandbytes
 
@@ -221,6 +224,10 @@ class TrainerStage:
             from recipeforge.components.qat import strip
 
             strip(model)  # plain nn.Linear weights in final/ (the fake quantizers hold no weights of their own)
+        from recipeforge.stages import fp8
+
+        if fp8.trains_fp8(ctx.plan):
+            fp8.strip(model)  # plain nn.Linear weights in final/, unwrapped from the float8 all-gather
         # A VLM's processor is saved with it: tokenizer, image processor and chat template.
         files = self.processor if self.processor is not None else self.tokenizer
         if ctx.save_final is not None and self.trainer is not None:  # every rank: gathering is collective
@@ -294,6 +301,10 @@ class TrainerStage:
                           location=self.ctx.locate(("model", "name_or_path")))
         if self.recipe.train.qat is not None:
             self.fake_quantize(model)
+        from recipeforge.stages import fp8
+
+        if fp8.trains_fp8(self.context.plan):  # float8 matmuls, before the trainer wraps or compiles the model
+            fp8.convert(self.context, model)
         # A full-size model takes minutes to build or read; the line says where a slow start went, and
         # the run's records keep it (metrics.jsonl, split "startup").
         self.model_load_seconds = time.perf_counter() - started
@@ -365,6 +376,9 @@ class TrainerStage:
                              wandb_name=public(self.ctx.loaded, ("logging", "wandb", "name"), wandb.name)
                              if wandb else None)
         self.trackers = made.trackers
+        from recipeforge.stages import fp8
+
+        made.all.extend(fp8.callbacks(self.context, self.model))  # FSDP2 float8 all-gather: scales per step
         base = self.models.save_callback() if self.models is not None else None
         # A checkpoint's adapter names base_model/: a random-init base is written with the first one.
         return [*made.all, base] if base is not None else made.all

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def precision_of(plan: Plan) -> str | None:
-    """The plan's `train.precision` decision (fp32 | mixed | pure_bf16 | pure_bf16_sr), or None for a
+    """The plan's `train.precision` decision (fp32 | mixed | pure_bf16 | pure_bf16_sr | fp8), or None for a
     plan that does not record one."""
     choice = plan.reasons.get("precision")
     value: str | None = choice.value if choice is not None else None
@@ -28,14 +28,14 @@ def precision_of(plan: Plan) -> str | None:
 
 def loads_fp32_masters(plan: Plan, adapter_type: str, compute_dtype: str) -> bool:
     """Whether the trained weights load in fp32 and compute under 16-bit autocast: full fine-tuning in
-    fp16 (always), or in bf16 on one GPU or DDP when the plan chose mixed precision (other backends
-    keep their own fp32 masters)."""
+    fp16 (always), or in bf16 on one GPU or DDP when the plan chose mixed precision or fp8 (mixed
+    precision with float8 matmuls; other backends keep their own fp32 masters)."""
     if adapter_type != "none" or plan.device != "cuda":
         return False
     if compute_dtype == "torch.float16":
         return True  # fp16 weights cannot be trained with fp16 mixed precision, on any backend
     return compute_dtype == "torch.bfloat16" and plan.traits.trainer_holds_weights \
-        and precision_of(plan) == "mixed"
+        and precision_of(plan) in ("mixed", "fp8")
 
 
 def final_weights_dtype(recipe: Recipe, plan: Plan) -> torch.dtype | None:

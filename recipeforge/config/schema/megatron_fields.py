@@ -143,7 +143,11 @@ FIELDS: dict[str, Field] = {
         f"the megatron backend does not switch on Megatron-Core's activation CPU offloading; it applies on {HF}"),
     "train.precision": mapped(
         "mixed_precision (bf16_mixed / fp16_mixed: fp32 main weights)", allowed=("auto", "mixed"),
-        why=f"Megatron-Bridge keeps fp32 main weights (mixed precision); pure bf16 training applies on {HF}"),
+        why=f"Megatron-Bridge keeps fp32 main weights (mixed precision); pure bf16 training applies on {HF}, "
+            f"fp8 (torchao's float8 linear layers) on single, ddp and fsdp: Megatron's own FP8 goes through "
+            f"Transformer Engine, which this backend does not configure"),
+    "train.fp8.scaling": ignored("used with train.precision: fp8 only, which the megatron backend refuses"),
+    "train.fp8.all_gather": ignored("used with train.precision: fp8 only, which the megatron backend refuses"),
     "train.tf32": refused(f"Megatron-Bridge does not expose a TF32 switch; train.tf32 applies on {HF}"),
     "train.seed": mapped("rng.seed, dataset.seed"),
     "train.logging_steps": mapped("logger.log_interval"),

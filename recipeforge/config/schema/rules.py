@@ -97,6 +97,29 @@ def _qat(r: Recipe) -> Iterator[RuleProblem]:
                       "set adapter.type: none, or drop train.qat")
 
 
+def _fp8(r: Recipe) -> Iterator[RuleProblem]:
+    """`train.precision: fp8` converts the full model's linear layers; torchao's float8 training does not
+    compose with adapters, fake quantization or 16/32-bit compute other than bf16."""
+    t = r.train
+    if t.precision != "fp8":
+        if t.fp8 is not None:
+            yield RuleProblem(("train", "fp8"), f"train.fp8 sets up fp8 training, and train.precision is "
+                                                f"{t.precision}", "set train.precision: fp8, or drop train.fp8")
+        return
+    if r.adapter.type != "none":
+        yield RuleProblem(("train", "precision"), f"fp8 training converts the trained linear layers to torchao's "
+                          f"Float8Linear, and with {r.adapter.type} the base layers are frozen (peft wraps them; "
+                          f"torchao's float8 training is for full training, as torchtitan and Axolotl use it)",
+                          "set adapter.type: none, or train.precision: auto")
+    elif t.qat is not None:
+        yield RuleProblem(("train", "precision"), "fp8 training and train.qat both replace the linear layers "
+                          "(Float8Linear, FakeQuantizedLinear); one layer cannot be both",
+                          "drop train.qat, or set train.precision: auto")
+    elif r.model.dtype in ("fp32", "fp16"):
+        yield RuleProblem(("train", "precision"), f"fp8 training keeps bf16 compute outside the float8 matmuls, "
+                          f"and model.dtype is {r.model.dtype}", "set model.dtype: bf16 (or auto)")
+
+
 def _target_device(r: Recipe) -> str | None:
     """cuda or cpu when the recipe's `hardware:` section says so (else known only when planning)."""
     if r.hardware is None:
@@ -246,4 +269,4 @@ def _host_port(text: str) -> bool:
     return bool(host) and port.isdecimal() and 0 < int(port) < 65536
 
 
-CORE_RULES = (_data, _adapter, _train, _qat, _distributed, _rendezvous, _ray, _stage_specific)
+CORE_RULES = (_data, _adapter, _train, _qat, _fp8, _distributed, _rendezvous, _ray, _stage_specific)

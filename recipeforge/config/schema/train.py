@@ -6,6 +6,7 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator
 
+from recipeforge.components.fp8 import FP8_SCALINGS
 from recipeforge.components.qat import QAT_SCHEMES
 from recipeforge.config.param_patterns import parse_pattern
 from recipeforge.config.schema.base import Section
@@ -52,6 +53,20 @@ class QATConfig(Section):
                         "layer. `export --format torchao-int4` of the run uses the same groups.")
 
 
+class FP8Config(Section):
+    """FP8 training settings (`train.precision: fp8`): torchao's float8 linear layers."""
+
+    scaling: Literal[FP8_SCALINGS] = Field(
+        "tensorwise", description="How the float8 casts are scaled: `tensorwise`: one dynamic scale per tensor "
+                                  "(fastest, and FSDP2 can all-gather the weights in float8); `rowwise`: one "
+                                  "power-of-2 scale per row (more accurate with outliers; needs "
+                                  "`kernels.torch_compile` to be fast, torchao's own advice).")
+    all_gather: bool = Field(
+        True, description="With FSDP2 and `scaling: tensorwise`: all-gather the converted layers' weights in "
+                          "float8 (half the bytes of bf16; one all-reduce of the scales after each optimizer "
+                          "step). Ignored elsewhere: torchao supports it for tensorwise scaling only.")
+
+
 class TrainConfig(Section):
     """How long and how to optimize."""
 
@@ -92,13 +107,19 @@ class TrainConfig(Section):
         False, description="Move the activations saved for backward to pinned host memory during the forward "
                            "pass and back for backward (TRL's activation offloading; GPU runs of pretrain, sft, "
                            "dpo, kto and reward). Frees the GPU of them at the cost of host RAM and PCIe traffic.")
-    precision: Literal["auto", "mixed", "pure_bf16", "pure_bf16_sr"] = Field(
+    precision: Literal["auto", "mixed", "pure_bf16", "pure_bf16_sr", "fp8"] = Field(
         "auto", description="How full fine-tuning holds the trained weights on one GPU or DDP: `mixed` keeps "
                             "fp32 master weights and computes in `model.dtype` (autocast); `pure_bf16` keeps "
                             "weights, gradients and optimizer states in bf16 (half the memory, small updates "
                             "can round away); `pure_bf16_sr` adds stochastic rounding to the update (torchao's "
                             "AdamW, `pip install torchao`); `auto`: mixed when it fits, else pure bf16 (see "
-                            "`recipeforge plan`). Sharded backends and adapters always keep fp32 masters.")
+                            "`recipeforge plan`). Sharded backends and adapters always keep fp32 masters. "
+                            "`fp8`: mixed precision as above (fp32 master weights, gradients and optimizer "
+                            "states; bf16 compute) with the matmuls of the decoder's linear layers in float8 "
+                            "e4m3 with dynamic scales (torchao, `train.fp8`); the output head, embeddings, norms "
+                            "and layers whose dims are not multiples of 16 stay bf16. Full fine-tuning with "
+                            "bf16 on GPUs with float8 tensor cores (compute capability 8.9+: L4, L40S, RTX 4090, "
+                            "H100, H200, B200), on single, ddp or fsdp.")
     tf32: Union[Literal["auto"], bool] = Field(
         "auto", description="TF32 tensor cores for fp32 matrix multiplies; `auto`: on for GPUs of compute "
                             "capability 8.0 (Ampere) or newer, off elsewhere.")
@@ -117,6 +138,13 @@ class TrainConfig(Section):
                           "e.g. `^model.embed_tokens.weight$[32000:]`. Every other parameter is frozen; the "
                           "planner counts gradients and optimizer states for the selected ones only. A pattern "
                           "that selects nothing is an error. Needs `adapter.type: none` (null: train all).")
+    fp8: Optional[FP8Config] = Field(
+        None, description="FP8 training settings, with `train.precision: fp8` only (null: tensorwise scaling, "
+                          "float8 all-gather on FSDP2).")
+
+    def fp8_settings(self) -> FP8Config:
+        """`fp8`, or its defaults when the recipe leaves it out."""
+        return self.fp8 if self.fp8 is not None else FP8Config()
     qat: Optional[QATConfig] = Field(
         None, description="Quantization-aware training (torchao): train with the linear layers' weights "
                           "fake-quantized as the int4 export will store them, so `recipeforge export --format "
