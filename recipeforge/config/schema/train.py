@@ -141,10 +141,6 @@ class TrainConfig(Section):
     fp8: Optional[FP8Config] = Field(
         None, description="FP8 training settings, with `train.precision: fp8` only (null: tensorwise scaling, "
                           "float8 all-gather on FSDP2).")
-
-    def fp8_settings(self) -> FP8Config:
-        """`fp8`, or its defaults when the recipe leaves it out."""
-        return self.fp8 if self.fp8 is not None else FP8Config()
     qat: Optional[QATConfig] = Field(
         None, description="Quantization-aware training (torchao): train with the linear layers' weights "
                           "fake-quantized as the int4 export will store them, so `recipeforge export --format "
@@ -172,3 +168,7 @@ class TrainConfig(Section):
                                  f"weight decay, and train.weight_decay is {info.data['weight_decay']}; set "
                                  f"train.weight_decay: 0 or select whole parameters")
         return value
+
+    def fp8_settings(self) -> FP8Config:
+        """`fp8`, or its defaults when the recipe leaves it out."""
+        return self.fp8 if self.fp8 is not None else FP8Config()
