@@ -115,10 +115,9 @@ class ServedTeacher:
             chunk = rows[start:start + ROWS_PER_REQUEST]
             answers = self._score([tokens for _, _, tokens in chunk], k)
             for (b, positions, tokens), entries in zip(chunk, answers):
-                for t in range(len(tokens) - 1):
-                    top = self._top(entries[t + 1], k, where=f"row {b}, position {t + 1}")
-                    ids[b, positions[t]] = torch.tensor([token for token, _ in top], dtype=torch.int64)
-                    logprobs[b, positions[t]] = torch.tensor([lp for _, lp in top], dtype=torch.float32)
+                tops = [self._top(entries[t + 1], k, where=f"row {b}, position {t + 1}") for t in range(len(tokens) - 1)]
+                ids[b, positions[:-1]] = torch.tensor([[token for token, _ in top] for top in tops], dtype=torch.int64)
+                logprobs[b, positions[:-1]] = torch.tensor([[lp for _, lp in top] for top in tops], dtype=torch.float32)
         return TeacherTopK(logprobs=logprobs, ids=ids)
 
     def _score(self, prompts: list[list[int]], k: int) -> list[list[Any]]:
