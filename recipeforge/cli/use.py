@@ -51,7 +51,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def add_serve(sub: Any) -> None:
     p = sub.add_parser("serve", help="serve a finished run's model on an OpenAI-compatible HTTP API",
                        description="Serve final/ of a run at /v1/chat/completions, /v1/completions (streamed or "
-                                   "not) and /v1/models. --engine vllm hands it to `vllm serve` (a LoRA adapter "
+                                   "not; token-id prompts and prompt_logprobs as vLLM takes them), /v1/models "
+                                   "and /tokenize. --engine vllm hands it to `vllm serve` (a LoRA adapter "
                                    "served as an adapter on its base); transformers (the default without vLLM) "
                                    "answers one request at a time. Binds to 127.0.0.1 unless --host says otherwise.")
     p.add_argument("run_dir", help="run directory written by `recipeforge train`")
@@ -69,6 +70,9 @@ def add_serve(sub: Any) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, metavar="FRACTION",
                    help="vllm engine: the share of the GPU (on a CPU: of host memory) vLLM takes for weights and "
                         "KV cache (default: vLLM's own, 0.92 of a GPU's memory)")
+    p.add_argument("--max-logprobs", type=int, metavar="N",
+                   help="the most prompt_logprobs a request may ask for per position (default 20, as vLLM's "
+                        "max_logprobs; a served distillation teacher needs at least distill.top_k)")
     p.set_defaults(func=cmd_serve)
 
 
@@ -80,10 +84,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     share = args.gpu_memory_utilization
     if share is not None and not 0 < share <= 1:
         raise RecipeError(f"--gpu-memory-utilization {share} is not a share", hint="give a fraction, e.g. 0.5")
+    if args.max_logprobs is not None and not 1 <= args.max_logprobs <= 1_000_000:
+        raise RecipeError(f"--max-logprobs {args.max_logprobs} is not a count of tokens", hint="give e.g. 20 or 64")
     key, source = api_key_from(args.api_key)
     if source == "--api-key":
         print("warning: --api-key puts the key in the process list, where other users of this machine can read "
               "it; export RECIPEFORGE_API_KEY instead", file=sys.stderr)
     serve(Path(args.run_dir), engine=args.engine, host=args.host, port=args.port, name=args.name,
-          api_key=key, device=args.device, memory_share=share, insecure=args.insecure)
+          api_key=key, device=args.device, memory_share=share, insecure=args.insecure,
+          max_logprobs=args.max_logprobs)
     return 0

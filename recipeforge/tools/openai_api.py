@@ -4,7 +4,9 @@ Requests are read into a `Request` (what to generate, how), with a `BadRequest` 
 fault; responses and stream chunks are built as the OpenAI reference gives them, so the official
 clients read them unchanged: ``chat.completion`` / ``chat.completion.chunk`` for
 ``/v1/chat/completions``, ``text_completion`` for ``/v1/completions`` and a ``list`` of ``model``
-for ``/v1/models``.
+for ``/v1/models``. vLLM's extensions of ``/v1/completions`` are read as vLLM reads them: a prompt
+given as token ids (one list, or a batch of lists) and ``prompt_logprobs`` (the prompt's log-probs,
+answered per choice in vLLM's shape), and ``/tokenize`` (`parse_tokenize`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_MAX_TOKENS = 256
+MAX_PROMPTS = 64           # token-id prompts of one batched /v1/completions request
+DEFAULT_MAX_LOGPROBS = 20  # the most `prompt_logprobs` a request may ask for, as vLLM's `max_logprobs`
 
 
 class BadRequest(Exception):
@@ -41,6 +45,8 @@ class Request:
     model: str
     messages: list[dict[str, str]] | None = None
     prompt: str | None = None
+    token_prompts: tuple[tuple[int, ...], ...] | None = None  # the prompt as token ids: one, or a batch
+    prompt_logprobs: int | None = None  # vLLM's extension: the k most likely tokens at each prompt position
     max_tokens: int = DEFAULT_MAX_TOKENS
     max_tokens_given: bool = False  # the client set it: past the context it is a 400, not shortened
     min_tokens: int = 0
@@ -54,23 +60,41 @@ class Request:
     def is_chat(self) -> bool:
         return self.messages is not None
 
+    @property
+    def prompt_count(self) -> int:
+        """Prompts answered, one choice each: a batch of token-id prompts, else one."""
+        return len(self.token_prompts) if self.token_prompts is not None else 1
 
-def parse_request(body: Any, *, chat: bool, served: str) -> Request:
-    """A `Request` from a decoded JSON body (`chat`: /v1/chat/completions, else /v1/completions); a
-    `BadRequest` for a malformed field, or for a model other than the one `served`."""
+
+def _checked_body(body: Any, served: str, *, model_required: bool = True) -> str:
+    """The model a JSON object `body` names (`served` when it names none and need not); a `BadRequest`
+    for a body that is not an object, holds lone surrogates or names a model this server does not serve."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
-    _check_text(body, "")
+    try:
+        _check_text(body, "")
+    except RecursionError:  # nested nearly as deep as the parser allows, and past what a walk of it can
+        raise BadRequest("the request body is nested too deeply") from None
     model = body.get("model")
+    if model is None and not model_required:
+        return served
     if not isinstance(model, str):
         raise BadRequest("model must be a string: the served model's name", param="model")
     if model != served:
         raise BadRequest(f"the model {model[:100]!r} does not exist; this server serves {served!r}", param="model",
                          status=404, code="model_not_found")
+    return model
+
+
+def parse_request(body: Any, *, chat: bool, served: str, max_logprobs: int = DEFAULT_MAX_LOGPROBS) -> Request:
+    """A `Request` from a decoded JSON body (`chat`: /v1/chat/completions, else /v1/completions); a
+    `BadRequest` for a malformed field, for a model other than the one `served`, or for more
+    `prompt_logprobs` than `max_logprobs`."""
+    model = _checked_body(body, served)
     n = body.get("n", 1)
     if n is not None and (isinstance(n, bool) or n != 1):
         raise BadRequest("only n=1 is served (ask several times, or serve with --engine vllm)", param="n")
-    inputs = {"messages": _messages(body.get("messages"))} if chat else {"prompt": _prompt(body.get("prompt"))}
+    inputs: dict[str, Any] = {"messages": _messages(body.get("messages"))} if chat else _prompt(body.get("prompt"))
     options = body.get("stream_options")
     if options is None:
         options = {}
@@ -85,7 +109,12 @@ def parse_request(body: Any, *, chat: bool, served: str) -> Request:
     stream = body.get("stream", False)
     if not isinstance(stream, bool) and stream is not None:
         raise BadRequest("stream must be true or false", param="stream")
+    logprobs = _prompt_logprobs(body.get("prompt_logprobs"), max_logprobs, chat=chat, stream=bool(stream))
+    if stream and len(inputs.get("token_prompts") or ()) > 1:
+        raise BadRequest("a batch of prompts is answered whole: send it without stream, or stream one prompt "
+                         "per request", param="stream")
     return Request(model=model, **inputs, max_tokens=max_tokens, min_tokens=min_tokens, stream=bool(stream),
+                   prompt_logprobs=logprobs,
                    max_tokens_given=body.get("max_completion_tokens", body.get("max_tokens")) is not None,
                    temperature=_number(body, "temperature", 1.0, low=0.0, high=2.0),
                    top_p=_number(body, "top_p", 1.0, low=0.0, high=1.0), stop=_stop(body.get("stop")),
@@ -125,12 +154,49 @@ def _messages(raw: Any) -> list[dict[str, str]]:
     return out
 
 
-def _prompt(raw: Any) -> str:
+def _prompt(raw: Any) -> dict[str, Any]:
+    """The completion prompt: text (`prompt`), or token ids (`token_prompts`): a list of ids, or a batch
+    of up to `MAX_PROMPTS` such lists. Ids are checked against the vocabulary by the server, which knows it."""
     if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str):
         raw = raw[0]
-    if not isinstance(raw, str):
-        raise BadRequest("prompt must be a string (one prompt per request)", param="prompt")
-    return raw
+    if isinstance(raw, str):
+        return {"prompt": raw}
+    shape = "prompt must be a string, a list of token ids, or a list of such lists (a batch)"
+    if not isinstance(raw, list) or not raw:
+        raise BadRequest(shape, param="prompt")
+    batch = raw if all(isinstance(p, list) for p in raw) else [raw]
+    if len(batch) > MAX_PROMPTS:
+        raise BadRequest(f"prompt holds {len(batch)} prompts, more than this server answers in one request "
+                         f"({MAX_PROMPTS})", param="prompt")
+    for i, ids in enumerate(batch):
+        where = f"prompt[{i}]" if batch is raw else "prompt"
+        if not ids:
+            raise BadRequest(f"{where} is empty: give at least one token id", param="prompt")
+        for j, value in enumerate(ids):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                got = "a negative number" if isinstance(value, int) and not isinstance(value, bool) \
+                    else f"a {type(value).__name__}"
+                raise BadRequest(f"{where}[{j}] is not a token id (an integer from 0), it is {got}: {shape}",
+                                 param="prompt")
+    return {"token_prompts": tuple(tuple(ids) for ids in batch)}
+
+
+def _prompt_logprobs(value: Any, limit: int, *, chat: bool, stream: bool) -> int | None:
+    """vLLM's `prompt_logprobs`: how many of the most likely tokens to return at each prompt position
+    (0: the prompt's own token only), at most `limit`."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BadRequest("prompt_logprobs must be an integer from 0: the most likely tokens to return at each "
+                         "prompt position", param="prompt_logprobs")
+    if value > limit:  # vLLM's words, and how to raise the limit here
+        raise BadRequest(f"Requested prompt logprobs of {value}, which is greater than max allowed: {limit} "
+                         f"(the server's --max-logprobs)", param="prompt_logprobs")
+    if chat:
+        raise BadRequest("prompt_logprobs is answered on /v1/completions", param="prompt_logprobs")
+    if stream:
+        raise BadRequest("prompt_logprobs are not available when stream=true", param="prompt_logprobs")
+    return value
 
 
 def _max_tokens(body: dict[str, Any]) -> int:
@@ -188,15 +254,30 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def completion(request: Request, rid: str, text: str, finish_reason: str, tokens: tuple[int, int]) -> dict[str, Any]:
-    """The whole answer to a non-streamed request (`tokens`: prompt and completion token counts)."""
-    if request.is_chat:
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                  "finish_reason": finish_reason, "logprobs": None}
-    else:
-        choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
+@dataclass
+class Answer:
+    """One choice of a non-streamed answer: its text, finish reason and (asked for) the prompt's log-probs."""
+
+    text: str
+    finish_reason: str
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
+
+
+def completion(request: Request, rid: str, answers: list[Answer], tokens: tuple[int, int]) -> dict[str, Any]:
+    """The whole answer to a non-streamed request, a choice per prompt (`tokens`: prompt and completion
+    token counts, summed over the choices)."""
+    choices: list[dict[str, Any]] = []
+    for index, answer in enumerate(answers):
+        if request.is_chat:
+            choices.append({"index": index, "message": {"role": "assistant", "content": answer.text},
+                            "finish_reason": answer.finish_reason, "logprobs": None})
+            continue
+        choice = {"index": index, "text": answer.text, "finish_reason": answer.finish_reason, "logprobs": None}
+        if request.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = answer.prompt_logprobs
+        choices.append(choice)
     return {"id": rid, "object": "chat.completion" if request.is_chat else "text_completion",
-            "created": int(time.time()), "model": request.model, "choices": [choice], "usage": usage(*tokens)}
+            "created": int(time.time()), "model": request.model, "choices": choices, "usage": usage(*tokens)}
 
 
 def chunk(request: Request, rid: str, *, text: str | None = None, finish_reason: str | None = None,
@@ -222,3 +303,29 @@ def usage_chunk(request: Request, rid: str, tokens: tuple[int, int]) -> dict[str
 def models_list(served: str, created: int) -> dict[str, Any]:
     return {"object": "list", "data": [{"id": served, "object": "model", "created": created,
                                         "owned_by": "recipeforge"}]}
+
+
+@dataclass(frozen=True)
+class TokenizeRequest:
+    """vLLM's ``POST /tokenize`` for a text prompt."""
+
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+def parse_tokenize(body: Any, *, served: str) -> TokenizeRequest:
+    """A `TokenizeRequest` from a decoded JSON body (`model` may be left out, as vLLM allows)."""
+    _checked_body(body, served, model_required=False)
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str):
+        raise BadRequest("prompt must be a string: the text to tokenize", param="prompt")
+    flags = {}
+    for key, default in (("add_special_tokens", True), ("return_token_strs", False)):
+        value = body.get(key, default)
+        if value is None:
+            value = default
+        if not isinstance(value, bool):
+            raise BadRequest(f"{key} must be true or false", param=key)
+        flags[key] = value
+    return TokenizeRequest(prompt=prompt, **flags)

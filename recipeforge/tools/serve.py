@@ -3,7 +3,9 @@
 Two engines. ``transformers`` (always there) serves final/ as saved, a LoRA adapter on its base
 without merging (`chat.load_chat_model`), from the standard library's threading HTTP server:
 ``/v1/chat/completions`` and ``/v1/completions`` (streamed as server-sent events or whole),
-``/v1/models`` and ``/health``. Requests are answered one at a time (a lock around generation): it is
+``/v1/models``, ``/health`` and vLLM's ``/tokenize``; a completion prompt may be token ids (one list,
+or a batch of lists: a choice each) and ask for ``prompt_logprobs`` (`serve_scoring`), up to
+``--max-logprobs`` of them per position. Requests are answered one at a time (a lock around generation): it is
 for trying a model, a demo or an evaluation harness, not for traffic. ``vllm`` hands the run to
 ``vllm serve`` (continuous batching; a LoRA adapter served as an adapter on its base), same API.
 
@@ -11,7 +13,8 @@ The server binds to 127.0.0.1 unless told otherwise (beyond it only with an API 
 `serve_access`), and checks ``Authorization: Bearer KEY`` when given an API key. It refuses what an
 OpenAI-compatible server refuses, in OpenAI's error shape: a body over `MAX_BODY` bytes (413), no or a
 malformed Content-Length (411/400), a request line or headers http.server cannot parse (400), a prompt
-past the model's context or `max_tokens` past what the context leaves (400, ``context_length_exceeded``).
+past the model's context or `max_tokens` past what the context leaves (400, ``context_length_exceeded``),
+token ids past the vocabulary and more ``prompt_logprobs`` than the limit (400).
 A client that leaves stops its generation at the next token, which frees the model for the next one.
 """
 
@@ -31,9 +34,10 @@ from typing import Any, Callable, Iterator
 
 from recipeforge.errors import RecipeError
 from recipeforge.tools import openai_api as api
-from recipeforge.tools.openai_api import BadRequest, Request
+from recipeforge.tools.openai_api import Answer, BadRequest, Request
 
 ROUTES = {"/v1/chat/completions": True, "/v1/completions": False}  # path -> is chat
+TOKENIZE = "/tokenize"  # vLLM's, at the root as vLLM serves it
 MAX_BODY = 4 * 2**20   # bytes of one request body: a long conversation is kilobytes, a model's context far less
 SOCKET_TIMEOUT_S = 60  # a client silent this long mid-request is dropped (its thread freed)
 
@@ -63,11 +67,36 @@ class Generator:
 
         return context_length(self.model, self.tokenizer)
 
-    def prompt_ids(self, request: Request) -> Any:
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the model reads: the rows of its input embedding."""
+        return int(self.model.get_input_embeddings().num_embeddings)
+
+    def check_token_prompts(self, request: Request) -> None:
+        """Refuse (a `BadRequest`) token-id prompts with an id past the vocabulary or past the context,
+        before any of them is answered."""
+        vocab, context = self.vocab_size, self.context_length
+        for i, ids in enumerate(request.token_prompts or ()):
+            where = f"prompt[{i}]" if request.prompt_count > 1 else "prompt"
+            past = next((j for j, token in enumerate(ids) if token >= vocab), None)
+            if past is not None:
+                shown = str(ids[past]) if ids[past] < 10**15 else f"{str(ids[past])[:15]}..."
+                raise BadRequest(f"{where}[{past}] is token id {shown}, past the model's vocabulary of {vocab} "
+                                 f"tokens", param="prompt")
+            problem = api.context_exceeded(context=context, prompt_tokens=len(ids), max_tokens=request.max_tokens,
+                                           given=request.max_tokens_given, chat=False)
+            if problem:
+                raise BadRequest(problem if request.prompt_count == 1 else f"{where}: {problem}", param="prompt",
+                                 code="context_length_exceeded")
+
+    def prompt_ids(self, request: Request, index: int = 0) -> Any:
         """Token ids of the request's prompt: chat messages through the run's chat template (with the
-        generation prompt), or the completion prompt as text."""
+        generation prompt), the completion prompt as text, or prompt `index` of token-id prompts."""
+        import torch
         from jinja2.exceptions import TemplateError
 
+        if request.token_prompts is not None:
+            return torch.tensor([request.token_prompts[index]], dtype=torch.long, device=self.model.device)
         if request.is_chat:
             if not getattr(self.tokenizer, "chat_template", None):
                 raise BadRequest("this run's tokenizer has no chat template (a pretraining run): use /v1/completions")
@@ -82,14 +111,14 @@ class Generator:
         return ids.to(self.model.device)
 
     def pieces(self, request: Request, generation: Generation,
-               client_gone: Callable[[], bool] = lambda: False) -> Iterator[str]:
-        """The reply's text as generated, held back near a possible stop string and cut at one;
-        `generation` is filled in when the stream ends. A prompt that does not fit the context is a
-        `BadRequest` before anything is generated; `client_gone` is asked after every piece and ends the
+               client_gone: Callable[[], bool] = lambda: False, index: int = 0) -> Iterator[str]:
+        """The reply's text to prompt `index` as generated, held back near a possible stop string and cut
+        at one; `generation` is filled in when the stream ends. A prompt that does not fit the context is
+        a `BadRequest` before anything is generated; `client_gone` is asked after every piece and ends the
         generation when it says yes. The caller holds `lock`."""
         from recipeforge.tools.chat import Sampling, stream_reply
 
-        ids = self.prompt_ids(request)
+        ids = self.prompt_ids(request, index)
         generation.prompt_tokens = int(ids.shape[1])
         context = self.context_length
         problem = api.context_exceeded(context=context, prompt_tokens=generation.prompt_tokens,
@@ -133,9 +162,10 @@ class ModelServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], *, name: str, api_key: str | None):
+    def __init__(self, address: tuple[str, int], *, name: str, api_key: str | None,
+                 max_logprobs: int = api.DEFAULT_MAX_LOGPROBS):
         super().__init__(address, Handler)
-        self.name, self.api_key = name, api_key
+        self.name, self.api_key, self.max_logprobs = name, api_key, max_logprobs
         self.created = int(time.time())
         self.generator: Generator | None = None  # set once the model is loaded
 
@@ -180,24 +210,46 @@ class Handler(BaseHTTPRequestHandler):
     def _post(self) -> None:
         if not self._authorized():
             return None
-        chat = ROUTES.get(self.path.split("?")[0])
-        if chat is None:
+        path = self.path.split("?")[0]
+        chat = ROUTES.get(path)
+        if chat is None and path != TOKENIZE:
             return self._json(404, api.error_body(f"no route {self.path[:100]}", kind="not_found_error"))
+        generator = self.server.generator
+        assert generator is not None
         try:
-            request = api.parse_request(self._body(), chat=chat, served=self.server.name)
-            generator = self.server.generator
-            assert generator is not None
+            if chat is None:
+                return self._tokenize(generator, api.parse_tokenize(self._body(), served=self.server.name))
+            request = api.parse_request(self._body(), chat=chat, served=self.server.name,
+                                        max_logprobs=self.server.max_logprobs)
+            generator.check_token_prompts(request)
             with generator.lock:
                 if request.stream:
                     return self._stream(generator, request)
-                generation = Generation()
-                text = "".join(generator.pieces(request, generation, self._client_gone))
-                if generation.finish_reason == "abandoned":
-                    return self._abandoned()
+                answers, tokens = [], (0, 0)
+                for index in range(request.prompt_count):
+                    generation = Generation()
+                    logprobs = None
+                    if request.prompt_logprobs is not None:
+                        from recipeforge.tools.serve_scoring import prompt_logprobs
+
+                        ids = generator.prompt_ids(request, index)[0].tolist()
+                        logprobs = prompt_logprobs(generator.model, generator.tokenizer, ids, request.prompt_logprobs)
+                    text = "".join(generator.pieces(request, generation, self._client_gone, index))
+                    if generation.finish_reason == "abandoned":
+                        return self._abandoned()
+                    answers.append(Answer(text, generation.finish_reason, logprobs))
+                    tokens = (tokens[0] + generation.prompt_tokens, tokens[1] + generation.completion_tokens)
         except BadRequest as exc:
             return self._json(exc.status, exc.body())
-        tokens = (generation.prompt_tokens, generation.completion_tokens)
-        return self._json(200, api.completion(request, api.new_id(request), text, generation.finish_reason, tokens))
+        return self._json(200, api.completion(request, api.new_id(request), answers, tokens))
+
+    def _tokenize(self, generator: Generator, request: api.TokenizeRequest) -> None:
+        """vLLM's ``/tokenize``: the text's token ids, as the served model's tokenizer gives them."""
+        from recipeforge.tools.serve_scoring import tokenize
+
+        with generator.lock:  # the tokenizer is not shared between threads mid-call
+            answer = tokenize(generator.tokenizer, request, context=generator.context_length)
+        return self._json(200, answer)
 
     def _stream(self, generator: Generator, request: Request) -> None:
         """Server-sent events: the pieces as they are generated, then the finish reason and [DONE]."""
@@ -320,10 +372,11 @@ class Handler(BaseHTTPRequestHandler):
                          f"{bounded_text(scrub(message))}\n")
 
 
-def bind(host: str, port: int, *, name: str, api_key: str | None) -> ModelServer:
+def bind(host: str, port: int, *, name: str, api_key: str | None,
+         max_logprobs: int = api.DEFAULT_MAX_LOGPROBS) -> ModelServer:
     """The server bound to `host`:`port` (0: any free port); a `RecipeError` when the port is taken."""
     try:
-        return ModelServer((host, port), name=name, api_key=api_key)
+        return ModelServer((host, port), name=name, api_key=api_key, max_logprobs=max_logprobs)
     except OSError as exc:
         raise RecipeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
                           hint="pick a free port with --port (0 takes any free one) or stop what holds it") from None
@@ -341,11 +394,13 @@ def announce(server: ModelServer, api_key: str | None) -> str:
             f"-d {shlex.quote(body)}")
 
 
-def serve_run(run_dir: Path, *, host: str, port: int, name: str, api_key: str | None, device: str | None) -> None:
-    """Serve `run_dir`'s final/ with the transformers engine until interrupted."""
+def serve_run(run_dir: Path, *, host: str, port: int, name: str, api_key: str | None, device: str | None,
+              max_logprobs: int = api.DEFAULT_MAX_LOGPROBS) -> None:
+    """Serve `run_dir`'s final/ with the transformers engine until interrupted (`max_logprobs`: the most
+    `prompt_logprobs` a request may ask for)."""
     from recipeforge.tools.chat import load_chat_model
 
-    server = bind(host, port, name=name, api_key=api_key)  # a taken port is said before minutes of loading
+    server = bind(host, port, name=name, api_key=api_key, max_logprobs=max_logprobs)  # a taken port is said before minutes of loading
     try:
         model, tokenizer = load_chat_model(run_dir, device=device)
         server.generator = Generator(model, tokenizer)

@@ -34,7 +34,8 @@ def choose_engine(engine: str) -> str:
     return engine
 
 
-def vllm_command(run_dir: Path, *, host: str, port: int, name: str, memory_share: float | None = None) -> list[str]:
+def vllm_command(run_dir: Path, *, host: str, port: int, name: str, memory_share: float | None = None,
+                 max_logprobs: int | None = None) -> list[str]:
     """`vllm serve` for the run: final/ itself, or (LoRA) the adapter's base with the adapter served
     under `name` (not merged) and the run's tokenizer and chat template. (`serve` passes an API key
     through the environment, VLLM_API_KEY, not the command line other users can read.)"""
@@ -58,6 +59,8 @@ def vllm_command(run_dir: Path, *, host: str, port: int, name: str, memory_share
         cmd = vllm_serve_argv(str(model)) + ["--served-model-name", name]
     if memory_share is not None:
         cmd += ["--gpu-memory-utilization", str(memory_share)]
+    if max_logprobs is not None:
+        cmd += ["--max-logprobs", str(max_logprobs)]
     return cmd + ["--tokenizer", str(final), "--host", host, "--port", str(port)]
 
 
@@ -136,16 +139,19 @@ def check_access(host: str, api_key: str | None, *, insecure: bool) -> str | Non
 
 
 def serve(run_dir: Path, *, engine: str, host: str, port: int, name: str | None, api_key: str | None,
-          device: str | None, memory_share: float | None = None, insecure: bool = False) -> None:
+          device: str | None, memory_share: float | None = None, insecure: bool = False,
+          max_logprobs: int | None = None) -> None:
     """Serve the run's final/ with the chosen engine until interrupted (vllm: this process becomes
-    `vllm serve`). Beyond this machine only with `api_key`, or `insecure` (warned)."""
+    `vllm serve`). Beyond this machine only with `api_key`, or `insecure` (warned). `max_logprobs`: the
+    most `prompt_logprobs` a request may ask for (default: 20, as vLLM's)."""
     final_dir(run_dir)
     warning = check_access(host, api_key, insecure=insecure)
     if warning:
         print(warning, file=sys.stderr, flush=True)
     name = name or Path(run_dir).resolve().name
     if choose_engine(engine) == "vllm":
-        cmd = vllm_command(run_dir, host=host, port=port, name=name, memory_share=memory_share)
+        cmd = vllm_command(run_dir, host=host, port=port, name=name, memory_share=memory_share,
+                           max_logprobs=max_logprobs)
         env = {**os.environ, **({"VLLM_API_KEY": api_key} if api_key else {})}
         env.pop(KEY_ENV, None)  # vLLM reads its own variable; the key needs no second copy
         print(f"serving {name} with vLLM at http://{host}:{port}/v1: {shlex.join(cmd[2:])}", flush=True)
@@ -157,6 +163,7 @@ def serve(run_dir: Path, *, engine: str, host: str, port: int, name: str | None,
     library_warnings.route_library_warnings(0)
     library_warnings.warnings_to_run_dir(Path(run_dir))
     try:
-        serve_run(Path(run_dir), host=host, port=port, name=name, api_key=api_key, device=device)
+        serve_run(Path(run_dir), host=host, port=port, name=name, api_key=api_key, device=device,
+                  **({"max_logprobs": max_logprobs} if max_logprobs is not None else {}))
     finally:
         library_warnings.stop_routing()

@@ -204,3 +204,87 @@ def _stderr_so_far(proc: subprocess.Popen) -> str:
         return proc.stderr.read() or ""
     except (BlockingIOError, TypeError):
         return ""
+
+
+def _post(url: str, path: str, body: str | bytes, *, key: str | None = KEY) -> tuple[int, dict]:
+    """POST `body` as it is to `path` at the server's root (the /v1 routes and /tokenize)."""
+    data = body.encode() if isinstance(body, str) else body
+    auth = b"Authorization: Bearer " + key.encode() + b"\r\n" if key else b""
+    return _raw(url, b"POST " + path.encode() + b" HTTP/1.1\r\n" + auth + b"Content-Length: "
+                + str(len(data)).encode() + b"\r\n\r\n" + data)
+
+
+@pytest.mark.parametrize("prompt, extra, param, words", [
+    ("[5, 1000000000]", "", "prompt", "past the model's vocabulary"),
+    ("[5, " + "9" * 4000 + "]", "", "prompt", "past the model's vocabulary"),
+    ("[5, -1]", "", "prompt", "a negative number"),
+    ("[5, 6.0]", "", "prompt", "a float"),
+    ("[5, true]", "", "prompt", "a bool"),
+    ('[5, "6"]', "", "prompt", "a str"),
+    ("[[5, [6]]]", "", "prompt", "a list"),
+    ("[[[[[[5]]]]]]", "", "prompt", "a list"),
+    ("[" * 900 + "5" + "]" * 900, "", "prompt", "a list"),
+    ("[]", "", "prompt", "a list of token ids"),
+    ("[[5], []]", "", "prompt", "prompt[1] is empty"),
+    ("[" + ", ".join(["[5]"] * 65) + "]", "", "prompt", "65 prompts, more than"),
+    ("[5, 6]", ', "prompt_logprobs": 21', "prompt_logprobs", "greater than max allowed: 20"),
+    ("[5, 6]", ', "prompt_logprobs": 1e9', "prompt_logprobs", "an integer from 0"),
+    ("[5, 6]", ', "prompt_logprobs": 2.5', "prompt_logprobs", "an integer from 0"),
+    ("[5, 6]", ', "prompt_logprobs": true', "prompt_logprobs", "an integer from 0"),
+    ("[5, 6]", ', "prompt_logprobs": -1', "prompt_logprobs", "an integer from 0"),
+    ("[5, 6]", ', "prompt_logprobs": "3"', "prompt_logprobs", "an integer from 0"),
+    ("[5, 6]", ', "prompt_logprobs": 2, "stream": true', "prompt_logprobs", "stream"),
+    ("[[5], [6]]", ', "stream": true', "stream", "batch"),
+], ids=["id-past-vocab", "id-huge", "id-negative", "id-float", "id-bool", "id-string", "nested-list",
+        "nested-deep", "nested-near-the-parser", "empty", "empty-in-batch", "too-many-prompts", "logprobs-over-limit",
+        "logprobs-float-huge", "logprobs-float", "logprobs-bool", "logprobs-negative", "logprobs-string",
+        "logprobs-streamed", "batch-streamed"])
+def test_hostile_token_prompts_and_prompt_logprobs_are_400(served, prompt, extra, param, words):
+    run, url, _, _ = served
+    status, answer = _post(url, "/v1/completions", f'{{"model": {json.dumps(run.name)}, "prompt": {prompt}, '
+                                                   f'"max_tokens": 1{extra}}}')
+    assert status == 400 and set(answer["error"]) == {"message", "type", "param", "code"}, answer
+    assert answer["error"]["param"] == param and words in answer["error"]["message"], answer
+    assert len(answer["error"]["message"]) < 600 and "Traceback" not in answer["error"]["message"]
+
+
+def test_token_prompts_past_the_context_and_the_chat_route_are_400(served):
+    run, url, _, _ = served
+    context = json.loads((run / "final" / "config.json").read_text())["max_position_embeddings"]
+    body = {"model": run.name, "prompt": [[5, 6], [5] * (context + 1)], "max_tokens": 1, "prompt_logprobs": 2}
+    status, answer = _post(url, "/v1/completions", json.dumps(body))
+    assert status == 400 and answer["error"]["code"] == "context_length_exceeded", answer
+    assert answer["error"]["message"].startswith("prompt[1]: This model's maximum context length")
+    chat = {"model": run.name, "messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 2}
+    status, answer = _post(url, "/v1/chat/completions", json.dumps(chat))
+    assert status == 400 and answer["error"]["param"] == "prompt_logprobs", answer
+
+
+def test_scoring_and_tokenize_need_the_key_and_refuse_bad_bodies(served):
+    run, url, _, _ = served
+    scoring = json.dumps({"model": run.name, "prompt": [5, 6, 7], "max_tokens": 1, "prompt_logprobs": 2})
+    for path, body in (("/v1/completions", scoring), ("/tokenize", '{"prompt": "hi"}')):
+        for key in (None, "wrong"):
+            status, answer = _post(url, path, body, key=key)
+            assert status == 401 and answer["error"]["code"] == "invalid_api_key", (path, answer)
+    for body, param in (('{"prompt": 5}', "prompt"), ("{}", "prompt"), ('{"prompt": ["hi"]}', "prompt"),
+                        ('{"prompt": "hi", "add_special_tokens": "no"}', "add_special_tokens"),
+                        ('{"model": "other", "prompt": "hi"}', "model"), ("[1, 2]", None), ("not json", None)):
+        status, answer = _post(url, "/tokenize", body)
+        assert status in (400, 404) and answer["error"]["param"] == param, (body, answer)
+    status, answer = _raw(url, b"POST /tokenize HTTP/1.1\r\nAuthorization: Bearer " + KEY.encode()
+                          + b"\r\nContent-Length: " + str(5 * 2**20).encode() + b"\r\n\r\n")
+    assert status == 413, answer
+    # And answered, in vLLM's shapes: the tokens of a text, the log-probs of a batch of token-id prompts.
+    status, tokens = _post(url, "/tokenize", json.dumps({"model": run.name, "prompt": "The dog says"}))
+    assert status == 200 and tokens["count"] == len(tokens["tokens"]) > 0 and tokens["max_model_len"] > 0, tokens
+    body = {"model": run.name, "prompt": [tokens["tokens"], tokens["tokens"][:2]], "max_tokens": 1, "prompt_logprobs": 3}
+    status, answer = _post(url, "/v1/completions", json.dumps(body))
+    assert status == 200 and [c["index"] for c in answer["choices"]] == [0, 1], answer
+    first = answer["choices"][0]["prompt_logprobs"]
+    assert first[0] is None and len(first) == len(tokens["tokens"])
+    for t, entry in enumerate(first[1:], 1):
+        ranks = sorted(v["rank"] for v in entry.values())
+        assert ranks[:3] == [1, 2, 3] and str(tokens["tokens"][t]) in entry, entry  # the prompt's token is listed
+        assert all(v["logprob"] <= 0 and isinstance(v["decoded_token"], str) for v in entry.values())
+    assert answer["usage"]["prompt_tokens"] == len(tokens["tokens"]) + 2
