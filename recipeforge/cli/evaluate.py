@@ -33,7 +33,7 @@ def report_records(run_dirs: list[str]) -> list[dict[str, Any]]:
     """The summary record of each run, as `report --json` prints them (raises `RecipeError`)."""
     from recipeforge.tools.report_runs import read_runs, run_summary
 
-    return [run_summary(run) for run in read_runs(run_dirs)]
+    return [run_summary(run) for run in read_runs(list[str | Path](run_dirs))]
 
 
 def cmd_report(args: argparse.Namespace) -> int:

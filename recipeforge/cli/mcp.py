@@ -1,4 +1,4 @@
-"""The command mcp: recipeforge as an MCP server over stdio, for agents (recipeforge/tools/mcp/). It needs
+"""The command mcp: recipeforge as an MCP server over stdio, for agents (recipeforge/cli/mcp_server/). It needs
 the `mcp` extra; validate and plan through it import neither torch nor transformers."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     except ImportError:
         print("error: recipeforge mcp needs the MCP SDK: pip install 'recipeforge[mcp]'", file=sys.stderr)
         return EXIT_USER_ERROR
-    from recipeforge.tools.mcp.server import serve
+    from recipeforge.cli.mcp_server.server import serve
 
     serve(trust_code=bool(args.trust_code), allow_train=not args.no_train)
     return 0

@@ -136,7 +136,7 @@ def test_validate_and_plan_import_no_torch_and_the_extra_is_named(tmp_path):
     script = f"""
 import asyncio, sys
 from mcp import Client
-from recipeforge.tools.mcp.server import build_server
+from recipeforge.cli.mcp_server.server import build_server
 async def main():
     async with Client(build_server()) as client:
         for tool in ("validate", "plan"):

@@ -13,9 +13,9 @@ import argparse
 from typing import Any
 
 from recipeforge import __version__
-from recipeforge.tools.mcp import records
-from recipeforge.tools.mcp.records import Record, as_data, recipe_namespace
-from recipeforge.tools.mcp.runs import Runs
+from recipeforge.cli.mcp_server import records
+from recipeforge.cli.mcp_server.records import Record, as_data, recipe_namespace
+from recipeforge.cli.mcp_server.runs import Runs
 
 INSTRUCTIONS = (
     "recipeforge trains LLMs from one YAML recipe. validate a recipe, plan it (backend and per-GPU memory), "

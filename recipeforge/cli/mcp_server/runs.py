@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from recipeforge.errors import RecipeError
-from recipeforge.tools.mcp.records import Record, check_overrides
+from recipeforge.cli.mcp_server.records import Record, check_overrides
 
 EXIT_PREEMPTED = 75  # recipeforge.cli.exit_codes.EXIT_TERMINATED: stopped after saving a checkpoint
 

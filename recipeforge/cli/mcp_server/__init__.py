@@ -1,4 +1,5 @@
-"""`recipeforge mcp`: an MCP server over stdio through which an agent drives recipeforge.
+"""`recipeforge mcp`: an MCP server over stdio through which an agent drives recipeforge (a front end beside the
+command line, in its layer: it reuses the commands' own functions).
 
 `records` turns the CLI's own functions into the records the tools return (the same records the
 commands print with ``--json``) and errors into data; `runs` starts, watches and stops training runs
