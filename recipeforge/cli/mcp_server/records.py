@@ -71,7 +71,7 @@ def check_overrides(overrides: Sequence[str] | None) -> None:
     for item in overrides or ():
         if not isinstance(item, str) or not looks_like_override(item):
             raise RecipeError(f"override {item!r} is not key=value or ~key", key="overrides",
-                              hint="e.g. train.learning_rate=1e-4, or ~eval to delete a key")
+                              hint="e.g. train.learning_rate=1e-4, or ~adapter.dropout to delete a key")
 
 
 def validate(args: argparse.Namespace) -> Record:
