@@ -60,8 +60,3 @@ def build_parser() -> argparse.ArgumentParser:
     for _, add in COMMANDS:
         add(sub)
     return parser
-
-
-def looks_like_override(arg: str) -> bool:
-    """`key=value` or `~key`: an override, wherever it stands on the command line."""
-    return not arg.startswith("-") and ("=" in arg or arg.startswith("~"))

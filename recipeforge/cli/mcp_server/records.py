@@ -66,7 +66,7 @@ def recipe_namespace(command: str, recipe: str, overrides: Sequence[str] | None 
 
 def check_overrides(overrides: Sequence[str] | None) -> None:
     """Each override must be one `key=value` or `~key` string, as on the command line."""
-    from recipeforge.cli.app import looks_like_override
+    from recipeforge.cli.common import looks_like_override
 
     for item in overrides or ():
         if not isinstance(item, str) or not looks_like_override(item):
