@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from recipeforge import __version__
-from recipeforge.cli import after, evaluate, launch, planning, recipes, train, use
+from recipeforge.cli import after, evaluate, launch, mcp, planning, recipes, train, use
 
 # (name, adds its parser to the subparsers): --help lists them in this order.
 COMMANDS: tuple[tuple[str, Callable[[Any], None]], ...] = (
@@ -30,6 +30,7 @@ COMMANDS: tuple[tuple[str, Callable[[Any], None]], ...] = (
     ("serve", use.add_serve),
     ("eval", evaluate.add_eval),
     ("push", after.add_push),
+    ("mcp", mcp.add_mcp),
 )
 # Flags of the program that may also stand after the command (`recipeforge eval RUN --trust-code`).
 GLOBAL_FLAGS = ("--debug", "--verbose", "--trust-code")
@@ -59,8 +60,3 @@ def build_parser() -> argparse.ArgumentParser:
     for _, add in COMMANDS:
         add(sub)
     return parser
-
-
-def looks_like_override(arg: str) -> bool:
-    """`key=value` or `~key`: an override, wherever it stands on the command line."""
-    return not arg.startswith("-") and ("=" in arg or arg.startswith("~"))

@@ -23,6 +23,11 @@ def recipe_args(p: argparse.ArgumentParser) -> None:
                    help="overrides such as train.learning_rate=1e-4; ~key deletes a key")
 
 
+def looks_like_override(arg: str) -> bool:
+    """`key=value` or `~key`: an override, wherever it stands on the command line."""
+    return not arg.startswith("-") and ("=" in arg or arg.startswith("~"))
+
+
 def load(args: argparse.Namespace) -> Any:
     """The recipe the command names, loaded and checked as far as the command needs (a `LoadedRecipe`).
 

@@ -8,7 +8,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from recipeforge.cli.app import GLOBAL_FLAGS, build_parser, looks_like_override
+from recipeforge.cli.app import GLOBAL_FLAGS, build_parser
+from recipeforge.cli.common import looks_like_override
 from recipeforge.cli.exit_codes import EXIT_INTERNAL_ERROR, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USER_ERROR
 from recipeforge.cli.process import end_process
 from recipeforge.errors import RecipeError

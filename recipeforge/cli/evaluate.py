@@ -19,14 +19,29 @@ def add_report(sub: Any) -> None:
                        description="Read metrics.jsonl, resolved_recipe.yaml and plan.json of each run (finished or "
                                    "still training) and write one HTML page with the charts embedded, plus the "
                                    "PNGs next to it. Several runs are overlaid, with a table of their recipe "
-                                   "differences. Needs matplotlib: pip install 'recipeforge[report]'.")
+                                   "differences. Needs matplotlib: pip install 'recipeforge[report]' (not for "
+                                   "--json).")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directory written by `recipeforge train`")
     p.add_argument("--out", metavar="FILE.html",
                    help="page to write (default: RUN_DIR/report.html for one run, ./report.html for several)")
+    p.add_argument("--json", action="store_true",
+                   help="print each run's summary (status, steps, last loss, eval scores) as JSON; writes no page")
     p.set_defaults(func=cmd_report)
 
 
+def report_records(run_dirs: list[str]) -> list[dict[str, Any]]:
+    """The summary record of each run, as `report --json` prints them (raises `RecipeError`)."""
+    from recipeforge.tools.report_runs import read_runs, run_summary
+
+    return [run_summary(run) for run in read_runs(list[str | Path](run_dirs))]
+
+
 def cmd_report(args: argparse.Namespace) -> int:
+    if args.json:
+        import json
+
+        print(json.dumps(report_records(args.run_dirs), indent=2, default=str))
+        return 0
     from recipeforge.tools.report import write_report
 
     report = write_report(args.run_dirs, args.out)

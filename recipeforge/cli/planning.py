@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recipeforge.cli.common import load, recipe_args
+
+if TYPE_CHECKING:
+    from recipeforge.plan.types import Plan
 
 
 def add_plan(sub: Any) -> None:
@@ -22,8 +25,9 @@ def add_plan(sub: Any) -> None:
     p.set_defaults(func=cmd_plan)
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
-    from recipeforge.plan import hardware_for, parse_hardware, render_plan
+def checked_plan(args: argparse.Namespace) -> Plan:
+    """The plan `train` would make for the recipe and process layout `args` name (raises `RecipeError`)."""
+    from recipeforge.plan import hardware_for, parse_hardware
     from recipeforge.plan.world import plan_for_world
 
     loaded = load(args)
@@ -33,8 +37,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from recipeforge.components.data_checks import check_plan_numbers
 
     check_plan_numbers(plan)
+    return plan
+
+
+def plan_json(plan: Plan, indent: int | None = 2) -> str:
+    """The plan as `plan --json` prints it: JSON with credentials in URLs hidden."""
     from recipeforge.credentials import redact_credentials
 
-    print(redact_credentials(json.dumps(plan.to_dict(), indent=2, default=str)) if args.json
-          else render_plan(plan))
+    return redact_credentials(json.dumps(plan.to_dict(), indent=indent, default=str))
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from recipeforge.plan import render_plan
+
+    plan = checked_plan(args)
+    print(plan_json(plan) if args.json else render_plan(plan))
     return 0

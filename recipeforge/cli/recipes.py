@@ -29,16 +29,24 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 def add_validate(sub: Any) -> None:
     p = sub.add_parser("validate", help="check a recipe and report every problem with its file:line")
     recipe_args(p)
+    p.add_argument("--json", action="store_true", help="print the result as JSON (recipe, stage, model, adapter)")
     p.set_defaults(func=cmd_validate)
 
 
+def validation_record(args: argparse.Namespace) -> dict[str, Any]:
+    """Load and check the recipe `args` names (raises `RecipeError`); what `validate --json` prints."""
+    r = load(args).recipe
+    return {"ok": True, "recipe": str(args.recipe), "stage": r.stage, "model": r.model.name_or_path,
+            "adapter": r.adapter.type}
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
-    loaded = load(args)
-    r = loaded.recipe
+    record = validation_record(args)
     from recipeforge.errors import bounded_text
 
-    print(bounded_text(f"ok: {args.recipe} is a valid {r.stage} recipe (model {r.model.name_or_path}, "
-                       f"adapter {r.adapter.type})"))
+    print(json.dumps(record, indent=2) if args.json else
+          bounded_text(f"ok: {args.recipe} is a valid {record['stage']} recipe (model {record['model']}, "
+                       f"adapter {record['adapter']})"))
     return 0
 
 
@@ -79,15 +87,27 @@ def add_diff(sub: Any) -> None:
                                     "exit 0 equal, 1 different, 2 bad input")
     p.add_argument("a", help="recipe file, lock file or run directory")
     p.add_argument("b", help="recipe file, lock file or run directory")
+    p.add_argument("--json", action="store_true", help="print the differences as JSON (recipe and lock lines)")
     p.set_defaults(func=cmd_diff)
 
 
-def cmd_diff(args: argparse.Namespace) -> int:
-    from recipeforge.tools.recipe_diff import diff_sides, render_diff
+def diff_record(a: str, b: str) -> dict[str, Any]:
+    """The differences of two resolved recipes, as `diff --json` prints them (raises `RecipeError`)."""
+    from recipeforge.tools.recipe_diff import diff_sides
 
-    recipe_lines, lock_lines = diff_sides(args.a, args.b)
-    sys.stdout.write(render_diff(args.a, args.b, recipe_lines, lock_lines))
-    return 1 if recipe_lines or lock_lines else 0
+    recipe_lines, lock_lines = diff_sides(a, b)
+    return {"a": a, "b": b, "equal": not (recipe_lines or lock_lines), "recipe": recipe_lines, "lock": lock_lines}
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from recipeforge.tools.recipe_diff import render_diff
+
+    record = diff_record(args.a, args.b)
+    if args.json:
+        print(json.dumps(record, indent=2, default=str))
+    else:
+        sys.stdout.write(render_diff(args.a, args.b, record["recipe"], record["lock"]))
+    return 0 if record["equal"] else 1
 
 
 def add_convert(sub: Any) -> None:

@@ -202,6 +202,17 @@ def final_figures(run: Run) -> dict[str, Any]:
     }
 
 
+def run_summary(run: Run) -> dict[str, Any]:
+    """One run's summary record, as `recipeforge report --json` prints it: the figures of the report's table
+    (`final_figures`) under plain keys, the stage, and the scores of `recipeforge eval` by task."""
+    figures = final_figures(run)
+    return {"run": str(run.root), "label": run.label, "stage": run.stage, "status": figures["status"],
+            "steps": figures["steps"], "last_loss": figures["last loss"], "eval_loss": figures["eval loss"],
+            "tokens": figures["tokens"], "wall_time_s": figures["wall time"],
+            "eval": {task: record.get("scores") for task, record in run.evals.items() if isinstance(record, dict)},
+            "partial_last_line": run.partial_last_line}
+
+
 def recipe_differences(runs: list[Run]) -> list[tuple[str, list[str]]]:
     """``(key, [value in each run])`` for every recipe key whose value is not the same in all runs
     with a readable resolved recipe (`run_guard`'s comparison: output.dir, logging and other keys
