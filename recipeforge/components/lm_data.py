@@ -193,7 +193,7 @@ def _tokenize_and_pack(recipe, tokenizer, fp: str, path: Path | None, work: Path
                        locate: Locate) -> LMData:
     """The tokenized (and packed) train and eval sets, their samples in Arrow files under `work`."""
     data = recipe.data
-    mask_inputs = recipe.stage == "sft"
+    mask_inputs = recipe.stage in ("sft", "distill")  # distillation trains on SFT rows, masked alike
     t0 = time.perf_counter()
     # Pretraining keeps all of a long document (as consecutive samples); SFT rows are cut or dropped.
     options = EncodeOptions(train_on_inputs=data.train_on_inputs or not mask_inputs, sequence_len=data.sequence_len,
