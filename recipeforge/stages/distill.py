@@ -122,8 +122,8 @@ class DistillStage(LMStage):
         return model
 
     def build_trainer(self) -> Trainer:
+        self.extra_log_sources.append(self.distill_log.take)  # read when the callbacks are made
         trainer = super().build_trainer()
-        self.extra_log_sources.append(self.distill_log.take)
         # The loss is a mean per micro-batch: the trainer divides by the accumulation steps itself.
         trainer.model_accepts_loss_kwargs = False
         return trainer
