@@ -12,8 +12,10 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from recipeforge.config.schema.distill import TeacherConfig
 from recipeforge.errors import Location, RecipeError
+
+# The recipe's `distill.teacher` (`config.schema.distill.TeacherConfig`; components do not import config).
+TeacherConfig = Any
 
 Locate = Callable[[tuple[Any, ...]], "Location | None"]
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
