@@ -20,8 +20,8 @@ from typing import Any
 from recipeforge.components.data import Locate, _no_location, derived_fingerprint, load_split
 from recipeforge.components.fingerprint import data_fingerprint
 from recipeforge.components.formats import RenderOptions, get_format
-from recipeforge.components.lm_encode import (NO_TARGET, OK, SPLIT, TOO_LONG, TRUNCATED, EncodeOptions, encode_dataset,
-                                              to_arrow)
+from recipeforge.components.lm_encode import (NO_TARGET, OK, SPLIT, TOO_LONG, TRUNCATED, EncodeOptions,
+                                              encode_dataset)
 from recipeforge.components.lm_store import SampleFile, pack_to_disk, row_lengths, trained_tokens
 from recipeforge.components.packing import IGNORE
 from recipeforge.components.tokenizer import special_prefix_ids
