@@ -309,7 +309,7 @@ def _register_builtins() -> None:
                              or isinstance(row.get("chosen"), dict))
     # Registration order is the order recipe errors list them in.
     for fmt in (
-        Format("text", "lm", ("text",), _text, stages=("pretrain", "sft"),
+        Format("text", "lm", ("text",), _text, stages=("pretrain", "sft", "distill"),
                description="raw text; every token is trained"),
         Format("alpaca", "lm", ("instruction", "output"), _alpaca, optional=("input", "system"),
                conversational=lambda row: True, to_messages=alpaca_messages,
@@ -323,7 +323,7 @@ def _register_builtins() -> None:
                description="segments: [{text, label}] pieces of text, trained where label is true; tokenized "
                            "apart, with no BOS, EOS or template added (Axolotl's input_output)"),
         Format("tokenized", "lm", ("input_ids",), _tokenized, optional=("labels", "attention_mask"),
-               stages=("pretrain", "sft"),
+               stages=("pretrain", "sft", "distill"),
                description="pre-tokenized rows: input_ids (+ labels with -100 for no loss, attention_mask), "
                            "taken as they are"),
         # `margin`: a number per pair, for the reward stage's margin term (-log sigmoid(r_c - r_r - margin)).

@@ -20,8 +20,8 @@ from typing import Any
 from recipeforge.components.data import Locate, _no_location, derived_fingerprint, load_split
 from recipeforge.components.fingerprint import data_fingerprint
 from recipeforge.components.formats import RenderOptions, get_format
-from recipeforge.components.lm_encode import (NO_TARGET, OK, SPLIT, TOO_LONG, TRUNCATED, EncodeOptions, encode_dataset,
-                                              to_arrow)
+from recipeforge.components.lm_encode import (NO_TARGET, OK, SPLIT, TOO_LONG, TRUNCATED, EncodeOptions,
+                                              encode_dataset)
 from recipeforge.components.lm_store import SampleFile, pack_to_disk, row_lengths, trained_tokens
 from recipeforge.components.packing import IGNORE
 from recipeforge.components.tokenizer import special_prefix_ids
@@ -193,7 +193,7 @@ def _tokenize_and_pack(recipe, tokenizer, fp: str, path: Path | None, work: Path
                        locate: Locate) -> LMData:
     """The tokenized (and packed) train and eval sets, their samples in Arrow files under `work`."""
     data = recipe.data
-    mask_inputs = recipe.stage == "sft"
+    mask_inputs = recipe.stage in ("sft", "distill")  # distillation trains on SFT rows, masked alike
     t0 = time.perf_counter()
     # Pretraining keeps all of a long document (as consecutive samples); SFT rows are cut or dropped.
     options = EncodeOptions(train_on_inputs=data.train_on_inputs or not mask_inputs, sequence_len=data.sequence_len,

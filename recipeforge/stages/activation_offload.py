@@ -19,7 +19,8 @@ from recipeforge.errors import Location, RecipeError
 if TYPE_CHECKING:
     from transformers import Trainer
 
-STAGES = tuple(s.value for s in (Stage.PRETRAIN, Stage.SFT, Stage.DPO, Stage.KTO, Stage.REWARD))
+STAGES = tuple(s.value for s in (Stage.PRETRAIN, Stage.SFT, Stage.DPO, Stage.KTO, Stage.REWARD,
+                                 Stage.DISTILL))
 KEY = "train.activation_offloading"
 
 

@@ -93,6 +93,11 @@ class LMStage(TrainerStage):
         model.config.use_cache = False
         return model
 
+    def trainer_type(self, base: type[Trainer]) -> type[Trainer]:
+        """The trainer class built on `base` (transformers' Trainer, or its streamed form); a stage with
+        its own loss returns a subclass."""
+        return base
+
     def build_trainer(self) -> Trainer:
         from recipeforge.outputs.atomic import crash_safe
         from transformers import Trainer, TrainerCallback, TrainingArguments
@@ -121,7 +126,7 @@ class LMStage(TrainerStage):
 
             if self.recipe.data.stream_log:
                 data.train.order_log = order_log_path(self.context.run.root, self.context.dist.rank)
-        trainer_cls = streamed(Trainer) if streaming else Trainer
+        trainer_cls = self.trainer_type(streamed(Trainer) if streaming else Trainer)
         return crash_safe(trainer_cls)(model=self.model, args=args, data_collator=collator, train_dataset=data.train,
                        eval_dataset=data.eval, processing_class=self.tokenizer,
                        callbacks=self.callbacks() + [ForgetEvalBatches()])

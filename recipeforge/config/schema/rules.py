@@ -120,6 +120,49 @@ def _fp8(r: Recipe) -> Iterator[RuleProblem]:
                           f"and model.dtype is {r.model.dtype}", "set model.dtype: bf16 (or auto)")
 
 
+def distill_problems(r: Recipe) -> Iterator[RuleProblem]:
+    """`stage: distill`: settings a teacher or the student's sampling cannot work with. QAT and fp8 train the
+    student's linear layers as for SFT (the teacher is loaded apart and never converted), so they compose
+    with off-policy distillation."""
+    d = getattr(r, "distill", None)
+    if r.stage != Stage.DISTILL or d is None:
+        return
+    if d.on_policy > 0 and r.data.packing:
+        yield RuleProblem(("distill", "on_policy"), "on-policy steps sample a completion after each row's prompt, "
+                          "and packed rows hold several prompts in one sequence", "set data.packing: false")
+    if d.on_policy > 0 and r.train.precision == "fp8":
+        yield RuleProblem(("distill", "on_policy"), "on-policy steps decode with the student, one token per row at "
+                          "a time, and fp8 training's float8 matmuls need token counts in multiples of 16",
+                          "set distill.on_policy: 0, or train.precision: auto")
+    if d.teacher.url is not None and d.temperature != 1:
+        yield RuleProblem(("distill", "temperature"), "a served teacher returns its log-probs at temperature 1; "
+                          "they cannot be rescaled from its top-k alone", "set distill.temperature: 1, or use a "
+                          "colocated teacher (distill.teacher.name_or_path)")
+    if d.teacher.load_in_4bit and _target_device(r) == "cpu":
+        yield RuleProblem(("distill", "teacher", "load_in_4bit"), "a 4-bit teacher needs bitsandbytes on a CUDA GPU, "
+                          "and this recipe plans for a CPU", "set distill.teacher.load_in_4bit: false")
+    yield from _teacher_tokenizer(r)
+
+
+def _teacher_tokenizer(r: Recipe) -> Iterator[RuleProblem]:
+    """A local student tokenizer and a local colocated teacher: their vocabularies, read from the files,
+    must be the same (any other pair is compared with the loaded tokenizers before the first step)."""
+    from pathlib import Path
+
+    from recipeforge.components.vocab_files import first_difference, read_vocab
+
+    teacher = r.distill.teacher.name_or_path  # type: ignore[attr-defined]  # a DistillRecipe
+    student = r.model.tokenizer or r.model.name_or_path
+    if teacher is None or not Path(teacher).expanduser().is_dir() or not Path(student).expanduser().is_dir():
+        return
+    theirs, ours = read_vocab(teacher), read_vocab(student)
+    difference = first_difference(ours, theirs) if ours is not None and theirs is not None else None
+    if difference is not None:
+        yield RuleProblem(("distill", "teacher", "name_or_path"), f"the teacher's tokenizer differs from the "
+                          f"student's ({student}): {difference}", "distill from a teacher with the student's "
+                          "tokenizer (the divergence compares the same token ids)")
+
+
 def _target_device(r: Recipe) -> str | None:
     """cuda or cpu when the recipe's `hardware:` section says so (else known only when planning)."""
     if r.hardware is None:
@@ -269,4 +312,5 @@ def _host_port(text: str) -> bool:
     return bool(host) and port.isdecimal() and 0 < int(port) < 65536
 
 
-CORE_RULES = (_data, _adapter, _train, _qat, _fp8, _distributed, _rendezvous, _ray, _stage_specific)
+CORE_RULES = (_data, _adapter, _train, _qat, _fp8, _distributed, _rendezvous, _ray, _stage_specific,
+              distill_problems)

@@ -38,8 +38,9 @@ def test_dist_info_from_launcher_variables():
 
 
 def test_runner_classes():
-    assert set(RUNNERS) == {"pretrain", "sft", "dpo", "grpo", "orpo", "kto", "cpo", "reward"}
+    assert set(RUNNERS) == {"pretrain", "sft", "dpo", "grpo", "orpo", "kto", "cpo", "reward", "distill"}
     assert runner_class("sft").stage == "sft" and runner_class("pretrain").stage == "pretrain"
+    assert runner_class("distill").stage == "distill"
 
 
 def test_cpu_arguments_follow_recipe_and_plan(tmp_path):
