@@ -27,11 +27,11 @@ import os
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import torch
 
+from recipeforge.components.teacher import TeacherTopK
 from recipeforge.errors import RecipeError
 
 KEY = "distill.teacher.url"
@@ -40,15 +40,6 @@ CONNECT_ATTEMPTS = 3     # tries of a request that cannot connect, a second apar
 PROBE_TEXT = "Distillation probe: the teacher's tokenizer must split 12,345 words and ümlauts as the student's."
 LOGPROBS_HINT = ("raise the server's limit to at least distill.top_k (`vllm serve --max-logprobs N`, "
                  "`recipeforge serve --max-logprobs N`), or lower distill.top_k")
-
-
-# Mirrors recipeforge.components.teacher.TeacherTopK (the distill stage's teacher interface).
-@dataclass(frozen=True)
-class TeacherTopK:
-    """The teacher's k most likely next tokens at each position of a batch."""
-
-    logprobs: torch.Tensor  # [B, T, k] float32: log-probs of the teacher's k most likely next tokens at each position t (position t predicts token t+1)
-    ids: torch.Tensor       # [B, T, k] int64
 
 
 class TeacherSettings(Protocol):

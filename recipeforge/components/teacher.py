@@ -104,14 +104,9 @@ def build_teacher(config: TeacherConfig, tokenizer: Any, *, device: str, dtype: 
     if config.url is None:
         return ColocatedTeacher(config, tokenizer, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
                                 attn_implementation=attn_implementation, seed=seed, locate=locate)
-    try:
-        from recipeforge.components.served_teacher import ServedTeacher
-    except ImportError as exc:
-        if exc.name != "recipeforge.components.served_teacher":
-            raise
-        raise RecipeError("this recipeforge has no served-teacher client (recipeforge.components.served_teacher)",
-                          key="distill.teacher.url", location=locate(("distill", "teacher", "url")),
-                          hint="use a colocated teacher (distill.teacher.name_or_path), or a recipeforge with "
-                               "served teachers") from exc
-    teacher: Teacher = ServedTeacher(config, vocab_size=vocab_size)
+    from recipeforge.components.served_teacher import ServedTeacher
+
+    # The server's /tokenize must split a probe text as the student's tokenizer does (vLLM's and
+    # `recipeforge serve`'s add the tokenizer's special tokens, as `encode` does by default).
+    teacher: Teacher = ServedTeacher(config, vocab_size=vocab_size, probe=tokenizer.encode)
     return teacher
