@@ -32,8 +32,9 @@ from recipeforge.plan.activations import (Activations, activation_bytes, activat
                                           logits_bytes, logits_phases, widest_linear)
 from recipeforge.plan.estimators import zero_model_states
 from recipeforge.plan.hardware import GIB
+from recipeforge.plan.linear import quantized_bytes_per_param as quantized_bytes_per_param  # re-exported
 from recipeforge.plan.offload_activations import offload_note
-from recipeforge.plan.teacher import book_teacher
+from recipeforge.plan.teacher_memory import book_teacher
 from recipeforge.plan.train_phase import Copies, LayerGradient, Moment, Step, reserved_peak, train_peak
 from recipeforge.plan.vision_activations import vision_activation_bytes
 from recipeforge.plan.workload import Workload
@@ -176,16 +177,6 @@ def tensor_in_flight_bytes(w: Workload, compute_bytes: float) -> float:
     mlp = max(m.intermediate_size, m.moe_intermediate_size) * m.hidden_size
     quantized = mlp * (compute_bytes + quantized_bytes_per_param(w.quant_bits, w.double_quant, m.hidden_size))
     return max(embedding, quantized)
-
-
-def quantized_bytes_per_param(bits: int, double_quant: bool, hidden: int) -> float:
-    """Bytes per weight of a bitsandbytes-quantized linear (Dettmers et al. 2023, QLoRA Sec. 3):
-    NF4 stores 0.5 bytes plus one fp32 absmax per 64-weight block; double quantization stores those
-    as 8-bit with one fp32 constant per 256 blocks. LLM.int8 stores 1 byte plus an fp32 scale per row."""
-    if bits == 8:
-        return 1.0 + 4 / hidden
-    constants = (1 / 64 + 4 / (64 * 256)) if double_quant else 4 / 64
-    return 0.5 + constants
 
 
 # ----------------------------------------------------------------------------- the estimate

@@ -22,7 +22,7 @@ from recipeforge.config.schema.distributed import PARALLEL_SIZE_KEYS
 from recipeforge.plan.presets import get_preset
 from recipeforge.plan.policy import Decision, Evaluation, decide, install_hint, known_presets
 from recipeforge.plan.precision import choose_precision, tf32_choice
-from recipeforge.plan.teacher import teacher_alternatives, teacher_reason, teacher_summary
+from recipeforge.plan.teacher_memory import teacher_alternatives, teacher_reason, teacher_summary
 from recipeforge.plan.types import Choice, Plan, PlanExtras
 from recipeforge.plan.vision_report import vision_summary
 from recipeforge.plan.vocab import vocab_choice
