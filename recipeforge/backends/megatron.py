@@ -88,7 +88,8 @@ class MegatronBackend(BackendSpec):
         parallel_sizes=("tensor_parallel", "pipeline_parallel"),
         offload_optimizers=("adamw", "adamw_fused"), presets=("tp{T}_pp{P}", "tp{T}_pp{P}_offload"),
         package="megatron.bridge", distribution="megatron-bridge", extra="megatron",
-        why={"stages": "Megatron-Bridge's training loop has no preference or RL losses",
+        why={"stages": "Megatron-Bridge's training loop has no preference or RL losses and loads no "
+                       "distillation teacher",
              "devices": "Megatron-Core's forward is CUDA-only", "adapters": "Megatron-Bridge's LoRA has no 4-bit base",
              "offload": "the distributed optimizer offloads optimizer states only (optimizer_cpu_offload)",
              "offload_optimizer": "Megatron-Core offloads Adam's states to the CPU, not SGD's"})

@@ -21,8 +21,9 @@ def band_class(w: Workload, layout: Layout) -> str:
     """Which measured spread covers the estimate for `w` on `layout`: ``calibrated`` (one GPU, DDP,
     ZeRO-1/2 without offload), ``sharded`` (FSDP2, ZeRO-3, offload: engine buffers vary with their
     configs) or ``uncalibrated`` (no published figure covers it: Megatron, GRPO generation, MoE,
-    vision-language models)."""
-    if w.rollout is not None or w.model.is_moe or w.vision is not None:
+    vision-language models, a colocated distillation teacher)."""
+    colocated_teacher = w.teacher is not None and w.teacher.colocated
+    if w.rollout is not None or w.model.is_moe or w.vision is not None or colocated_teacher:
         return "uncalibrated"
     band: str = layout.spec.accuracy_band(w, layout)
     return band
@@ -66,6 +67,11 @@ def sensitivity(w: Workload, layout: Layout, micro: int, ckpt: bool, accumulatio
         saved = mem.total - total(replace(w, optimizer="adamw_8bit"))
         levers.append((saved, f"optimizer states {gb['optimizer']:.1f} GB: train.optimizer: adamw_8bit saves "
                               f"{saved / GIB:.1f} GB"))
+    teacher = w.teacher
+    if teacher is not None and teacher.colocated and not teacher.load_in_4bit and gb.get("teacher_model", 0) > 0:
+        saved = mem.total - total(replace(w, teacher=replace(teacher, load_in_4bit=True)))
+        levers.append((saved, f"teacher weights {gb['teacher_model']:.1f} GB on every GPU: distill.teacher."
+                              f"load_in_4bit: true saves {saved / GIB:.1f} GB"))
     useful = sorted((lv for lv in levers if lv[0] >= _MIN_SAVING), key=lambda lv: -lv[0])
     if useful:
         return [text for _, text in useful[:2]]

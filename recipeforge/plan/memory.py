@@ -2,12 +2,14 @@
 
 Every formula is documented with its source in docs/planner.md. Amounts are bytes; the peak is
 
-    persistent (weights, gradients, optimizer, adapter, reference model, comm buffers, rollout engine, runtime)
+    persistent (weights, gradients, optimizer, adapter, reference model, teacher model, comm buffers, rollout
+                engine, runtime)
     + max(forward/backward: its largest moment (`train_phase`: activations, logits, autocast's
                               weight copies, weight gradients as backward makes them, gathered
                               parameters),
           optimizer step: temporaries (+ paged optimizer states),
-          generation: KV cache + gathered parameters)
+          generation: KV cache + gathered parameters,
+          a colocated distillation teacher's forward: its layer, logits and top-k (`plan.teacher`))
     + allocator reserve (free blocks the caching allocator keeps at the train phase's fullest moment
                          that are too small for its requests: `activations.idle_at_loss`)
 
@@ -30,7 +32,9 @@ from recipeforge.plan.activations import (Activations, activation_bytes, activat
                                           logits_bytes, logits_phases, widest_linear)
 from recipeforge.plan.estimators import zero_model_states
 from recipeforge.plan.hardware import GIB
+from recipeforge.plan.linear import quantized_bytes_per_param as quantized_bytes_per_param  # re-exported
 from recipeforge.plan.offload_activations import offload_note
+from recipeforge.plan.teacher_memory import book_teacher
 from recipeforge.plan.train_phase import Copies, LayerGradient, Moment, Step, reserved_peak, train_peak
 from recipeforge.plan.vision_activations import vision_activation_bytes
 from recipeforge.plan.workload import Workload
@@ -39,14 +43,16 @@ CUDA_RUNTIME = 0.75 * GIB      # CUDA context, cuBLAS/cuDNN workspaces (not in t
 NCCL_BUFFERS = 0.5 * GIB       # communicator buffers once more than one process trains
 BUFFER_FACTOR = 1.5            # DeepSpeed's additional_buffer_factor on its host-memory estimates
 
-PERSISTENT = ("weights", "gradients", "optimizer", "adapter", "reference_model", "comm_buffers",
+PERSISTENT = ("weights", "gradients", "optimizer", "adapter", "reference_model", "teacher_model", "comm_buffers",
               "rollout_engine", "runtime")
-TRAIN_PHASE = ("activations", "vision_activations", "logits", "gathered_params", "autocast_weights",
+TRAIN_PHASE = ("activations", "vision_activations", "logits", "teacher_topk", "gathered_params", "autocast_weights",
                "output_gradient", "layer_gradient")
 OPTIMIZER_PHASE = ("optimizer_step", "paged_optimizer")
 GENERATION_PHASE = ("kv_cache", "generation_params")
+TEACHER_PHASE = ("teacher_forward",)
 LOAD_PHASE = ("quantized_load",)
-COMPONENTS = PERSISTENT + TRAIN_PHASE + OPTIMIZER_PHASE + GENERATION_PHASE + LOAD_PHASE + ("allocator_reserve",)
+COMPONENTS = (PERSISTENT + TRAIN_PHASE + OPTIMIZER_PHASE + GENERATION_PHASE + TEACHER_PHASE + LOAD_PHASE
+              + ("allocator_reserve",))
 PAGED_OPTIMIZERS = ("paged_adamw_8bit", "paged_adamw_32bit")
 TORCHAO_STATE_BYTES = {"adamw_torchao_8bit": 1.0, "adamw_torchao_4bit": 0.5}  # bytes per value of each state
 
@@ -173,16 +179,6 @@ def tensor_in_flight_bytes(w: Workload, compute_bytes: float) -> float:
     return max(embedding, quantized)
 
 
-def quantized_bytes_per_param(bits: int, double_quant: bool, hidden: int) -> float:
-    """Bytes per weight of a bitsandbytes-quantized linear (Dettmers et al. 2023, QLoRA Sec. 3):
-    NF4 stores 0.5 bytes plus one fp32 absmax per 64-weight block; double quantization stores those
-    as 8-bit with one fp32 constant per 256 blocks. LLM.int8 stores 1 byte plus an fp32 scale per row."""
-    if bits == 8:
-        return 1.0 + 4 / hidden
-    constants = (1 / 64 + 4 / (64 * 256)) if double_quant else 4 / 64
-    return 0.5 + constants
-
-
 # ----------------------------------------------------------------------------- the estimate
 
 def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool, *,
@@ -215,7 +211,10 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
         cpu += host * layout.gpus_per_node
         notes.append(offload_note(part["activations"], host, GIB))
 
-    _book_rollout(w, layout, part, notes, micro_batch * accumulation, gpu_memory)
+    # a colocated distillation teacher: whole on every GPU, its forward before the student's
+    book_teacher(w, part, micro_batch)
+    per_micro = w.rollout is not None and w.rollout.per_micro_batch
+    _book_rollout(w, layout, part, notes, micro_batch * (1 if per_micro else accumulation), gpu_memory)
     part["runtime"] = (CUDA_RUNTIME + (NCCL_BUFFERS if layout.world_size > 1 else 0.0)) if gpu_memory else 0.0
     _book_paged_optimizer(w, layout, part, notes)
     total = _phase_peak(w, layout, part, accumulation, idle)
@@ -282,8 +281,11 @@ def _phase_peak(w: Workload, layout: Layout, part: dict[str, float], accumulatio
     train = sum(part[k] for k in TRAIN_PHASE) + (grads if deferred and accumulation > 1 else 0.0)
     step = sum(part[k] for k in OPTIMIZER_PHASE) + (grads if deferred else 0.0)
     generation = sum(part[k] for k in GENERATION_PHASE)
-    allocated = max(train, step, generation)
-    held = max(train + idle, step, generation)
+    # the teacher's forward comes before the student's: its top-k is made at its end
+    teacher = (sum(part[k] for k in TEACHER_PHASE) + part["teacher_topk"] + (grads if deferred and accumulation > 1
+                                                                            else 0.0)) if part["teacher_forward"] else 0.0
+    allocated = max(train, step, generation, teacher)
+    held = max(train + idle, step, generation, teacher)
     part["allocator_reserve"] = held - allocated
     return persistent + held
 

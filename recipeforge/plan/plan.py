@@ -22,6 +22,7 @@ from recipeforge.config.schema.distributed import PARALLEL_SIZE_KEYS
 from recipeforge.plan.presets import get_preset
 from recipeforge.plan.policy import Decision, Evaluation, decide, install_hint, known_presets
 from recipeforge.plan.precision import choose_precision, tf32_choice
+from recipeforge.plan.teacher_memory import teacher_alternatives, teacher_reason, teacher_summary
 from recipeforge.plan.types import Choice, Plan, PlanExtras
 from recipeforge.plan.vision_report import vision_summary
 from recipeforge.plan.vocab import vocab_choice
@@ -146,7 +147,12 @@ def _describe_training(recipe: Recipe, w: Workload) -> str:
     size = human_count(w.model.total_params())
     kind = {"none": "full fine-tune" if recipe.stage != Stage.PRETRAIN else "pretraining",
             "lora": "LoRA", "qlora": "QLoRA"}[w.adapter]
-    return f"{recipe.stage} ({kind}) of {recipe.model.name_or_path} ({size} parameters)"
+    teacher = w.teacher
+    with_teacher = ""
+    if teacher is not None and teacher.colocated and teacher.model is not None:
+        with_teacher = (f" with a colocated {human_count(teacher.model.total_params())} teacher"
+                        f"{' (4-bit)' if teacher.load_in_4bit else ''} whole on every GPU")
+    return f"{recipe.stage} ({kind}) of {recipe.model.name_or_path} ({size} parameters){with_teacher}"
 
 
 def _alternatives(recipe: Recipe, w: Workload, hw: Hardware, planners: Planners) -> list[str]:
@@ -161,6 +167,11 @@ def _alternatives(recipe: Recipe, w: Workload, hw: Hardware, planners: Planners)
             return [f"distributed.backend: auto would choose {d.chosen.layout.label} "
                     f"({d.chosen.memory.total / GIB:.1f} GB per GPU)"]
     if hw.device == "cuda":
+        def fits(alt: Workload) -> tuple[str, float] | None:
+            d = decide(alt, hw, auto, recipe.train, planners)
+            return (d.chosen.layout.label, d.chosen.memory.total / GIB) if d.chosen is not None else None
+
+        out.extend(teacher_alternatives(w, fits))
         for adapter in ("qlora", "lora") if w.adapter != "qlora" else ():
             if w.adapter == "lora" and adapter == "lora":
                 continue
@@ -231,6 +242,9 @@ def _build_plan(recipe: Recipe, w: Workload, hw: Hardware, ev: Evaluation, decis
                                     ev.memory.components.get("activations", 0.0) / GIB, terms))
     reasons.update(_step_reasons(recipe, ev))
     reasons.update(_memory_reasons(recipe, w, hw, ev, limit_gb))
+    teacher = teacher_reason(w, ev.memory.gb(), ev.micro_batch)
+    if teacher is not None:
+        reasons["teacher"] = Choice(*teacher)
     extra = _plan_extras(w, hw, ev, decision, spec, model_source, limit_gb, terms)
     plan = Plan(
         backend=layout.backend, preset=layout.preset, device=device,
@@ -369,6 +383,7 @@ def _plan_extras(w: Workload, hw: Hardware, ev: Evaluation, decision: Decision, 
         activations=terms,
         accuracy_class=band_class(w, ev.layout),
         vision=vision_summary(w, ev.micro_batch, ev.checkpointing),
+        teacher=teacher_summary(w, ev.memory.gb()),
     )
 
 

@@ -11,7 +11,9 @@ from recipeforge.plan.vision_report import vision_lines
 _LABELS = {
     "weights": "weights", "gradients": "gradients", "optimizer": "optimizer states",
     "adapter": "LoRA adapter (w+g+opt)",
-    "reference_model": "reference model", "comm_buffers": "communication buffers", "rollout_engine": "rollout engine",
+    "reference_model": "reference model", "teacher_model": "teacher weights (whole on each GPU)",
+    "teacher_topk": "teacher top-k targets", "teacher_forward": "teacher forward (no gradients)",
+    "comm_buffers": "communication buffers", "rollout_engine": "rollout engine",
     "runtime": "CUDA/NCCL runtime", "activations": "activations", "vision_activations": "vision activations", "logits": "logits + loss",
     "gathered_params": "gathered/dequantized weights", "optimizer_step": "optimizer step temporaries",
     "kv_cache": "generation KV cache", "generation_params": "weights gathered to generate",
@@ -93,7 +95,9 @@ def _memory_lines(plan: Plan) -> list[str]:
     rows = [(_LABELS.get(k, k), f"{plan.memory_gb[k]:8.2f}") for k in COMPONENTS if plan.memory_gb.get(k)]
     rows.append(("peak", f"{plan.memory_gb.get('total', 0):8.2f}"))
     lines.append(_table(rows, indent="  "))
-    lines.append("  peak = weights/states/buffers + max(forward-backward, optimizer step, generation) + allocator reserve")
+    teacher = ", teacher forward" if plan.memory_gb.get("teacher_forward") else ""
+    lines.append(f"  peak = weights/states/buffers + max(forward-backward, optimizer step, generation{teacher}) "
+                 "+ allocator reserve")
     accuracy = plan.reasons.get("memory_accuracy")
     if accuracy is not None:
         lines.append(f"  expected accuracy {accuracy.value}" + _sensitive(accuracy.reason))

@@ -44,6 +44,7 @@ class PlanExtras:
     accuracy_class: str = ""               # calibrated | sharded | uncalibrated: whose measured spread the band is
     plugins: list[dict[str, Any]] = field(default_factory=list)  # plugin components the recipe uses
     vision: dict[str, Any] = field(default_factory=dict)  # a vision-language model's image side (`vision_report`)
+    teacher: dict[str, Any] = field(default_factory=dict)  # distill: the teacher and its GB per GPU (`plan.teacher`)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> "PlanExtras":
@@ -112,7 +113,9 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready representation (written to plan.json; `backends.worker.plan_from_dict` reads it).
-        The traits are left out: they follow from the backend."""
+        The traits are left out: they follow from the backend; `extra.teacher` is left out when empty."""
         out = asdict(self)
         out.pop("traits")
+        if not out["extra"]["teacher"]:  # only distillation has a teacher: other plans' JSON is what it was
+            out["extra"].pop("teacher")
         return out

@@ -15,11 +15,12 @@ from recipeforge.stage_specs import Stage
 from recipeforge.plan.hardware import Hardware
 from recipeforge.plan.linear import Linear
 from recipeforge.plan.models import ModelSpec
+from recipeforge.plan.teacher import Teacher, build_teacher
 from recipeforge.plan.vision_workload import VisionLoad, build_vision_load
 
 if TYPE_CHECKING:
     from recipeforge.config.schema.adapter import AdapterConfig
-    from recipeforge.config.schema.recipe import DPORecipe, GRPORecipe, KTORecipe, Recipe
+    from recipeforge.config.schema.recipe import DistillRecipe, DPORecipe, GRPORecipe, KTORecipe, Recipe
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -44,6 +45,7 @@ class Rollout:
     prompt_len: int
     completion_len: int
     reserves_memory: bool = False     # colocated engine holding gpu_memory_utilization of each GPU (vLLM)
+    per_micro_batch: bool = False     # generates one micro batch at a time (distill), not a whole step's (TRL's GRPO)
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class Workload:
     double_quant: bool = True
     reference_model: bool = False     # a frozen copy of the policy (DPO / GRPO with beta > 0, full fine-tune)
     rollout: Rollout | None = None
+    teacher: Teacher | None = None    # distill: the teacher, colocated or served (`plan.teacher`)
     fused_loss: bool = False          # liger: fused linear + cross-entropy, no full logits
     fused_kernels: bool = False       # liger: fused RMSNorm / SwiGLU
     activation_offloading: bool = False  # train.activation_offloading on a GPU (plan.offload_activations)
@@ -170,6 +173,10 @@ def build_workload(recipe: Recipe, model: ModelSpec, hardware: Hardware, planner
         assert recipe.train.unfrozen_parameters is not None  # `_unfrozen_params` counts them only when set
         kinds = unfrozen_kinds(model, list(recipe.train.unfrozen_parameters))
     fused_loss, fused_kernels = _liger_flags(recipe, model)
+    if fused_loss and shape.teacher is not None:
+        fused_loss = False
+        notes.append("liger's fused linear cross-entropy does not apply to distillation: its loss reads the "
+                     "student's full-vocabulary log-probabilities, so the logits are sized in full")
     vision = _vision_load(recipe, model, shape.seq_len, notes)
     return Workload(
         model=model, stage=recipe.stage, dtype=dtype, adapter=adapter.type, optimizer=recipe.train.optimizer,
@@ -179,7 +186,7 @@ def build_workload(recipe: Recipe, model: ModelSpec, hardware: Hardware, planner
         lora_dropout=adapter.dropout, lora_dora=adapter.use_dora, modules_to_save_params=save_params,
         quant_bits=adapter.quant.bits, double_quant=adapter.quant.double_quant,
         reference_model=shape.reference_model,
-        rollout=shape.rollout, fused_loss=fused_loss, fused_kernels=fused_kernels, notes=tuple(notes),
+        rollout=shape.rollout, teacher=shape.teacher, fused_loss=fused_loss, fused_kernels=fused_kernels, notes=tuple(notes),
         attn_implementation=recipe.model.attn_implementation, packing=bool(recipe.data.packing),
         attention_mask=masked,
         setting_refusals=_setting_refusals(recipe, planners), unfrozen_params=unfrozen, unfrozen_kinds=kinds,
@@ -212,6 +219,7 @@ class _StageShape(NamedTuple):
     sequences_per_sample: int
     reference_model: bool
     rollout: Rollout | None
+    teacher: Teacher | None = None
 
 
 def _stage_shape(recipe: Recipe, model: ModelSpec, notes: list[str]) -> _StageShape:
@@ -250,6 +258,18 @@ def _stage_shape(recipe: Recipe, model: ModelSpec, notes: list[str]) -> _StageSh
         rollout = Rollout(engine=r.engine, colocated=r.mode == "colocate",
                           gpu_memory_utilization=r.gpu_memory_utilization, prompt_len=prompt,
                           completion_len=g.max_completion_length, reserves_memory=_engine_reserves(r.engine))
+    elif recipe.stage == Stage.DISTILL:
+        d = cast("DistillRecipe", recipe).distill
+        teacher = build_teacher(d, model, notes)
+        if d.on_policy > 0:
+            # the student samples max_new_tokens after a prompt of up to sequence_len, one micro batch
+            # at a time, and those sequences then train: sized at prompt + completion, as GRPO's are
+            rollout = Rollout(engine="hf", colocated=True, gpu_memory_utilization=0.0, prompt_len=seq,
+                              completion_len=d.max_new_tokens, per_micro_batch=True)
+            seq = logit_tokens = seq + d.max_new_tokens
+            notes.append(f"on-policy distillation steps are sized at {seq} tokens per sequence (a prompt of up to "
+                         f"data.sequence_len plus distill.max_new_tokens {d.max_new_tokens} sampled by the student)")
+        return _StageShape(model, seq, logit_tokens, per_sample, reference, rollout, teacher)
     return _StageShape(model, seq, logit_tokens, per_sample, reference, rollout)
 
 

@@ -8,7 +8,7 @@ counterpart and what the recipe does instead; nothing is dropped silently. The Y
 (`--trust-code` or `allow_code: true`, which the converter never writes).
 
 Modules: `convert` (this file: the pass over the config), `datasets` (dataset entries and their
-types), `preference` (the DPO, KTO and ORPO types), `training` (model, adapter, optimisation, precision, logging, output), `vision`
+types), `preference` (the DPO, KTO and ORPO types), `distill` (the KD plugin), `training` (model, adapter, optimisation, precision, logging, output), `vision`
 (multimodal configs: `model.vision`, image sizes, processor keys), `backend` (DeepSpeed, FSDP).
 """
 
@@ -164,7 +164,7 @@ def read_config(path: str | Path) -> dict[str, Any]:
 def convert_config(config: dict[str, Any], source: str | Path = "config.yaml", *, world_size: int = 1) -> Conversion:
     """Convert Axolotl `config` (data) to a recipe; `source` is the file it came from (DeepSpeed JSON
     paths are read relative to it)."""
-    from recipeforge.config.axolotl import backend, datasets, stages, training, vision
+    from recipeforge.config.axolotl import backend, datasets, distill, stages, training, vision
 
     conv = Conversion(config=config, source=Path(source), world_size=world_size, vision=vision.detect(config))
     for key, value in config.items():
@@ -178,6 +178,7 @@ def convert_config(config: dict[str, Any], source: str | Path = "config.yaml", *
     datasets.data(conv)
     training.optimisation(conv)
     stages.stage_settings(conv)
+    distill.settings(conv)
     vision.settings(conv)
     backend.distributed(conv)
     training.logging_output(conv)

@@ -151,7 +151,7 @@ def _excess_length(conv) -> None:
         return
     if stage == "grpo":  # prompts only; Axolotl does not filter GRPO rows by length
         return
-    if stage in ("sft", "reward"):
+    if stage in ("sft", "reward", "distill"):  # the language-model data step, which drops or cuts
         conv.put("data.truncation", "truncate" if strategy == "truncate" else "drop",
                  "excess_length_strategy" if conv.get("excess_length_strategy") is not None else None)
         if strategy == "raise":
@@ -242,6 +242,10 @@ def _lm(conv, entry: dict, spec: dict, where: str, stage: str) -> set[str]:
         _instruction(conv, spec, where, user_defined(kind))
         return set()
     kind = "" if kind is None else str(kind)
+    from recipeforge.config.axolotl import distill
+
+    if kind == distill.KD_DATASET:  # chat rows with the teacher's precomputed log-probs
+        return _messages(conv, entry, spec, where, "chat_template") | distill.dataset(conv, entry, where)
     if kind in ("completion", "pretrain"):
         spec["format"] = "text"
         if entry.get("field") and entry["field"] != "text":

@@ -14,8 +14,11 @@ GRPO_LOSSES = ("grpo", "dr_grpo", "dapo", "bnpo")
 
 
 def stage(conv) -> None:
-    """`rl:` (dpo, ipo, grpo, orpo, kto, simpo, cpo; others reported) or pretrain/sft from the data."""
-    if _reward_model(conv):
+    """`rl:` (dpo, ipo, grpo, orpo, kto, simpo, cpo; others reported), the KD plugin (`distill`), or
+    pretrain/sft from the data."""
+    from recipeforge.config.axolotl import distill
+
+    if distill.stage(conv) or _reward_model(conv):
         return
     rl = conv.get("rl")
     if rl is not None:

@@ -49,7 +49,8 @@ PLANNER = "the planner and launcher (the same for every backend)"
 
 FIELDS: dict[str, Field] = {
     "stage": mapped("the Megatron stage runner (stages.megatron_lm)", allowed=("pretrain", "sft"),
-                    why=f"Megatron-Bridge runs pretraining and SFT here; DPO and GRPO run on {HF}"),
+                    why=f"Megatron-Bridge runs pretraining and SFT here; the other stages (DPO, GRPO, distillation, "
+                        f"...) run on {HF}"),
     "name": ignored("names the run directory, not a training setting"),
     "description": ignored("documentation for the model card"),
     "allow_code": ignored("read while the recipe is loaded (code in dataset formats and rewards)"),
