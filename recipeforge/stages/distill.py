@@ -151,9 +151,11 @@ class DistillStage(LMStage):
         sampled = model.training and on_policy_step(self.recipe.train.seed, trainer.state.global_step, s.on_policy)
         if sampled:
             inputs, labels = self.sample(trainer, model, inputs["input_ids"], labels)
+        # The teacher first: its full-vocabulary logits are reduced to the top-k before the student's
+        # activations exist, so the two never peak together (the planner sizes it so).
+        top = self.teacher_top_k(inputs, labels)
         outputs = model(**inputs)
         logits = outputs.logits
-        top = self.teacher_top_k(inputs, labels)
         div = divergence(logits, top.logprobs.to(logits.device), top.ids.to(logits.device), labels,
                          loss=s.loss, beta=s.beta, temperature=s.temperature)
         if sampled:
