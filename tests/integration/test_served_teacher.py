@@ -48,7 +48,7 @@ def _start(run: Path, *args: str, env: dict[str, str]) -> tuple[subprocess.Popen
 
 @pytest.fixture(scope="module")
 def teacher_server(tiny, tmp_path_factory):
-    run = tiny.train("sft-full", tmp_path_factory.mktemp("teacher") / "teacher-run", "train.max_steps=2",
+    run = tiny.train("sft-full", tmp_path_factory.mktemp("teacher") / "teacher-run", "train.max_steps=30",
                      "data.val_size=0")
     proc, url = _start(run, "--max-logprobs", str(LIMIT), env={"RECIPEFORGE_API_KEY": KEY})
     yield run, url
@@ -138,3 +138,23 @@ def test_a_server_that_returns_fewer_logprobs_than_asked(tmp_path):
                            ) as info:
             teacher.top_k(torch.tensor([[7, 7, 7]]), torch.ones(1, 3), k=4, temperature=1.0)
     assert "--max-logprobs" in info.value.problems[0].hint
+
+
+def test_distillation_from_the_served_teacher_trains_as_from_the_loaded_one(teacher_server, key_env, tiny, tmp_path):
+    """`recipeforge serve` of the teacher run as `distill.teacher.url`: the student trains, and on the same
+    seed its per-step divergence is the one a run with the same teacher loaded in-process logs (served and
+    colocated teachers train one objective)."""
+    run, url = teacher_server
+    common = ("train.max_steps=6", "output.save_steps=6", "data.val_size=0", "train.eval_steps=null",
+              "train.logging_steps=1", f"distill.top_k={LIMIT}",
+              "train.seed=7")  # a student initialized unlike the teacher (tiny:llama from the default seed)
+    served = tiny.train("distill", tmp_path / "served", *common, f"distill.teacher.url={url}",
+                        "~distill.teacher.name_or_path", f"distill.teacher.api_key_env={key_env}")
+    loaded = tiny.train("distill", tmp_path / "loaded", *common, f"distill.teacher.name_or_path={run / 'final'}")
+    kl_served, kl_loaded = tiny.values(served, "distill/kl"), tiny.values(loaded, "distill/kl")
+    print(f"distill/kl, served teacher: {[round(v, 4) for v in kl_served]}; loaded: {[round(v, 4) for v in kl_loaded]}")
+    assert len(kl_served) == len(kl_loaded) == 6
+    assert kl_served[-1] < kl_served[0], kl_served
+    assert math.isclose(kl_served[0], kl_loaded[0], rel_tol=1e-3), (kl_served[0], kl_loaded[0])
+    assert all(math.isclose(a, b, rel_tol=5e-2) for a, b in zip(kl_served, kl_loaded)), (kl_served, kl_loaded)
+    assert (served / "final" / "model.safetensors").is_file()
