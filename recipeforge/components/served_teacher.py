@@ -31,7 +31,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from recipeforge.components.teacher import TeacherTopK
+from recipeforge.components.teacher_topk import TeacherTopK
 from recipeforge.errors import RecipeError
 
 KEY = "distill.teacher.url"

@@ -2,38 +2,26 @@
 teacher loaded in the run (`ColocatedTeacher`), and `build_teacher`, which picks the recipe's.
 
 A served teacher (`distill.teacher.url`) lives in `components.served_teacher` and implements the same
-`Teacher` protocol; it is imported only when a recipe names one.
+`Teacher` protocol (`components.teacher_topk`, which both import); it is imported only when a recipe
+names one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import torch
 
+from recipeforge.components.teacher_topk import Teacher, TeacherTopK
 from recipeforge.errors import Location, RecipeError
+
+__all__ = ["ColocatedTeacher", "Teacher", "TeacherTopK", "build_teacher"]
 
 # The recipe's `distill.teacher` (`config.schema.distill.TeacherConfig`; components do not import config).
 TeacherConfig = Any
 
 Locate = Callable[[tuple[Any, ...]], "Location | None"]
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-
-
-@dataclass(frozen=True)
-class TeacherTopK:
-    """A teacher's k most likely next tokens at each position."""
-
-    logprobs: torch.Tensor  # [B, T, k] float32: log-probs of the teacher's k most likely next tokens at each position t (t predicts token t+1), at the requested temperature
-    ids: torch.Tensor       # [B, T, k] int64 token ids
-
-
-class Teacher(Protocol):
-    """What the distill stage asks of a teacher, colocated or served."""
-
-    def top_k(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, k: int,
-              temperature: float) -> TeacherTopK: ...
 
 
 def _no_locate(path: tuple[Any, ...]) -> Location | None:
@@ -108,5 +96,6 @@ def build_teacher(config: TeacherConfig, tokenizer: Any, *, device: str, dtype: 
 
     # The server's /tokenize must split a probe text as the student's tokenizer does (vLLM's and
     # `recipeforge serve`'s add the tokenizer's special tokens, as `encode` does by default).
-    teacher: Teacher = ServedTeacher(config, vocab_size=vocab_size, probe=tokenizer.encode)
+    teacher: Teacher = ServedTeacher(config, vocab_size=vocab_size,
+                                     probe=tokenizer.encode if tokenizer is not None else None)
     return teacher

@@ -131,7 +131,7 @@ class DistillStage(LMStage):
     def trainer_type(self, base: type[Trainer]) -> type[Trainer]:
         stage = self
 
-        class DistillTrainer(base):  # type: ignore[misc, valid-type]  # transformers is untyped here (`Any`)
+        class DistillTrainer(base):  # type: ignore[misc]  # transformers is untyped here (`Any`)
             def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
                              num_items_in_batch: Any = None) -> Any:
                 return stage.compute_loss(self, model, inputs, return_outputs)

@@ -126,7 +126,7 @@ class LMStage(TrainerStage):
 
             if self.recipe.data.stream_log:
                 data.train.order_log = order_log_path(self.context.run.root, self.context.dist.rank)
-        trainer_cls = self.trainer_type(streamed(Trainer) if streaming else Trainer)
+        trainer_cls: Any = self.trainer_type(streamed(Trainer) if streaming else Trainer)
         return crash_safe(trainer_cls)(model=self.model, args=args, data_collator=collator, train_dataset=data.train,
                        eval_dataset=data.eval, processing_class=self.tokenizer,
                        callbacks=self.callbacks() + [ForgetEvalBatches()])

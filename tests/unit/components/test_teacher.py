@@ -35,12 +35,10 @@ def test_four_bit_teacher_is_refused_off_cuda():
     assert exc.value.problems[0].key == "distill.teacher.load_in_4bit"
 
 
-def test_a_served_teacher_needs_its_client():
-    try:
-        import recipeforge.components.served_teacher  # noqa: F401
-    except ImportError:
-        with pytest.raises(RecipeError) as exc:
-            build_teacher(TeacherConfig(url="http://127.0.0.1:9/v1"), None, device="cpu", dtype=torch.float32)
-        assert exc.value.problems[0].key == "distill.teacher.url"
-    else:
-        pytest.skip("the served-teacher client is installed; its own tests cover it")
+def test_a_served_teacher_that_cannot_be_reached_is_an_error_at_its_url():
+    from service_testing import closed_port
+
+    with pytest.raises(RecipeError) as exc:
+        build_teacher(TeacherConfig(url=f"http://127.0.0.1:{closed_port()}/v1", timeout_s=2), None, device="cpu",
+                      dtype=torch.float32)
+    assert exc.value.problems[0].key == "distill.teacher.url"
