@@ -46,7 +46,8 @@ def sensitivity(w: Workload, layout: Layout, micro: int, ckpt: bool, accumulatio
         return estimate(w2, layout, micro2, ckpt2, accumulation=accumulation, gpu_memory=gpu_memory).total
 
     levers: list[tuple[float, str]] = []
-    if not w.fused_loss and gb.get("logits", 0) > 0:
+    # Distillation reads the student's full logits (the teacher's top-k against them): no fused loss there.
+    if not w.fused_loss and w.teacher is None and gb.get("logits", 0) > 0:
         saved = mem.total - total(replace(w, fused_loss=True))
         levers.append((saved, f"logits {gb['logits']:.1f} GB: fused cross-entropy (kernels: {{liger: "
                               f"{{fused_linear_cross_entropy: true}}}}) saves {saved / GIB:.1f} GB"))
