@@ -111,12 +111,12 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 def base_recipe(model: Path, data: Path, *, stage: str = "sft", seq: int, steps: int, global_batch: int,
                 micro_batch: int | str, checkpointing: bool | str, lr: float = 1e-4) -> dict[str, Any]:
     """A recipe training `model` (random init) on `data` for `steps` steps, logging every step."""
-    fmt = {"sft": "alpaca", "dpo": "preference", "grpo": "prompt"}[stage]
+    fmt = {"sft": "alpaca", "distill": "alpaca", "dpo": "preference", "grpo": "prompt"}[stage]
     return {
         "stage": stage,
         "model": {"name_or_path": str(model), "init": "random", "tokenizer": "tiny:llama", "dtype": "bf16",
                   "attn_implementation": "sdpa"},
-        "data": {"datasets": [{"path": str(data), "format": fmt}], "sequence_len": seq, "packing": stage == "sft"},
+        "data": {"datasets": [{"path": str(data), "format": fmt}], "sequence_len": seq, "packing": stage in ("sft", "distill")},
         "train": {"max_steps": steps, "global_batch_size": global_batch, "micro_batch_size": micro_batch,
                   "learning_rate": lr, "warmup_ratio": 0.0, "scheduler": "constant", "logging_steps": 1,
                   "gradient_checkpointing": checkpointing,

@@ -43,6 +43,7 @@ class Case:
     note: str = ""
     weights: bool = False             # start from written random-init weights instead of model.init: random
     gpu_only: tuple[str, ...] = ()    # a recipe key refused on a CPU (fp8): smoke plans it for GPU_TARGET instead
+    teacher: str | None = None        # distill: the colocated teacher's model (random-init weights, written once)
 
 
 LORA = {"adapter": {"type": "lora", "r": 16, "alpha": 32, "target_modules": "all-linear"}}
@@ -54,6 +55,9 @@ QLORA = {"adapter": {"type": "qlora", "r": 16, "alpha": 32, "target_modules": "a
 CASES = [
     Case("full-1b", "llama-3.2-1b", seq=2048, micro_batch=4, checkpointing=False,
          note="full bf16 SFT; the planner chooses the precision (mixed when it fits)"),
+    Case("distill-1b", "llama-3.2-1b", stage="distill", seq=2048, micro_batch=4, checkpointing=False,
+         teacher="llama-3.2-1b", note="a colocated 1B teacher (random bf16 weights) beside a 1B student: the "
+                                      "planner's teacher terms and the step's cost against SFT (full-1b)"),
     Case("fp8-1b", "llama-3.2-1b", {"train": {"precision": "fp8"}}, seq=2048, micro_batch=4, checkpointing=False,
          gpu_only=("train", "precision"),
          note="full-1b with float8 matmuls (torchao, tensorwise): tokens/s and loss against full-1b, its bf16 twin"),
@@ -90,7 +94,8 @@ def data_for(stage: str, out: Path) -> Path:
     """The synthetic dataset of a stage (written once per output directory)."""
     path = out / "data" / f"{stage}.jsonl"
     if not path.exists():
-        rows = {"sft": lambda: common.synthetic_rows(6000), "dpo": lambda: common.preference_rows(2000),
+        rows = {"sft": lambda: common.synthetic_rows(6000), "distill": lambda: common.synthetic_rows(6000),
+                "dpo": lambda: common.preference_rows(2000),
                 "grpo": lambda: common.prompt_rows(2000)}[stage]()
         common.write_jsonl(path, rows)
     return path
@@ -108,6 +113,9 @@ def recipe_of(case: Case, out: Path, steps: int, smoke: bool) -> Path:
         base["model"] = {"name_or_path": str(common.random_weights(model, out)), "tokenizer": base["model"]["tokenizer"],
                          "dtype": base["model"]["dtype"]}
         base["train"].pop("divergence", None)
+    if case.teacher is not None:
+        teacher = common.random_weights(common.model_dir(case.teacher, smoke, out), out)
+        base["distill"] = {"teacher": {"name_or_path": str(teacher)}}
     return common.write_recipe(out / "recipes" / f"{case.name}.yaml", common.merge(base, case.settings))
 
 
