@@ -177,8 +177,10 @@ def smoke_gpu_only(case: Case, recipe: Path, row: dict) -> dict:
                 "why": common.tail(refused.stderr)}
     from recipeforge.plan.memory import measured_view
 
+    out = recipe.parent.parent  # recipes are written to OUT/recipes/
     return {**row, "status": "ok", "backend": plan["backend"], "precision": plan["extra"].get("precision"),
             "plan_gb": round(measured_view(plan["memory_gb"], "reserved"), 2),
+            "deps": common.case_deps(out / "runs" / case.name, common.MODELS / case.model / "config.json"),
             "why": f"smoke: planned for {GPU_TARGET}; the CPU refuses {key} (GPU-only)"}
 
 

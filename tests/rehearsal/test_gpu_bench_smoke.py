@@ -43,6 +43,9 @@ def test_every_suite_case_plans_trains_and_measures(lease):
             assert case["why"] in ("not installed: liger_kernel", "not installed: megatron"), case
             continue
         assert case["status"] == "ok", case
+        if str(case.get("why", "")).startswith("smoke: planned for"):  # GPU-only (fp8): planned, refused on a CPU
+            assert case["plan_gb"] > 0, case
+            continue
         assert case["plan_gb"] > 0 and case["tokens_per_s"] > 0 and case["loss_first"] is not None, case
         assert case["init_s"] is not None and case["first_step_s"] > 0, case
         assert case["measured_reserved_gb"] is None  # a CPU has no allocator peak to measure
