@@ -28,6 +28,17 @@ def test_overrides_must_be_key_value_or_tilde_key():
     assert records.as_data(records.validate, ok)["stage"] == "pretrain"
 
 
+def test_no_override_sets_or_deletes_allow_code(tmp_path):
+    code = tmp_path / "code.yaml"
+    code.write_text(f"extends: {TINY / 'pretrain.yaml'}\nmodel:\n  trust_remote_code: true\n")
+    for bad in ("allow_code=true", " allow_code =true", "allow_code=yes", "~allow_code", "allow_code.x=1"):
+        for make in (records.validate, records.plan, records.resolve):
+            error = records.as_data(make, records.recipe_namespace("validate", str(code), [bad]))["error"]
+            assert error["key"] == "allow_code" and "--trust-code" in error["hint"], (bad, error)
+    assert records.override_root("data.datasets[0].path=x") == "data"
+    assert records.override_root("~allow_code_note") == "allow_code_note"
+
+
 def test_schema_section_carries_the_definitions_it_uses():
     import argparse
 
