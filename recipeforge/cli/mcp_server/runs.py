@@ -81,6 +81,10 @@ class Runs:
         if not root.is_dir() and not alive:
             raise RecipeError(f"{run_dir}: no such run directory",
                               hint="give the run_dir the train tool returned (the recipe's output.dir)")
+        if started is None and not is_run_dir(root):
+            raise RecipeError(f"{run_dir} is not a run directory (no metrics.jsonl, resolved_recipe.yaml, plan.json, "
+                              f"checkpoints or final/)", hint="give the run_dir the train tool returned (the "
+                                                              "recipe's output.dir)")
         record = run_status(root, exit_code=code, process_alive=alive)
         if started is not None:
             record.update(pid=started.process.pid, log=str(started.log), exit_code=code)
@@ -126,6 +130,14 @@ def run_status(root: Path, *, exit_code: int | None = None, process_alive: bool 
     return {"run_dir": str(root), "state": state, "last_step": step, "last_loss": loss,
             "checkpoints": checkpoints, "final": (root / "final").is_dir(), "metrics_partial_last_line": partial,
             "resumable": state in ("preempted", "stopped") or (state == "failed" and bool(checkpoints))}
+
+
+def is_run_dir(root: Path) -> bool:
+    """Whether `root` holds any record `recipeforge train` writes in a run directory."""
+    from recipeforge.outputs.run_lock import LOCK_NAME
+
+    files = ("metrics.jsonl", "resolved_recipe.yaml", "plan.json", "recipe.lock.yaml", LOCK_NAME)
+    return any((root / name).is_file() for name in files) or any((root / d).is_dir() for d in ("final", "checkpoints"))
 
 
 def _holder_alive(holder: dict[str, Any]) -> bool:

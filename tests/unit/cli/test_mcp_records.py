@@ -77,3 +77,13 @@ def test_stop_signals_only_runs_this_server_started(tmp_path):
 
     error = records.as_data(lambda a: Runs().stop(a.run_dir), argparse.Namespace(run_dir=str(tmp_path)))
     assert "started no run" in error["error"]["message"]
+
+
+def test_status_refuses_a_directory_that_is_no_run(tmp_path):
+    import argparse
+
+    (tmp_path / "notes").mkdir()
+    error = records.as_data(lambda a: Runs().status(a.run_dir), argparse.Namespace(run_dir=str(tmp_path / "notes")))
+    assert "is not a run directory" in error["error"]["message"]
+    run = _run_dir(tmp_path / "run", final=True)
+    assert Runs().status(str(run))["state"] == "finished"
