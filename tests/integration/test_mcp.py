@@ -106,6 +106,12 @@ def test_train_status_report_and_stop(tmp_path):
             status = await _until(client, long_dir, ("finished", "failed", "preempted", "stopped"))
             assert status["state"] == "preempted" and status["exit_code"] == 75, status
             assert status["checkpoints"] and status["resumable"]
+            # Stopped during its start-up, before it could save anything: stopped, not failed.
+            early_dir = str(tmp_path / "runs" / "early")
+            await _call(client, "train", recipe=str(TINY / "pretrain.yaml"), overrides=[*SHORT, f"output.dir={early_dir}"])
+            assert (await _call(client, "stop", run_dir=early_dir))["stopped"] is True
+            status = await _until(client, early_dir, ("finished", "failed", "preempted", "stopped"))
+            assert status["state"] in ("stopped", "preempted") and status["exit_code"] in (-15, 75), status
             # Only runs this server started are signalled.
             assert "error" in await _call(client, "stop", run_dir=str(tmp_path / "runs" / "elsewhere"))
 

@@ -78,7 +78,7 @@ class Runs:
         started = self._started.get(root)
         code = started.process.poll() if started is not None else None
         alive = started is not None and code is None
-        if not root.is_dir() and not alive:
+        if started is None and not root.is_dir():  # a run this server started is known before its directory
             raise RecipeError(f"{run_dir}: no such run directory",
                               hint="give the run_dir the train tool returned (the recipe's output.dir)")
         if started is None and not is_run_dir(root):
@@ -111,7 +111,8 @@ class Runs:
 def run_status(root: Path, *, exit_code: int | None = None, process_alive: bool = False) -> Record:
     """running / finished / preempted / failed / stopped from the run directory's records: the run lock's
     live holder, final/, the exit status when known, and checkpoints/ (a stop of unknown cause that left a
-    checkpoint: `stopped`, resumable); with the last step and loss of metrics.jsonl."""
+    checkpoint, or a process killed by SIGTERM before it could handle it: `stopped`); with the last step and
+    loss of metrics.jsonl. `resumable`: it ended with a checkpoint to continue from."""
     from recipeforge.outputs.run_lock import LOCK_NAME
 
     holder = _read_json(root / LOCK_NAME)
@@ -122,6 +123,8 @@ def run_status(root: Path, *, exit_code: int | None = None, process_alive: bool 
         state = "finished"
     elif exit_code == EXIT_PREEMPTED:
         state = "preempted"
+    elif exit_code == -signal.SIGTERM:  # the stop signal came before `train` could handle it (start-up)
+        state = "stopped"
     elif exit_code is not None and exit_code != 0:
         state = "failed"
     else:
@@ -129,7 +132,7 @@ def run_status(root: Path, *, exit_code: int | None = None, process_alive: bool 
     step, loss, partial = _last_train_row(root / "metrics.jsonl")
     return {"run_dir": str(root), "state": state, "last_step": step, "last_loss": loss,
             "checkpoints": checkpoints, "final": (root / "final").is_dir(), "metrics_partial_last_line": partial,
-            "resumable": state in ("preempted", "stopped") or (state == "failed" and bool(checkpoints))}
+            "resumable": state not in ("running", "finished") and bool(checkpoints)}
 
 
 def is_run_dir(root: Path) -> bool:

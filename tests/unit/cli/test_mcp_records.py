@@ -70,6 +70,9 @@ def test_a_runs_state_comes_from_its_run_directory(tmp_path):
     assert run_status(_run_dir(tmp_path / "c", checkpoint=True), exit_code=75)["state"] == "preempted"
     assert run_status(_run_dir(tmp_path / "d", checkpoint=True))["state"] == "stopped"
     assert run_status(_run_dir(tmp_path / "e"), exit_code=1)["state"] == "failed"
+    early = run_status(_run_dir(tmp_path / "f"), exit_code=-15)  # SIGTERM during start-up
+    assert early["state"] == "stopped" and early["resumable"] is False
+    assert run_status(_run_dir(tmp_path / "g", checkpoint=True), exit_code=1)["resumable"] is True
 
 
 def test_stop_signals_only_runs_this_server_started(tmp_path):
