@@ -52,6 +52,7 @@ class Runs:
         directory, pid, log file and command."""
         from recipeforge.cli.common import load
         from recipeforge.outputs.run_dir import default_run_dir
+        from recipeforge.outputs.run_lock import LOCK_NAME
 
         check_overrides(args.overrides)
         loaded = load(args)  # the recipe, the overrides and the code opt-in, checked before anything runs
@@ -61,6 +62,11 @@ class Runs:
             if earlier is not None and earlier.process.poll() is None:
                 raise RecipeError(f"this server's run in {run_dir} is still training (pid {earlier.process.pid})",
                                   key="output.dir", hint="stop it first, or choose another output.dir")
+            holder = _read_json(run_dir / LOCK_NAME)
+            if holder is not None and _holder_alive(holder):
+                raise RecipeError(f"{run_dir} is in use by another run (pid {holder.get('pid')} on "
+                                  f"{holder.get('host')})", key="output.dir",
+                                  hint="wait for it to end (status), or choose another output.dir")
             # --trust-code only when the server itself was started with it: the tool never adds it.
             argv = [sys.executable, "-m", "recipeforge", *(["--trust-code"] if self.trust_code else []), "train",
                     str(Path(args.recipe).absolute()), *args.overrides]

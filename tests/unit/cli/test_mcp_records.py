@@ -90,3 +90,11 @@ def test_status_refuses_a_directory_that_is_no_run(tmp_path):
     assert "is not a run directory" in error["error"]["message"]
     run = _run_dir(tmp_path / "run", final=True)
     assert Runs().status(str(run))["state"] == "finished"
+
+
+def test_train_refuses_a_run_directory_another_live_process_holds(tmp_path):
+    run = _run_dir(tmp_path / "busy", holder=os.getpid())
+    args = records.recipe_namespace("train", str(TINY / "pretrain.yaml"), [f"output.dir={run}"])
+    error = records.as_data(Runs().train, args)["error"]
+    assert "in use by another run" in error["message"] and error["key"] == "output.dir", error
+    assert not (tmp_path / "busy.train.log").exists()  # nothing started
