@@ -56,7 +56,7 @@ class Runs:
 
         check_overrides(args.overrides)
         loaded = load(args)  # the recipe, the overrides and the code opt-in, checked before anything runs
-        run_dir = default_run_dir(loaded.recipe, loaded.path).absolute()
+        run_dir = run_path(default_run_dir(loaded.recipe, loaded.path))
         with self._lock:
             earlier = self._started.get(run_dir)
             if earlier is not None and earlier.process.poll() is None:
@@ -80,7 +80,7 @@ class Runs:
 
     def status(self, run_dir: str) -> Record:
         """Where a run stands, from its run directory (and the exit status of a process this server started)."""
-        root = Path(run_dir).expanduser().absolute()
+        root = run_path(run_dir)
         started = self._started.get(root)
         code = started.process.poll() if started is not None else None
         alive = started is not None and code is None
@@ -100,7 +100,7 @@ class Runs:
 
     def stop(self, run_dir: str) -> Record:
         """SIGTERM to the run this server started in `run_dir`: it saves a checkpoint and exits with 75."""
-        root = Path(run_dir).expanduser().absolute()
+        root = run_path(run_dir)
         started = self._started.get(root)
         if started is None:
             raise RecipeError(f"this server started no run in {run_dir}",
@@ -112,6 +112,12 @@ class Runs:
         return {"run_dir": str(root), "pid": started.process.pid, "stopped": True, "signal": "SIGTERM",
                 "message": "the run saves a checkpoint at the end of its step and exits (status: preempted); "
                            "train the same recipe again to resume"}
+
+
+def run_path(path: str | Path) -> Path:
+    """A run directory as this server keys it: absolute from its working directory, `~` and `..` resolved
+    (not symlinks), so `runs/x`, `./runs/x` and `/abs/runs/x` name one run."""
+    return Path(os.path.abspath(Path(path).expanduser()))
 
 
 def run_status(root: Path, *, exit_code: int | None = None, process_alive: bool = False) -> Record:

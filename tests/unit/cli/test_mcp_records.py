@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from recipeforge.cli.mcp_server import records
-from recipeforge.cli.mcp_server.runs import Runs, run_status
+from recipeforge.cli.mcp_server.runs import Runs, run_path, run_status
 
 TINY = Path(__file__).resolve().parents[3] / "examples" / "yaml" / "tiny"
 
@@ -98,3 +98,8 @@ def test_train_refuses_a_run_directory_another_live_process_holds(tmp_path):
     error = records.as_data(Runs().train, args)["error"]
     assert "in use by another run" in error["message"] and error["key"] == "output.dir", error
     assert not (tmp_path / "busy.train.log").exists()  # nothing started
+
+
+def test_one_run_directory_has_one_key(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run_path("runs/x") == run_path("./runs/../runs/x") == run_path(tmp_path / "runs" / "x") == tmp_path / "runs/x"
