@@ -85,6 +85,7 @@ def test_train_status_report_and_stop(tmp_path):
             started = await _call(client, "train", recipe=str(TINY / "pretrain.yaml"),
                                   overrides=[*SHORT, f"output.dir={run_dir}"])
             assert started["run_dir"] == run_dir and started["pid"] > 0, started
+            assert "--trust-code" not in started["command"]  # never added by the tool on its own
             status = await _until(client, run_dir, ("finished", "failed", "preempted", "stopped"))
             assert status["state"] == "finished", status
             assert status["last_step"] == 4 and isinstance(status["last_loss"], float) and status["exit_code"] == 0
@@ -105,6 +106,12 @@ def test_train_status_report_and_stop(tmp_path):
             status = await _until(client, long_dir, ("finished", "failed", "preempted", "stopped"))
             assert status["state"] == "preempted" and status["exit_code"] == 75, status
             assert status["checkpoints"] and status["resumable"]
+            # Stopped during its start-up, before it could save anything: stopped, not failed.
+            early_dir = str(tmp_path / "runs" / "early")
+            await _call(client, "train", recipe=str(TINY / "pretrain.yaml"), overrides=[*SHORT, f"output.dir={early_dir}"])
+            assert (await _call(client, "stop", run_dir=early_dir))["stopped"] is True
+            status = await _until(client, early_dir, ("finished", "failed", "preempted", "stopped"))
+            assert status["state"] in ("stopped", "preempted") and status["exit_code"] in (-15, 75), status
             # Only runs this server started are signalled.
             assert "error" in await _call(client, "stop", run_dir=str(tmp_path / "runs" / "elsewhere"))
 
@@ -121,6 +128,9 @@ def test_hostile_input_refused_and_never_run(tmp_path):
         async with Client(_params(tmp_path)) as client:
             error = (await _call(client, "train", recipe=str(code)))["error"]
             assert "allow_code" in error["message"] + (error["hint"] or "") and ":3" in (error["location"] or ""), error
+            # The opt-in is the recipe's own: an override cannot give it.
+            error = (await _call(client, "train", recipe=str(code), overrides=["allow_code=true"]))["error"]
+            assert error["key"] == "allow_code" and "--trust-code" in error["hint"], error
             shell = f"train.max_steps=2; touch {marker}"
             error = (await _call(client, "train", recipe=str(TINY / "pretrain.yaml"), overrides=[shell]))["error"]
             assert error["key"] == "train.max_steps", error
@@ -128,7 +138,16 @@ def test_hostile_input_refused_and_never_run(tmp_path):
                                  overrides=["--trust-code"]))["error"]
             assert error["key"] == "overrides"
 
+    async def opted_in() -> None:
+        own = tmp_path / "own.yaml"  # the recipe's own opt-in
+        own.write_text(code.read_text() + "allow_code: true\n")
+        async with Client(_params(tmp_path)) as client:
+            assert (await _call(client, "validate", recipe=str(own)))["ok"] is True
+        async with Client(_params(tmp_path, "--trust-code")) as client:  # the server's opt-in
+            assert (await _call(client, "validate", recipe=str(code)))["ok"] is True
+
     asyncio.run(scenario())
+    asyncio.run(opted_in())
     assert not marker.exists() and not (tmp_path / "runs").exists()
 
 

@@ -65,13 +65,25 @@ def recipe_namespace(command: str, recipe: str, overrides: Sequence[str] | None 
 
 
 def check_overrides(overrides: Sequence[str] | None) -> None:
-    """Each override must be one `key=value` or `~key` string, as on the command line."""
+    """Each override must be one `key=value` or `~key` string, as on the command line, and none may touch
+    `allow_code`: the opt-in to run code a recipe names is the recipe's own (or the server's --trust-code),
+    never the agent's."""
     from recipeforge.cli.common import looks_like_override
 
     for item in overrides or ():
         if not isinstance(item, str) or not looks_like_override(item):
             raise RecipeError(f"override {item!r} is not key=value or ~key", key="overrides",
                               hint="e.g. train.learning_rate=1e-4, or ~adapter.dropout to delete a key")
+        if override_root(item) == "allow_code":
+            raise RecipeError(f"override {item!r}: allow_code is not set by an override here", key="allow_code",
+                              hint="running code a recipe names is the user's decision: allow_code: true in the "
+                                   "recipe file itself, or a server started with recipeforge mcp --trust-code")
+
+
+def override_root(item: str) -> str:
+    """The top-level key an override sets or deletes (`train` of ``train.max_steps=3``, ``~train.x``)."""
+    key = item[1:] if item.startswith("~") else item.partition("=")[0]
+    return key.strip().split(".", 1)[0].split("[", 1)[0].strip()
 
 
 def validate(args: argparse.Namespace) -> Record:

@@ -52,15 +52,21 @@ class Runs:
         directory, pid, log file and command."""
         from recipeforge.cli.common import load
         from recipeforge.outputs.run_dir import default_run_dir
+        from recipeforge.outputs.run_lock import LOCK_NAME
 
         check_overrides(args.overrides)
         loaded = load(args)  # the recipe, the overrides and the code opt-in, checked before anything runs
-        run_dir = default_run_dir(loaded.recipe, loaded.path).absolute()
+        run_dir = run_path(default_run_dir(loaded.recipe, loaded.path))
         with self._lock:
             earlier = self._started.get(run_dir)
             if earlier is not None and earlier.process.poll() is None:
                 raise RecipeError(f"this server's run in {run_dir} is still training (pid {earlier.process.pid})",
                                   key="output.dir", hint="stop it first, or choose another output.dir")
+            holder = _read_json(run_dir / LOCK_NAME)
+            if holder is not None and _holder_alive(holder):
+                raise RecipeError(f"{run_dir} is in use by another run (pid {holder.get('pid')} on "
+                                  f"{holder.get('host')})", key="output.dir",
+                                  hint="wait for it to end (status), or choose another output.dir")
             # --trust-code only when the server itself was started with it: the tool never adds it.
             argv = [sys.executable, "-m", "recipeforge", *(["--trust-code"] if self.trust_code else []), "train",
                     str(Path(args.recipe).absolute()), *args.overrides]
@@ -74,13 +80,17 @@ class Runs:
 
     def status(self, run_dir: str) -> Record:
         """Where a run stands, from its run directory (and the exit status of a process this server started)."""
-        root = Path(run_dir).expanduser().absolute()
+        root = run_path(run_dir)
         started = self._started.get(root)
         code = started.process.poll() if started is not None else None
         alive = started is not None and code is None
-        if not root.is_dir() and not alive:
+        if started is None and not root.is_dir():  # a run this server started is known before its directory
             raise RecipeError(f"{run_dir}: no such run directory",
                               hint="give the run_dir the train tool returned (the recipe's output.dir)")
+        if started is None and not is_run_dir(root):
+            raise RecipeError(f"{run_dir} is not a run directory (no metrics.jsonl, resolved_recipe.yaml, plan.json, "
+                              f"checkpoints or final/)", hint="give the run_dir the train tool returned (the "
+                                                              "recipe's output.dir)")
         record = run_status(root, exit_code=code, process_alive=alive)
         if started is not None:
             record.update(pid=started.process.pid, log=str(started.log), exit_code=code)
@@ -90,7 +100,7 @@ class Runs:
 
     def stop(self, run_dir: str) -> Record:
         """SIGTERM to the run this server started in `run_dir`: it saves a checkpoint and exits with 75."""
-        root = Path(run_dir).expanduser().absolute()
+        root = run_path(run_dir)
         started = self._started.get(root)
         if started is None:
             raise RecipeError(f"this server started no run in {run_dir}",
@@ -104,10 +114,17 @@ class Runs:
                            "train the same recipe again to resume"}
 
 
+def run_path(path: str | Path) -> Path:
+    """A run directory as this server keys it: absolute from its working directory, `~` and `..` resolved
+    (not symlinks), so `runs/x`, `./runs/x` and `/abs/runs/x` name one run."""
+    return Path(os.path.abspath(Path(path).expanduser()))
+
+
 def run_status(root: Path, *, exit_code: int | None = None, process_alive: bool = False) -> Record:
     """running / finished / preempted / failed / stopped from the run directory's records: the run lock's
     live holder, final/, the exit status when known, and checkpoints/ (a stop of unknown cause that left a
-    checkpoint: `stopped`, resumable); with the last step and loss of metrics.jsonl."""
+    checkpoint, or a process killed by SIGTERM before it could handle it: `stopped`); with the last step and
+    loss of metrics.jsonl. `resumable`: it ended with a checkpoint to continue from."""
     from recipeforge.outputs.run_lock import LOCK_NAME
 
     holder = _read_json(root / LOCK_NAME)
@@ -118,6 +135,8 @@ def run_status(root: Path, *, exit_code: int | None = None, process_alive: bool 
         state = "finished"
     elif exit_code == EXIT_PREEMPTED:
         state = "preempted"
+    elif exit_code == -signal.SIGTERM:  # the stop signal came before `train` could handle it (start-up)
+        state = "stopped"
     elif exit_code is not None and exit_code != 0:
         state = "failed"
     else:
@@ -125,7 +144,15 @@ def run_status(root: Path, *, exit_code: int | None = None, process_alive: bool 
     step, loss, partial = _last_train_row(root / "metrics.jsonl")
     return {"run_dir": str(root), "state": state, "last_step": step, "last_loss": loss,
             "checkpoints": checkpoints, "final": (root / "final").is_dir(), "metrics_partial_last_line": partial,
-            "resumable": state in ("preempted", "stopped") or (state == "failed" and bool(checkpoints))}
+            "resumable": state not in ("running", "finished") and bool(checkpoints)}
+
+
+def is_run_dir(root: Path) -> bool:
+    """Whether `root` holds any record `recipeforge train` writes in a run directory."""
+    from recipeforge.outputs.run_lock import LOCK_NAME
+
+    files = ("metrics.jsonl", "resolved_recipe.yaml", "plan.json", "recipe.lock.yaml", LOCK_NAME)
+    return any((root / name).is_file() for name in files) or any((root / d).is_dir() for d in ("final", "checkpoints"))
 
 
 def _holder_alive(holder: dict[str, Any]) -> bool:

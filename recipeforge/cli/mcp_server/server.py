@@ -63,8 +63,8 @@ def build_server(*, trust_code: bool = False, allow_train: bool = True) -> Any:
         return as_data(records.report, argparse.Namespace(run_dir=run_dir))
 
     def status(run_dir: str) -> Record:
-        """Where a run stands: running, finished, preempted, failed or stopped (resumable), from its run
-        directory; the last step and train loss, its checkpoints."""
+        """Where a run stands: running, finished, preempted, failed or stopped, from its run
+        directory; the last step and train loss, its checkpoints and whether it can resume from one."""
         return as_data(lambda a: runs.status(a.run_dir), argparse.Namespace(run_dir=run_dir))
 
     for tool in (validate, plan, resolve, diff, schema, report, status):
