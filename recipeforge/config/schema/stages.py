@@ -57,8 +57,10 @@ class RolloutConfig(Section):
 
 
 class OnPolicyConfig(Section):
-    """What every on-policy RL stage shares: completions sampled per prompt by a rollout engine and
-    scored by weighted reward functions (the section of a stage whose `StageSpec.rollout` is set)."""
+    """What every on-policy RL stage (GRPO, RLOO) shares: sampling, KL, clipping, rewards and rollout.
+
+    Completions are sampled per prompt by a rollout engine and scored by weighted reward functions;
+    this is the section of a stage whose `StageSpec.rollout` is set."""
 
     num_generations: int = Field(8, ge=2, description="Completions sampled per prompt (the group).")
     max_completion_length: int = Field(256, gt=0, description="Tokens generated per completion.")
@@ -79,8 +81,9 @@ class GRPOConfig(OnPolicyConfig):
 
 
 class RLOOConfig(OnPolicyConfig):
-    """REINFORCE Leave-One-Out (TRL RLOOTrainer): each completion's baseline is the mean reward of the
-    other completions of its prompt. Defaults as TRL's RLOOConfig sets them."""
+    """REINFORCE Leave-One-Out (TRL RLOOTrainer); defaults as TRL's RLOOConfig sets them.
+
+    Each completion's baseline is the mean reward of the other completions of its prompt."""
 
     num_generations: int = Field(2, ge=2, description="Completions sampled per prompt (the leave-one-out group).")
     max_completion_length: int = Field(512, gt=0, description="Tokens generated per completion.")
