@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 
 class Names(str, Enum):
@@ -36,6 +37,7 @@ class Stage(Names):
     CPO = "cpo"
     REWARD = "reward"
     DISTILL = "distill"
+    RLOO = "rloo"
 
 
 STAGES = tuple(s.value for s in Stage)
@@ -58,6 +60,11 @@ class StageSpec:
     # and the planner never chooses one, so a run cannot learn of it only once its workers start.
     min_micro_batch: int = 1
     min_micro_batch_why: str = ""
+    # An on-policy RL stage: its section (a `config.schema.stages.OnPolicyConfig`) samples
+    # `num_generations` completions per prompt through a rollout engine and scores them with reward
+    # functions. The planner sizes its rollout, the rules check its batch geometry, the code-trust
+    # and service checks read its rewards and rollout.
+    rollout: bool = False
 
     @property
     def needs_rows(self) -> str:
@@ -76,7 +83,7 @@ STAGE_SPECS: dict[Stage, StageSpec] = {s.name: s for s in (
               reports=PREFERENCE),
     StageSpec(Stage.GRPO, "Group Relative Policy Optimization with reward functions.",
               "recipeforge.stages.grpo:GRPOStage", "trained with GRPO", section="grpo", format_kinds=("prompt",),
-              reports=(*LOSS, "reward")),
+              reports=(*LOSS, "reward"), rollout=True),
     StageSpec(Stage.ORPO, "Odds Ratio Preference Optimization on chosen/rejected pairs (no reference model).",
               "recipeforge.stages.orpo:ORPOStage", "trained with ORPO", section="orpo", format_kinds=("preference",),
               reports=PREFERENCE),
@@ -98,7 +105,26 @@ STAGE_SPECS: dict[Stage, StageSpec] = {s.name: s for s in (
                              "off- or on-policy).",
               "recipeforge.stages.distill:DistillStage", "distilled from a teacher", section="distill",
               format_kinds=("lm",), reports=(*LOSS, "distill/kl")),
+    StageSpec(Stage.RLOO, "REINFORCE Leave-One-Out with reward functions (each completion's baseline: the mean "
+                          "reward of its prompt's other completions).",
+              "recipeforge.stages.rloo:RLOOStage", "trained with RLOO", section="rloo", format_kinds=("prompt",),
+              reports=(*LOSS, "reward"), rollout=True),
 )}
+
+
+def rl_section(recipe: Any) -> tuple[str, Any] | None:
+    """(name, section) of `recipe`'s on-policy RL section (`grpo:`, `rloo:`; an `OnPolicyConfig`),
+    or None for a stage without a rollout (`StageSpec.rollout`)."""
+    try:
+        spec = STAGE_SPECS[Stage(getattr(recipe, "stage", None))]
+    except ValueError:
+        return None
+    if not spec.rollout or spec.section is None:
+        return None
+    return spec.section, getattr(recipe, spec.section)
+
+
+RL_STAGES = tuple(s.name.value for s in STAGE_SPECS.values() if s.rollout)
 
 
 def stages_for_format_kind(kind: str) -> tuple[str, ...]:

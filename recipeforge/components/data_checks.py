@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from recipeforge.components.prepared import PreparedData
 from recipeforge.errors import RecipeError
+from recipeforge.stage_specs import rl_section
 
 MAX_ACCUMULATION = 65536      # forward/backward passes per optimizer step; more is a typo, not a plan
 MANY_PASSES = 10              # max_steps that repeat the data more often than this get a warning
@@ -56,10 +57,11 @@ def check_numbers(recipe, rows: int, unit: str, *, global_batch: int, micro: int
                   log: Callable[[str], None] = lambda message: None) -> None:
     """The checks of `check_data_numbers` on plain numbers (see the module docstring)."""
     t = recipe.train
-    generations = recipe.grpo.num_generations if recipe.stage == "grpo" else 1
+    rl = rl_section(recipe)
+    generations = rl[1].num_generations if rl is not None else 1
     per_step = max(1, global_batch // generations)
     if per_step > rows:
-        took = (f"train.global_batch_size {global_batch} / grpo.num_generations {generations} = {per_step}"
+        took = (f"train.global_batch_size {global_batch} / {rl and rl[0]}.num_generations {generations} = {per_step}"
                 if generations > 1 else f"train.global_batch_size {global_batch}")
         most = rows * generations
         raise RecipeError(

@@ -283,20 +283,20 @@ def get_reward_factory(name: str, *, allow_code: bool, key: str, location: Locat
     return rewards.get(name, key=key, location=location)
 
 
-def build_rewards(specs, ctx: RewardContext, *, locate: Callable[[tuple], Location | None] = lambda p: None
-                  ) -> BuiltRewards:
-    """The reward functions of `grpo.rewards`, named after their recipe entries (``rewards/<name>/mean``
-    in the logs; a name used twice gets a numbered suffix)."""
+def build_rewards(specs, ctx: RewardContext, *, locate: Callable[[tuple], Location | None] = lambda p: None,
+                  section: str = "grpo") -> BuiltRewards:
+    """The reward functions of `<section>.rewards` (`grpo`, `rloo`), named after their recipe entries
+    (``rewards/<name>/mean`` in the logs; a name used twice gets a numbered suffix)."""
     out = BuiltRewards()
     seen: dict[str, int] = {}
     for i, spec in enumerate(specs):
-        key = f"grpo.rewards[{i}]"
+        key = f"{section}.rewards[{i}]"
         factory = get_reward_factory(spec.name, allow_code=ctx.allow_code, key=f"{key}.name",
-                                     location=locate(("grpo", "rewards", i, "name")))
+                                     location=locate((section, "rewards", i, "name")))
         try:
             built = factory(reward_args(factory, spec.args, key=f"{key}.args"), ctx)
         except RecipeError as exc:
-            raise RecipeError([type(p)(p.message, p.location or locate(("grpo", "rewards", i, "args")),
+            raise RecipeError([type(p)(p.message, p.location or locate((section, "rewards", i, "args")),
                                        p.key or f"{key}.args", p.hint) for p in exc.problems]) from None
         base = spec.name.split(":")[-1]
         seen[base] = seen.get(base, 0) + 1

@@ -1,4 +1,4 @@
-"""GRPO rollout engines, from the `rollout_engines` registry (group ``recipeforge.rollout_engines``).
+"""Rollout engines of the on-policy RL stages (GRPO, RLOO), from the `rollout_engines` registry (group ``recipeforge.rollout_engines``).
 
 An engine is a `RolloutEngineSpec`: the modes it supports, the options it takes (its pydantic model
 validates ``grpo.rollout.options`` when the recipe loads) and how `grpo.rollout` becomes GRPO
@@ -122,12 +122,13 @@ def prepare_rollout_trainer(rollout, trainer) -> None:
         spec.prepare_trainer(rollout, trainer)
 
 
-def rollout_arguments(rollout, device: str, *, location: Location | None = None) -> dict:
-    """Trainer arguments of the engine `grpo.rollout.engine` names."""
-    key = "grpo.rollout.engine"
+def rollout_arguments(rollout, device: str, *, location: Location | None = None, section: str = "grpo") -> dict:
+    """Trainer arguments of the engine `<section>.rollout.engine` names (`section`: the on-policy
+    stage's section, `grpo` or `rloo`)."""
+    key = f"{section}.rollout.engine"
     spec = rollout_engines.get(rollout.engine, key=key, location=location)
     if rollout.mode not in spec.modes:
-        raise RecipeError(f"rollout engine '{spec.name}' has no {rollout.mode} mode", key="grpo.rollout.mode",
+        raise RecipeError(f"rollout engine '{spec.name}' has no {rollout.mode} mode", key=f"{section}.rollout.mode",
                           hint=f"modes of {spec.name}: {', '.join(spec.modes)}")
     options: Any = dict(getattr(rollout, "options", {}) or {})
     if spec.options is not None:
@@ -135,7 +136,8 @@ def rollout_arguments(rollout, device: str, *, location: Location | None = None)
             options = spec.options.model_validate(options)
         except ValidationError as exc:  # normally caught when the recipe loads
             first = exc.errors()[0]
-            raise RecipeError(f"invalid rollout options: {first['msg']}", key="grpo.rollout.options") from None
+            raise RecipeError(f"invalid rollout options: {first['msg']}",
+                              key=f"{section}.rollout.options") from None
     return dict(spec.arguments(rollout, options, device))
 
 

@@ -18,6 +18,7 @@ from recipeforge.config.schema.recipe import STAGE_CLASSES, STAGES, Recipe, reci
 from recipeforge.config.schema.rules import check_rules
 from recipeforge.config.tree import ConfigTree
 from recipeforge.errors import Problem, RecipeError, did_you_mean, format_key, sort_problems
+from recipeforge.stage_specs import rl_section
 
 __all__ = ["check_components", "model_problems", "validate_tree"]
 
@@ -84,10 +85,11 @@ def check_components(loaded: Any) -> None:
     recipe = getattr(loaded, "recipe", loaded)
     tree = getattr(loaded, "tree", None)
     problems: list[Problem] = []
-    for i, spec in enumerate(getattr(getattr(recipe, "grpo", None), "rewards", ())):
+    rl = rl_section(recipe)
+    for i, spec in enumerate(rl[1].rewards if rl is not None else ()):
         if is_code_reference(spec.name) or rewards.has(spec.name):
             continue
-        path = ("grpo", "rewards", i, "name")
+        path = (rl[0], "rewards", i, "name")
         err = rewards.unknown(spec.name, key=format_key(path), location=tree.locate(path) if tree else None)
         problems.extend(err.problems)
     if problems:

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from recipeforge.credentials import redact_credentials
 from recipeforge.errors import Problem, RecipeError, sort_problems
+from recipeforge.stage_specs import rl_section
 
 TIMEOUT_ENV = "RECIPEFORGE_SERVICE_TIMEOUT"  # seconds per request (default 10)
 DEFAULT_TIMEOUT = 10.0
@@ -160,9 +161,9 @@ def _services(recipe, environ) -> list[tuple[Service, str | None]]:
     hub = recipe.output.push_to_hub
     if hub is not None:
         found.extend(_hub(environ))
-    grpo = getattr(recipe, "grpo", None)
-    if grpo is not None and grpo.rollout.mode == "server":
-        found.extend(_rollout_server(grpo.rollout))
+    rl = rl_section(recipe)
+    if rl is not None and rl[1].rollout.mode == "server":
+        found.extend(_rollout_server(rl[1].rollout, rl[0]))
     return found
 
 
@@ -340,7 +341,7 @@ def _hub_token(environ) -> str | None:
         return None
 
 
-def _rollout_server(rollout) -> list[tuple[Service, str | None]]:
+def _rollout_server(rollout, section: str) -> list[tuple[Service, str | None]]:
     """Server-mode generation: the engine says where its server answers (`RolloutEngineSpec.health_path`)
     and how long a starting server is waited for (its `server_timeout` option)."""
     from recipeforge.components.rollout import rollout_engines, starts_server
@@ -351,7 +352,7 @@ def _rollout_server(rollout) -> list[tuple[Service, str | None]]:
     health = getattr(spec, "health_path", None)
     if health is None:
         return []
-    key = ("grpo", "rollout", "server_url") if rollout.server_url else ("grpo", "rollout", "mode")
+    key = (section, "rollout", "server_url") if rollout.server_url else (section, "rollout", "mode")
     url = rollout.server_url or spec.default_server_url or ""
     base, headers = split_credentials(url.rstrip("/"))
     options = dict(rollout.options or {})
@@ -364,5 +365,5 @@ def _rollout_server(rollout) -> list[tuple[Service, str | None]]:
 
     return [(Service(f"the {spec.name} generation server", key, base + health, redact_credentials(url),
                      headers=headers, ok=ok, wait_s=wait,
-                     hint=f"start it first (e.g. `trl vllm-serve --model MODEL`) or set grpo.rollout.server_url"
-                          f"{f'; waited {wait:g} s (grpo.rollout.options.server_timeout)' if wait else ''}"), None)]
+                     hint=f"start it first (e.g. `trl vllm-serve --model MODEL`) or set {section}.rollout.server_url"
+                          f"{f'; waited {wait:g} s ({section}.rollout.options.server_timeout)' if wait else ''}"), None)]

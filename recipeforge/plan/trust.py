@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Mapping
 
-from recipeforge.stage_specs import Stage
+from recipeforge.stage_specs import rl_section
 from recipeforge.plan.types import Choice, Plan
 from recipeforge.registry import BUILTIN, Registry, code_trust, is_code_reference, registry_for
 
@@ -24,10 +24,10 @@ def used_components(recipe: Recipe) -> list[tuple[str, str]]:
     used = [("models", recipe.model.name_or_path)]
     used += [("formats", ds.format) for ds in (*recipe.data.datasets, *recipe.data.eval_datasets)]
     used += [("kernels", name) for name in recipe.kernels]
-    grpo = getattr(recipe, Stage.GRPO, None)
-    if grpo is not None:
-        used.append(("rollout_engines", grpo.rollout.engine))
-        used += [("rewards", r.name) for r in grpo.rewards if not is_code_reference(r.name)]
+    rl = rl_section(recipe)
+    if rl is not None:
+        used.append(("rollout_engines", rl[1].rollout.engine))
+        used += [("rewards", r.name) for r in rl[1].rewards if not is_code_reference(r.name)]
     return list(dict.fromkeys(used))
 
 
@@ -44,7 +44,8 @@ def annotate_plan(plan: Plan, recipe: Recipe, environ: Mapping[str, str] | None 
     installed here a warning. Returns the annotated copy (`Plan` is frozen).
     """
     allowed, reason = code_trust(recipe.allow_code, environ)
-    code = [r.name for r in getattr(getattr(recipe, Stage.GRPO, None), "rewards", ()) if is_code_reference(r.name)]
+    rl = rl_section(recipe)
+    code = [r.name for r in (rl[1].rewards if rl is not None else ()) if is_code_reference(r.name)]
     if code:
         reason += f"; imports {', '.join(code)}"
     reasons = {**plan.reasons, "allow_code": Choice(allowed, reason)}

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-from recipeforge.stage_specs import Stage
+from recipeforge.stage_specs import Stage, rl_section
 from recipeforge.plan.hardware import Hardware
 from recipeforge.plan.linear import Linear
 from recipeforge.plan.models import ModelSpec
@@ -20,7 +20,8 @@ from recipeforge.plan.vision_workload import VisionLoad, build_vision_load
 
 if TYPE_CHECKING:
     from recipeforge.config.schema.adapter import AdapterConfig
-    from recipeforge.config.schema.recipe import DistillRecipe, DPORecipe, GRPORecipe, KTORecipe, Recipe
+    from recipeforge.config.schema.recipe import DistillRecipe, DPORecipe, KTORecipe, Recipe
+    from recipeforge.config.schema.stages import OnPolicyConfig
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -248,8 +249,8 @@ def _stage_shape(recipe: Recipe, model: ModelSpec, notes: list[str]) -> _StageSh
         reference = adapter.type == "none" or kto.reference != "auto"
         if kto.reference != "auto":
             notes.append("the KTO reference model is sized like the policy model")
-    elif recipe.stage == Stage.GRPO:
-        g = cast("GRPORecipe", recipe).grpo
+    elif (rl := rl_section(recipe)) is not None:  # GRPO, RLOO: prompts plus sampled completions
+        g: OnPolicyConfig = rl[1]
         prompt = g.max_prompt_length or seq
         seq = prompt + g.max_completion_length
         logit_tokens = g.max_completion_length

@@ -26,7 +26,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from recipeforge.stage_specs import Stage
+from recipeforge.stage_specs import STAGE_SPECS, Stage
 from recipeforge.errors import RecipeError
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ def make_callback(config: DivergenceConfig, *, stage: str, checkpoints: Path,
     """The divergence `TrainerCallback` for `config` (a `train.divergence` section)."""
     from transformers import TrainerCallback
 
-    spike_factor = None if stage == Stage.GRPO else config.spike_factor
+    spike_factor = None if STAGE_SPECS[Stage(stage)].rollout else config.spike_factor
     nan_step = _nan_fault_step()  # read once here, not on every step
 
     class DivergenceCallback(TrainerCallback):  # type: ignore[misc]  # transformers is untyped here (`Any`)

@@ -10,7 +10,7 @@ file and reports each recipe as skipped, "reference written"):
 
 and say why in the commit. Only the numbers written by the CPU build of torch are kept: a GPU or another
 torch version may differ in the last digits, so the comparison allows a relative 1e-4 (and 1e-6 absolute:
-GRPO's loss starts at zero). GRPO's first losses say little, so its mean reward per step is kept too: it
+GRPO's loss starts at zero). GRPO's and RLOO's first losses say little, so their mean reward per step is kept too: it
 moves with every sampled token.
 """
 
@@ -35,7 +35,7 @@ STEPS = 5
 OVERRIDES = (f"train.max_steps={STEPS}", "train.logging_steps=1", f"output.save_steps={STEPS}",
              "output.merge_adapter=false")
 RELATIVE, ABSOLUTE = 1e-4, 1e-6
-KEYS = {"grpo": ("loss", "reward")}  # what is kept per step; "loss" for the others
+KEYS = {"grpo": ("loss", "reward"), "rloo": ("loss", "reward")}  # what is kept per step; "loss" for the others
 WRITE = os.environ.get("RECIPEFORGE_WRITE_LOSSES") == "1"
 REGENERATE = "RECIPEFORGE_WRITE_LOSSES=1 python -m pytest tests/integration/test_golden_losses.py"
 

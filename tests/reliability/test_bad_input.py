@@ -67,6 +67,9 @@ CASES = [
     case("grpo-no-rewards", GRPO + "grpo: {rewards: []}\n", where="r.yaml:8:8", message="at least 1 item"),
     case("grpo-divisible", GRPO + "grpo: {num_generations: 3, rewards: [{name: length}]}\n"
          "train: {global_batch_size: 8}\n", where="r.yaml:9:9", message="divisible by grpo.num_generations"),
+    case("rloo-divisible", OK.replace("sft", "rloo").replace("alpaca", "prompt") + "rloo: {num_generations: 3, "
+         "rewards: [{name: length}]}\ntrain: {global_batch_size: 8}\n", where="r.yaml:9:9",
+         message="divisible by rloo.num_generations"),
     case("merge-no-adapter", OK + "output: {merge_adapter: true}\n", where="r.yaml:8:10",
          message="no adapter to merge"),
     case("zero-with-ddp", OK + "distributed: {backend: ddp, zero_stage: 2}\n", where="r.yaml:8:29",

@@ -8,13 +8,14 @@ from recipeforge.config.schema.logging import LoggingConfig
 from recipeforge.config.schema.model import ModelConfig
 from recipeforge.config.schema.output import OutputConfig
 from recipeforge.config.schema.recipe import (STAGE_CLASSES, STAGES, AnyRecipe, DPORecipe, GRPORecipe,
-                                              PretrainRecipe, Recipe, SFTRecipe, recipe_adapter)
-from recipeforge.config.schema.stages import DPOConfig, GRPOConfig, RewardSpec, RolloutConfig
+                                              PretrainRecipe, Recipe, RLOORecipe, SFTRecipe, recipe_adapter)
+from recipeforge.config.schema.stages import (DPOConfig, GRPOConfig, OnPolicyConfig, RewardSpec, RLOOConfig,
+                                              RolloutConfig)
 from recipeforge.config.schema.train import TrainConfig
 
 __all__ = [
     "AdapterConfig", "AnyRecipe", "DPOConfig", "DPORecipe", "DataConfig", "DatasetSpec", "DistributedConfig",
-    "EvalConfig", "GRPOConfig", "GRPORecipe", "HardwareConfig", "LoggingConfig", "ModelConfig", "OutputConfig",
-    "PretrainRecipe", "QuantConfig", "Recipe", "RewardSpec", "RolloutConfig", "SFTRecipe", "STAGES",
+    "EvalConfig", "GRPOConfig", "GRPORecipe", "HardwareConfig", "LoggingConfig", "ModelConfig", "OnPolicyConfig",
+    "OutputConfig", "PretrainRecipe", "RLOOConfig", "RLOORecipe", "QuantConfig", "Recipe", "RewardSpec", "RolloutConfig", "SFTRecipe", "STAGES",
     "STAGE_CLASSES", "TrainConfig", "recipe_adapter",
 ]

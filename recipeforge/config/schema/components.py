@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from recipeforge.config.schema.problems import RuleProblem, model_problems
 from recipeforge.config.schema.recipe import Recipe
 from recipeforge.errors import RecipeError
+from recipeforge.stage_specs import rl_section
 
 if TYPE_CHECKING:
     from recipeforge.registry import Registry
@@ -97,33 +98,36 @@ def _stage_option_problems(model: Any, data: Any, stage: str, path: tuple) -> It
 
 
 def _rollout(r: Recipe) -> Iterator[RuleProblem]:
-    if r.stage != "grpo":
+    rl = rl_section(r)
+    if rl is None:
         return
     from recipeforge.components.rollout import rollout_engines
 
-    rollout = r.grpo.rollout  # type: ignore[attr-defined]
+    section, rollout = rl[0], rl[1].rollout
     if rollout_engines.first_party_plugin(rollout.engine) is not None:
         return  # e.g. vllm planned on a machine without recipeforge-vllm; training needs it
-    spec, problem = lookup(rollout_engines, rollout.engine, ("grpo", "rollout", "engine"))
+    spec, problem = lookup(rollout_engines, rollout.engine, (section, "rollout", "engine"))
     if problem is not None:
         yield problem
         return
     if rollout.mode not in spec.modes:
-        yield RuleProblem(("grpo", "rollout", "mode"),
+        yield RuleProblem((section, "rollout", "mode"),
                           f"rollout engine '{spec.name}' has no {rollout.mode} mode (it has {', '.join(spec.modes)})",
-                          f"set grpo.rollout.mode: {spec.modes[0]}, or use an engine with a {rollout.mode} mode "
+                          f"set {section}.rollout.mode: {spec.modes[0]}, or use an engine with a {rollout.mode} mode "
                           f"(e.g. vllm from recipeforge-vllm)")
-    yield from options_problems(spec.options, rollout.options, ("grpo", "rollout", "options"))
+    yield from options_problems(spec.options, rollout.options, (section, "rollout", "options"))
 
 
 def _rewards(r: Recipe) -> Iterator[RuleProblem]:
-    if r.stage != "grpo":
+    rl = rl_section(r)
+    if rl is None:
         return
+    section = rl[0]
     from recipeforge.components.rewards import rewards
     from recipeforge.registry import OPT_IN_HINT, check_code_reference, code_trust_problem, is_code_reference
 
-    for i, spec in enumerate(r.grpo.rewards):  # type: ignore[attr-defined]
-        path = ("grpo", "rewards", i, "name")
+    for i, spec in enumerate(rl[1].rewards):
+        path = (section, "rewards", i, "name")
         if is_code_reference(spec.name):
             bad = check_code_reference(spec.name)
             untrusted = code_trust_problem(f"reward '{spec.name}' is Python code", r.allow_code)
@@ -136,14 +140,14 @@ def _rewards(r: Recipe) -> Iterator[RuleProblem]:
             untrusted = code_trust_problem(f"reward '{spec.name}' sets trust_remote_code: true (the Python code "
                                            f"of its model's repository)", r.allow_code)
             if untrusted:
-                yield RuleProblem(("grpo", "rewards", i, "args", "trust_remote_code"), untrusted, OPT_IN_HINT)
+                yield RuleProblem((section, "rewards", i, "args", "trust_remote_code"), untrusted, OPT_IN_HINT)
         if not rewards.has(spec.name):
             continue  # reported by check_components / when training, with the available rewards
         factory, problem = lookup(rewards, spec.name, path)
         if problem is not None:
             yield problem
             continue
-        yield from options_problems(getattr(factory, "args_model", None), spec.args, ("grpo", "rewards", i, "args"))
+        yield from options_problems(getattr(factory, "args_model", None), spec.args, (section, "rewards", i, "args"))
 
 
 def _remote_code(r: Recipe) -> Iterator[RuleProblem]:

@@ -230,6 +230,7 @@ FIELDS: dict[str, Field] = {
     "cpo": ignored("CPO runs on other backends (stage is refused)"),
     "reward": ignored("reward-model training runs on other backends (stage is refused)"),
     "distill": ignored("distillation runs on other backends (stage is refused)"),
+    "rloo": ignored("RLOO runs on other backends (stage is refused)"),
 }
 
 

@@ -24,7 +24,7 @@ from recipeforge.config.schema.model import ModelConfig
 from recipeforge.config.schema.output import OutputConfig
 from recipeforge.config.schema.preference import CPOConfig, KTOConfig, ORPOConfig
 from recipeforge.config.schema.reward_stage import RewardModelConfig
-from recipeforge.config.schema.stages import DPOConfig, GRPOConfig
+from recipeforge.config.schema.stages import DPOConfig, GRPOConfig, RLOOConfig
 from recipeforge.config.schema.train import TrainConfig
 
 STAGE_CHOICES = " | ".join(STAGES)
@@ -139,12 +139,20 @@ class DistillRecipe(Recipe):
     distill: DistillConfig = Field(description="The teacher and the distillation loss.")
 
 
+class RLOORecipe(Recipe):
+    """The recipe of stage `rloo` (its description: `stage_specs.STAGE_SPECS`)."""
+
+    stage: Literal["rloo"] = Field(description=f"Training stage: {STAGE_CHOICES}.")
+    rloo: RLOOConfig = Field(description="RLOO settings (rewards are required).")
+
+
 AnyRecipe = Annotated[Union[PretrainRecipe, SFTRecipe, DPORecipe, GRPORecipe, ORPORecipe, KTORecipe, CPORecipe,
-                            RewardRecipe, DistillRecipe],
+                            RewardRecipe, DistillRecipe, RLOORecipe],
                       Field(discriminator="stage")]
 STAGE_CLASSES: dict[str, type[Recipe]] = {
     "pretrain": PretrainRecipe, "sft": SFTRecipe, "dpo": DPORecipe, "grpo": GRPORecipe,
-    "orpo": ORPORecipe, "kto": KTORecipe, "cpo": CPORecipe, "reward": RewardRecipe, "distill": DistillRecipe}
+    "orpo": ORPORecipe, "kto": KTORecipe, "cpo": CPORecipe, "reward": RewardRecipe, "distill": DistillRecipe,
+    "rloo": RLOORecipe}
 # Sections that exist only for one stage, for "this section belongs to stage X" hints.
 STAGE_ONLY_SECTIONS = {spec.section: name.value for name, spec in STAGE_SPECS.items() if spec.section}
 for _stage, _cls in STAGE_CLASSES.items():  # each stage's summary, as the schema and docs show it

@@ -12,7 +12,7 @@ from typing import Iterator
 from recipeforge.config.schema.components import COMPONENT_RULES
 from recipeforge.config.schema.problems import RuleProblem
 from recipeforge.config.schema.recipe import Recipe
-from recipeforge.stage_specs import STAGE_SPECS, Stage
+from recipeforge.stage_specs import STAGE_SPECS, Stage, rl_section
 
 
 def check_rules(recipe: Recipe) -> list[RuleProblem]:
@@ -248,11 +248,12 @@ def _stage_specific(r: Recipe) -> Iterator[RuleProblem]:
         yield RuleProblem(("train", "global_batch_size"),
                           f"{spec.needs_rows}; a global batch of {t.global_batch_size} has fewer",
                           f"set train.global_batch_size: {least} or more")
-    if r.stage == "grpo":
-        g = r.grpo  # type: ignore[attr-defined]
+    rl = rl_section(r)
+    if rl is not None:
+        name, g = rl
         if r.train.global_batch_size % g.num_generations:
             yield RuleProblem(("train", "global_batch_size"),
-                              f"GRPO needs a global batch divisible by grpo.num_generations "
+                              f"{name.upper()} needs a global batch divisible by {name}.num_generations "
                               f"({r.train.global_batch_size} % {g.num_generations} != 0)",
                               f"use a multiple of {g.num_generations}, e.g. {g.num_generations * max(1, r.train.global_batch_size // g.num_generations)}")
 

@@ -1,4 +1,4 @@
-"""Stage-specific sections: `dpo:` and `grpo:`."""
+"""Stage-specific sections: `dpo:`, and the on-policy RL sections `grpo:` and `rloo:` (one shared base)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class RewardSpec(Section):
 
 
 class RolloutConfig(Section):
-    """How GRPO generates completions."""
+    """How an on-policy RL stage (GRPO, RLOO) generates completions."""
 
     engine: str = Field(
         "hf", min_length=1,
@@ -56,8 +56,11 @@ class RolloutConfig(Section):
                     "(e.g. vllm: {tensor_parallel_size: 2, enable_sleep_mode: true}).")
 
 
-class GRPOConfig(Section):
-    """Group Relative Policy Optimization (TRL GRPOTrainer)."""
+class OnPolicyConfig(Section):
+    """What every on-policy RL stage (GRPO, RLOO) shares: sampling, KL, clipping, rewards and rollout.
+
+    Completions are sampled per prompt by a rollout engine and scored by weighted reward functions;
+    this is the section of a stage whose `StageSpec.rollout` is set."""
 
     num_generations: int = Field(8, ge=2, description="Completions sampled per prompt (the group).")
     max_completion_length: int = Field(256, gt=0, description="Tokens generated per completion.")
@@ -66,7 +69,27 @@ class GRPOConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
     beta: float = Field(0.0, ge=0, description="KL penalty to the reference model (0: no reference model).")
     epsilon: float = Field(0.2, gt=0, description="PPO-style clipping range.")
-    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = Field("dapo", description="Loss normalization variant.")
-    scale_rewards: Literal["group", "batch", "none"] = Field("group", description="Advantage normalization.")
     rewards: tuple[RewardSpec, ...] = Field(min_length=1, description="Reward functions (at least one).")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Completion generation.")
+
+
+class GRPOConfig(OnPolicyConfig):
+    """Group Relative Policy Optimization (TRL GRPOTrainer)."""
+
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = Field("dapo", description="Loss normalization variant.")
+    scale_rewards: Literal["group", "batch", "none"] = Field("group", description="Advantage normalization.")
+
+
+class RLOOConfig(OnPolicyConfig):
+    """REINFORCE Leave-One-Out (TRL RLOOTrainer); defaults as TRL's RLOOConfig sets them.
+
+    Each completion's baseline is the mean reward of the other completions of its prompt."""
+
+    num_generations: int = Field(2, ge=2, description="Completions sampled per prompt (the leave-one-out group).")
+    max_completion_length: int = Field(512, gt=0, description="Tokens generated per completion.")
+    beta: float = Field(0.05, ge=0, description="KL coefficient towards the reference model (0: no reference "
+                                                "model is loaded).")
+    normalize_advantages: bool = Field(False, description="Normalize the advantages of each generation batch to "
+                                                          "mean 0 and standard deviation 1.")
+    mask_truncated_completions: bool = Field(False, description="Leave completions cut at max_completion_length "
+                                                                "out of the loss.")

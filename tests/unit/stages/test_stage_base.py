@@ -38,7 +38,7 @@ def test_dist_info_from_launcher_variables():
 
 
 def test_runner_classes():
-    assert set(RUNNERS) == {"pretrain", "sft", "dpo", "grpo", "orpo", "kto", "cpo", "reward", "distill"}
+    assert set(RUNNERS) == {"pretrain", "sft", "dpo", "grpo", "orpo", "kto", "cpo", "reward", "distill", "rloo"}
     assert runner_class("sft").stage == "sft" and runner_class("pretrain").stage == "pretrain"
     assert runner_class("distill").stage == "distill"
 
