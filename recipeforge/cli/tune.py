@@ -14,7 +14,8 @@ def add_tune(sub: Any) -> None:
                                     "learning-rate range test)",
                        description="Short measuring runs on the recipe's own model and data that suggest a "
                                    "setting; each prints the override to use.")
-    kinds = p.add_subparsers(dest="tune_command", metavar="WHAT", required=True)
+    kinds = p.add_subparsers(dest="tune_command", metavar="{lr}", required=True)
+    p.set_defaults(func=cmd_tune)
     lr = kinds.add_parser(
         "lr", help="learning-rate range test: train from a low to a high rate and suggest one",
         description="Train the recipe's model on its data, optimizer and backend (in this one process) with the "
@@ -35,6 +36,12 @@ def add_tune(sub: Any) -> None:
                     help="replace the directory <output.dir>-lr-range also when it holds a training run (an "
                          "earlier range test there is always replaced)")
     lr.set_defaults(func=cmd_tune_lr)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    """`tune` without what to tune: argparse refuses it first (a sub-command is required); the list."""
+    print("recipeforge tune: name what to tune: lr")
+    return 2
 
 
 def cmd_tune_lr(args: argparse.Namespace) -> int:
