@@ -13,7 +13,9 @@ def add_tune(sub: Any) -> None:
     p = sub.add_parser("tune", help="short measuring runs that suggest a recipe setting (tune lr: the "
                                     "learning-rate range test)",
                        description="Short measuring runs on the recipe's own model and data that suggest a "
-                                   "setting; each prints the override to use.")
+                                   "setting; each prints the override to use.",
+                       epilog="tune lr RECIPE [key=value ...] [--start 1e-7] [--end 1] [--steps 100] [--overwrite]: "
+                              "the learning-rate range test (`recipeforge tune lr --help`).")
     kinds = p.add_subparsers(dest="tune_command", metavar="{lr}", required=True)
     p.set_defaults(func=cmd_tune)
     lr = kinds.add_parser(
