@@ -64,5 +64,8 @@ def cmd_tune_lr(args: argparse.Namespace) -> int:
     else:
         print(f"suggested learning rate: {r.suggestion:.2e} ({RULE}: steepest descent of the smoothed loss)")
         print(f"to use it: train.learning_rate={r.suggestion:.2e}")
+        if r.diverged_at is None and r.suggestion == r.lrs[-1]:
+            print("note: the loss was still falling fastest at the last rate tried; raise --end (or add --steps) "
+                  "to see where it turns")
     print(f"curve: {out.png_path or out.json_path}")
     return 0
