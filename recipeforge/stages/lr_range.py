@@ -166,8 +166,6 @@ def draw(result: RangeResult, path: Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from recipeforge.tools.report_plots import save_png
-
     fig = Figure(figsize=(7, 4), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -186,4 +184,9 @@ def draw(result: RangeResult, path: Path) -> Path:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
     fig.tight_layout()
-    return Path(save_png(fig, path))
+    import os
+
+    tmp = path.with_name(f".{path.name}.tmp")  # written aside, then moved: a reader never sees half a file
+    fig.savefig(tmp, format="png")
+    os.replace(tmp, path)
+    return path
