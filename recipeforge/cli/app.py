@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from recipeforge import __version__
-from recipeforge.cli import after, evaluate, launch, mcp, planning, recipes, train, use
+from recipeforge.cli import after, evaluate, launch, mcp, planning, recipes, train, tune, use
 
 # (name, adds its parser to the subparsers): --help lists them in this order.
 COMMANDS: tuple[tuple[str, Callable[[Any], None]], ...] = (
@@ -21,6 +21,7 @@ COMMANDS: tuple[tuple[str, Callable[[Any], None]], ...] = (
     ("schema", recipes.add_schema),
     ("plan", planning.add_plan),
     ("train", train.add_train),
+    ("tune", tune.add_tune),
     ("launch", launch.add_launch),
     ("preprocess", train.add_preprocess),
     ("convert-checkpoint", train.add_convert_checkpoint),
