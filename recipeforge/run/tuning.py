@@ -80,7 +80,7 @@ def lr_range_test(recipe_path: str, overrides: Sequence[str], *, start: float, e
     from recipeforge.plan.world import plan_for_world
     from recipeforge.run import network_guards
     from recipeforge.run.run_directory import prepare_run
-    from recipeforge.stage_specs import Stage
+    from recipeforge.stage_specs import STAGE_SPECS, Stage
 
     check_range(start, end, steps)
     network_guards()
@@ -88,10 +88,11 @@ def lr_range_test(recipe_path: str, overrides: Sequence[str], *, start: float, e
     loaded = load_recipe(recipe_path, [*overrides, *test_overrides(steps), f"output.dir={root}"], flags=list(flags))
     check_components(loaded)
     recipe = loaded.recipe
-    if recipe.stage == Stage.GRPO:
-        raise RecipeError("the range test reads a training loss that falls as the model learns; GRPO's loss is a "
-                          "policy objective on sampled rollouts and says little about the rate", key="stage",
-                          hint="tune the rate of a GRPO run with short trial runs")
+    if STAGE_SPECS[Stage(recipe.stage)].rollout:
+        # Every rollout stage (grpo, rloo, a plugin's) optimizes a policy objective on sampled completions.
+        raise RecipeError(f"the range test reads a training loss that falls as the model learns; {recipe.stage}'s "
+                          "loss is a policy objective on sampled rollouts and says little about the rate",
+                          key="stage", hint=f"tune the rate of a {recipe.stage} run with short trial runs")
     plan = plan_for_world(recipe)
     backend = get_backend(plan.backend)
     backend.check(plan, recipe)

@@ -42,10 +42,13 @@ def test_a_multi_process_plan_is_refused(tmp_path):
     assert not (tmp_path / "run-lr-range").exists()
 
 
-def test_grpo_is_refused(tmp_path):
-    proc = tune(tmp_path, str(ROOT / "examples" / "yaml" / "tiny" / "grpo.yaml"), f"output.dir={tmp_path / 'run'}")
+@pytest.mark.parametrize("stage", ["grpo", "rloo"])
+def test_rollout_stages_are_refused(tmp_path, stage):
+    recipe = ROOT / "examples" / "yaml" / "tiny" / f"{stage}.yaml"
+    proc = tune(tmp_path, str(recipe), f"output.dir={tmp_path / 'run'}")
     assert proc.returncode == 2, proc.stderr
     assert "stage: the range test reads a training loss" in proc.stderr and "Traceback" not in proc.stderr
+    assert f"{stage}'s loss is a policy objective" in proc.stderr
 
 
 def test_tune_without_what_to_tune_is_a_usage_error(tmp_path):
