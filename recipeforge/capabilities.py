@@ -468,5 +468,9 @@ if __name__ == "__main__":  # rewrite the generated table of docs/backends.md
     import sys
     from pathlib import Path
 
+    # Run as a script this file is `__main__`, whose BackendCapabilities is not the class the backends'
+    # records are instances of; the package's own module reads them.
+    from recipeforge import capabilities as package_module
+
     target = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/backends.md")
-    target.write_text(with_support_table(target.read_text()))
+    target.write_text(package_module.with_support_table(target.read_text()))
