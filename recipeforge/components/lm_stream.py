@@ -112,8 +112,6 @@ def open_stream(data, *, base_dir: Path | None, locate: Locate = _no_location, s
 
 def _open_one(ref: DatasetRef, *, base_dir: Path | None, locate: Locate):
     """One dataset entry as a stream in its format's columns, with ``_source`` and ``_row``."""
-    import datasets
-
     spec = ref.spec
     where = locate(ref.path_key + ("path",))
     fmt = get_format(spec.format, key=f"{ref.key}.format", location=locate(ref.path_key + ("format",)))

@@ -18,7 +18,6 @@ each entry under it, so two processes never build the same entry at once.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
@@ -27,7 +26,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from recipeforge.components.file_lock import UNSUPPORTED, exclusive  # noqa: F401 - re-exported
 from recipeforge.errors import RecipeError

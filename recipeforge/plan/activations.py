@@ -148,7 +148,7 @@ def activation_split(w: Workload, tokens: int, *, layers: int, checkpointing: bo
     (Megatron) it splits the hidden-sized tensors between them too, without it (transformers'
     tensor-parallel plans) norms, layer inputs and the lm_head input stay whole on every rank.
     `fp32_weights`: fp32 weights under 16-bit autocast (`layer_activation_parts`)."""
-    m, c, h = w.model, w.compute_bytes, w.model.hidden_size
+    c, h = w.compute_bytes, w.model.hidden_size
     t = tensor_parallel
     whole_div = t if sequence_parallel else 1
     parts = layer_activation_parts(w, fp32_weights=fp32_weights)
