@@ -10,10 +10,11 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from serve_testing import start_serve
 
 openai = pytest.importorskip("openai")
 
@@ -35,30 +36,13 @@ def _greedy(run: Path, *, messages=None, prompt=None, tokens: int) -> str:
     return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
 
-def _start(run: Path, *args: str) -> tuple[subprocess.Popen, str]:
-    """`recipeforge serve RUN --port 0 ...` and the URL it prints once it answers."""
-    proc = subprocess.Popen([sys.executable, "-m", "recipeforge", "serve", str(run), "--port", "0",
-                             "--engine", "transformers", "--device", "cpu", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=run.parent)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if line.startswith("serving "):
-            return proc, line.split(" at ")[1].split()[0]
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    raise AssertionError(f"the server did not start: {proc.stderr.read()[-3000:]}")
-
-
 @pytest.fixture(scope="module")
 def served(tiny, tmp_path_factory):
     run = tiny.train("sft-lora", tmp_path_factory.mktemp("serve") / "tiny-lora", "train.max_steps=4")
     assert (run / "final" / "adapter_config.json").is_file()
-    proc, url = _start(run, "--api-key", KEY)
-    yield run, url
-    proc.terminate()
-    proc.wait(timeout=30)
+    server = start_serve(run, "--api-key", KEY)
+    yield run, server.url
+    server.stop()
 
 
 def test_chat_and_streaming_answer_as_greedy_generation(served):

@@ -9,11 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,39 +16,21 @@ import torch
 from recipeforge.components.served_teacher import ServedTeacher, scored_positions
 from recipeforge.config.schema.distill import TeacherConfig
 from recipeforge.errors import RecipeError
+from serve_testing import start_serve
 from service_testing import Endpoint, Reply, closed_port, serving
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[2]
 KEY = "rf-teacher-k3y-0123"
 LIMIT = 8  # the server's --max-logprobs
-
-
-def _start(run: Path, *args: str, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    """`recipeforge serve RUN --port 0 ...` and the URL it prints once it answers."""
-    full = {**os.environ, "PYTHONPATH": str(REPO), **env}
-    proc = subprocess.Popen([sys.executable, "-m", "recipeforge", "serve", str(run), "--port", "0",
-                             "--engine", "transformers", "--device", "cpu", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=run.parent, env=full)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if line.startswith("serving "):
-            return proc, line.split(" at ")[1].split()[0]
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    raise AssertionError(f"the server did not start: {proc.stderr.read()[-3000:]}")
 
 
 @pytest.fixture(scope="module")
 def teacher_server(tiny, tmp_path_factory):
     run = tiny.train("sft-full", tmp_path_factory.mktemp("teacher") / "teacher-run", "train.max_steps=30",
                      "data.val_size=0")
-    proc, url = _start(run, "--max-logprobs", str(LIMIT), env={"RECIPEFORGE_API_KEY": KEY})
-    yield run, url
-    proc.terminate()
-    proc.wait(timeout=30)
+    server = start_serve(run, "--max-logprobs", str(LIMIT), env={"RECIPEFORGE_API_KEY": KEY})
+    yield run, server.url
+    server.stop()
 
 
 @pytest.fixture

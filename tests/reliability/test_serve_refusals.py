@@ -16,13 +16,13 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from surface_testing import REPO, recipeforge, refused
+from serve_testing import start_serve
+from surface_testing import recipeforge, refused
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
@@ -30,33 +30,11 @@ pytestmark = pytest.mark.slow
 KEY = "rf-serve-test-k3y-0123456789"
 
 
-def _start(run: Path, *args: str, env: dict | None = None) -> tuple[subprocess.Popen, str, str]:
-    """`recipeforge serve RUN --port 0 ...`; returns the process, its URL and its announcement."""
-    full = {**os.environ, "PYTHONPATH": str(REPO)}
-    full.pop("RECIPEFORGE_API_KEY", None)
-    full.update(env or {})
-    proc = subprocess.Popen([sys.executable, "-m", "recipeforge", "serve", str(run), "--port", "0", "--engine",
-                             "transformers", "--device", "cpu", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=full, cwd=run.parent)
-    deadline, lines = time.monotonic() + 180, []
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        lines.append(line)
-        if line.startswith("  curl "):
-            url = lines[-2].split(" at ")[1].split()[0]
-            return proc, url, "".join(lines)
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    raise AssertionError(f"the server did not start: {proc.stderr.read()[-3000:]}")
-
-
 @pytest.fixture(scope="module")
 def served(full_run):
-    proc, url, announced = _start(full_run, env={"RECIPEFORGE_API_KEY": KEY})
-    yield full_run, url, announced, proc
-    proc.terminate()
-    proc.wait(timeout=30)
+    server = start_serve(full_run, env={"RECIPEFORGE_API_KEY": KEY})
+    yield full_run, server.url, server.announcement, server.proc
+    server.stop()
 
 
 def _raw(url: str, request: bytes, timeout: float = 30) -> tuple[int, dict]:
@@ -83,7 +61,8 @@ def test_who_may_reach_the_server(full_run, tmp_path):
             (["--api-key", "two words"], {}, ("whitespace or control characters",))):
         refused(recipeforge("serve", str(full_run), "--port", "0", *args, cwd=tmp_path, env=env), *words)
     # --insecure serves anyway, and says so.
-    proc, url, _ = _start(full_run, "--host", "0.0.0.0", "--insecure")
+    server = start_serve(full_run, "--host", "0.0.0.0", "--insecure")
+    proc, url = server.proc, server.url
     try:
         assert openai.OpenAI(base_url=url.replace("0.0.0.0", "127.0.0.1"), api_key="x").models.list().data
     finally:
@@ -101,7 +80,8 @@ def test_the_key_is_never_printed_and_the_curl_line_works(served):
     reply = json.loads(done.stdout)
     assert reply["object"] == "chat.completion" and reply["model"] == run.name, done.stdout + done.stderr
     # Given on the command line instead: not printed, and a warning that the process list shows it.
-    proc, _, shown = _start(run, "--api-key", KEY)
+    server = start_serve(run, "--api-key", KEY)
+    proc, shown = server.proc, server.announcement
     proc.terminate()
     err = proc.communicate(timeout=30)[1]
     assert KEY not in shown + err and "process list" in err
