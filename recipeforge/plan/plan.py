@@ -20,7 +20,7 @@ from recipeforge.plan.planners import Planners
 from recipeforge.plan.parallel_layouts import check_pinned_sizes, parallel_reasons
 from recipeforge.config.schema.distributed import PARALLEL_SIZE_KEYS
 from recipeforge.plan.presets import get_preset
-from recipeforge.plan.policy import Decision, Evaluation, decide, install_hint, known_presets
+from recipeforge.plan.policy import Decision, Evaluation, decide, install_hint, known_presets, pinned_refusals
 from recipeforge.plan.precision import choose_precision, tf32_choice
 from recipeforge.plan.teacher_memory import teacher_alternatives, teacher_reason, teacher_summary
 from recipeforge.plan.types import Choice, Plan, PlanExtras
@@ -116,6 +116,9 @@ def _pinned(recipe: Recipe) -> list[str]:
 def _raise_no_fit(recipe: Recipe, w: Workload, hw: Hardware, decision: Decision, planners: Planners) -> NoReturn:
     evs = decision.evaluations
     if not evs:
+        refused = pinned_refusals(w, hw, recipe.distributed, planners)
+        if refused:  # the pins leave layouts, and the recipe's method refuses each: say the first one's why
+            raise refused[0].error()
         raise RecipeError(f"no {', '.join(_pinned(recipe))} layout exists for {hw.describe()}",
                           key="distributed", hint="check the pinned parallel sizes against the GPU count, "
                                                   "or set distributed.backend: auto")

@@ -31,6 +31,7 @@ from recipeforge.plan.hardware import GIB, Hardware
 from recipeforge.plan.memory import Layout, MemoryEstimate, estimate
 from recipeforge.plan.planners import Planners
 from recipeforge.plan.presets import get_preset
+from recipeforge.plan.whole_linears import whole_linear_refusals
 from recipeforge.plan.workload import Workload
 from recipeforge.stage_specs import STAGE_SPECS, Stage
 
@@ -100,7 +101,7 @@ def layout_refusals(w: Workload, layout: Layout, device: str) -> list[Refusal]:
                      model_parallel=parallel_key(layout.tensor_parallel, layout.pipeline_parallel,
                                                  layout.context_parallel))
     return found + [Refusal(key, message) for backend, key, message in w.setting_refusals
-                    if backend == layout.backend]
+                    if backend == layout.backend] + whole_linear_refusals(w.whole_linears, layout)
 
 
 def cpu_backends(dist: DistributedConfig, planners: Planners) -> list[str]:
@@ -124,18 +125,25 @@ def candidate_list(w: Workload, hw: Hardware, dist: DistributedConfig, planners:
     """Layouts to try, in preference order, honouring the recipe's pins. Every registered backend
     offers its own (`PlannerSpec.candidates`); only layouts whose backend's capability record accepts
     the workload are candidates (`recipeforge.capabilities`)."""
+    accepted = [c for c in pinned_layouts(w, hw, dist, planners) if not layout_refusals(w, c.layout, hw.device)]
+    # On the CPU one process is planned (`plan.world` spreads it over the processes a launch starts): in
+    # auto mode the first backend that runs the pinned settings wins (DeepSpeed for a pinned offload).
+    return accepted[:1] if hw.device == "cpu" else accepted
+
+
+def pinned_refusals(w: Workload, hw: Hardware, dist: DistributedConfig, planners: Planners) -> list[Refusal]:
+    """Why each layout the pins allow was refused, in preference order: what to say when no candidate is
+    left (`candidate_list`)."""
+    return [r for c in pinned_layouts(w, hw, dist, planners) for r in layout_refusals(w, c.layout, hw.device)]
+
+
+def pinned_layouts(w: Workload, hw: Hardware, dist: DistributedConfig, planners: Planners) -> list[Candidate]:
+    """Every layout the recipe's pins allow, in preference order, before the capability records refuse any."""
     if hw.device == "cpu":
-        # One process is planned; `plan.world` spreads it over the processes a launch starts. In auto
-        # mode the first backend that runs the pinned settings wins (DeepSpeed for a pinned offload).
-        for backend in cpu_backends(dist, planners):
-            candidate = planners.cpu_candidate(backend, dist)
-            pinned_offload = dist.offload in ("auto", candidate.layout.offload)
-            if pinned_offload and not layout_refusals(w, candidate.layout, "cpu"):
-                return [candidate]
-        return []
+        out = [planners.cpu_candidate(backend, dist) for backend in cpu_backends(dist, planners)]
+        return [c for c in out if dist.offload in ("auto", c.layout.offload)]
     pinned = dist.backend != "auto"
-    out = [c for c in offered_layouts(w, hw, dist, planners, backend=dist.backend if pinned else None)
-           if not layout_refusals(w, c.layout, hw.device)]
+    out = offered_layouts(w, hw, dist, planners, backend=dist.backend if pinned else None)
     if dist.preset:
         out = [c for c in out if c.layout.preset == dist.preset]
     if dist.zero_stage != "auto":

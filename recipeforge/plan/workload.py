@@ -17,6 +17,7 @@ from recipeforge.plan.linear import Linear
 from recipeforge.plan.models import ModelSpec
 from recipeforge.plan.teacher import Teacher, build_teacher
 from recipeforge.plan.vision_workload import VisionLoad, build_vision_load
+from recipeforge.plan.whole_linears import whole_linear_keys
 
 if TYPE_CHECKING:
     from recipeforge.config.schema.adapter import AdapterConfig
@@ -88,6 +89,8 @@ class Workload:
     vision: VisionLoad | None = None  # a vision-language model's images and what of its vision side trains
     # Backends that recipe settings outside the capability record rule out: (backend, key, message).
     setting_refusals: tuple[tuple[str, str, str], ...] = ()
+    # Keys of methods that swap whole linear layers (`plan.whole_linears`): train.qat, train.precision fp8.
+    whole_linears: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -190,7 +193,8 @@ def build_workload(recipe: Recipe, model: ModelSpec, hardware: Hardware, planner
         rollout=shape.rollout, teacher=shape.teacher, fused_loss=fused_loss, fused_kernels=fused_kernels, notes=tuple(notes),
         attn_implementation=recipe.model.attn_implementation, packing=bool(recipe.data.packing),
         attention_mask=masked,
-        setting_refusals=_setting_refusals(recipe, planners), unfrozen_params=unfrozen, unfrozen_kinds=kinds,
+        setting_refusals=_setting_refusals(recipe, planners), whole_linears=whole_linear_keys(recipe),
+        unfrozen_params=unfrozen, unfrozen_kinds=kinds,
         activation_offloading=recipe.train.activation_offloading and hardware.device == "cuda",
         checkpoint_mode="selective" if recipe.train.gradient_checkpointing == "selective" else "full",
         checkpoint_every=recipe.train.checkpoint_every, vision=vision)

@@ -1,0 +1,60 @@
+"""Layouts that methods swapping whole linear layers cannot run, refused while the planner searches.
+
+Quantization-aware training (`train.qat`, torchao's fake-quantized linears) and FP8 training
+(`train.precision: fp8`, torchao's float8 linears) replace every `nn.Linear` of the model with their
+own module. Tensor parallelism splits a linear layer's weight over processes, which neither swap
+carries; QAT also needs each weight whole in its process (a DTensor shard or a ZeRO-3 partition is
+not swapped), whereas FP8 runs on FSDP2's shards. The stages refuse such a plan at start-up
+(`stages.fp8`, `backends.base`); here the same facts remove those layouts from the planner's
+candidates, so `auto` plans a layout the run accepts, and a pinned one is refused at the method's key.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from recipeforge.capabilities import Refusal
+
+if TYPE_CHECKING:
+    from recipeforge.config.schema import Recipe
+    from recipeforge.plan.memory import Layout
+
+QAT_KEY = "train.qat"
+FP8_KEY = "train.precision"
+
+
+def whole_linear_keys(recipe: Recipe) -> tuple[str, ...]:
+    """The recipe keys whose method swaps whole linear layers (`train.qat`, `train.precision: fp8`)."""
+    keys = []
+    if recipe.train.qat is not None:
+        keys.append(QAT_KEY)
+    if recipe.train.precision == "fp8":
+        keys.append(FP8_KEY)
+    return tuple(keys)
+
+
+def whole_linear_refusals(keys: tuple[str, ...], layout: Layout) -> list[Refusal]:
+    """Why `layout` cannot run the methods of `keys` (empty when it can)."""
+    out = []
+    tp = layout.tensor_parallel
+    for key in keys:
+        method = "quantization-aware training" if key == QAT_KEY else "fp8 training"
+        if tp > 1:
+            out.append(Refusal(key, f"{method} swaps whole linear layers, and this layout splits them with tensor "
+                                    f"parallelism ({tp})",
+                               hint="pin distributed.tensor_parallel: 1, or drop " + _drop(key)))
+        elif key == QAT_KEY and layout.spec.shards_weights(layout):
+            out.append(Refusal(key, f"{method} swaps a whole model's linear layers for torchao's fake-quantized "
+                                    f"ones, and the {layout.backend} layout{_preset(layout)} shards the weights across "
+                                    "processes",
+                               hint="pin distributed.backend: ddp (or deepspeed with distributed.zero_stage: 2), "
+                                    "or drop train.qat"))
+    return out
+
+
+def _drop(key: str) -> str:
+    return "train.qat" if key == QAT_KEY else "train.precision: fp8"
+
+
+def _preset(layout: Layout) -> str:
+    return f" ({layout.preset})" if layout.preset else ""
