@@ -70,12 +70,39 @@ def add_eval(sub: Any) -> None:
     p.add_argument("--checkpoints", action="store_true",
                    help="also evaluate every checkpoint kept in RUN_DIR/checkpoints (into eval/checkpoint-N/)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="where the model runs (default: cuda when present)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON record on stdout: each run's scores by subject (final, checkpoint-N) "
+                        "and task, with the file each is kept in; an error is printed as {\"error\": {message, "
+                        "location, key, hint}} (exit 2)")
     p.set_defaults(func=cmd_eval, cleans_up=True)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    if not args.json:
+        return _print_scores(_evaluate(args))
+    # stdout carries the record alone: what the libraries print while they evaluate goes to stderr
+    import contextlib
+    import json
+
+    from recipeforge.cli.exit_codes import EXIT_USER_ERROR
+    from recipeforge.cli.mcp_server.records import error_record
+
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            done = _evaluate(args)
+    except RecipeError as exc:
+        print(json.dumps(error_record(exc)))
+        return EXIT_USER_ERROR
+    print(json.dumps(eval_record(done), indent=2))
+    return 0
+
+
+Evaluated = list[tuple[Path, dict[str, dict[str, dict[str, Any]]]]]
+
+
+def _evaluate(args: argparse.Namespace) -> Evaluated:
+    """Evaluate the targets as the flags say: (run dir, records by task by subject) per run."""
     from recipeforge.tools.evaluation.command import evaluate_targets
-    from recipeforge.tools.evaluation.results import comparison_table, format_score
 
     for flag, value in (("--batch-size", args.batch_size), ("--limit", args.limit)):
         if value is not None and value < 1:
@@ -83,16 +110,46 @@ def cmd_eval(args: argparse.Namespace) -> int:
     # Library noise goes to logs/warnings.log of the first run, as in `chat`.
     with library_warnings_to(Path(args.targets[0])):
         tasks = [t for arg in args.tasks or () for t in arg.split(",") if t]  # lm-eval's own --tasks a,b too
-        done = evaluate_targets(args.targets, tasks=tasks, batch_size=args.batch_size, limit=args.limit,
+        return evaluate_targets(args.targets, tasks=tasks, batch_size=args.batch_size, limit=args.limit,
                                 device=args.device, checkpoints=args.checkpoints, log=log)
+
+
+def _score_file(run_dir: Path, subject: str, task: str) -> Path:
+    """Where `recipeforge eval` keeps one task's scores of one subject (final/ or a checkpoint)."""
+    where = run_dir / "eval" if subject == "final" else run_dir / "eval" / subject
+    return where / f"{task}.json"
+
+
+def eval_record(done: Evaluated) -> dict[str, Any]:
+    """What `eval --json` prints: per run, its directory and, by subject and task, the scores, the number
+    of examples and the file they are kept in."""
+    return {"runs": [{"run_dir": str(run_dir),
+                      "subjects": {subject: {task: {"scores": _finite(record["scores"]), "samples": record["samples"],
+                                                    "file": str(_score_file(run_dir, subject, task))}
+                                             for task, record in records.items()}
+                                   for subject, records in subjects.items()}}
+                     for run_dir, subjects in done]}
+
+
+def _finite(scores: dict[str, Any]) -> dict[str, Any]:
+    """`scores` with NaN and infinite values as None (JSON has neither; lm-eval gives NaN for a stderr it
+    cannot compute)."""
+    import math
+
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in scores.items()}
+
+
+def _print_scores(done: Evaluated) -> int:
+    """The scores as text: one line per task (and checkpoint), or a comparison table of several runs."""
+    from recipeforge.tools.evaluation.results import comparison_table, format_score
+
     if len(done) > 1:
         sys.stdout.write(comparison_table([str(run) for run, _ in done], [subjects["final"] for _, subjects in done]))
         return 0
     run_dir, subjects = done[0]
     for subject, records in subjects.items():
-        where = run_dir / "eval" if subject == "final" else run_dir / "eval" / subject
         for name, record in records.items():
             scores = ", ".join(f"{k} {format_score(v)}" for k, v in record["scores"].items())
             label = name if subject == "final" else f"{subject} {name}"
-            print(f"{label}: {scores} ({record['samples']} examples) -> {where / (name + '.json')}")
+            print(f"{label}: {scores} ({record['samples']} examples) -> {_score_file(run_dir, subject, name)}")
     return 0

@@ -13,11 +13,11 @@ from recipeforge.cli.exit_codes import EXIT_USER_ERROR
 def add_mcp(sub: Any) -> None:
     p = sub.add_parser("mcp", help="serve recipeforge's commands as MCP tools over stdio, for agents",
                        description="An MCP server over stdio with the tools validate, plan, resolve, diff, "
-                                   "schema, report, status, train and stop; each returns the record the "
+                                   "schema, report, status, train, stop and eval; each returns the record the "
                                    "command prints with --json, errors as data (message, file:line, key, hint). "
                                    "A recipe naming code trains only with its allow_code: true or "
                                    "--trust-code given to this command. Needs: pip install 'recipeforge[mcp]'.")
-    p.add_argument("--no-train", action="store_true", help="leave out the train and stop tools (read-only server)")
+    p.add_argument("--no-train", action="store_true", help="leave out the train, stop and eval tools (read-only server)")
     p.set_defaults(func=cmd_mcp)
 
 

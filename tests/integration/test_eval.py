@@ -62,12 +62,19 @@ def test_local_tasks_scored_reproducibly_into_run_card_and_report(lora_run, tmp_
     assert f"mc: acc {mc['scores']['acc']:.4g} (3 examples)" in first.stdout
     assert "Traceback" not in first.stderr
 
-    again = _eval(str(lora_run), "--tasks", "qa.jsonl,mc.jsonl", cwd=tmp_path)  # lm-eval's comma form
+    # lm-eval's comma form, with the record on stdout (`--json`: nothing else is printed there)
+    again = _eval(str(lora_run), "--tasks", "qa.jsonl,mc.jsonl", "--json", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
+    record = json.loads(again.stdout)
+    [run] = record["runs"]
+    assert run["run_dir"] == str(lora_run) and set(run["subjects"]) == {"final"}
     for name, before in (("qa", qa), ("mc", mc)):
         after = _result(lora_run, name)
         assert (after["scores"], after["stderr"], after["prompts_sha256"]) == \
             (before["scores"], before["stderr"], before["prompts_sha256"])
+        shown = run["subjects"]["final"][name]
+        assert (shown["scores"], shown["samples"]) == (after["scores"], 3)
+        assert shown["file"] == str(lora_run / "eval" / f"{name}.json")
 
     card = (lora_run / "README.md").read_text()
     assert card.count("## Evaluation") == 1 and f"| mc | acc | {mc['scores']['acc']:.4g} | 3 |" in card
@@ -189,3 +196,8 @@ def test_bad_input_is_exit_2_with_a_hint(case, lora_run, tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert expected in proc.stderr and "hint:" in proc.stderr and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-2].startswith("error: ")
+    if case in ("malformed", "reward-run"):  # with --json the same error is the record on stdout
+        as_data = _eval(*args, "--json", cwd=tmp_path, python=python)
+        assert as_data.returncode == 2 and "Traceback" not in as_data.stderr
+        error = json.loads(as_data.stdout)["error"]
+        assert expected in error["message"] and error["hint"]

@@ -6,6 +6,7 @@ and never run."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -21,6 +22,8 @@ from mcp.client.stdio import StdioServerParameters  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "examples" / "yaml" / "tiny"
+MC = [{"prompt": "The sky is", "choices": ["blue", "green", "loud"], "answer": 0},
+      {"prompt": "Two plus two is", "choices": ["five", "four"], "answer": 1}]
 SHORT = ["train.max_steps=4", "train.logging_steps=2", "output.save_steps=2", "logging.progress_bar=false"]
 
 
@@ -92,6 +95,17 @@ def test_train_status_report_and_stop(tmp_path):
             report = await _call(client, "report", run_dir=run_dir)
             assert report["status"] == "finished" and report["steps"] == 4 and report["stage"] == "pretrain"
 
+            # eval: lm-eval on a local task, the record of `recipeforge eval --json`, scores kept in the run
+            (tmp_path / "mc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in MC))
+            scored = await _call(client, "eval", targets=[run_dir], tasks=[str(tmp_path / "mc.jsonl")])
+            [run] = scored["runs"]
+            mc = run["subjects"]["final"]["mc"]
+            assert run["run_dir"] == run_dir and mc["samples"] == len(MC), scored
+            assert mc["scores"] == json.loads(Path(mc["file"]).read_text())["scores"]
+            assert Path(mc["file"]).parent == Path(run_dir) / "eval"
+            missing = (await _call(client, "eval", targets=[run_dir], tasks=["hellaswagg"]))["error"]
+            assert "unknown lm-eval task 'hellaswagg'" in missing["message"] and missing["hint"], missing
+
             # A long run stopped with SIGTERM: a checkpoint is saved and the run reads as preempted.
             long_dir = str(tmp_path / "runs" / "long")
             await _call(client, "train", recipe=str(TINY / "pretrain.yaml"),
@@ -137,6 +151,21 @@ def test_hostile_input_refused_and_never_run(tmp_path):
             error = (await _call(client, "train", recipe=str(TINY / "pretrain.yaml"),
                                  overrides=["--trust-code"]))["error"]
             assert error["key"] == "overrides"
+            # eval's values never become flags, and a task config (code to lm-eval) needs the opt-in
+            for targets, tasks, key in ((["--trust-code"], None, "targets"), ([str(tmp_path)], ["--limit=1"], "tasks")):
+                error = (await _call(client, "eval", targets=targets, tasks=tasks))["error"]
+                assert error["key"] == key, error
+            error = (await _call(client, "eval", targets=[str(tmp_path)], limit=0))["error"]
+            assert error["key"] == "limit", error
+            finished = tmp_path / "finished"  # what a finished run leaves, as far as eval reads it first
+            (finished / "final").mkdir(parents=True)
+            (finished / "final" / "config.json").write_text("{}")
+            (finished / "resolved_recipe.yaml").write_text("stage: sft\n")
+            task = tmp_path / "my_task.yaml"
+            task.write_text(f"task: my_task\ndoc_to_text: !function {marker.name}.run\n")
+            error = (await _call(client, "eval", targets=[str(finished)], tasks=[str(task)]))["error"]
+            assert "opt-in" in error["message"] and error["key"] == "--tasks", error
+            assert "eval" in {t.name for t in (await client.list_tools()).tools}
 
     async def opted_in() -> None:
         own = tmp_path / "own.yaml"  # the recipe's own opt-in

@@ -2,9 +2,9 @@
 ``{"error": {...}}``.
 
 validate, plan, resolve, diff, schema and report run in this process and import neither torch nor
-transformers; train starts ``recipeforge train`` as a process of its own and status/stop follow it.
-`eval` is not a tool: the command prints no JSON record (its scores go to RUN_DIR/eval/<task>.json, which
-`report` returns).
+transformers; train starts ``recipeforge train`` as a process of its own and status/stop follow it; eval
+runs ``recipeforge eval --json`` as a process of its own and returns its record. ``--no-train`` leaves out
+the tools that start work or write into runs (train, stop, eval).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 
 from recipeforge import __version__
 from recipeforge.cli.mcp_server import records
+from recipeforge.cli.mcp_server.evaluation import DEFAULT_TIMEOUT_S, eval_argv, run_eval
 from recipeforge.cli.mcp_server.records import Record, as_data, recipe_namespace
 from recipeforge.cli.mcp_server.runs import Runs
 
@@ -26,7 +27,7 @@ INSTRUCTIONS = (
 
 
 def build_server(*, trust_code: bool = False, allow_train: bool = True) -> Any:
-    """The server and its tools (`train` and `stop` only with `allow_train`). `trust_code`: the server was
+    """The server and its tools (`train`, `stop` and `eval` only with `allow_train`). `trust_code`: the server was
     started with --trust-code (the caller sets the environment the recipe loader reads)."""
     from mcp.server.mcpserver import MCPServer
 
@@ -81,8 +82,21 @@ def build_server(*, trust_code: bool = False, allow_train: bool = True) -> Any:
             and exits (status preempted); train the same recipe again to resume."""
             return as_data(lambda a: runs.stop(a.run_dir), argparse.Namespace(run_dir=run_dir))
 
+        def evaluate(targets: list[str], tasks: list[str] | None = None, limit: int | None = None,
+                     batch_size: int | None = None, checkpoints: bool = False,
+                     timeout_s: float = DEFAULT_TIMEOUT_S) -> Record:
+            """Benchmark finished runs with lm-evaluation-harness (`recipeforge eval --json`): targets are run
+            directories or the recipes that trained them, tasks lm-eval task names or local task files
+            (default: the recipe's eval.tasks); returns each run's scores by subject (final, checkpoint-N)
+            and task. Two or more runs are evaluated on the same tasks. Waits until it is done."""
+            return as_data(lambda a: run_eval(eval_argv(targets, tasks, limit=limit, batch_size=batch_size,
+                                                        checkpoints=checkpoints, trust_code=runs.trust_code),
+                                              timeout_s=timeout_s),
+                           argparse.Namespace())
+
         server.add_tool(train)
         server.add_tool(stop)
+        server.add_tool(evaluate, name="eval")
     return server
 
 
