@@ -85,7 +85,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     import json
 
     from recipeforge.cli.exit_codes import EXIT_USER_ERROR
-    from recipeforge.cli.mcp_server.records import error_record
+    from recipeforge.cli.error_data import error_record
 
     try:
         with contextlib.redirect_stdout(sys.stderr):

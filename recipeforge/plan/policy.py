@@ -101,7 +101,9 @@ def layout_refusals(w: Workload, layout: Layout, device: str) -> list[Refusal]:
                      model_parallel=parallel_key(layout.tensor_parallel, layout.pipeline_parallel,
                                                  layout.context_parallel))
     return found + [Refusal(key, message) for backend, key, message in w.setting_refusals
-                    if backend == layout.backend] + whole_linear_refusals(w.whole_linears, layout)
+                    if backend == layout.backend] + whole_linear_refusals(
+        w.whole_linears, tensor_parallel=layout.tensor_parallel, shards_weights=layout.spec.shards_weights(layout),
+        layout_name=f"{layout.backend} layout" + (f" ({layout.preset})" if layout.preset else ""))
 
 
 def cpu_backends(dist: DistributedConfig, planners: Planners) -> list[str]:

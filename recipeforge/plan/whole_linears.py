@@ -17,7 +17,6 @@ from recipeforge.capabilities import Refusal
 
 if TYPE_CHECKING:
     from recipeforge.config.schema import Recipe
-    from recipeforge.plan.memory import Layout
 
 QAT_KEY = "train.qat"
 FP8_KEY = "train.precision"
@@ -33,20 +32,20 @@ def whole_linear_keys(recipe: Recipe) -> tuple[str, ...]:
     return tuple(keys)
 
 
-def whole_linear_refusals(keys: tuple[str, ...], layout: Layout) -> list[Refusal]:
-    """Why `layout` cannot run the methods of `keys` (empty when it can)."""
+def whole_linear_refusals(keys: tuple[str, ...], *, tensor_parallel: int, shards_weights: bool,
+                          layout_name: str) -> list[Refusal]:
+    """Why a layout (`layout_name`, e.g. "fsdp layout (fsdp_full_shard)") with these facts cannot run the
+    methods of `keys` (empty when it can)."""
     out = []
-    tp = layout.tensor_parallel
     for key in keys:
         method = "quantization-aware training" if key == QAT_KEY else "fp8 training"
-        if tp > 1:
+        if tensor_parallel > 1:
             out.append(Refusal(key, f"{method} swaps whole linear layers, and this layout splits them with tensor "
-                                    f"parallelism ({tp})",
+                                    f"parallelism ({tensor_parallel})",
                                hint="pin distributed.tensor_parallel: 1, or drop " + _drop(key)))
-        elif key == QAT_KEY and layout.spec.shards_weights(layout):
+        elif key == QAT_KEY and shards_weights:
             out.append(Refusal(key, f"{method} swaps a whole model's linear layers for torchao's fake-quantized "
-                                    f"ones, and the {layout.backend} layout{_preset(layout)} shards the weights across "
-                                    "processes",
+                                    f"ones, and the {layout_name} shards the weights across processes",
                                hint="pin distributed.backend: ddp (or deepspeed with distributed.zero_stage: 2), "
                                     "or drop train.qat"))
     return out
@@ -54,7 +53,3 @@ def whole_linear_refusals(keys: tuple[str, ...], layout: Layout) -> list[Refusal
 
 def _drop(key: str) -> str:
     return "train.qat" if key == QAT_KEY else "train.precision: fp8"
-
-
-def _preset(layout: Layout) -> str:
-    return f" ({layout.preset})" if layout.preset else ""
