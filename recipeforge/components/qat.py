@@ -22,10 +22,18 @@ class QATScheme(Names):
     """What `train.qat.scheme` fake-quantizes."""
 
     INT4_WEIGHT = "int4_weight"                                    # int4 weights per group (torchao-int4's)
-    INT8_DYNAMIC_ACT_INT4_WEIGHT = "int8_dynamic_act_int4_weight"  # and int8 activations per token
+    INT8_DYNAMIC_ACT_INT4_WEIGHT = "int8_dynamic_act_int4_weight"  # and int8 activations per token (torchao-int8-int4's)
 
 
 QAT_SCHEMES = tuple(s.value for s in QATScheme)
+# The `recipeforge export --format` whose quantization each scheme simulates exactly (the same torchao config,
+# `base_config`, in the groups the run trained).
+EXPORT_FORMATS = {QATScheme.INT4_WEIGHT: "torchao-int4", QATScheme.INT8_DYNAMIC_ACT_INT4_WEIGHT: "torchao-int8-int4"}
+
+
+def export_format(scheme: str) -> str:
+    """The export format a run trained with `train.qat.scheme` = `scheme` is meant for."""
+    return EXPORT_FORMATS[QATScheme(scheme)]
 
 
 def check_torchao(location: Any = None) -> None:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from recipeforge.capabilities import parallel_key
 from recipeforge.capabilities import refusals as capability_refusals
+from recipeforge.components.qat import export_format as qat_export_format
 from recipeforge.errors import RecipeError, did_you_mean
 from recipeforge.plan.accuracy import accuracy_band, band_class, sensitivity
 from recipeforge.plan.catalog import resolve_model
@@ -331,7 +332,7 @@ def _step_reasons(recipe: Recipe, ev: Evaluation) -> dict[str, Choice]:
     if train.qat is not None:
         reasons["qat"] = Choice(train.qat.scheme, f"recipe sets train.qat: torchao fake-quantizes the linear layers "
                                 f"(int4 groups of {train.qat.group_size}) while training; final/ holds plain weights "
-                                f"for `recipeforge export --format torchao-int4`")
+                                f"for `recipeforge export --format {qat_export_format(train.qat.scheme)}`")
     return reasons
 
 

@@ -39,9 +39,11 @@ def render_model_card(*, recipe, recipe_data: dict, plan, data_stats: dict, run_
     lines += [f"`{base}` {what} on {how} with recipeforge {__version__}.", ""]
     qat = recipe.train.qat
     if qat is not None:
+        from recipeforge.components.qat import export_format
+
         lines += [f"Trained quantization-aware (torchao fake quantization `{qat.scheme}`, int4 groups of "
                   f"{qat.group_size}): the weights here are full precision, meant for `recipeforge export RUN_DIR "
-                  f"--format torchao-int4`.", ""]
+                  f"--format {export_format(qat.scheme)}`.", ""]
     lines += _prompt_format(recipe)
     if reward:
         lines += _reward_usage(adapter)

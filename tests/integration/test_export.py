@@ -82,8 +82,12 @@ def test_a_lora_run_exports_loads_back_and_passes_its_self_check(lora_run, fmt):
         assert "quantization_config" not in config and type(layer.weight) is torch.nn.Parameter
     elif family == Family.TORCHAO:
         assert config["quantization_config"]["quant_method"] == "torchao"
-        expected = {ExportFormat.TORCHAO_INT8: "Int8Tensor", ExportFormat.TORCHAO_INT4: "IntxUnpackedToInt8Tensor"}
+        expected = {ExportFormat.TORCHAO_INT8: "Int8Tensor", ExportFormat.TORCHAO_INT4: "IntxUnpackedToInt8Tensor",
+                    ExportFormat.TORCHAO_INT8_INT4: "IntxUnpackedToInt8Tensor"}
         assert type(layer.weight).__name__ == expected[fmt]
+        # int8-int4 also quantizes each layer's input at run time; int4 weight-only does not
+        quantizes_inputs = getattr(layer.weight, "activation_quantization", None) is not None
+        assert quantizes_inputs == (fmt == ExportFormat.TORCHAO_INT8_INT4), vars(layer.weight).keys()
     else:  # packed int4 stays packed in the loaded model (weight_packed); int8 and fp8 load as weights
         assert hasattr(layer, "weight_packed" if fmt == ExportFormat.W4A16 else "weight")
         quant = config["quantization_config"]

@@ -70,5 +70,16 @@ def test_int8_activations_with_int4_weights_train_and_save_plain_weights(tiny, t
                      "train.qat.group_size=16")
     model = AutoModelForCausalLM.from_pretrained(str(run / "final"))
     assert type(model.model.layers[0].self_attn.q_proj) is torch.nn.Linear
-    assert "int8_dynamic_act_int4_weight" in (run / "README.md").read_text()
+    card = (run / "README.md").read_text()
+    assert "int8_dynamic_act_int4_weight" in card and "--format torchao-int8-int4" in card
     assert '"qat"' in (run / "plan.json").read_text()
+
+    # The export the scheme simulates, in the run's groups; the other int4 export says what it trained for.
+    done = subprocess.run([sys.executable, "-m", "recipeforge", "export", str(run), "--format", "torchao-int8-int4"],
+                          capture_output=True, text=True, cwd=run.parent, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    settings = json.loads((run / "export-torchao-int8-int4" / "export.json").read_text())["settings"]
+    assert settings["granularity"] == "per group of 16" and "groups_from" in settings
+    assert settings["activations"] == "int8, dynamic, per token" and "trained_for" not in settings
+    other = _export_int4(run)["settings"]
+    assert other["granularity"] == "per group of 16" and other["trained_for"] == "torchao-int8-int4"

@@ -47,10 +47,11 @@ class QATConfig(Section):
                     "but the output head rounded to int4 per group (symmetric, torchao's "
                     "`IntxWeightOnlyConfig`, what `recipeforge export --format torchao-int4` writes); "
                     "`int8_dynamic_act_int4_weight`: and their inputs to int8 per token (torchao's "
-                    "`Int8DynamicActivationIntxWeightConfig`).")
+                    "`Int8DynamicActivationIntxWeightConfig`, what `export --format torchao-int8-int4` writes).")
     group_size: Literal[16, 32, 64, 128, 256] = Field(
         32, description="Input features sharing one int4 scale; must divide the input width of every linear "
-                        "layer. `export --format torchao-int4` of the run uses the same groups.")
+                        "layer. `export --format torchao-int4` (or `torchao-int8-int4`) of the run uses the same "
+                        "groups.")
 
 
 class FP8Config(Section):

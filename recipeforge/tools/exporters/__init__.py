@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from recipeforge.tools.exporters.formats import FORMATS, ExportFormat, FormatSpec, check_available, format_spec
+from recipeforge.tools.exporters.formats import FORMATS, GROUPED_INT4, FormatSpec, check_available, format_spec
 from recipeforge.tools.exporters.selfcheck import CheckResult
 
 __all__ = ["FORMATS", "ExportFormat", "ExportResult", "export_run", "default_output"]
@@ -61,7 +61,7 @@ def export_run(run_dir: Path, fmt: str, out: Path | None = None, *, overwrite: b
         with staged_folder(out, kind="export") as tmp:
             with full_weights(run_dir, scratch=out.parent, log=log) as src:
                 log(f"writing {spec.name} of {run_dir}")
-                settings = _write(spec, src, tmp, run_dir)
+                settings = _write(spec, src, tmp, run_dir, log)
             written = time.perf_counter() - started
             result = _self_check(run_dir, tmp, spec, log) if check else None
             seconds = time.perf_counter() - started
@@ -75,12 +75,20 @@ def export_run(run_dir: Path, fmt: str, out: Path | None = None, *, overwrite: b
     return ExportResult(out=out, seconds=seconds, check=result)
 
 
-def _write(spec: FormatSpec, src: Path, dest: Path, run_dir: Path) -> dict:
-    from recipeforge.tools.exporters.writers import qat_group, write_export
+def _write(spec: FormatSpec, src: Path, dest: Path, run_dir: Path, log: Callable[[str], None]) -> dict:
+    from recipeforge.components.qat import export_format
+    from recipeforge.tools.exporters.writers import qat_settings, write_export
 
     # int4 in the groups a quantization-aware run trained for (train.qat.group_size)
-    group = qat_group(run_dir) if spec.name == ExportFormat.TORCHAO_INT4 else None
-    return write_export(spec, src, dest, group=group)
+    qat = qat_settings(run_dir) if spec.name in GROUPED_INT4 else None
+    settings = write_export(spec, src, dest, group=qat[1] if qat else None)
+    if qat is not None and export_format(qat[0]) != spec.name.value:
+        # the groups match, but the run simulated another quantization than this format's
+        meant = export_format(qat[0])
+        log(f"note: this run trained quantization-aware for {meant} (train.qat.scheme {qat[0]}); "
+            f"--format {meant} is the export it simulates")
+        settings["trained_for"] = meant
+    return settings
 
 
 def _self_check(run_dir: Path, export_dir: Path, spec: FormatSpec, log: Callable[[str], None]) -> CheckResult:

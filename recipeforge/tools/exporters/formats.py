@@ -19,6 +19,7 @@ class ExportFormat(Names):
     SAFETENSORS = "safetensors"          # full precision; a LoRA run merged into its base
     TORCHAO_INT8 = "torchao-int8"        # torchao int8 weight-only, per channel
     TORCHAO_INT4 = "torchao-int4"        # torchao int4 weight-only, per group of input features
+    TORCHAO_INT8_INT4 = "torchao-int8-int4"  # torchao int4 weights per group, int8 activations per token
     GGUF = "gguf"                        # llama.cpp, 16-bit
     GGUF_Q8_0 = "gguf-q8_0"              # llama.cpp, 8-bit blocks
     W8A8 = "w8a8"                        # compressed-tensors (vLLM), int8 weights and activations
@@ -74,6 +75,10 @@ FORMAT_SPECS: dict[ExportFormat, FormatSpec] = {spec.name: spec for spec in (
     FormatSpec(ExportFormat.TORCHAO_INT4, Family.TORCHAO,
                "torchao int4 weight-only, grouped (transformers TorchAoConfig; vLLM)", 0.10,
                package="torchao", install="pip install 'recipeforge[torchao]'"),
+    # int8 activations per token on top of int4 weights: a little more than int4 weight-only
+    FormatSpec(ExportFormat.TORCHAO_INT8_INT4, Family.TORCHAO,
+               "torchao int4 weights per group, dynamic int8 activations per token (transformers TorchAoConfig; "
+               "ExecuTorch, CPU)", 0.12, package="torchao", install="pip install 'recipeforge[torchao]'"),
     FormatSpec(ExportFormat.GGUF, Family.GGUF, "llama.cpp GGUF, 16-bit", 1e-3,
                elsewhere=_LLAMA_CPP.replace("{outtype}", "f16")),
     FormatSpec(ExportFormat.GGUF_Q8_0, Family.GGUF, "llama.cpp GGUF, q8_0", 0.02,
@@ -91,6 +96,8 @@ FORMAT_SPECS: dict[ExportFormat, FormatSpec] = {spec.name: spec for spec in (
 )}
 
 FORMATS = tuple(f.value for f in ExportFormat)
+# The formats that quantize weights to int4 in groups: a quantization-aware run's groups apply to them.
+GROUPED_INT4 = (ExportFormat.TORCHAO_INT4, ExportFormat.TORCHAO_INT8_INT4)
 
 # int4 groups: the largest of these that divides every quantized layer's input width. 128 is torchao's
 # default and what serving engines expect of real models; tiny test models need smaller groups.

@@ -41,9 +41,13 @@ def torchao_config(fmt: ExportFormat, model_config: dict, group: int | None = No
     `Int4WeightOnlyConfig` layouts run only on CUDA (tinygemm tile packing, bf16) or need the mslk
     kernels, and the CPU layout (Int4CPULayout) is gone; the unpacked int4 tensor loads and runs on the
     CPU and the GPU alike, and it is the only int4 layout torchao's safetensors support serializes. It
-    keeps one int4 value per byte: on disk it is as large as int8 (W4A16 packs two per byte)."""
-    import torch
-    from torchao.quantization import Int8WeightOnlyConfig, IntxWeightOnlyConfig, PerGroup
+    keeps one int4 value per byte: on disk it is as large as int8 (W4A16 packs two per byte). int8-int4
+    is `Int8DynamicActivationIntxWeightConfig(torch.int4, PerGroup)`, the same weights with each linear
+    layer's input quantized to int8 per token at run time. Both are the configs `train.qat` simulates
+    (`components.qat.base_config`)."""
+    from torchao.quantization import Int8WeightOnlyConfig
+
+    from recipeforge.components.qat import QATScheme, base_config
 
     if fmt == ExportFormat.TORCHAO_INT8:
         return Int8WeightOnlyConfig(), {"weights": "int8", "granularity": "per channel"}
@@ -51,7 +55,10 @@ def torchao_config(fmt: ExportFormat, model_config: dict, group: int | None = No
     settings = {"weights": "int4", "granularity": f"per group of {chosen}", "storage": "one value per byte"}
     if group:
         settings["groups_from"] = "train.qat.group_size (the groups the run trained with fake-quantized)"
-    return IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(chosen)), settings
+    if fmt == ExportFormat.TORCHAO_INT8_INT4:
+        settings["activations"] = "int8, dynamic, per token"
+        return base_config(QATScheme.INT8_DYNAMIC_ACT_INT4_WEIGHT, chosen), settings
+    return base_config(QATScheme.INT4_WEIGHT, chosen), settings
 
 
 def quantize_torchao(fmt: ExportFormat, src: Path, dest: Path, *, group: int | None = None) -> dict:
@@ -69,13 +76,17 @@ def quantize_torchao(fmt: ExportFormat, src: Path, dest: Path, *, group: int | N
     return {**settings, "dtype": str(model.dtype).removeprefix("torch.")}
 
 
-def qat_group(run_dir: Path) -> int | None:
-    """The int4 group size a run trained its weights for (`train.qat.group_size` in its
+def qat_settings(run_dir: Path) -> tuple[str, int] | None:
+    """The scheme and int4 group size a run trained its weights for (`train.qat` in its
     resolved_recipe.yaml), None when it trained without quantization-aware training."""
     import yaml
 
     path = Path(run_dir) / "resolved_recipe.yaml"
     recipe = (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
     qat = (recipe.get("train") or {}).get("qat") if isinstance(recipe, dict) else None
-    group = qat.get("group_size") if isinstance(qat, dict) else None
-    return group if isinstance(group, int) and group > 0 else None
+    if not isinstance(qat, dict):
+        return None
+    scheme, group = qat.get("scheme"), qat.get("group_size")
+    if not isinstance(scheme, str) or not isinstance(group, int) or group <= 0:
+        return None
+    return scheme, group
