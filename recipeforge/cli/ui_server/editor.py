@@ -12,6 +12,7 @@ name a parent (`extends:`) outside the recipes folder and the file's own chain, 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import tempfile
 from pathlib import Path
@@ -26,6 +27,7 @@ SUFFIXES = (".yaml", ".yml")
 MAX_RECIPES = 1000
 MAX_DEPTH = 5
 SKIPPED = {"node_modules", "__pycache__", "site-packages"}
+LOCATION = re.compile(r"^(.*?):(\d+)(?::(\d+))?$")  # file:line[:col], as `Location.render` writes it
 
 
 class Editor:
@@ -85,12 +87,12 @@ class Editor:
             hw = _hardware(hardware)
             extra = _overrides(overrides)
         except RecipeError as exc:
-            return {"validate": error_record(exc), "plan": None}
+            return {"validate": _with_lines(error_record(exc), path), "plan": None}
         ns = recipe_namespace("validate", shown, extra)
         ns.text = text
         valid = as_data(records.validate, ns)
         if "error" in valid:
-            return {"validate": valid, "plan": None}
+            return {"validate": _with_lines(valid, path), "plan": None}
         ns = recipe_namespace("plan", shown, extra, hw)
         ns.text = text
         return {"validate": valid, "plan": as_data(_plan, ns)}
@@ -185,6 +187,18 @@ def disk_chain(path: Path) -> list[Path]:
                 except (RecipeError, OSError):
                     continue
     return seen
+
+
+def _with_lines(record: Record, path: Path) -> Record:
+    """An error record whose problems in the edited file also carry their `line` and `column` (the page
+    marks that line); problems in a parent file keep only their location."""
+    error = record["error"]
+    for problem in [error, *error.get("problems", ())]:
+        match = LOCATION.match(problem.get("location") or "")
+        if match and Path(match[1]).resolve() == path:
+            problem["line"] = int(match[2])
+            problem["column"] = int(match[3]) if match[3] else None
+    return record
 
 
 def _plan(args: Any) -> Record:

@@ -228,7 +228,6 @@ $("stop").addEventListener("click", async () => {
 
 // ---- editor --------------------------------------------------------------------------------------------
 let recipe = null;       // the open recipe (relative to the recipes folder)
-let recipeFile = "";     // the file as errors name it
 let savedText = "";
 let checkSeq = 0;
 let checkTimer = null;
@@ -244,7 +243,6 @@ async function openRecipe(path) {
   const data = await api("/api/recipe?path=" + encodeURIComponent(path));
   if (data.error) { notice(describe(data.error)); return; }
   recipe = data.recipe;
-  recipeFile = data.file;
   savedText = data.text;
   $("recipe-file").textContent = data.file;
   $("recipe-text").value = data.text;
@@ -300,9 +298,8 @@ async function check() {
   if (failure) {
     for (const problem of failure.problems || [failure]) {
       const item = node("li", describe(problem), "error");
-      const m = problem.location ? /^(.*):(\d+)(?::(\d+))?$/.exec(problem.location) : null;
-      if (m && m[1] === recipeFile) {
-        const line = Number(m[2]);
+      if (typeof problem.line === "number") {  // in the edited file (the server says so)
+        const line = problem.line;
         item.dataset.line = String(line);
         located.push({line: line, error: problem});
         item.addEventListener("click", () => goToLine(line));
