@@ -161,7 +161,7 @@ def build_app(config: UiConfig) -> Starlette:
               api(runs_), api(run), api(metrics), api(log), api(diff), api(recipes), api(recipe),
               api(check, "POST"), api(save, "POST"), api(command, "POST"), api(launch, "POST"), api(stop, "POST")]
     app = Starlette(routes=routes)
-    app.add_middleware(_Guard, access=access)  # type: ignore[arg-type]
+    app.add_middleware(_Guard, access=access)
     return app
 
 
