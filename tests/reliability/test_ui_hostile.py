@@ -133,3 +133,17 @@ def _run(cwd, args, env):
     proc = subprocess.run([sys.executable, "-m", "recipeforge", *args], cwd=cwd, env={**env, "PYTHONPATH": str(REPO)},
                           capture_output=True, text=True, timeout=120)
     return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_a_parent_on_disk_that_is_not_a_recipe_is_never_shown(site):
+    not_a_recipe = site["outside"] / "passwd"
+    not_a_recipe.write_text(f"root: {SECRET}\nuser: {SECRET}\n")
+    (site["recipes"] / "tiny" / "sneaky.yaml").write_text(f"extends: [base.yaml, {not_a_recipe}]\nstage: sft\n")
+    c = client(site)
+    opened = c.get("/api/recipe", params={"path": "tiny/sneaky.yaml"})
+    assert opened.status_code == 200 and SECRET not in opened.text
+    assert [p["file"] for p in opened.json()["chain"]] == ["tiny/base.yaml"]
+    text = opened.json()["text"]
+    checked = c.post("/api/check", json={"path": "tiny/sneaky.yaml", "text": text})
+    error = checked.json()["validate"]["error"]
+    assert SECRET not in checked.text and error["key"] == "extends" and error["line"] == 1

@@ -80,6 +80,11 @@ def build_app(config: UiConfig) -> Starlette:
                 return JSONResponse(error_record(exc), status_code=404)
             except RecipeError as exc:
                 return JSONResponse(error_record(exc), status_code=400)
+            except Exception as exc:  # a bug or an unreadable file: one line, never a traceback
+                from recipeforge.config.secrets import scrub
+                from recipeforge.errors import bounded_text
+
+                return _error(500, f"internal error: {type(exc).__name__}: {bounded_text(scrub(str(exc)))}")
             return JSONResponse(result)
 
         return Route(f"/api/{handler.__name__.rstrip('_')}", endpoint, methods=[method])

@@ -20,6 +20,7 @@ from typing import Any
 
 from recipeforge.cli.mcp_server import records
 from recipeforge.cli.mcp_server.records import Record, as_data, error_record, recipe_namespace
+from recipeforge.cli.mcp_server.runs import is_run_dir
 from recipeforge.cli.ui_server.access import NotFound, Refused, confined, inside
 from recipeforge.errors import RecipeError
 
@@ -43,8 +44,9 @@ class Editor:
         found: list[str] = []
         for folder, dirs, files in os.walk(self.root, followlinks=False):
             depth = len(Path(folder).relative_to(self.root).parts)
+            # Run directories hold YAML records (resolved_recipe.yaml, recipe.lock.yaml), not recipes to edit.
             dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIPPED and depth < MAX_DEPTH
-                             and not (Path(folder, d) / ".recipeforge.lock").exists())
+                             and not is_run_dir(Path(folder, d)))
             for name in sorted(files):
                 path = Path(folder, name)
                 if name.endswith(SUFFIXES) and not name.startswith(".") and inside(self.root, path):
@@ -162,23 +164,25 @@ def command_line(argv: list[str]) -> str:
 
 
 def disk_chain(path: Path) -> list[Path]:
-    """`path` and every recipe file its `extends:` chain names on disk (real paths; unreadable ones left
-    out, as validation reports them)."""
-    from recipeforge.config.compose import MAX_DEPTH as CHAIN_DEPTH, locate_parent
+    """`path` and every recipe file its `extends:` chain names on disk (real paths). A parent that cannot
+    be read or is not a recipe (another tool's config, a system file) is left out, so the page never shows
+    it; validation reports it at its `extends` entry without quoting it."""
+    from recipeforge.config.compose import MAX_DEPTH as CHAIN_DEPTH, locate_parent, recipe_top_level_keys
     from recipeforge.config.load import load_yaml_file
     from recipeforge.errors import Location
 
     seen: list[Path] = []
     todo = [path.resolve()]
+    keys = recipe_top_level_keys()
     while todo and len(seen) < CHAIN_DEPTH:
         current = todo.pop(0)
         if current in seen:
             continue
-        seen.append(current)
         try:
-            parents = load_yaml_file(current).data.get("extends")
-        except RecipeError:
+            parents = load_yaml_file(current, recipe_keys=keys if seen else None).data.get("extends")
+        except (RecipeError, OSError):
             continue
+        seen.append(current)
         refs = [parents] if isinstance(parents, str) else parents if isinstance(parents, list) else []
         for ref in refs:
             if isinstance(ref, str):

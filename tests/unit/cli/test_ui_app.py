@@ -6,6 +6,7 @@ an argument list, and the page token and key checked on every request."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 
 import pytest
@@ -197,3 +198,11 @@ def test_the_page_and_its_chart_library_are_served_from_the_package(site):
     assert chart.status_code == 200 and "Chart.js v3.9.1" in chart.text[:200]
     assert "MIT" in c.get("/assets/LICENSE.chart.js.txt").text
     assert c.get("/assets/index.html").status_code == 404  # only the listed assets
+
+
+def test_the_recipe_list_leaves_out_run_directories(tmp_path):
+    site = make_site(tmp_path)
+    site["runs"] = site["recipes"] / "runs"  # the default layout: runs/ under the recipes folder
+    shutil.copytree(tmp_path / "runs", site["runs"])
+    listed = client(site).get("/api/recipes").json()["recipes"]
+    assert SFT in listed and not any(name.startswith("runs/") for name in listed), listed
