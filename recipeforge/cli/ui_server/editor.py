@@ -104,12 +104,18 @@ class Editor:
         path = self.path_of(rel)
         text = _text(text)
         self.guard(path, text)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        except OSError as exc:  # a read-only folder, a full disk: the user's to fix
+            raise RecipeError(f"cannot save {self.shown_path(path)}: {exc.strerror}", key="recipe") from None
         try:
             with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
                 fh.write(text)
             os.chmod(tmp, path.stat().st_mode & 0o777)
             os.replace(tmp, path)
+        except OSError as exc:
+            Path(tmp).unlink(missing_ok=True)
+            raise RecipeError(f"cannot save {self.shown_path(path)}: {exc.strerror}", key="recipe") from None
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
