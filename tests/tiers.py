@@ -9,6 +9,7 @@ printed at the end of every run (README.md, "Tests", lists the command that runs
 | reliability | tests/reliability | kill, preempt, fill disks, feed hostile input                    | 600 s |
 | floors      | tests/floors      | build a virtual environment of the lowest dependency versions    | 900 s |
 | rehearsal   | tests/rehearsal   | the GPU lease (bench/gpu/lease.sh) rehearsed on the CPU, alone   | 3400 s |
+| browser     | tests/browser     | `recipeforge ui` in Chromium (Playwright), run by .ci/ui         | 600 s |
 
 The limits are for hangs (a launcher that never returns), several times the slowest test of each tier on
 two busy cores; a test's own `@pytest.mark.timeout(...)` wins. `pytest --timeout=N` sets one for all.
@@ -27,8 +28,8 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 LIMITS = {"unit": 60, "plan": 60, "commands": 300, "integration": 600, "reliability": 600, "floors": 900,
-          "rehearsal": 3400}
-ORDER = ("unit", "plan", "commands", "integration", "reliability", "floors", "rehearsal")
+          "rehearsal": 3400, "browser": 600}
+ORDER = ("unit", "plan", "commands", "integration", "reliability", "floors", "rehearsal", "browser")
 
 
 def tier_of(path: str | Path) -> str:

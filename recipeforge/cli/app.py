@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from recipeforge import __version__
-from recipeforge.cli import after, evaluate, launch, mcp, planning, recipes, train, tune, use
+from recipeforge.cli import after, evaluate, launch, mcp, planning, recipes, train, tune, ui, use
 
 # (name, adds its parser to the subparsers): --help lists them in this order.
 COMMANDS: tuple[tuple[str, Callable[[Any], None]], ...] = (
@@ -32,6 +32,7 @@ COMMANDS: tuple[tuple[str, Callable[[Any], None]], ...] = (
     ("eval", evaluate.add_eval),
     ("push", after.add_push),
     ("mcp", mcp.add_mcp),
+    ("ui", ui.add_ui),
 )
 # Flags of the program that may also stand after the command (`recipeforge eval RUN --trust-code`).
 GLOBAL_FLAGS = ("--debug", "--verbose", "--trust-code")

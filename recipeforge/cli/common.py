@@ -30,11 +30,12 @@ def looks_like_override(arg: str) -> bool:
 
 def load(args: argparse.Namespace) -> Any:
     """The recipe the command names, loaded and checked as far as the command needs (a `LoadedRecipe`).
+    ``args.text``, when set, is the recipe's text in place of the file's (an edit in `recipeforge ui`).
 
     It is kept on ``args.loaded``: errors raised later (planner, data) then point into the recipe."""
     from recipeforge.config import load_recipe
 
-    loaded = load_recipe(args.recipe, list(args.overrides), flags=flag_values(args))
+    loaded = load_recipe(args.recipe, list(args.overrides), flags=flag_values(args), text=getattr(args, "text", None))
     args.loaded = loaded
     from recipeforge.config.load import check_finite_numbers
 

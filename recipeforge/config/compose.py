@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from recipeforge.config.load import NotARecipe, load_yaml_file
+from recipeforge.config.load import NotARecipe, load_yaml_file, load_yaml_text
 from recipeforge.config.tree import ConfigTree, merge_trees
 from recipeforge.errors import Location, Problem, RecipeError
 
@@ -16,12 +16,14 @@ PKG_SCHEME = "pkg://"
 MAX_DEPTH = 32
 
 
-def compose_file(path: str | Path) -> ConfigTree:
-    """Load `path` and everything it extends into one merged tree (without the `extends` key)."""
-    return _compose(Path(path), stack=(), via=None)
+def compose_file(path: str | Path, text: str | None = None) -> ConfigTree:
+    """Load `path` and everything it extends into one merged tree (without the `extends` key). `text`:
+    the recipe's own text in place of the file's (an edit not saved yet); its errors still name `path`,
+    and its `extends` entries are relative to the folder of `path`."""
+    return _compose(Path(path), stack=(), via=None, text=text)
 
 
-def _compose(path: Path, stack: tuple[Path, ...], via: Location | None) -> ConfigTree:
+def _compose(path: Path, stack: tuple[Path, ...], via: Location | None, text: str | None = None) -> ConfigTree:
     resolved = path.resolve()
     if resolved in stack:
         chain = " -> ".join(p.name for p in (*stack, resolved))
@@ -29,7 +31,10 @@ def _compose(path: Path, stack: tuple[Path, ...], via: Location | None) -> Confi
                           hint="remove one of the extends entries that close the loop")
     if len(stack) >= MAX_DEPTH:
         raise RecipeError(f"extends chain deeper than {MAX_DEPTH} files", location=via, key="extends")
-    tree = load_yaml_file(path) if via is None else _load_parent(path, via)
+    if text is not None:
+        tree = load_yaml_text(text, str(path))
+    else:
+        tree = load_yaml_file(path) if via is None else _load_parent(path, via)
     parents = tree.data.get("extends")
     extends_loc = tree.prov.get(("extends",), tree.root)
     if isinstance(parents, str):

@@ -29,10 +29,11 @@ class LoadedRecipe:
 
 def resolve_tree(path: str | Path, overrides: Sequence[str] = (),
                  environ: Mapping[str, str] | None = None,
-                 flags: Sequence[FlagValue] = ()) -> tuple[ConfigTree, dict]:
+                 flags: Sequence[FlagValue] = (), text: str | None = None) -> tuple[ConfigTree, dict]:
     """Compose, override and interpolate a recipe file, without validating it: environment overrides,
-    then `key=value` arguments, then values of command-line flags (`--hardware`)."""
-    tree = compose_file(path)
+    then `key=value` arguments, then values of command-line flags (`--hardware`). `text`: the recipe's
+    own text in place of the file's (`compose_file`)."""
+    tree = compose_file(path, text)
     apply_env(tree, os.environ if environ is None else environ, sections=Recipe.model_fields)
     apply_cli(tree, overrides)
     apply_flags(tree, flags)
@@ -40,10 +41,12 @@ def resolve_tree(path: str | Path, overrides: Sequence[str] = (),
 
 
 def load_recipe(path: str | Path, overrides: Sequence[str] = (),
-                environ: Mapping[str, str] | None = None, flags: Sequence[FlagValue] = ()) -> LoadedRecipe:
-    """Load, compose, override, resolve and validate the recipe at `path`."""
+                environ: Mapping[str, str] | None = None, flags: Sequence[FlagValue] = (),
+                text: str | None = None) -> LoadedRecipe:
+    """Load, compose, override, resolve and validate the recipe at `path` (or `text`, the recipe's own
+    text not saved yet, read as if it were the file at `path`)."""
     try:
-        tree, env_refs = resolve_tree(path, overrides, environ, flags)
+        tree, env_refs = resolve_tree(path, overrides, environ, flags, text)
     except UnresolvedValues as unresolved:
         # Report the recipe's other problems too, except those caused by the unresolved keys.
         problems = list(unresolved.problems)

@@ -39,6 +39,7 @@ NOT_RUN = {
     "bash .ci/llmcompressor": "the compressed-tensors exports: their own CI step in a virtual environment of their own",
     "bash .ci/ray": "the Ray launcher on a local Ray cluster: its own CI step in a virtual environment of its own",
     "bash .ci/megatron": "the Megatron-Bridge tests: their own CI step in a Python 3.12 environment of their own",
+    "bash .ci/ui": "the browser tests: their own CI step, which installs Chromium and Playwright",
     "ray start --head --port 6379": "starts a Ray cluster: .ci/ray's tests start their own",
     "recipeforge launch --ray examples/yaml/llama3-8b-full-sft.yaml --ray-address HEAD:6379 "
     "output.dir=/shared/runs/llama3-8b-sft": "needs a Ray cluster of GPU nodes (.ci/ray launches the tiny recipe on a local one)",

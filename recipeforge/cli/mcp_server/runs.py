@@ -67,9 +67,7 @@ class Runs:
                 raise RecipeError(f"{run_dir} is in use by another run (pid {holder.get('pid')} on "
                                   f"{holder.get('host')})", key="output.dir",
                                   hint="wait for it to end (status), or choose another output.dir")
-            # --trust-code only when the server itself was started with it: the tool never adds it.
-            argv = [sys.executable, "-m", "recipeforge", *(["--trust-code"] if self.trust_code else []), "train",
-                    str(Path(args.recipe).absolute()), *args.overrides]
+            argv = train_argv(args.recipe, args.overrides, trust_code=self.trust_code)
             log = run_dir.with_name(run_dir.name + ".train.log")
             log.parent.mkdir(parents=True, exist_ok=True)
             with open(log, "ab") as out:
@@ -77,6 +75,11 @@ class Runs:
                                            start_new_session=True, close_fds=True)
             self._started[run_dir] = Started(process, run_dir, log, argv)
         return {"run_dir": str(run_dir), "pid": process.pid, "log": str(log), "command": argv[1:]}
+
+    def started_dirs(self) -> list[Path]:
+        """The run directories of the runs this server started."""
+        with self._lock:
+            return list(self._started)
 
     def status(self, run_dir: str) -> Record:
         """Where a run stands, from its run directory (and the exit status of a process this server started)."""
@@ -112,6 +115,13 @@ class Runs:
         return {"run_dir": str(root), "pid": started.process.pid, "stopped": True, "signal": "SIGTERM",
                 "message": "the run saves a checkpoint at the end of its step and exits (status: preempted); "
                            "train the same recipe again to resume"}
+
+
+def train_argv(recipe: str | Path, overrides: list[str], *, trust_code: bool) -> list[str]:
+    """The command a server starts to train `recipe`: an argument list for `subprocess`, never a shell line.
+    --trust-code only when the server itself was started with it: a tool never adds it."""
+    return [sys.executable, "-m", "recipeforge", *(["--trust-code"] if trust_code else []), "train",
+            str(Path(recipe).absolute()), *overrides]
 
 
 def run_path(path: str | Path) -> Path:

@@ -73,3 +73,16 @@ def test_extends_must_be_paths(write):
 def test_unknown_plugin_recipe(write):
     with pytest.raises(RecipeError, match="no installed plugin ships recipes under 'nope'"):
         compose_file(write("c.yaml", "extends: pkg://nope/base.yaml\n"))
+
+
+def test_a_text_not_saved_yet_reads_as_the_file_it_edits(write):
+    write("base.yaml", "train: {seed: 1, learning_rate: 0.1}\n")
+    child = write("c.yaml", "extends: base.yaml\n" + MINIMAL)
+    edited = "extends: base.yaml\n" + MINIMAL + "train: {seed: 7}\n"
+    loaded = load_recipe(child, text=edited)
+    assert loaded.recipe.train.seed == 7 and loaded.recipe.train.learning_rate == 0.1  # the parent, beside the file
+    assert compose_file(child).data["train"] == {"seed": 1, "learning_rate": 0.1}  # the file itself is unchanged
+    with pytest.raises(RecipeError) as err:
+        load_recipe(child, text=edited.replace("seed: 7", "seed: many"))
+    problem = err.value.problems[0]
+    assert problem.location.file.endswith("c.yaml") and problem.location.line == edited.count("\n")
