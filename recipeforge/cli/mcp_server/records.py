@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from recipeforge.cli.error_data import error_record, problem_record  # noqa: F401 - the records of this module
+from recipeforge.cli.error_data import error_record
 from recipeforge.errors import RecipeError, bounded_text
 
 Record = dict[str, Any]

@@ -21,7 +21,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from recipeforge.cli.mcp_server.records import Record, error_record, recipe_namespace
+from recipeforge.cli.error_data import error_record
+from recipeforge.cli.mcp_server.records import Record, recipe_namespace
 from recipeforge.cli.mcp_server.runs import Runs
 from recipeforge.cli.ui_server.access import SESSION_COOKIE, TOKEN_HEADER, Access, NotFound, Refused, confined
 from recipeforge.cli.ui_server.editor import Editor, command_line

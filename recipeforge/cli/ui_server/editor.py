@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from recipeforge.cli.mcp_server import records
-from recipeforge.cli.mcp_server.records import Record, as_data, error_record, recipe_namespace
+from recipeforge.cli.error_data import error_record
+from recipeforge.cli.mcp_server.records import Record, as_data, recipe_namespace
 from recipeforge.cli.mcp_server.runs import is_run_dir
 from recipeforge.cli.ui_server.access import NotFound, Refused, confined, inside
 from recipeforge.errors import RecipeError
