@@ -33,12 +33,7 @@ NOT_RUN = {
     "pip install -e .": "installs this checkout: done by CI before the tests",
     'pip install -e ".[dev]"': "installs this checkout: done by CI before the tests",
     "pip install 'recipeforge[report]'": "installs an extra that the dev extra already holds",
-    "bash .ci/tests": "the test suite itself, tier by tier",
-    "bash .ci/plugins": "the tiers again with the first-party plugins installed, in a virtual environment of its own",
-    "bash .ci/vllm-cpu": "the vLLM suite: its own CI step after the test suite",
-    "bash .ci/llmcompressor": "the compressed-tensors exports: their own CI step in a virtual environment of their own",
-    "bash .ci/ray": "the Ray launcher on a local Ray cluster: its own CI step in a virtual environment of its own",
-    "bash .ci/megatron": "the Megatron-Bridge tests: their own CI step in a Python 3.12 environment of their own",
+    "bash .ci/tests": "the test suite itself, every step of CI",
     "ray start --head --port 6379": "starts a Ray cluster: .ci/ray's tests start their own",
     "recipeforge launch --ray examples/yaml/llama3-8b-full-sft.yaml --ray-address HEAD:6379 "
     "output.dir=/shared/runs/llama3-8b-sft": "needs a Ray cluster of GPU nodes (.ci/ray launches the tiny recipe on a local one)",
