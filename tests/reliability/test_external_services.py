@@ -164,10 +164,10 @@ def test_push_failing_after_training_keeps_the_run_and_exits_3(tmp_path):
 def test_a_hub_model_that_is_not_cached_needs_a_reachable_hub(tmp_path):
     # A model the planner sizes from its own table, so only the download needs the Hub.
     model = ("model.name_or_path=Qwen/Qwen2.5-0.5B", "~adapter.modules_to_save")
-    line = _refused(_train(tmp_path, *model, HF_HUB_OFFLINE="1"), tmp_path,
-                    "model.name_or_path: the Hugging Face Hub (model Qwen/Qwen2.5-0.5B)",
+    offline = _train(tmp_path, *model, HF_HUB_OFFLINE="1")
+    line = _refused(offline, tmp_path, "model.name_or_path: the Hugging Face Hub (model Qwen/Qwen2.5-0.5B)",
                     "not in the cache here and offline mode is on")
-    assert "hf download Qwen/Qwen2.5-0.5B" in _train(tmp_path, *model, HF_HUB_OFFLINE="1").stderr
+    assert "hf download Qwen/Qwen2.5-0.5B" in offline.stderr  # the same run's hint, not a second run's
     _refused(_train(tmp_path, *model, HF_HUB_OFFLINE="0", HF_ENDPOINT=f"http://127.0.0.1:{closed_port()}"),
              tmp_path, "is unreachable: connection refused")
     with serving(Endpoint(default=Reply(401, b'{"error": "gated"}'))) as server:
