@@ -16,6 +16,7 @@ from recipeforge.plan import policy
 from recipeforge.plan.activations import activation_terms
 from recipeforge.plan.memory import autocast_fp32_weights
 from recipeforge.plan.models import human_count
+from recipeforge.plan.optim_in_backward import check_in_backward_hardware
 from recipeforge.plan.planners import Planners
 from recipeforge.plan.parallel_layouts import check_pinned_sizes, parallel_reasons
 from recipeforge.config.schema.distributed import PARALLEL_SIZE_KEYS
@@ -52,6 +53,7 @@ def make_plan(recipe: Recipe, hardware: Hardware | None = None, planners: Planne
     check_pinned_sizes(w, hw, dist, planners)
 
     check_fp8_hardware(recipe, hw)
+    check_in_backward_hardware(recipe.train.optimizer_in_backward, dist.backend, hw)
     # train.precision: fp32 master weights or pure bf16 (auto: by what fits), then the layout for it
     w, decision, precision = choose_precision(recipe, w, hw.device, lambda wl: decide(wl, hw, dist, recipe.train, planners),
                                                  planners)

@@ -19,6 +19,7 @@ _LABELS = {
     "kv_cache": "generation KV cache", "generation_params": "weights gathered to generate",
     "output_gradient": "output-layer gradient", "layer_gradient": "layer weight gradient (in backward)",
     "paged_optimizer": "paged optimizer states (step only)",
+    "in_backward_step": "optimizer step in backward (one parameter)",
     "quantized_load": "quantized base load (loading only)",
     "allocator_reserve": "allocator reserve",
 }

@@ -188,7 +188,11 @@ class TrainerStage:
         except (TypeError, ValueError, ImportError) as exc:
             raise trainer_error(self.stage or self.recipe.stage, self.trainer_class, exc) from exc
         optimizer = sr_optimizer(self.context.plan, self.recipe.train)
-        if optimizer is not None:  # pure bf16 with stochastic rounding: torchao's AdamW
+        if self.recipe.train.optimizer_in_backward:  # one optimizer per parameter, stepped in backward
+            from recipeforge.components.optim_in_backward import attach
+
+            attach(trainer, optimizer)  # Trainer.create_optimizer keeps an optimizer it was given
+        elif optimizer is not None:  # pure bf16 with stochastic rounding: torchao's AdamW
             # Read by Trainer.create_optimizer, which runs when training starts.
             trainer.optimizer_cls_and_kwargs = optimizer
         return trainer
