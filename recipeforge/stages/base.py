@@ -172,6 +172,9 @@ class TrainerStage:
             from recipeforge.stages.activation_offload import wrap_training_step
 
             wrap_training_step(self.trainer)
+        from recipeforge.outputs.phase_memory import measure_trainer
+
+        measure_trainer(self.trainer)  # evaluations and checkpoint saves are phases of their own
         data_parallel = ctx.plan.data_parallel or 1
         self.token_rate.counter = attach_token_counter(self.trainer, data_parallel)
         attach_progress(self.trainer, enabled=self.recipe.logging.progress_bar and ctx.dist.is_main,
