@@ -40,3 +40,30 @@ def test_step_in_backward_learns_as_plain_adamw(tiny, tmp_path):
     assert tiny.values(levers, "learning_rate") == pytest.approx(tiny.values(plain, "learning_rate"), rel=1e-5)
     assert "pure_bf16_sr" in (levers / "plan.json").read_text()
     assert (levers / "final" / "model.safetensors").exists()
+
+
+def test_a_run_resumed_from_a_checkpoint_ends_where_the_whole_run_does(tiny, tmp_path, monkeypatch):
+    """The per-parameter optimizers' states are saved in each checkpoint and loaded on resume."""
+    from transformers import TrainerCallback
+
+    from recipeforge.stages.base import TrainerStage
+
+    class Crash(Exception):
+        pass
+
+    class CrashAt(TrainerCallback):  # a killed process, after step 9
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 9:
+                raise Crash()
+
+    overrides = ("train.max_steps=12", "output.save_steps=6", "train.logging_steps=1", "data.val_size=0",
+                 "train.max_grad_norm=null", "train.optimizer_in_backward=true", "model.dtype=fp32")
+    whole = tiny.train("sft-full", tmp_path / "whole", *overrides)
+    original = TrainerStage.callbacks
+    monkeypatch.setattr(TrainerStage, "callbacks", lambda self: original(self) + [CrashAt()])
+    with pytest.raises(Crash):
+        tiny.train("sft-full", tmp_path / "broken", *overrides)
+    monkeypatch.setattr(TrainerStage, "callbacks", original)
+    resumed = tiny.train("sft-full", tmp_path / "broken", *overrides, overwrite=False)  # resume: auto
+    loss_whole, loss_resumed = tiny.values(whole, "loss"), tiny.values(resumed, "loss")
+    assert loss_resumed[6:] == pytest.approx(loss_whole[6:], rel=1e-5, abs=1e-6)
