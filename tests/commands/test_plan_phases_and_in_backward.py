@@ -63,3 +63,10 @@ def test_full_8b_on_one_4090(tmp_path):
     assert plan["backend"] == "single" and plan["memory_gb"]["total"] < 21.6
     refused = _rf(tmp_path, "plan", str(FULL_8B), *TORCHTUNE_8B, "--hardware", "1xRTX4090-24GB")
     assert refused.returncode == 2 and "does not fit" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_validate_refuses_clipping_with_the_step_in_backward(tmp_path):
+    done = _rf(tmp_path, "validate", str(ROOT / "examples" / "yaml" / "tiny" / "sft-full.yaml"),
+               "train.optimizer_in_backward=true")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "train.optimizer_in_backward" in done.stderr and "train.max_grad_norm: null" in done.stderr
