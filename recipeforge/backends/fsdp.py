@@ -175,6 +175,11 @@ class FSDPBackend(BackendSpec):
     def plan_shards_weights(self, plan: Plan) -> bool:
         return True
 
+    def rank0_loads_whole(self, w: Workload, layout: Layout) -> bool:
+        # Accelerate's cpu_ram_efficient_loading: rank 0 loads the checkpoint and broadcasts each shard; a
+        # QLoRA base is quantized as it loads, on every rank
+        return w.adapter != "qlora"
+
     def model_states(self, w: Workload, layout: Layout, part: dict[str, float], trainable: float,
                      frozen_bytes: float) -> float:
         return fsdp_states(w, layout, part, trainable, frozen_bytes)

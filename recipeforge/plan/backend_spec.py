@@ -124,6 +124,11 @@ class PlannerSpec:
         non-quantized weights in the compute dtype, and a reference model is sharded too)."""
         return False
 
+    def rank0_loads_whole(self, w: "Workload", layout: "Layout") -> bool:
+        """Whether the first process reads the whole model into host memory to hand out the shards (the
+        load phase's rank-0 host peak, `plan.phases`)."""
+        return False
+
     def model_states(self, w: "Workload", layout: "Layout", part: dict[str, float], trainable: float,
                      frozen_bytes: float) -> float:
         """Fill `part` (bytes per GPU by component) with the weights, gradients, optimizer states and

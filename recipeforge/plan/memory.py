@@ -34,6 +34,7 @@ from recipeforge.plan.estimators import zero_model_states
 from recipeforge.plan.hardware import GIB
 from recipeforge.plan.linear import quantized_bytes_per_param as quantized_bytes_per_param  # re-exported
 from recipeforge.plan.offload_activations import offload_note
+from recipeforge.plan.optim_in_backward import book_in_backward
 from recipeforge.plan.teacher_memory import book_teacher
 from recipeforge.plan.train_phase import Copies, LayerGradient, Moment, Step, reserved_peak, train_peak
 from recipeforge.plan.vision_activations import vision_activation_bytes
@@ -46,7 +47,7 @@ BUFFER_FACTOR = 1.5            # DeepSpeed's additional_buffer_factor on its hos
 PERSISTENT = ("weights", "gradients", "optimizer", "adapter", "reference_model", "teacher_model", "comm_buffers",
               "rollout_engine", "runtime")
 TRAIN_PHASE = ("activations", "vision_activations", "logits", "teacher_topk", "gathered_params", "autocast_weights",
-               "output_gradient", "layer_gradient")
+               "output_gradient", "layer_gradient", "in_backward_step")
 OPTIMIZER_PHASE = ("optimizer_step", "paged_optimizer")
 GENERATION_PHASE = ("kv_cache", "generation_params")
 TEACHER_PHASE = ("teacher_forward",)
@@ -217,6 +218,7 @@ def estimate(w: Workload, layout: Layout, micro_batch: int, checkpointing: bool,
     _book_rollout(w, layout, part, notes, micro_batch * (1 if per_micro else accumulation), gpu_memory)
     part["runtime"] = (CUDA_RUNTIME + (NCCL_BUFFERS if layout.world_size > 1 else 0.0)) if gpu_memory else 0.0
     _book_paged_optimizer(w, layout, part, notes)
+    book_in_backward(w, part, notes)  # train.optimizer_in_backward: one parameter's step at a time
     total = _phase_peak(w, layout, part, accumulation, idle)
     load_peak = _book_quantized_load(w, layout, part, notes)
     if load_peak > total:  # loading is the peak: nothing else exists yet
@@ -262,6 +264,9 @@ def _book_rollout(w: Workload, layout: Layout, part: dict[str, float], notes: li
 def _book_paged_optimizer(w: Workload, layout: Layout, part: dict[str, float], notes: list[str]) -> None:
     """Move paged optimizer states from the persistent part to the optimizer step."""
     if w.optimizer in PAGED_OPTIMIZERS and part["optimizer"] and layout.offload == "none":
+        if w.optimizer_in_backward and w.full_finetune:
+            part["paged_optimizer"], part["optimizer"] = part["optimizer"], 0.0
+            return  # paged in one parameter at a time, in backward (`plan.optim_in_backward`)
         # bitsandbytes allocates paged states in CUDA unified memory: they are paged in for step()
         # and out again under pressure, so only the optimizer step needs them on the GPU
         part["paged_optimizer"], part["optimizer"] = part["optimizer"], 0.0

@@ -17,6 +17,8 @@ from recipeforge.plan import policy
 from recipeforge.plan.activations import activation_terms
 from recipeforge.plan.memory import autocast_fp32_weights
 from recipeforge.plan.models import human_count
+from recipeforge.plan.optim_in_backward import check_in_backward_hardware
+from recipeforge.plan.phases import check_host_phases, phase_peaks
 from recipeforge.plan.planners import Planners
 from recipeforge.plan.parallel_layouts import check_pinned_sizes, parallel_reasons
 from recipeforge.config.schema.distributed import PARALLEL_SIZE_KEYS
@@ -53,13 +55,17 @@ def make_plan(recipe: Recipe, hardware: Hardware | None = None, planners: Planne
     check_pinned_sizes(w, hw, dist, planners)
 
     check_fp8_hardware(recipe, hw)
+    check_in_backward_hardware(recipe.train.optimizer_in_backward, dist.backend, hw)
     # train.precision: fp32 master weights or pure bf16 (auto: by what fits), then the layout for it
     w, decision, precision = choose_precision(recipe, w, hw.device, lambda wl: decide(wl, hw, dist, recipe.train, planners),
                                                  planners)
     if decision.chosen is None:
         _raise_no_fit(recipe, w, hw, decision, planners)
     ev = decision.chosen
+    peaks = phase_peaks(recipe, w, hw, ev)  # the whole run's: load, train, eval, save, merge
+    check_host_phases(peaks, hw, dist.memory_headroom)
     plan = _build_plan(recipe, w, hw, ev, decision, model_source)
+    plan = replace(plan, extra=replace(plan.extra, phases=[p.as_dict() for p in peaks]))
     # Workers read the precision from its reason's value (`stages.precision`); tf32 is settled on the GPU.
     added = {"precision": precision, "tf32": tf32_choice(recipe, hw), "added_tokens": vocab_choice(recipe),
              "fp8": fp8_reason(recipe, w, ev.layout.spec.shards_weights(ev.layout), ev.layout.tensor_parallel)

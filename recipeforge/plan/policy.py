@@ -29,6 +29,7 @@ from recipeforge.capabilities import BackendCapabilities, Refusal, parallel_key,
 from recipeforge.plan.backend_spec import Candidate
 from recipeforge.plan.hardware import GIB, Hardware
 from recipeforge.plan.memory import Layout, MemoryEstimate, estimate
+from recipeforge.plan.optim_in_backward import in_backward_micro_batches, in_backward_refusals
 from recipeforge.plan.planners import Planners
 from recipeforge.plan.presets import get_preset
 from recipeforge.plan.whole_linears import whole_linear_refusals
@@ -101,7 +102,7 @@ def layout_refusals(w: Workload, layout: Layout, device: str) -> list[Refusal]:
                      model_parallel=parallel_key(layout.tensor_parallel, layout.pipeline_parallel,
                                                  layout.context_parallel))
     return found + [Refusal(key, message) for backend, key, message in w.setting_refusals
-                    if backend == layout.backend] + whole_linear_refusals(
+                    if backend == layout.backend] + in_backward_refusals(w, layout) + whole_linear_refusals(
         w.whole_linears, tensor_parallel=layout.tensor_parallel, shards_weights=layout.spec.shards_weights(layout),
         layout_name=f"{layout.backend} layout" + (f" ({layout.preset})" if layout.preset else ""))
 
@@ -226,6 +227,8 @@ def evaluate(c: Candidate, w: Workload, hw: Hardware, train: TrainConfig, headro
         least = STAGE_SPECS[Stage(w.stage)].min_micro_batch
         cap = min(MICRO_BATCH_CAP, per_rank) if per_rank else 1
         micros = [b for b in range(cap, least - 1, -1) if per_rank and per_rank % b == 0] or [least]
+        if w.optimizer_in_backward:  # one micro batch per step: its gradients are used as they are made
+            micros = in_backward_micro_batches(per_rank)
     # `selective` is checkpointing too (its own activation term, `plan.activations`); `auto` tries without first
     ckpts = [True] if train.gradient_checkpointing == "selective" else \
         [train.gradient_checkpointing] if isinstance(train.gradient_checkpointing, bool) else [False, True]

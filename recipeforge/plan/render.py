@@ -19,6 +19,7 @@ _LABELS = {
     "kv_cache": "generation KV cache", "generation_params": "weights gathered to generate",
     "output_gradient": "output-layer gradient", "layer_gradient": "layer weight gradient (in backward)",
     "paged_optimizer": "paged optimizer states (step only)",
+    "in_backward_step": "optimizer step in backward (one parameter)",
     "quantized_load": "quantized base load (loading only)",
     "allocator_reserve": "allocator reserve",
 }
@@ -103,7 +104,28 @@ def _memory_lines(plan: Plan) -> list[str]:
         lines.append(f"  expected accuracy {accuracy.value}" + _sensitive(accuracy.reason))
     if x.cpu_memory_gb:
         lines.append(f"  host RAM per node for offloaded states: {x.cpu_memory_gb:.0f} GB")
+    lines.extend(_phase_lines(plan))
     return lines
+
+
+def _phase_lines(plan: Plan) -> list[str]:
+    """The whole run's peaks (`plan.phases`): GPU and host GB per process and per node, by phase."""
+    phases = plan.extra.phases
+    if not phases:
+        return []
+    gpu = plan.device == "cuda"
+    head = ("phase", "GPU/process", "GPU/node", "host/process", "host/node", "") if gpu else \
+        ("phase", "host/process", "host/node", "")
+    rows = [head]
+    for p in phases:
+        host = (f"{p['host_per_process_gb']:.2f}", f"{p['host_per_node_gb']:.2f}")
+        gpu_cells = (f"{p['gpu_per_process_gb']:.2f}", f"{p['gpu_per_node_gb']:.2f}") if gpu else ()
+        rows.append((p["phase"], *gpu_cells, *host, p["note"]))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head) - 1)]
+    out = ["", "Peak by phase (GB; host includes the process itself, ±25%; rank 0's where it differs):"]
+    out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + ("  " + r[-1] if r[-1] else "")
+            for r in rows]
+    return out
 
 
 def _decision_lines(plan: Plan) -> list[str]:

@@ -45,6 +45,7 @@ class PlanExtras:
     plugins: list[dict[str, Any]] = field(default_factory=list)  # plugin components the recipe uses
     vision: dict[str, Any] = field(default_factory=dict)  # a vision-language model's image side (`vision_report`)
     teacher: dict[str, Any] = field(default_factory=dict)  # distill: the teacher and its GB per GPU (`plan.teacher`)
+    phases: list[dict[str, Any]] = field(default_factory=list)  # each phase's peak, GPU and host (`plan.phases`)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> "PlanExtras":

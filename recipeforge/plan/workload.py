@@ -79,6 +79,7 @@ class Workload:
     fp32_master: bool = False         # full fine-tune on single/ddp: fp32 weights under 16-bit autocast
     fp8_layer_params: int = 0         # train.precision fp8: weights per decoder layer in float8 matmuls (`plan.fp8`)
     fp8_gather: bool = False          # ... and FSDP2 all-gathers them in float8
+    optimizer_in_backward: bool = False  # train.optimizer_in_backward (`plan.optim_in_backward`)
     unfrozen_params: int | None = None  # train.unfrozen_parameters: the selected parameters (None: all)
     unfrozen_kinds: frozenset[str] | None = None  # the kinds of weight they are (`unfrozen.unfrozen_kinds`)
     attn_implementation: str = "auto"  # the recipe's model.attn_implementation (context parallel needs sdpa)
@@ -197,7 +198,8 @@ def build_workload(recipe: Recipe, model: ModelSpec, hardware: Hardware, planner
         unfrozen_params=unfrozen, unfrozen_kinds=kinds,
         activation_offloading=recipe.train.activation_offloading and hardware.device == "cuda",
         checkpoint_mode="selective" if recipe.train.gradient_checkpointing == "selective" else "full",
-        checkpoint_every=recipe.train.checkpoint_every, vision=vision)
+        checkpoint_every=recipe.train.checkpoint_every, vision=vision,
+        optimizer_in_backward=recipe.train.optimizer_in_backward)
 
 
 def _vision_load(recipe: Recipe, model: ModelSpec, seq_len: int, notes: list[str]) -> VisionLoad | None:

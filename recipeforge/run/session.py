@@ -67,8 +67,12 @@ def trained_runner(ctx: StageContext, backend: Backend) -> Any:
         from recipeforge.backends.data_ready import prepare_on_first_rank
 
         prepare_on_first_rank(lambda: runner, ctx.dist, broadcast=w.broadcast, barrier=w.barrier, log=ctx.log)
+    from recipeforge.outputs import phase_memory
+
+    phase_memory.start(ctx.run.root, ctx.dist.rank)  # phase_memory/rank<N>.json: each phase's peak
     try:
-        runner.setup()
+        with phase_memory.phase("load"):
+            runner.setup()
         if ctx.dist.is_main and runner.data_stats:
             MetricsWriter(ctx.run.metrics).write({"split": "data", "step": 0, **runner.data_stats})
         load_seconds = getattr(runner, "model_load_seconds", None)
@@ -76,10 +80,12 @@ def trained_runner(ctx: StageContext, backend: Backend) -> Any:
             # How long the model took to build or read before the first step (random init included).
             MetricsWriter(ctx.run.metrics).write({"split": "startup", "step": 0,
                                                   "model_load_s": round(load_seconds, 3)})
-        runner.train()
+        with phase_memory.phase("train"):
+            runner.train()
         if ctx.dist.is_main and backend.reports_runtime:
             write_backend_report(ctx, runner, backend)
-        runner.save()
+        with phase_memory.phase("save"):
+            runner.save()
     except Exception as exc:
         if not is_out_of_memory(exc):
             raise
@@ -94,9 +100,11 @@ def write_results(ctx: StageContext, runner: TrainerStage, backend: Backend) -> 
 
     # A backend exporting final/ after the job (Megatron) merges there (`finish_launch`).
     if ctx.recipe.output.merge_adapter and ctx.recipe.adapter.type != "none" and not backend.exports_after_job:
+        from recipeforge.outputs import phase_memory
         from recipeforge.outputs.merge import merge_adapter
 
-        merge_adapter(ctx.run.root)
+        with phase_memory.phase("merge"):
+            merge_adapter(ctx.run.root)
     write_loss_plot(ctx.run.root, log=ctx.log)  # loss.png, which the model card shows
     write_model_card(ctx.run.readme, recipe=ctx.recipe, recipe_data=resolved_for_run(ctx.loaded, ctx.run),
                      plan=ctx.plan, data_stats=runner.data_stats, run_dir=ctx.run.root,

@@ -172,6 +172,9 @@ class TrainerStage:
             from recipeforge.stages.activation_offload import wrap_training_step
 
             wrap_training_step(self.trainer)
+        from recipeforge.outputs.phase_memory import measure_trainer
+
+        measure_trainer(self.trainer)  # evaluations and checkpoint saves are phases of their own
         data_parallel = ctx.plan.data_parallel or 1
         self.token_rate.counter = attach_token_counter(self.trainer, data_parallel)
         attach_progress(self.trainer, enabled=self.recipe.logging.progress_bar and ctx.dist.is_main,
@@ -188,7 +191,11 @@ class TrainerStage:
         except (TypeError, ValueError, ImportError) as exc:
             raise trainer_error(self.stage or self.recipe.stage, self.trainer_class, exc) from exc
         optimizer = sr_optimizer(self.context.plan, self.recipe.train)
-        if optimizer is not None:  # pure bf16 with stochastic rounding: torchao's AdamW
+        if self.recipe.train.optimizer_in_backward:  # one optimizer per parameter, stepped in backward
+            from recipeforge.components.optim_in_backward import attach
+
+            attach(trainer, optimizer)  # Trainer.create_optimizer keeps an optimizer it was given
+        elif optimizer is not None:  # pure bf16 with stochastic rounding: torchao's AdamW
             # Read by Trainer.create_optimizer, which runs when training starts.
             trainer.optimizer_cls_and_kwargs = optimizer
         return trainer

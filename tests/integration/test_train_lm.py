@@ -37,7 +37,7 @@ def test_pretrain_loss_falls(tiny, pretrain_run):
 
 def test_pretrain_run_dir_has_exactly_the_expected_files(tiny, pretrain_run):
     top = {p.name for p in pretrain_run.iterdir()} - OPTIONAL
-    assert top == RUN_FILES | {"checkpoints", "final"}
+    assert top == RUN_FILES | {"checkpoints", "final", "phase_memory"}
     assert {p.name for p in pretrain_run.iterdir() if p.is_file()} == RUN_FILES
     assert tiny.files(pretrain_run / "final") == FINAL_FULL
     # save_steps 40 of 80 steps, save_total_limit 2

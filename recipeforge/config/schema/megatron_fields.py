@@ -162,6 +162,8 @@ FIELDS: dict[str, Field] = {
     "train.divergence.spike_patience": refused(f"the loss-spike watch is a trainer callback of {HF}"),
     "train.divergence.on_spike": refused(f"the loss-spike watch is a trainer callback of {HF}"),
     "train.unfrozen_parameters": refused(f"training only the parameters selected by name runs on {HF}"),
+    "train.optimizer_in_backward": refused("Megatron-Core's distributed optimizer steps the whole model after the "
+                                           f"backward pass; stepping each parameter inside it runs on {HF}"),
     "train.qat": refused("torchao's fake quantization swaps torch.nn.Linear layers, and Megatron-Core builds its "
                          f"own; quantization-aware training runs on {HF}"),
     # distributed / hardware

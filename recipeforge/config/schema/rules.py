@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from recipeforge.config.schema.components import COMPONENT_RULES
+from recipeforge.config.schema.in_backward_rules import in_backward_problems
 from recipeforge.config.schema.problems import RuleProblem
 from recipeforge.config.schema.recipe import Recipe
 from recipeforge.stage_specs import STAGE_SPECS, Stage, rl_section
@@ -314,4 +315,4 @@ def _host_port(text: str) -> bool:
 
 
 CORE_RULES = (_data, _adapter, _train, _qat, _fp8, _distributed, _rendezvous, _ray, _stage_specific,
-              distill_problems)
+              distill_problems, in_backward_problems)

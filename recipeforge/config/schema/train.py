@@ -121,6 +121,16 @@ class TrainConfig(Section):
                             "and layers whose dims are not multiples of 16 stay bf16. Full fine-tuning with "
                             "bf16 on GPUs with float8 tensor cores (compute capability 8.9+: L4, L40S, RTX 4090, "
                             "H100, H200, B200), on single, ddp or fsdp.")
+    optimizer_in_backward: bool = Field(
+        False, description="Run the optimizer step for each parameter inside the backward pass, as soon as its "
+                           "gradient is complete (one optimizer per parameter on a post-accumulate-grad hook, as "
+                           "torchtune's `optimizer_in_bwd`), then free that gradient: the gradients of the whole "
+                           "model never exist at once, and paged optimizer states are paged in one parameter at a "
+                           "time. The learning-rate schedule still applies. One process only (single GPU or the "
+                           "CPU), one micro batch per step (no gradient accumulation: `micro_batch_size` equal to "
+                           "`global_batch_size`), no gradient clipping (`max_grad_norm: null`: the global norm "
+                           "needs every gradient at once) and no fp16 (its loss scaling unscales every gradient "
+                           "before the step).")
     tf32: Union[Literal["auto"], bool] = Field(
         "auto", description="TF32 tensor cores for fp32 matrix multiplies; `auto`: on for GPUs of compute "
                             "capability 8.0 (Ampere) or newer, off elsewhere.")
