@@ -137,7 +137,7 @@ def lora_plan(model: Any, moe: MoEConfig, *, dropout: float, target_modules: Any
         return None
     routers = router_modules(model)
     targets: list[str] = []
-    if moe.lora_experts:
+    if experts_adapted(moe, dropout):
         if dropout:
             raise RecipeError(f"LoRA on the routed experts (peft target_parameters) takes no dropout, and "
                               f"adapter.dropout is {dropout}", key="adapter.dropout", location=location,
@@ -169,6 +169,12 @@ def check_lora_layout(model: Any, plan: LoraPlan) -> None:
                           "stay frozen or train in full", key="adapter.target_modules",
                           hint="name the modules to adapt in adapter.target_modules (e.g. [q_proj, k_proj, "
                                "v_proj, o_proj]) without the router (`gate`)")
+
+
+def experts_adapted(moe: MoEConfig, dropout: float) -> bool:
+    """Whether LoRA reaches the routed experts: `moe.lora_experts`, or when unset, whether the adapter
+    has no dropout (peft's expert adapters take none)."""
+    return bool(moe.lora_experts) if moe.lora_experts is not None else not dropout
 
 
 class ExpertLoad:

@@ -29,11 +29,12 @@ class MoEConfig(Section):
     aux_loss_coef: Optional[float] = Field(
         None, ge=0, description="Weight of the load-balancing loss (`router_aux_loss_coef`); unset: the model's own "
                                 "(0.001 for Qwen3-MoE, 0.02 for Mixtral).")
-    lora_experts: bool = Field(
-        True, description="With LoRA: adapters on the routed experts too, one low-rank pair per expert on the "
+    lora_experts: Optional[bool] = Field(
+        None, description="With LoRA: adapters on the routed experts too, one low-rank pair per expert on the "
                           "fused 3-D expert weights (peft `target_parameters` on `experts.gate_up_proj` and "
-                          "`experts.down_proj`; needs `adapter.dropout: 0`). Off: LoRA on attention (and any "
-                          "shared-expert linears) only.")
+                          "`experts.down_proj`), which take no dropout. Unset: on when `adapter.dropout` is 0, "
+                          "else LoRA on attention (and any shared-expert linears) only, as the plan says; `true` "
+                          "with a dropout is refused.")
     experts_implementation: Literal[EXPERTS_IMPLEMENTATIONS] = Field(
         "auto", description="How a layer's experts run (transformers' `experts_implementation`): `grouped_mm` "
                             "(one grouped GEMM over all experts, torch `grouped_mm`), `batched_mm` (one batched "
