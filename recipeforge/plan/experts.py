@@ -48,6 +48,7 @@ class ExpertTerms:
     router: float          # router weights plus every layer's router logits kept for the aux loss (fp32)
     all_to_all: float      # dispatch send + receive buffers of one layer (0 without EP)
     headroom: float        # routed tokens over the mean share (imbalance), 0 without EP
+    lora_merged: float     # expert LoRA: the merged W + BA (and BA in fp32) peft builds per layer, kept for backward
     traffic: float         # bytes a GPU sends per optimizer step: expert all-gathers + token all-to-all
     delta: float           # memory over the planner's estimate for EP 1
 
@@ -55,6 +56,7 @@ class ExpertTerms:
         return (f"EP {self.size}: {self.experts_per_rank} experts per rank, expert weights {_gb(self.resident)} GB "
                 f"resident, {_gb(self.gathered)} GB gathered per layer, router {_gb(self.router)} GB, "
                 f"all-to-all {_gb(self.all_to_all)} GB, imbalance headroom {_gb(self.headroom)} GB, "
+                + (f"expert LoRA merged weights {_gb(self.lora_merged)} GB, " if self.lora_merged else "") +
                 f"{_gb(self.traffic)} GB moved per step")
 
 
@@ -93,7 +95,8 @@ def expert_reasons(recipe: Recipe, w: Workload, hw: Hardware, ev: Evaluation) ->
     layout = ev.layout
     group = _fsdp_group(layout, hw)
     options = [n for n in range(1, min(group, m.num_experts) + 1) if m.num_experts % n == 0 and group % n == 0]
-    terms = {n: _terms(w, ev, n) for n in options}
+    lora = experts_adapted(recipe)
+    terms = {n: _terms(w, ev, n, lora=lora) for n in options}
     reasons = {"experts": implementation(recipe, hw)}
     if recipe.adapter.type != "none":
         reasons["moe_lora"] = lora_reason(recipe)
@@ -110,9 +113,27 @@ def expert_reasons(recipe: Recipe, w: Workload, hw: Hardware, ev: Evaluation) ->
         size, why = _choose(terms, ev, layout.backend, hw, auto=pinned == "auto")
         reasons["expert_parallel"] = Choice(size, why)
     t = terms[size] if layout.backend == "fsdp" else _held(w, terms[1])
-    reasons["expert_memory"] = Choice(round((t.resident + t.gathered + t.router + t.all_to_all + t.headroom) / GIB, 2),
-                                      t.describe() + f"; peak with it {(ev.memory.total + t.delta) / GIB:.1f} GB")
+    peak = ev.memory.total + t.delta
+    reasons["expert_memory"] = Choice(round((t.resident + t.gathered + t.router + t.all_to_all + t.headroom
+                                             + t.lora_merged) / GIB, 2),
+                                      t.describe() + f"; peak with it {peak / GIB:.1f} GB")
     return reasons
+
+
+def expert_warnings(reasons: dict[str, Choice], ev: Evaluation) -> list[str]:
+    """A warning when the MoE terms the layout's estimate leaves out take the peak past the usable
+    memory (the layout was chosen without them)."""
+    mem = reasons.get("expert_memory")
+    if mem is None:
+        return []
+    peak = float(mem.reason.rsplit("peak with it ", 1)[1].split(" GB")[0])
+    limit = ev.limit / GIB
+    if peak <= limit:
+        return []
+    return [f"with its MoE terms (expert_memory) the peak is {peak:.1f} GB per GPU, over the {limit:.1f} GB usable: "
+            "the expert LoRA's merged weights and the routers' logits are not in the layout's estimate; set "
+            "train.gradient_checkpointing: true, distributed.backend: fsdp with distributed.expert_parallel: auto, "
+            "or moe.lora_experts: false"]
 
 
 def lora_reason(recipe: Recipe) -> Choice:
@@ -162,7 +183,7 @@ def _check_pinned(recipe: Recipe, m: ModelSpec, layout: Layout, hw: Hardware, si
                           f"model together", key=KEY, hint=f"use one of {options}")
 
 
-def _terms(w: Workload, ev: Evaluation, n: int) -> ExpertTerms:
+def _terms(w: Workload, ev: Evaluation, n: int, *, lora: bool = False) -> ExpertTerms:
     m, layout = w.model, ev.layout
     p = 4 if w.dtype == "fp32" else 2
     world = max(1, layout.world_size // max(1, layout.tensor_parallel * layout.pipeline_parallel))
@@ -188,8 +209,11 @@ def _terms(w: Workload, ev: Evaluation, n: int) -> ExpertTerms:
     grad_traffic = (experts_bytes / n) * (replicas - 1) / replicas if full else 0.0
     a2a_traffic = m.moe_layers * routed * 4 * (n - 1) / n * steps  # dispatch + combine, forward and backward
     base_gathered = 2 * e * per_expert if sharded else 0.0
-    delta = gathered - base_gathered + a2a + headroom
-    return ExpertTerms(n, e // n, resident, gathered, router, a2a, headroom,
+    # peft's expert adapters are a parametrization: each forward builds W + B@A for the layer's experts
+    # (B@A in the adapter's fp32 first), and the merged weight is saved for the grouped GEMM's backward
+    merged = kept * (e // n) * 3 * h * i * (p + 4) if lora else 0.0
+    delta = gathered - base_gathered + a2a + headroom + merged
+    return ExpertTerms(n, e // n, resident, gathered, router, a2a, headroom, merged,
                        gather_traffic + grad_traffic + a2a_traffic, delta)
 
 
@@ -201,7 +225,7 @@ def _held(w: Workload, fsdp: ExpertTerms) -> ExpertTerms:
     p = 4 if w.dtype == "fp32" else 2
     experts_bytes = m.moe_layers * m.num_experts * 3 * m.hidden_size * m.moe_intermediate_size * p
     return replace(fsdp, resident=experts_bytes if w.adapter != "none" else fsdp.resident, gathered=0.0, traffic=0.0,
-                   delta=0.0)
+                   delta=fsdp.lora_merged)
 
 
 def _compare(terms: dict[int, ExpertTerms], size: int) -> str:

@@ -148,3 +148,24 @@ def test_validate_refuses_expert_parallel_on_the_cpu():
         load_recipe(ROOT / "examples" / "yaml" / "tiny" / "moe-lora.yaml", ["distributed.expert_parallel=2"])
     assert err.value.problems[0].key == "distributed.expert_parallel"
     assert "CPU" in err.value.problems[0].message
+
+
+def test_expert_lora_merged_weights_are_counted_and_warned_about():
+    import re
+
+    p = make_plan(load_recipe(ROOT / "examples" / "yaml" / "qwen3-30b-a3b-lora.yaml").recipe,
+                  parse_hardware("8xH100-80GB"))
+    mem = p.reasons["expert_memory"].reason
+    merged = float(re.search(r"expert LoRA merged weights ([\d.]+) GB", mem).group(1))
+    # peft builds W + B@A for one layer's 128 experts (bf16 merged + fp32 product), one layer kept (recomputation)
+    assert p.gradient_checkpointing
+    assert merged == pytest.approx(128 * 3 * 2048 * 768 * (2 + 4) / 2**30, abs=0.01)
+    peak = float(mem.rsplit("peak with it ", 1)[1].split(" GB")[0])
+    over = [w for w in p.extra.warnings if "expert_memory" in w]
+    assert (peak > p.extra.memory_limit_gb) == bool(over)
+    assert not over or "moe.lora_experts: false" in over[0]
+
+
+def test_attention_only_lora_has_no_merged_expert_term(recipe):
+    p = plan(recipe(A3B, adapter={"type": "lora"}), "8xH100-80GB")
+    assert "merged" not in p.reasons["expert_memory"].reason
