@@ -201,7 +201,8 @@ class ExpertLoad:
         num = int(getattr(experts, "num_experts", 0))
 
         def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if not module.training:
+            # Gradient checkpointing runs the layer's forward again inside backward: count it once.
+            if not module.training or torch._C._current_graph_task_id() != -1:
                 return
             top_k = args[1] if len(args) > 1 else kwargs.get("top_k_index")
             if top_k is None:

@@ -98,3 +98,13 @@ def test_full_fine_tune_keeps_routers_frozen(tiny, tmp_path):
     for name in ROUTERS:
         assert torch.equal(start[name], final[name]), name
     assert not torch.equal(start[EXPERTS[0]], final[EXPERTS[0]])
+
+
+def test_expert_load_is_counted_once_under_gradient_checkpointing(tiny, tmp_path):
+    runs = {}
+    for ckpt in ("false", "true"):
+        run = tiny.train("moe-lora", tmp_path / f"ckpt-{ckpt}", f"train.gradient_checkpointing={ckpt}",
+                         "train.max_steps=2", "train.logging_steps=1", "output.save_steps=2",
+                         "output.merge_adapter=false")
+        runs[ckpt] = [r["moe/expert_load"] for r in tiny.records(run, "train") if "moe/expert_load" in r]
+    assert runs["true"] and runs["true"] == runs["false"]  # the recomputed forward does not count again
