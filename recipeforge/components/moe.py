@@ -107,7 +107,7 @@ def router_modules(model: Any) -> list[str]:
 
 def _child_name(router: Any, parent: str, model: Any) -> str:
     block = model.get_submodule(parent) if parent else model
-    return next(n for n, m in block.named_children() if m is router)
+    return str(next(n for n, m in block.named_children() if m is router))
 
 
 @dataclass(frozen=True)
