@@ -89,7 +89,8 @@ class FSDPBackend(BackendSpec):
     capabilities = BackendCapabilities(
         NAME, "FSDP2 (fully_shard) through Accelerate; NCCL on GPUs, gloo on the CPU",
         quantization_bits=(4,), offload=("none", "optimizer+params"),
-        parallel_sizes=("tensor_parallel", "context_parallel", "data_parallel_replicate", "data_parallel_shard"),
+        parallel_sizes=("tensor_parallel", "context_parallel", "data_parallel_replicate", "data_parallel_shard",
+                        "expert_parallel"),
         cpu_parallel_sizes=("tensor_parallel",), cpu_offload=("none",),
         presets=tuple(p.name for p in PRESETS),
         why={"cpu_offload": "FSDP2 offload moves weights between an accelerator and host memory; on the CPU "

@@ -12,20 +12,29 @@ _BNB_CPU_MIN = (0, 48)
 
 
 def lora_config(adapter, *, task_type: str = "CAUSAL_LM", trainable_tokens: dict | None = None,
-                target_modules: list[str] | None = None):
+                target_modules: list[str] | None = None, moe: Any = None):
     """The peft `LoraConfig` of an `adapter:` section (type lora or qlora); `trainable_tokens` (module
     name -> token ids) trains those embedding rows too (tokens the recipe added). `target_modules`
     (full module names) replaces `adapter.target_modules` once resolved against the model (a
-    vision-language model's language side, `components.vision_model.lora_targets`)."""
+    vision-language model's language side, `components.vision_model.lora_targets`). `moe` (a
+    `components.moe.LoraPlan`): the expert weights, routers kept out and routers trained in full of
+    a mixture-of-experts model."""
     from peft import LoraConfig
 
     target = adapter.target_modules if isinstance(adapter.target_modules, str) else list(adapter.target_modules)
     if target_modules is not None:
         target = list(target_modules)
+    elif moe is not None and moe.target_modules is not None:
+        target = list(moe.target_modules)
+    save = list(adapter.modules_to_save) + (list(moe.modules_to_save) if moe is not None else [])
+    extra: dict[str, Any] = {}
+    if moe is not None:
+        extra = {"target_parameters": list(moe.target_parameters) or None,
+                 "exclude_modules": moe.exclude_modules[0] if moe.exclude_modules else None}
     return LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, lora_dropout=adapter.dropout, target_modules=target,
-                      modules_to_save=list(adapter.modules_to_save) or None, use_rslora=adapter.use_rslora,
+                      modules_to_save=save or None, use_rslora=adapter.use_rslora,
                       use_dora=adapter.use_dora, bias="none", task_type=task_type,
-                      trainable_token_indices=trainable_tokens or None)
+                      trainable_token_indices=trainable_tokens or None, **extra)
 
 
 def check_bitsandbytes(device: str, *, what: str = "QLoRA", key: str = "adapter.type",
@@ -93,7 +102,7 @@ def prepare_quantized(model, *, gradient_checkpointing: bool, device: str, shard
 
 def apply_lora(model, adapter, *, seed: int, gradient_checkpointing: bool = False,
                trainable_dtype: Any = None, trainable_tokens: dict | None = None,
-               target_modules: list[str] | None = None) -> Any:
+               target_modules: list[str] | None = None, moe: Any = None) -> Any:
     """Wrap `model` with trainable LoRA adapters (base weights frozen), initialized from `seed`.
 
     `trainable_dtype` (a quantized base under ZeRO-3 or FSDP): every trainable parameter is cast to
@@ -111,7 +120,11 @@ def apply_lora(model, adapter, *, seed: int, gradient_checkpointing: bool = Fals
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = get_peft_model(model, lora_config(adapter, trainable_tokens=trainable_tokens,
-                                                  target_modules=target_modules))
+                                                  target_modules=target_modules, moe=moe))
+    if moe is not None:
+        from recipeforge.components.moe import check_lora_layout
+
+        check_lora_layout(model, moe)
     if trainable_dtype is not None:
         for param in model.parameters():
             if param.requires_grad and param.dtype != trainable_dtype:

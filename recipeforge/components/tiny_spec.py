@@ -26,6 +26,12 @@ _LLAMA = {
 TINY_CONFIGS: dict[str, dict] = {
     "llama": _LLAMA,
     "qwen2": {**_LLAMA, "model_type": "qwen2", "tie_word_embeddings": True},
+    # A mixture of experts in Qwen3-MoE's layout (transformers' fused 3-D expert weights, a top-k router
+    # per layer): 8 experts of width 32, 2 per token, in both layers. The load-balancing coefficient is
+    # raised from Qwen3's 0.001 so the auxiliary loss visibly shapes a run of a few dozen steps.
+    "qwen3_moe": {**_LLAMA, "model_type": "qwen3_moe", "head_dim": 16, "num_experts": 8,
+                  "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": True,
+                  "router_aux_loss_coef": 0.01},
     # A vision-language model (LLaVA layout): a 2-layer CLIP vision tower on 28x28 images (16 patches of
     # 7x7, each one image token), a 2-layer MLP projector and the tiny Llama. The vocabulary is the tiny
     # tokenizer's 1024 tokens plus the image token; `image_token_id` is set from the tokenizer.

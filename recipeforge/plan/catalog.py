@@ -78,6 +78,8 @@ KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
     "Qwen/Qwen3-32B": _llama(151936, 5120, 25600, 64, 64, 8, model_type="qwen3", head_dim=128),
     "Qwen/Qwen3-30B-A3B": _llama(151936, 2048, 6144, 48, 32, 4, model_type="qwen3_moe", head_dim=128,
                                  num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768),
+    "Qwen/Qwen3-235B-A22B": _llama(151936, 4096, 12288, 94, 64, 4, model_type="qwen3_moe", head_dim=128,
+                                   num_experts=128, num_experts_per_tok=8, moe_intermediate_size=1536),
     "Qwen/Qwen1.5-MoE-A2.7B": _llama(151936, 2048, 5632, 24, 16, 16, model_type="qwen2_moe",
                                      num_experts=60, num_experts_per_tok=4, moe_intermediate_size=1408,
                                      shared_expert_intermediate_size=5632),

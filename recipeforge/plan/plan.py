@@ -22,6 +22,7 @@ from recipeforge.plan.phases import check_host_phases, phase_peaks
 from recipeforge.plan.planners import Planners
 from recipeforge.plan.parallel_layouts import check_pinned_sizes, parallel_reasons
 from recipeforge.config.schema.distributed import PARALLEL_SIZE_KEYS
+from recipeforge.plan.experts import expert_reasons, expert_warnings
 from recipeforge.plan.presets import get_preset
 from recipeforge.plan.policy import Decision, Evaluation, decide, install_hint, known_presets, pinned_refusals
 from recipeforge.plan.precision import choose_precision, tf32_choice
@@ -70,7 +71,11 @@ def make_plan(recipe: Recipe, hardware: Hardware | None = None, planners: Planne
     added = {"precision": precision, "tf32": tf32_choice(recipe, hw), "added_tokens": vocab_choice(recipe),
              "fp8": fp8_reason(recipe, w, ev.layout.spec.shards_weights(ev.layout), ev.layout.tensor_parallel)
              if recipe.train.precision == "fp8" else None}
-    return replace(plan, reasons={**plan.reasons, **{k: v for k, v in added.items() if v is not None}})
+    moe = expert_reasons(recipe, w, hw, ev)  # MoE models: experts implementation, expert parallel
+    added.update(moe)
+    plan = replace(plan, reasons={**plan.reasons, **{k: v for k, v in added.items() if v is not None}})
+    over = expert_warnings(moe, ev)
+    return replace(plan, extra=replace(plan.extra, warnings=[*plan.extra.warnings, *over])) if over else plan
 
 
 # ----------------------------------------------------------------------------- pins and errors

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from recipeforge.stage_specs import Stage, rl_section
+from recipeforge.plan.expert_lora import expert_lora_linears, experts_adapted
 from recipeforge.plan.hardware import Hardware
 from recipeforge.plan.linear import Linear
 from recipeforge.plan.models import ModelSpec
@@ -170,6 +171,8 @@ def build_workload(recipe: Recipe, model: ModelSpec, hardware: Hardware, planner
     shape = _stage_shape(recipe, model, notes)
     model = shape.model
     lora_linears, save_params = _adapter_params(model, adapter, notes)
+    if experts_adapted(recipe):  # MoE: peft's per-expert adapters on the fused expert weights (`plan.experts`)
+        lora_linears += expert_lora_linears(model)
     unfrozen = _unfrozen_params(recipe, model, notes)
     kinds = None
     if unfrozen is not None:

@@ -74,6 +74,7 @@ class TrainerStage:
         self.token_rate = TokenRate()  # tokens/s in every training record, once the trainer counts
         self.trackers: list[TrainerCallback] = []  # W&B / MLflow callbacks (`outputs.trackers`), finished by `train`
         self.model_load_seconds: float | None = None  # building or reading the model (`load_model`)
+        self.expert_load: Any = None  # an MoE model's expert-load counter (`setup_moe`)
 
     @property
     def data_stats(self) -> dict[str, Any]:
@@ -298,6 +299,7 @@ class TrainerStage:
 
         started = time.perf_counter()
         model = self.builder.base()
+        self.expert_load = self.setup_moe(model)
         if self.recipe.train.unfrozen_parameters:
             apply_unfrozen_parameters(model, list(self.recipe.train.unfrozen_parameters),
                                       locate=self.ctx.locate, log=self.ctx.log)
@@ -318,6 +320,34 @@ class TrainerStage:
         self.model_load_seconds = time.perf_counter() - started
         self.ctx.log(f"model: {self.recipe.model.name_or_path} ready in {self.model_load_seconds:.1f}s")
         return model
+
+    def setup_moe(self, model: Any) -> Any:
+        """A mixture-of-experts model: its experts implementation and load-balancing loss set, its routers
+        frozen unless `moe.train_router` (with LoRA, peft decides what trains: `components.moe.lora_plan`),
+        and its expert load and auxiliary loss added to the training records. None for a dense model."""
+        from recipeforge.components import moe
+
+        layers = moe.moe_layers(model)
+        if not layers:
+            return None
+        m = self.recipe.moe
+        planned = self.context.plan.reasons.get("expert_parallel")
+        if planned is not None and int(planned.value) > 1:
+            # The plan sizes it (`plan.experts`); training over an expert-parallel mesh is not run here yet.
+            raise RecipeError(f"this run is planned with expert parallel {planned.value}, and expert-parallel "
+                              "training is planned only in this release", key="distributed.expert_parallel",
+                              location=self.ctx.locate(("distributed", "expert_parallel")),
+                              hint="set distributed.expert_parallel: 1 (FSDP2 shards the experts with the rest)")
+        impl = moe.configure(model, m, location=self.ctx.locate(("moe", "experts_implementation")))
+        if self.recipe.adapter.type == "none":
+            moe.set_router_trainable(model, m.train_router)
+        load = moe.ExpertLoad(model, count_load=m.log_expert_load)
+        self.extra_log_sources.append(load.take)
+        coef = getattr(model.config, "router_aux_loss_coef", None)
+        self.ctx.log(f"moe: {len(layers)} MoE layers, experts run {impl}; routers "
+                     f"{'trained' if m.train_router else 'frozen'}; load-balancing loss "
+                     f"{f'on (coefficient {coef})' if m.aux_loss else 'off'}")
+        return load
 
     def fake_quantize(self, model: Any) -> None:
         """`train.qat`: torchao's fake quantization on the linear layers the int4 export quantizes
@@ -367,7 +397,7 @@ class TrainerStage:
         if self.recipe.adapter.type == "none":
             return None
         return lora_config(self.recipe.adapter, trainable_tokens=self.builder.trainable_tokens(self.model),
-                           target_modules=self.builder.lora_targets(self.model))
+                           target_modules=self.builder.lora_targets(self.model), moe=self.builder.moe_lora(self.model))
 
     def frozen_reference(self, name: str) -> PreTrainedModel | None:
         """The frozen reference model of a preference stage (`ModelBuilder.reference`)."""

@@ -232,7 +232,16 @@ class ModelBuilder:
         r = self.ctx.recipe
         return apply_lora(model, r.adapter, seed=r.train.seed, gradient_checkpointing=self.ctx.plan.gradient_checkpointing,
                           trainable_dtype=self.sharded_trainable_dtype(), trainable_tokens=self.trainable_tokens(model),
-                          target_modules=self.lora_targets(model))
+                          target_modules=self.lora_targets(model), moe=self.moe_lora(model))
+
+    def moe_lora(self, model: torch.nn.Module) -> Any:
+        """The MoE part of the LoRA config (`components.moe.lora_plan`): experts targeted, routers kept
+        out or trained in full; None for a dense model."""
+        from recipeforge.components.moe import lora_plan
+
+        r = self.ctx.recipe
+        return lora_plan(model, r.moe, dropout=r.adapter.dropout, target_modules=r.adapter.target_modules,
+                         location=self.ctx.locate(("adapter", "dropout")))
 
     def lora_targets(self, model: torch.nn.Module) -> list[str] | None:
         """The modules LoRA adapts when the recipe's names need the model to resolve: a vision-language

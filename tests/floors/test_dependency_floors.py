@@ -150,7 +150,8 @@ def _mean(xs):
 
 
 # Fewer steps where the recipe still clearly learns in them (DPO and GRPO keep their recipe's length).
-SHORTER = {name: ["train.max_steps=15"] for name in ("pretrain", "pretrain-streaming", "sft-full", "sft-lora")}
+SHORTER = {name: ["train.max_steps=15"] for name in ("pretrain", "pretrain-streaming", "sft-full", "sft-lora",
+                                                         "moe-lora")}
 QLORA = ["adapter.type=qlora", "train.max_steps=20", "data.val_size=8", "train.eval_steps=10",
          "output.merge_adapter=false"]
 

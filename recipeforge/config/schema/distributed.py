@@ -48,6 +48,14 @@ class DistributedConfig(Section):
     data_parallel_shard: ParallelSize = Field(
         "auto", description="GPUs each FSDP2 replica shards the model over (`ParallelismConfig.dp_shard_size`). "
                             "`auto`: the GPUs left after replicas, tensor and context parallel.")
+    expert_parallel: ParallelSize = Field(
+        1, description="Expert-parallel size of a mixture-of-experts model: each MoE layer's routed experts split "
+                       "over this many GPUs of a node, tokens exchanged by all-to-all (transformers' "
+                       "`DistributedConfig.ep_size`), composed with FSDP2 over the rest. `auto`: the planner "
+                       "searches the sizes that divide the experts and the FSDP group and picks the one with the "
+                       "least traffic per step that fits; every MoE plan shows that search and its memory terms "
+                       "(docs/moe.md). Plans only in this release: a run planned with a size above 1 is refused "
+                       "when it starts.")
     fsdp_sharding: Literal["full_shard", "hybrid_shard", "shard_grad_op"] = Field(
         "full_shard", description="FSDP sharding strategy.")
     memory_headroom: float = Field(

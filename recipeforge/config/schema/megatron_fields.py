@@ -175,6 +175,11 @@ FIELDS: dict[str, Field] = {
         "optimizer.optimizer_cpu_offload (Megatron-Core's optimizer states and step on the CPU)",
         allowed=("auto", "none", "optimizer"),
         why="Megatron-Core offloads optimizer states, not parameters; optimizer+params runs on deepspeed and fsdp"),
+    "distributed.expert_parallel": refused("expert parallel is planned for the fsdp backend (transformers' "
+                                           "expert-parallel experts); Megatron-Core's expert_model_parallel_size "
+                                           "is not configured here"),
+    "moe": refused(f"the moe section sets up transformers' MoE models (router, expert LoRA, expert load) on {HF}; "
+                   "Megatron-Core builds its own MoE layers from the model's provider"),
     "distributed.tensor_parallel": mapped("model.tensor_model_parallel_size (sequence_parallel when > 1)"),
     "distributed.pipeline_parallel": mapped("model.pipeline_model_parallel_size"),
     "distributed.context_parallel": mapped(

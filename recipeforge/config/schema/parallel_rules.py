@@ -5,6 +5,7 @@ packing, model family): read by the recipe rules at validation and by the planne
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 # Model types with sliding-window layers: context parallel drops the mask for plain causal attention,
 # which Accelerate refuses for them (it would train full attention silently).
@@ -49,3 +50,33 @@ def context_parallel_refusal(cp: int, *, seq_len: int, model_type: str, attentio
         return ParallelRefusal(key, f"model type {model_type} has sliding-window layers, which context parallel "
                                     "cannot mask", "set distributed.context_parallel: 1")
     return None
+
+
+def expert_parallel_refusals(recipe: Any, backend: str, every: Mapping[str, Any]) -> list[ParallelRefusal]:
+    """Why a pinned `distributed.expert_parallel` above 1 cannot run, from the recipe alone and the
+    backends' capability records (`every`: name -> `BackendCapabilities`; a backend runs it when its
+    record lists `expert_parallel`, on the CPU when its CPU sizes do). The planner adds what needs the
+    model and the GPUs (`plan.experts`)."""
+    d = recipe.distributed
+    ep = d.pinned_size("expert_parallel") or 1
+    if ep <= 1:
+        return []
+    key = "distributed.expert_parallel"
+    meshes = [name for name, caps in every.items() if "expert_parallel" in caps.parallel_sizes]
+    out = []
+    if backend != "auto" and backend not in meshes:
+        out.append(ParallelRefusal(key, f"expert parallel composes with FSDP2 ({' or '.join(meshes) or 'no backend'}: "
+                                        f"transformers' ep_size on the device mesh), not the {backend} backend",
+                                   f"set distributed.backend: {meshes[0] if meshes else 'auto'}, or "
+                                   "distributed.expert_parallel: 1"))
+    elif recipe.hardware is not None and recipe.hardware.gpus_per_node == 0:
+        on_cpu = [n for n in meshes if every[n].cpu_parallel_sizes is None
+                  or "expert_parallel" in every[n].cpu_parallel_sizes]
+        if not on_cpu:
+            out.append(ParallelRefusal(key, "expert parallel exchanges tokens by NCCL all-to-all on GPUs; this "
+                                            "recipe plans for the CPU (hardware.gpus_per_node: 0)",
+                                       "set distributed.expert_parallel: 1"))
+    if d.pipeline_parallel > 1:
+        out.append(ParallelRefusal(key, "expert parallel does not combine with pipeline parallel (Megatron)",
+                                   "set distributed.expert_parallel: 1, or distributed.pipeline_parallel: 1"))
+    return out

@@ -21,6 +21,7 @@ from recipeforge.config.schema.evaluation import EvalConfig
 from recipeforge.config.schema.lock import LockConfig
 from recipeforge.config.schema.logging import LoggingConfig
 from recipeforge.config.schema.model import ModelConfig
+from recipeforge.config.schema.moe import MoEConfig
 from recipeforge.config.schema.output import OutputConfig
 from recipeforge.config.schema.preference import CPOConfig, KTOConfig, ORPOConfig
 from recipeforge.config.schema.reward_stage import RewardModelConfig
@@ -41,6 +42,8 @@ class Recipe(Section):
     data: DataConfig = Field(description="Datasets and tokenization.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Optimization.")
     distributed: DistributedConfig = Field(default_factory=DistributedConfig, description="Distributed backend.")
+    moe: MoEConfig = Field(default_factory=MoEConfig,
+                           description="Mixture-of-experts models: routers, load-balancing loss, expert LoRA.")
     hardware: Optional[HardwareConfig] = Field(None, description="Target machine for planning (default: this one).")
     kernels: dict[str, dict[str, Any]] = Field(
         default_factory=dict,

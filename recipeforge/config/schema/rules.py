@@ -175,7 +175,7 @@ def _parallel_sizes(r: Recipe, backend: str) -> list:
     """Pinned FSDP2 mesh sizes the recipe alone rules out (the planner checks them against the model
     and the GPUs): replicate/shard sizes off FSDP, a sequence that does not split 2 x cp ways."""
     from recipeforge.capabilities import Refusal, all_capabilities
-    from recipeforge.config.schema.parallel_rules import context_parallel_refusal
+    from recipeforge.config.schema.parallel_rules import context_parallel_refusal, expert_parallel_refusals
 
     d, out = r.distributed, []
     every = all_capabilities()
@@ -185,6 +185,7 @@ def _parallel_sizes(r: Recipe, backend: str) -> list:
             out.append(Refusal(f"distributed.{key}", f"{key} sizes a device mesh ({' or '.join(meshes)}: "
                                f"accelerate's ParallelismConfig), not the {backend} backend",
                                f"set distributed.backend: {meshes[0] if meshes else 'auto'}"))
+    out += expert_parallel_refusals(r, backend, every)
     cp = d.pinned_size("context_parallel") or 1
     why = context_parallel_refusal(cp, seq_len=r.data.sequence_len, model_type="", attention=r.model.attn_implementation,
                                    packing=bool(r.data.packing))

@@ -67,6 +67,9 @@ def test_tiny_models_are_sized_from_tiny_spec():
         if "text_config" in cfg:  # a vision-language model: tests/unit/plan/test_plan_vision.py sizes those
             continue
         spec, source = resolve_model(f"tiny:{arch}")
+        if "num_experts" in cfg:  # a mixture of experts: counted as transformers builds it
+            assert spec.total_params() == _built_params(cfg) and source == "built-in tiny model"
+            continue
         h, i, v, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
         kv = cfg["num_key_value_heads"] * h // cfg["num_attention_heads"]
         bias = 2 * kv + h if cfg["model_type"] == "qwen2" else 0  # Qwen2 has q/k/v biases
@@ -74,6 +77,15 @@ def test_tiny_models_are_sized_from_tiny_spec():
         head = 0 if cfg["tie_word_embeddings"] else v * h
         assert spec.total_params() == v * h + layers * layer + h + head
         assert source == "built-in tiny model"
+
+
+def _built_params(cfg: dict) -> int:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.for_model(**cfg)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
 
 
 def test_unknown_tiny_arch():
