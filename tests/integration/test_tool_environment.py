@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 def test_calculator_episodes_raise_the_reward_and_tool_results_are_not_trained(tiny, tmp_path):
     from transformers import AutoTokenizer
 
-    tools = tiny.recipes / "tools"
+    tools = tiny.recipes.parents[1] / "tools"  # examples/tools
     sft = tiny.train(str(tools / "sft.yaml"), tmp_path / "sft")
     run = tiny.train(str(tools / "grpo.yaml"), tmp_path / "grpo", f"model.name_or_path={sft / 'final'}")
     reward, calls = tiny.values(run, "reward"), tiny.values(run, "tools/call_frequency")

@@ -68,7 +68,7 @@ def _tokenizer(template: str):
 
 
 def test_the_tools_template_gets_a_tool_call_parser():
-    tok = _tokenizer((ROOT / "examples" / "yaml" / "tiny" / "tools" / "tools.jinja").read_text())
+    tok = _tokenizer((ROOT / "examples" / "tools" / "tools.jinja").read_text())
     response_format(tok)
     prefix = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], tokenize=False,
                                      add_generation_prompt=True)
