@@ -102,7 +102,10 @@ def _training_memory(ev: Evaluation, trainers: int) -> float:
     """The colocated peak without the engine's share, sharded states spread over `trainers` GPUs."""
     comp = ev.memory.components
     total = ev.memory.total - comp.get("rollout_engine", 0.0)
-    if ev.layout.backend in ("fsdp", "deepspeed") and trainers < ev.layout.data_parallel:
-        sharded = sum(comp.get(k, 0.0) for k in SHARDED)
+    # Tier 2 and up of the preference order shard gradients and optimizer states; weights too where the
+    # backend says so (`PlannerSpec.shards_weights`).
+    if ev.candidate.tier >= 2 and trainers < ev.layout.data_parallel:
+        names = SHARDED if ev.layout.spec.shards_weights(ev.layout) else SHARDED[1:]
+        sharded = sum(comp.get(k, 0.0) for k in names)
         total += sharded * (ev.layout.data_parallel / trainers - 1)
     return total / GIB

@@ -159,7 +159,8 @@ def _environment(r: Recipe) -> Iterator[RuleProblem]:
     env = getattr(settings, "environment", None)
     if env is None:
         if not settings.rewards:
-            yield RuleProblem((section, "rewards"), "no reward function: the stage needs at least one",
+            yield RuleProblem((section, "rewards"), "no reward function: the stage needs at least 1 "
+                              "(or a grpo.environment that scores its episodes)",
                               "e.g. rewards: [{name: length, args: {target: 8}}]")
         return
     from recipeforge.components.environments import environments
