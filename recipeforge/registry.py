@@ -40,6 +40,8 @@ REGISTRY_KINDS: dict[str, RegistryKind] = {
     "rollout_engines": RegistryKind("GRPO completion generators named by `grpo.rollout.engine`",
                                     "recipeforge.components.rollout"),
     "rewards": RegistryKind("GRPO reward functions named in `grpo.rewards`", "recipeforge.components.rewards"),
+    "environments": RegistryKind("multi-turn tool environments named by `grpo.environment.name`",
+                                 "recipeforge.components.environments"),
     "formats": RegistryKind("dataset row layouts named by `data.datasets[].format`", "recipeforge.components.formats"),
     "backends": RegistryKind("distributed backends", "recipeforge.backends"),
     "recipes": RegistryKind("packages holding base recipes for `extends: pkg://<name>/<file>.yaml`",

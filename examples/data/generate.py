@@ -57,6 +57,22 @@ def pretrain_rows(rng: random.Random, n: int = 600) -> list[dict]:
     return rows
 
 
+def arithmetic_rows(rng: random.Random, n: int = 48) -> tuple[list[dict], list[dict]]:
+    """(GRPO prompts with answers, SFT conversations that call the calculator) of the arithmetic tool task."""
+    prompts, chats = [], []
+    for _ in range(n):
+        a, b, op = rng.randint(2, 20), rng.randint(2, 20), rng.choice("+*")
+        expression, value = f"{a} {op} {b}", str(a + b if op == "+" else a * b)
+        user = {"role": "user", "content": f"What is {expression}?"}
+        prompts.append({"prompt": [user], "answer": value})
+        call = {"type": "function", "function": {"name": "calculate", "arguments": {"expression": expression}}}
+        # The system turn is what the tools template writes when TRL passes it the tools (GRPO's prompts).
+        chats.append({"messages": [{"role": "system", "content": "Tools: calculate"}, user, {"role": "assistant", "content": "", "tool_calls": [call]},
+                                   {"role": "tool", "name": "calculate", "content": value},
+                                   {"role": "assistant", "content": f"{expression} = {value}."}]})
+    return prompts, chats
+
+
 def write_jsonl(name: str, rows: list[dict]) -> None:
     with open(HERE / name, "w") as fh:
         for row in rows:
@@ -81,6 +97,9 @@ def main() -> None:
     prompts += [{"prompt": f"Which sound does the {a} make? Answer:", "answer": s} for a, s in ANIMALS.items()]
     rng.shuffle(prompts)
     write_jsonl("prompts.jsonl", prompts)
+    tool_prompts, tool_chats = arithmetic_rows(random.Random(7))
+    write_jsonl("tool-prompts.jsonl", tool_prompts)
+    write_jsonl("tool-sft.jsonl", tool_chats)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from recipeforge import __version__
-from recipeforge.cli import after, evaluate, launch, mcp, planning, recipes, train, tune, ui, use
+from recipeforge.cli import after, evaluate, launch, mcp, planning, recipes, template, train, tune, ui, use
 
 # (name, adds its parser to the subparsers): --help lists them in this order.
 COMMANDS: tuple[tuple[str, Callable[[Any], None]], ...] = (
@@ -20,6 +20,7 @@ COMMANDS: tuple[tuple[str, Callable[[Any], None]], ...] = (
     ("convert", recipes.add_convert),
     ("schema", recipes.add_schema),
     ("plan", planning.add_plan),
+    ("check-template", template.add_check_template),
     ("train", train.add_train),
     ("tune", tune.add_tune),
     ("launch", launch.add_launch),

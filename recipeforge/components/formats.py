@@ -80,7 +80,9 @@ def normalize_messages(messages: Any, *, row: int | None = None, column: str = "
     """OpenAI-style ``{role, content}`` messages from OpenAI or ShareGPT (``{from, value}``) rows.
 
     A boolean ``train`` key (written by `data.datasets[].messages.train_field`) is kept: it says
-    whether an assistant reply is trained."""
+    whether an assistant reply is trained. An assistant's ``tool_calls`` and a tool result's ``name``
+    and ``tool_call_id`` are kept for the chat template, which writes them as the server does (an
+    assistant turn that only calls tools may have no content)."""
     if not isinstance(messages, list) or not messages:
         raise _row_error(row, f"column '{column}' must be a non-empty list of messages (got {type(messages).__name__})")
     out = []
@@ -89,6 +91,9 @@ def normalize_messages(messages: Any, *, row: int | None = None, column: str = "
             raise _row_error(row, f"each message in '{column}' must be a mapping with role and content")
         role = m.get("role", m.get("from"))
         content = m.get("content", m.get("value"))
+        calls = m.get("tool_calls")
+        if content is None and isinstance(calls, list) and calls:
+            content = ""
         role_norm = _ROLE_ALIASES.get(str(role).lower()) if role is not None else None
         if role_norm is None:
             raise _row_error(row, f"message role '{role}' is not one of user, assistant, system, tool "
@@ -98,6 +103,11 @@ def normalize_messages(messages: Any, *, row: int | None = None, column: str = "
         msg = {"role": role_norm, "content": content}
         if isinstance(m.get("train"), bool):
             msg["train"] = m["train"]
+        if isinstance(calls, list) and calls and role_norm == "assistant":
+            msg["tool_calls"] = calls
+        for key in ("name", "tool_call_id"):
+            if isinstance(m.get(key), str) and role_norm == "tool":
+                msg[key] = m[key]
         out.append(msg)
     return out
 

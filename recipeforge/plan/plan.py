@@ -257,6 +257,11 @@ def _build_plan(recipe: Recipe, w: Workload, hw: Hardware, ev: Evaluation, decis
                                     ev.memory.components.get("activations", 0.0) / GIB, terms))
     reasons.update(_step_reasons(recipe, ev))
     reasons.update(_memory_reasons(recipe, w, hw, ev, limit_gb))
+    from recipeforge.plan.rollout_split import rollout_reasons
+    from recipeforge.stage_specs import rl_section
+
+    rl = rl_section(recipe)
+    reasons.update(rollout_reasons(w, hw, ev, limit_gb, group=rl[1].num_generations if rl is not None else 1))
     teacher = teacher_reason(w, ev.memory.gb(), ev.micro_batch)
     if teacher is not None:
         reasons["teacher"] = Choice(*teacher)

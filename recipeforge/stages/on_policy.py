@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import atexit
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from recipeforge.components.prepared import PreparedData
 from recipeforge.stages.base import TrainerStage
@@ -33,6 +33,7 @@ class OnPolicyStage(TrainerStage):
     device: str
     rewards: BuiltRewards
     rollout_kwargs: dict[str, Any]
+    environment: Callable[[], Any] | None = None  # grpo.environment's factory (TRL's environment_factory)
 
     @property
     def settings(self) -> OnPolicyConfig:
@@ -59,6 +60,15 @@ class OnPolicyStage(TrainerStage):
                                      locate=self.ctx.locate, section=self.section)
         self.rollout_kwargs = rollout_arguments(g.rollout, device, section=self.section,
                                                 location=self.ctx.locate((self.section, "rollout", "engine")))
+        env = getattr(g, "environment", None)
+        if env is not None:
+            from recipeforge.components.environments import environment_factory
+            from recipeforge.stages.tool_episodes import check_conversational, response_format
+
+            check_conversational(data.train, location=self.ctx.locate((self.section, "environment")))
+            self.environment = environment_factory(env, allow_code=self.recipe.allow_code, locate=self.ctx.locate,
+                                                   section=self.section)
+            response_format(self.tokenizer, location=self.ctx.locate(("data", "chat_template")))
         return data
 
     def needs_base_on_disk(self) -> bool:
@@ -133,7 +143,7 @@ class OnPolicyStage(TrainerStage):
                                    max_prompt_length=g.max_prompt_length)
         return dict(num_generations=g.num_generations, **lengths, per_device_eval_batch_size=eval_batch,
                     temperature=g.temperature, top_p=g.top_p, beta=g.beta, epsilon=g.epsilon,
-                    reward_weights=self.rewards.weights,
+                    reward_weights=self.rewards.weights or None,
                     # Extra columns (answers, ...) must survive until the reward functions see them.
                     remove_unused_columns=False, log_completions=False)
 

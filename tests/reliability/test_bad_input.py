@@ -64,7 +64,11 @@ CASES = [
          where="<cli model.dtype=fp32>", message="QLoRA computes in bf16 or fp16"),
     case("dpo-format", OK.replace("sft", "dpo"), where="r.yaml:7:26", message="stage 'dpo' cannot train on format"),
     case("grpo-no-grpo", GRPO, where="r.yaml:1:1", message="required key 'grpo' is missing"),
-    case("grpo-no-rewards", GRPO + "grpo: {rewards: []}\n", where="r.yaml:8:8", message="at least 1 item"),
+    case("grpo-no-rewards", GRPO + "grpo: {rewards: []}\n", where="r.yaml:8:8", message="no reward function"),
+    case("grpo-unknown-environment", GRPO + "grpo: {environment: {name: calculater}}\n", where="r.yaml:8:22",
+         message="unknown environment 'calculater'", hint="calculator"),
+    case("grpo-environment-code", GRPO + "grpo: {environment: {name: 'my_envs:Game'}}\n", where="r.yaml:8:22",
+         message="environment 'my_envs:Game' is Python code", hint="allow_code: true"),
     case("grpo-divisible", GRPO + "grpo: {num_generations: 3, rewards: [{name: length}]}\n"
          "train: {global_batch_size: 8}\n", where="r.yaml:9:9", message="divisible by grpo.num_generations"),
     case("rloo-divisible", OK.replace("sft", "rloo").replace("alpaca", "prompt") + "rloo: {num_generations: 3, "

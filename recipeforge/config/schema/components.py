@@ -150,6 +150,32 @@ def _rewards(r: Recipe) -> Iterator[RuleProblem]:
         yield from options_problems(getattr(factory, "args_model", None), spec.args, (section, "rewards", i, "args"))
 
 
+def _environment(r: Recipe) -> Iterator[RuleProblem]:
+    """`grpo.environment`: a registered environment or trusted code; without one, at least one reward."""
+    rl = rl_section(r)
+    if rl is None:
+        return
+    section, settings = rl
+    env = getattr(settings, "environment", None)
+    if env is None:
+        if not settings.rewards:
+            yield RuleProblem((section, "rewards"), "no reward function: the stage needs at least 1 "
+                              "(or a grpo.environment that scores its episodes)",
+                              "e.g. rewards: [{name: length, args: {target: 8}}]")
+        return
+    from recipeforge.components.environments import environments
+    from recipeforge.registry import OPT_IN_HINT, check_code_reference, code_trust_problem, is_code_reference
+
+    path = (section, "environment", "name")
+    if is_code_reference(env.name):
+        bad = check_code_reference(env.name)
+        untrusted = code_trust_problem(f"environment '{env.name}' is Python code", r.allow_code)
+        if bad or untrusted:
+            yield RuleProblem(path, bad or str(untrusted), "e.g. my_envs:Sudoku" if bad else OPT_IN_HINT)
+    elif not environments.has(env.name):
+        yield _unknown(path, "environment", env.name, environments.names())
+
+
 def _remote_code(r: Recipe) -> Iterator[RuleProblem]:
     """`model.trust_remote_code: true` runs the Python files of the model's repository: code the
     recipe names, behind the same opt-in as a reward by dotted path."""
@@ -210,4 +236,4 @@ def _preset(preset: str, backend: str) -> Iterator[RuleProblem]:
                           f"use one of {', '.join(known) or 'none'}, or set distributed.backend: {owners[0]}")
 
 
-COMPONENT_RULES = (_formats, _kernels, _rollout, _rewards, _remote_code, _names)
+COMPONENT_RULES = (_formats, _kernels, _rollout, _rewards, _environment, _remote_code, _names)

@@ -56,6 +56,17 @@ class RolloutConfig(Section):
                     "(e.g. vllm: {tensor_parallel_size: 2, enable_sleep_mode: true}).")
 
 
+class EnvironmentSpec(Section):
+    """A multi-turn tool environment: the model calls its tools during generation (TRL's environment_factory)."""
+
+    name: str = Field(
+        min_length=1,
+        description="A registered environment (`calculator`, or a plugin's) or `module:Class` Python code, which "
+                    "needs the opt-in (`allow_code: true` or --trust-code).")
+    args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment class.")
+    max_turns: int = Field(4, ge=1, description="Tool-calling turns per episode at most (then the episode ends).")
+
+
 class OnPolicyConfig(Section):
     """What every on-policy RL stage (GRPO, RLOO) shares: sampling, KL, clipping, rewards and rollout.
 
@@ -69,7 +80,8 @@ class OnPolicyConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
     beta: float = Field(0.0, ge=0, description="KL penalty to the reference model (0: no reference model).")
     epsilon: float = Field(0.2, gt=0, description="PPO-style clipping range.")
-    rewards: tuple[RewardSpec, ...] = Field(min_length=1, description="Reward functions (at least one).")
+    rewards: tuple[RewardSpec, ...] = Field(
+        (), description="Reward functions (at least one, unless `grpo.environment` scores its episodes itself).")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Completion generation.")
 
 
@@ -78,6 +90,9 @@ class GRPOConfig(OnPolicyConfig):
 
     loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = Field("dapo", description="Loss normalization variant.")
     scale_rewards: Literal["group", "batch", "none"] = Field("group", description="Advantage normalization.")
+    environment: Optional[EnvironmentSpec] = Field(
+        None, description="Multi-turn episodes with tools: the model calls the environment's tools while it "
+                          "generates; tool results are not trained. Prompts must be conversations (messages).")
 
 
 class RLOOConfig(OnPolicyConfig):

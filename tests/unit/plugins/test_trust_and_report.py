@@ -100,11 +100,12 @@ def test_the_report_covers_every_group(monkeypatch):
     from recipeforge.plugins import plugins_report, render_plugins
 
     report = plugins_report()
-    assert list(report["groups"]) == list(GROUPS) == ["models", "kernels", "rollout_engines", "rewards", "formats",
-                                                      "backends", "recipes"]
+    assert list(report["groups"]) == list(GROUPS) == ["models", "kernels", "rollout_engines", "rewards", "environments",
+                                                      "formats", "backends", "recipes"]
     g = report["groups"]
     assert g["kernels"]["group"] == "recipeforge.kernels" and g["kernels"]["builtin"] == ["flash_attn", "torch_compile"]
     assert g["formats"]["builtin"][:2] == ["text", "alpaca"] and "hf" in g["rollout_engines"]["builtin"]
+    assert g["environments"]["builtin"] == ["calculator"]
     assert "meta-llama/Llama-3.1-8B" in g["models"]["builtin"]
     assert report["trust"]["allowed"] is False
     text = render_plugins()
