@@ -27,7 +27,7 @@ from recipeforge.plan.types import Plan
 from recipeforge.plan.world import plan_for_world, processes_per_node
 from recipeforge.run.options import LaunchFailed, LaunchOptions
 from recipeforge.run.run_directory import prepare_run
-from recipeforge.run.session import evaluate_after_training, push_to_hub, run_stage
+from recipeforge.run.session import evaluate_after_training, push_to_hub
 from recipeforge.stages import preemption
 from recipeforge.stages.base import DistInfo
 
@@ -49,7 +49,7 @@ def launch(loaded: LoadedRecipe, plan: Plan | None, opts: LaunchOptions, *, over
             # Restarts are the elastic agent's; one process trains here, with no agent to restart it.
             log(f"warning: distributed.max_restarts={loaded.recipe.distributed.max_restarts} has no effect: one "
                 "process trains inside this command (no launcher); rerun the command to resume")
-        return train_here(loaded, plan, run, backend, overwrite=overwrite, force=force)
+        return train_here(loaded, plan, run, opts, overwrite=overwrite, force=force)
     spec = worker_launch(loaded, plan, run, cluster, opts)
     if on_ray:  # the same launch, its workers started by Ray Train on a Ray cluster
         spec = ray_launch_spec(spec, plan, loaded.recipe, run_dir=run.root,
@@ -98,9 +98,11 @@ def worker_launch(loaded: LoadedRecipe, plan: Plan, run: RunDir, cluster: Cluste
     the run directory; other nodes keep theirs node-local, so they never touch what the main node
     prepares (or wipes with --overwrite)."""
     files_dir = None if cluster.is_main_node or opts.dry_run else Path(tempfile.mkdtemp(prefix="recipeforge-launch-"))
+    from recipeforge.run.spec import launch_settings, recipe_env
+
     return launch_spec(plan, loaded.recipe, recipe_path=worker_recipe_path(loaded, run, opts),
                        overrides=opts.overrides, run_dir=run.root, cluster=cluster, files_dir=files_dir,
-                       debug=opts.debug, verbose=opts.verbose, trust_code=opts.trust_code)
+                       settings=launch_settings(opts), recipe_env=recipe_env())
 
 
 def worker_recipe_path(loaded: LoadedRecipe, run: RunDir, opts: LaunchOptions) -> str:
@@ -164,13 +166,18 @@ def warn_unclean_exit(outcome_path: Path, outcome: Outcome, code: int) -> None:
     write_outcome_file(outcome_path, replace(outcome, message=message))
 
 
-def train_here(loaded: LoadedRecipe, plan: Plan, run: RunDir, backend: Backend, *, overwrite: bool,
+def train_here(loaded: LoadedRecipe, plan: Plan, run: RunDir, opts: LaunchOptions, *, overwrite: bool,
                force: bool) -> Path:
-    """One process: prepare the run directory and train in this process."""
+    """One process: prepare the run directory, write the spec there and run the worker entry on it in
+    this process (the recipe already loaded), then evaluate and push."""
+    from recipeforge.backends.worker_spec import SPEC_NAME, WorkerSpec
+    from recipeforge.run.spec import spec_for
+    from recipeforge.run.worker import run_worker
+
     preemption.install()  # SIGTERM/SIGUSR1/Ctrl-C: save a checkpoint at the end of the step, then stop
-    resume_from = prepare_run(loaded, plan, run, overwrite=overwrite, force=force)
-    run_stage(loaded, plan, run, backend, DistInfo(), resume_from)
-    log(f"done: {run.root}")
+    prepare_run(loaded, plan, run, overwrite=overwrite, force=force)
+    spec_for(loaded, opts, plan_path=run.plan, run_dir=run.root, outcome=None).write(run.root / SPEC_NAME)
+    run_worker(WorkerSpec.read_trusted(run.root / SPEC_NAME), loaded, DistInfo())
     evaluate_after_training(loaded, run.root)
     push_to_hub(loaded, run.root)
     return run.root
