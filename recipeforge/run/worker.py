@@ -7,7 +7,7 @@
   recipe is loaded as the launching command loaded it (its file, overrides and ``RECIPEFORGE_<SECTION>``
   values, all from the spec) and the launching command's settings are installed: a worker reads no
   ``RECIPEFORGE_*`` variable.
-- In the launching process itself: one process trains in place (`run.launcher.train_here`), and each
+- In the launching process itself: one process trains in place (`run.in_place.train_here`), and each
   rank of ``torchrun -m recipeforge train`` / ``accelerate launch -m recipeforge train`` gets the spec
   its rank 0 wrote (`run.direct`); both call `run_worker` with the recipe they already loaded.
 
@@ -21,56 +21,19 @@ fails; each restarted worker resumes from the newest complete checkpoint (`run.r
 
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
 from typing import Sequence
 
-from recipeforge.backends import get_backend
-from recipeforge.backends import worker as w
-from recipeforge.backends.parent_death import end_with_parent
 from recipeforge.backends.worker_spec import WorkerSpec
 from recipeforge.config.pipeline import LoadedRecipe
-from recipeforge.log import log
-from recipeforge.outputs.atomic import maybe_fault
-from recipeforge.outputs.run_dir import RunDir
-from recipeforge.plan.world import check_world
-from recipeforge.run import restarts
-from recipeforge.run.outcome import reported_outcome
-from recipeforge.run.session import run_stage
+from recipeforge.run.rank import run_worker
 from recipeforge.settings import installed
 from recipeforge.stages.context import DistInfo
 
+__all__ = ["load_spec_recipe", "main", "run_worker"]
+
 USAGE = "usage: python -m recipeforge.run.worker RUN/worker.json (written by `recipeforge train`)"
-
-
-def run_worker(spec: WorkerSpec, loaded: LoadedRecipe, dist: DistInfo) -> Path:
-    """Run this rank of the job the spec describes; returns the run directory."""
-    launched = spec.outcome is not None  # a process of its own, started by a launcher
-    with installed(spec.settings), reported_outcome(spec, dist, loaded):
-        if launched or dist.world_size > 1:
-            end_with_parent(signal.SIGTERM)  # the launcher gone: save at the next step boundary and end
-        plan = w.read_plan(Path(spec.plan))
-        if dist.world_size > 1:
-            w.init_process_group(plan.device, loaded.recipe.distributed.timeout_minutes)
-            plan = w.agreed_plan(plan)
-        check_world(plan, dist.world_size)
-        backend = get_backend(plan.backend)
-        backend.check(plan, loaded.recipe)
-        run = RunDir(Path(spec.run_dir))
-        if restarts.finished_earlier(run):  # a worker failed on its way out: final/ stands
-            if dist.is_main:
-                log(f"restart {restarts.restart_count()}: the run finished in an earlier attempt (final/ is "
-                    "written); nothing to train")
-        else:
-            resume_from = restarts.resume_point(loaded.recipe.output.resume, run, dist)
-            run_stage(loaded, plan, run, backend, dist, resume_from)
-        w.finish()
-        if launched and not restarts.is_restart():  # tests: a worker killed after the run finished (once)
-            maybe_fault("exit", dist.rank)
-    if dist.is_main:
-        log(f"done: {run.root}")
-    return run.root
 
 
 def load_spec_recipe(spec: WorkerSpec) -> LoadedRecipe:
