@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict
 
 from recipeforge.backends.base import Backend
-from recipeforge.run.run_directory import resolved_for_run
+from recipeforge.run.resolved import resolved_for_run
 from recipeforge.stages.base import TrainerStage
 from recipeforge.stages.context import StageContext
 

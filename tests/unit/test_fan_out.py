@@ -10,9 +10,13 @@ gets down to the limit leaves the list, and no other module may go over.
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
+from pathlib import Path
 
-from test_layering import imports_of, package_imports
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from test_layering import imports_of, package_imports  # noqa: E402
 
 LIMIT = 12
 OVER: dict[str, int] = {
@@ -21,7 +25,6 @@ OVER: dict[str, int] = {
     "recipeforge.backends.megatron": 23,
     "recipeforge.run.tuning": 21,
     "recipeforge.backends.fsdp": 18,
-    "recipeforge.run.run_directory": 16,
     "recipeforge.backends.deepspeed": 16,
     "recipeforge.config.schema.recipe": 15,
     "recipeforge.plan.world": 14,
