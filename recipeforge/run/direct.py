@@ -1,11 +1,13 @@
 """A worker group a launcher started on `recipeforge train` itself (``torchrun -m recipeforge train x.yaml``,
 ``accelerate launch -m recipeforge train x.yaml``): no launching command wrote a spec, so rank 0 plans
-for the launcher's world, prepares the run directory, writes the spec into it and shares its path;
-then every rank runs the worker entry (`run.worker.run_worker`) on it, as a launched worker does.
+for the launcher's world, prepares the run directory, writes the spec into it and sends it to every
+rank over the process group (the nodes need not share a filesystem); then every rank runs the worker
+entry (`run.worker.run_worker`) on it, as a launched worker does.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from recipeforge.backends import worker as w
@@ -26,19 +28,21 @@ def run_group(loaded: LoadedRecipe, dist: DistInfo, opts: LaunchOptions, *, over
     """This rank of a group started without a spec; returns the run directory."""
     run = RunDir(default_run_dir(loaded.recipe, Path(loaded.path)).absolute())
     plan = w.group_plan(loaded.recipe, dist)
-    path = w.on_main(lambda: _prepare(loaded, plan, run, opts, overwrite=overwrite, force=force), dist)
-    shared = w.broadcast(path)
+    # Rank 0 reads back the file it wrote, as a launched worker would; the others check what it sent.
+    mine = w.on_main(lambda: _prepare(loaded, plan, run, opts, overwrite=overwrite, force=force), dist)
+    shared = w.broadcast(mine.to_json() if mine is not None else None)
     assert shared is not None  # rank 0 wrote it (`on_main` raised on every rank otherwise)
-    root = run_worker(WorkerSpec.read_trusted(Path(shared)), loaded, dist)
+    spec = mine or WorkerSpec.from_dict(json.loads(shared), "the worker spec rank 0 sent")
+    root = run_worker(spec, loaded, dist)
     if dist.is_main:  # no launching command: rank 0 evaluates and pushes
         finish_run(loaded, plan, run)
     return root
 
 
 def _prepare(loaded: LoadedRecipe, plan: Plan, run: RunDir, opts: LaunchOptions, *, overwrite: bool,
-             force: bool) -> str:
+             force: bool) -> WorkerSpec:
     """Rank 0: the run directory ready (or, on an elastic restart of the same launch, locked again) and
-    the spec written; returns its path."""
+    the spec written; returns it as read back from its file."""
     if restarts.is_restart():
         restarts.relock(run)
         run.write_plan(plan)  # this attempt's plan (the same launch plans the same)
@@ -46,4 +50,4 @@ def _prepare(loaded: LoadedRecipe, plan: Plan, run: RunDir, opts: LaunchOptions,
         prepare_run(loaded, plan, run, overwrite=overwrite, force=force)
     path = run.root / SPEC_NAME
     spec_for(loaded, opts, plan_path=run.plan, run_dir=run.root, outcome=None).write(path)
-    return str(path)
+    return WorkerSpec.read_trusted(path)
