@@ -33,7 +33,8 @@ from recipeforge.stage_specs import Names
 WORKER_MODULE = "recipeforge.run.worker"   # ``python -m recipeforge.run.worker SPEC``: the worker entry
 SPEC_NAME = "worker.json"
 OUTCOME_NAME = "outcome.json"
-VERSION = 2
+VERSION = 2           # the worker spec (2: the recipe, its overrides and the settings travel in it)
+OUTCOME_VERSION = 1   # the outcome record
 _AGAIN = "start the run again with `recipeforge train` (it writes the spec before launching)"
 
 
@@ -150,7 +151,7 @@ class Outcome:
     message: str = ""
     preempted: dict[str, Any] | None = field(default=None)
     rank: int = 0
-    version: int = VERSION
+    version: int = OUTCOME_VERSION
 
 
 def write_outcome(spec: WorkerSpec, outcome: Outcome) -> None:
@@ -173,7 +174,7 @@ def read_outcome(path: Path) -> Outcome | None:
     """The outcome a launched job left at `path`, if any (an unreadable one counts as none)."""
     try:
         raw = json.loads(Path(path).read_text())
-        return Outcome(**raw) if raw.get("version") == VERSION else None
+        return Outcome(**raw) if raw.get("version") == OUTCOME_VERSION else None
     except (OSError, ValueError, TypeError, AttributeError):
         return None
 
