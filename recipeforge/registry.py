@@ -14,7 +14,6 @@ by dotted path (``my_module:function``), needs an explicit opt-in: see `code_tru
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Iterator, Mapping, TypeVar
 
@@ -58,7 +57,7 @@ FIRST_PARTY: dict[str, dict[str, str]] = {
     "backends": {"zero_redundancy": "recipeforge-zero-redundancy"},
 }
 
-TRUST_ENV = "RECIPEFORGE_TRUST_CODE"
+from recipeforge.settings import TRUST_ENV as TRUST_ENV  # noqa: E402 - the variable --trust-code sets
 OPT_IN_HINT = (f"if you trust it, set allow_code: true at the top of the recipe, or pass --trust-code "
                f"(environment variable {TRUST_ENV}=1)")
 
@@ -308,11 +307,14 @@ def code_trust(allow_code: bool = False, environ: Mapping[str, str] | None = Non
     ``RECIPEFORGE_TRUST_CODE=1`` (what the CLI's ``--trust-code`` sets). Without either, a recipe can
     name registered components only.
     """
-    env = os.environ if environ is None else environ
+    from recipeforge.settings import Settings, current
+
     if allow_code:
         return True, "the recipe sets allow_code: true"
-    if env.get(TRUST_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
-        return True, f"--trust-code ({TRUST_ENV}={env.get(TRUST_ENV)})"
+    # A worker's settings come from its spec (the launching command's flag), never its environment.
+    settings = current() if environ is None else Settings.from_environment(environ)
+    if settings.trust_code:
+        return True, settings.trust_source or "--trust-code (the launching command's)"
     return False, "off: the recipe may name registered components only"
 
 

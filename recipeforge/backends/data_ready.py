@@ -25,7 +25,7 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from recipeforge.errors import Location, Problem, RecipeError
 
@@ -108,10 +108,12 @@ def _prepare(runner: DataRunner) -> PreparedData:
     return runner.prepare()
 
 
-def injected_delay(environ: Mapping[str, str] = os.environ) -> float:
+def injected_delay(fault: str | None = None) -> float:
     """Seconds of `RECIPEFORGE_FAULT=slow_tokenize:<seconds>` (0 when unset); read once per data
     preparation, never on a training step."""
-    point, _, arg = environ.get("RECIPEFORGE_FAULT", "").partition(":")
+    from recipeforge.settings import current
+
+    point, _, arg = (current().fault if fault is None else fault).partition(":")
     if point != "slow_tokenize":
         return 0.0
     try:

@@ -4,14 +4,14 @@
 writes the plan and the launcher's files, then starts the real launcher, one per node:
 
     accelerate launch --config_file RUN/accelerate_config.yaml [--machine_rank R --main_process_ip A
-        --main_process_port P] -m recipeforge train RECIPE [key=value ...]
-    torchrun --nnodes N --nproc_per_node G --node_rank R --master_addr A --master_port P -m recipeforge train ...
+        --main_process_port P] -m recipeforge.run.worker RUN/worker.json
+    torchrun --nnodes N --nproc_per_node G --node_rank R --master_addr A --master_port P -m recipeforge.run.worker ...
 
-Each worker finds the path of its `worker_spec.WorkerSpec` (``worker.json``: the plan this launch was
-made for, the run directory, where to leave its outcome) in its environment and never plans again;
-that path is the only value that travels by environment. The main node writes into the run
-directory; the other nodes keep their copies in a node-local directory, so no node ever writes what
-another one reads.
+Each worker runs the worker entry on its `worker_spec.WorkerSpec` (``worker.json``: the plan this launch
+was made for, the run directory, where to leave its outcome, the recipe and the launching command's
+settings) and never plans again; the spec's path on its command line is all it is told (no
+``RECIPEFORGE_*`` variable). The main node writes into the run directory; the other nodes keep their
+copies in a node-local directory, so no node ever writes what another one reads.
 """
 
 from __future__ import annotations
@@ -21,15 +21,16 @@ import os
 import shlex
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from recipeforge.backends import elastic
 from recipeforge.backends.cluster import ClusterSpec
 from recipeforge.backends.launcher_command import launcher_command
-from recipeforge.backends.worker_spec import OUTCOME_NAME, SPEC_ENV, SPEC_NAME, WorkerSpec
+from recipeforge.backends.worker_spec import OUTCOME_NAME, SPEC_NAME, WORKER_MODULE, WorkerSpec
 from recipeforge.plan.world import processes_per_node
+from recipeforge.settings import Settings
 
 if TYPE_CHECKING:
     from types import FrameType
@@ -66,6 +67,8 @@ class LaunchSpec:
         for path, text in self.files.items():
             if path == self.plan_path:  # long; `recipeforge plan --json` shows the same fields
                 lines += ["", f"# file {path}", "(the plan summarised on the first line, as JSON)"]
+            elif path == self.spec_path:  # the overrides it carries may hold a credential
+                lines += ["", f"# file {path}", scrub(text.rstrip("\n"))]
             else:
                 lines += ["", f"# file {path}", text.rstrip("\n")]
         return "\n".join(lines) + "\n"
@@ -75,17 +78,21 @@ class LaunchSpec:
         for path, text in self.files.items():
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_text(text)
+            tmp.unlink(missing_ok=True)
+            # The worker spec is this user's alone: a worker trusts no other (`WorkerSpec.read_trusted`).
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if path == self.spec_path else 0o644)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
             os.replace(tmp, path)
 
 
 def launch_spec(plan: Plan, recipe: Recipe, *, recipe_path: str, overrides: Sequence[str], run_dir: Path,
-                cluster: ClusterSpec, files_dir: Path | None = None, debug: bool = False, verbose: bool = False,
-                trust_code: bool = False) -> LaunchSpec:
+                cluster: ClusterSpec, files_dir: Path | None = None, settings: Settings | None = None,
+                recipe_env: dict[str, str] | None = None) -> LaunchSpec:
     """The launch of `plan` on this node. `files_dir` is where this node's launch files go: the run
-    directory on the main node (default), a node-local directory on the others. `debug`, `verbose`
-    and `trust_code` are the launching command's flags, which its workers get on their command line
-    (never through the environment)."""
+    directory on the main node (default), a node-local directory on the others. `settings` (the
+    launching command's flags and environment) and `recipe_env` (the ``RECIPEFORGE_<SECTION>__KEY``
+    overrides it applied) reach the workers in their spec, never through the environment."""
     from recipeforge.backends import get_backend
 
     backend = get_backend(plan.backend)
@@ -97,16 +104,17 @@ def launch_spec(plan: Plan, recipe: Recipe, *, recipe_path: str, overrides: Sequ
     for name, text in backend.launch_files(plan, recipe).items():
         files[where / name] = text
     spec_path = where / SPEC_NAME
-    spec = WorkerSpec(plan=str(plan_path), run_dir=str(run_dir), outcome=str(where / OUTCOME_NAME))
-    files[spec_path] = json.dumps(asdict(spec), indent=2) + "\n"
-    env = {SPEC_ENV: str(spec_path), **backend.launch_env(plan)}
+    spec = WorkerSpec(plan=str(plan_path), run_dir=str(Path(run_dir).absolute()), outcome=str(where / OUTCOME_NAME),
+                      recipe=str(Path(recipe_path).absolute()), overrides=tuple(overrides),
+                      recipe_env=dict(recipe_env or {}), settings=settings or Settings())
+    files[spec_path] = spec.to_json()
+    env = dict(backend.launch_env(plan))
     per_node = processes_per_node(plan)
     if plan.device != "cuda":
         # Several CPU processes on one machine: split the cores instead of each taking all of them.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // per_node)))
         env.update(cpu_engine_env())
-    flags = [flag for flag, on in (("--debug", debug), ("--verbose", verbose), ("--trust-code", trust_code)) if on]
-    worker = ["-m", "recipeforge", *flags, "train", str(recipe_path), *overrides]
+    worker = ["-m", WORKER_MODULE, str(spec_path)]  # the one worker entry (`run.worker`)
     if launcher == "accelerate":
         cfg_path = where / "accelerate_config.yaml"
         files[cfg_path] = accelerate_config_text(plan, backend.accelerate_config(plan, recipe, where),

@@ -7,7 +7,7 @@ that connects to an existing Ray cluster and runs Ray Train's `TorchTrainer`: on
 process (one GPU each on a CUDA plan, one CPU otherwise), its process group set up by Ray (NCCL or gloo).
 Each Ray worker sets what the backend's launcher would have set (accelerate's environment from the same
 config file), changes to the launching command's working directory, and runs the same worker entry point
-a torchrun worker runs (``recipeforge train RECIPE ...`` with the worker spec in its environment), so the
+a torchrun worker runs (``python -m recipeforge.run.worker RUN/worker.json``: `run.worker.main`), so the
 outcome file, the exit codes and preemption are a torchrun launch's.
 
 `distributed.max_restarts` becomes Ray's `FailureConfig(max_failures=...)`: after a worker fails Ray
@@ -64,7 +64,7 @@ class RayJob:
     timeout_s: int                          # process-group timeout (distributed.timeout_minutes)
     max_failures: int                       # distributed.max_restarts
     storage_path: str
-    worker_argv: list[str]                  # `python -m recipeforge` arguments, as a torchrun worker's
+    worker_argv: list[str]                  # the worker entry's arguments (`run.worker.main`), as a torchrun worker's
     worker_env: dict[str, str]              # the launch's environment for the workers
     spec_path: str                          # the worker spec (stop request and attempts sit next to it)
     cwd: str                                # the launching command's working directory
@@ -126,7 +126,9 @@ def ray_launch_spec(spec: LaunchSpec, plan: Plan, recipe: Recipe, *, run_dir: Pa
     from recipeforge.backends.launch import LaunchSpec
 
     command = list(spec.command)
-    module = max(i for i in range(len(command) - 1) if command[i:i + 2] == ["-m", "recipeforge"])
+    from recipeforge.backends.worker_spec import WORKER_MODULE
+
+    module = max(i for i in range(len(command) - 1) if command[i:i + 2] == ["-m", WORKER_MODULE])
     worker_argv = command[module + 2:]
     from recipeforge.backends.job_values import check_command_values
 
@@ -156,4 +158,4 @@ def describe(job: RayJob) -> str:
     """One line for the log: where and how many."""
     per = ", ".join(f"{v:g} {k}" for k, v in job.resources_per_worker.items())
     return (f"Ray Train TorchTrainer on {job.address}: {job.num_workers} workers ({per} each, {job.torch_backend}), "
-            f"max_failures={job.max_failures}; each runs `recipeforge {shlex.join(job.worker_argv)}`")
+            f"max_failures={job.max_failures}; each runs the worker entry on {shlex.join(job.worker_argv)}")

@@ -3,13 +3,13 @@ worker entry point.
 
 Ray has set the variables torchrun would (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT) and joined the process group (`TorchConfig`: gloo or NCCL) before this runs, so the worker's
-own `init_process_group` finds it joined. `start_worker` adds the launch's environment (the worker spec's
-path, accelerate's settings), numbers the attempt (rank 0 counts the group's starts in the run directory
+own `init_process_group` finds it joined. `start_worker` adds the launch's environment (accelerate's
+settings), numbers the attempt (rank 0 counts the group's starts in the run directory
 and tells the others; a restarted group resumes like an elastic restart, `run.restarts`), changes to the
 launching command's working directory (relative recipe and data paths mean the same) and watches for the
-driver's stop request; then `ray_entry.train_loop` runs the worker entry point torchrun's workers run,
-``recipeforge train ...``, and raises a non-zero exit, so Ray counts the failure (and restarts the group
-if allowed).
+driver's stop request; then `ray_entry.train_loop` runs the worker entry torchrun's workers run
+(`run.worker.main` on the worker spec), and raises a non-zero exit, so Ray counts the failure (and
+restarts the group if allowed).
 """
 
 from __future__ import annotations

@@ -42,6 +42,31 @@ def read_plan(path: Path) -> "Plan":
     return plan_from_dict(raw)
 
 
+def launched_plan(path: Path, world_size: int, timeout_minutes: float | None = None) -> "Plan":
+    """The plan a worker runs: read from `path`; with more than one process, the process group joined
+    and rank 0's plan agreed by every rank; checked against the world it runs in."""
+    from recipeforge.plan.world import check_world
+
+    plan = read_plan(path)
+    if world_size > 1:
+        init_process_group(plan.device, timeout_minutes)
+        plan = agreed_plan(plan)
+    check_world(plan, world_size)
+    return plan
+
+
+def group_plan(recipe: "Recipe", dist_info: "DistInfo") -> "Plan":
+    """A group started without a spec (``torchrun -m recipeforge train``): the process group joined,
+    rank 0's plan for the launcher's world agreed by every rank and checked against it."""
+    from recipeforge.plan.world import check_world, plan_for_world
+
+    init_process_group(worker_device(recipe), recipe.distributed.timeout_minutes)
+    nnodes, per_node = launched_world()
+    plan = agreed_plan(on_main(lambda: plan_for_world(recipe, nnodes=nnodes, nproc_per_node=per_node), dist_info))
+    check_world(plan, dist_info.world_size)
+    return plan
+
+
 def plan_from_dict(raw: dict[str, Any], planners: "Planners | None" = None) -> "Plan":
     """A `Plan` from its `to_dict()` form; its backend's spec from `planners` (default: the installed
     backends) reads the backend's part and gives the plan its traits."""

@@ -41,11 +41,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     debug = args.debug or os.environ.get("RECIPEFORGE_DEBUG", "") not in ("", "0")
     if args.verbose:  # read where a run starts routing warnings (launched workers inherit it)
-        from recipeforge.outputs.console import VERBOSE_ENV
+        from recipeforge.settings import VERBOSE_ENV
 
         os.environ[VERBOSE_ENV] = "1"
     if args.trust_code:  # read by the recipe loader and by whatever imports user code later
-        from recipeforge.registry import TRUST_ENV
+        from recipeforge.settings import TRUST_ENV
 
         os.environ[TRUST_ENV] = "1"
     func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)

@@ -18,8 +18,9 @@ from recipeforge.errors import RecipeError
 def add_train(sub: Any) -> None:
     p = sub.add_parser("train", help="plan and run a recipe; writes the run directory",
                        description="Plan the recipe, then train in this process or start the backend's launcher "
-                                   "(accelerate launch / torchrun) with the plan's process count. Also runs as a "
-                                   "worker under `accelerate launch -m recipeforge train` or `torchrun -m ...`.",
+                                   "(accelerate launch / torchrun) with the plan's process count, each process "
+                                   "running the worker entry on the run's worker.json. Under `accelerate launch -m "
+                                   "recipeforge train` or `torchrun -m ...`, rank 0 writes that spec for every rank.",
                        epilog="SIGTERM, SIGUSR1 or a first Ctrl-C: every process finishes its step, a checkpoint "
                               "is saved, and train exits with 75; the same command resumes. A second Ctrl-C "
                               "aborts (exit 130). One run per output.dir: a second train into a directory in "
@@ -65,7 +66,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def run_training(args: argparse.Namespace, loaded: Any, opts: Any) -> int:
     """Train `loaded` as `opts` (a `LaunchOptions`) says (`train`, `launch --ray`) and report the result."""
-    from recipeforge.backends.worker_spec import launched_worker
     from recipeforge.run import LaunchFailed, summary, train
     from recipeforge.stages.base import DistInfo
     from recipeforge.stages.preemption import EXIT_PREEMPTED, Preempted
@@ -82,8 +82,6 @@ def run_training(args: argparse.Namespace, loaded: Any, opts: Any) -> int:
         print(f"error: {scrub(exc.render())}", file=sys.stderr)
         return EXIT_PUSH_FAILED
     except Preempted as stop:
-        if launched_worker():
-            return 0  # a launched worker: the launching command reports (and exits 75)
         if DistInfo.from_env().is_main:
             from recipeforge.config.secrets import scrub
 
@@ -95,8 +93,8 @@ def run_training(args: argparse.Namespace, loaded: Any, opts: Any) -> int:
         return EXIT_PREEMPTED
     if run_dir is None:  # --dry-run printed the launch
         return 0
-    if launched_worker() or not DistInfo.from_env().is_main:
-        return 0  # a worker: the launching command (or, launched directly, rank 0) reports
+    if not DistInfo.from_env().is_main:
+        return 0  # a rank of a group launched on `recipeforge train` itself: rank 0 reports
     learned = ", ".join(f"{k} {v['first']:.4g} -> {v['last']:.4g}" for k, v in summary(run_dir).items())
     print(f"run written to {run_dir}" + (f" ({learned})" if learned else ""))
     return 0

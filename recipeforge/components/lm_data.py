@@ -42,8 +42,9 @@ class LMData:
 
 def default_cache_root() -> Path:
     """Where tokenized data is cached unless `data.cache_dir` says otherwise."""
-    env = os.environ.get("RECIPEFORGE_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "recipeforge"
+    from recipeforge.settings import current
+
+    return current().cache_root()
 
 
 def tokenize_batch(batch: dict, *, tokenizer, train_on_inputs: bool, sequence_len: int, truncation: str,

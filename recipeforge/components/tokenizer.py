@@ -103,14 +103,13 @@ def _tiny_cache_path(vocab_size: int):
     """Where the trained tiny tokenizer of `vocab_size` is kept: under ``RECIPEFORGE_CACHE`` (default
     ~/.cache/recipeforge), named by a hash of what training depends on (corpus, special tokens, the
     `tokenizers` and Python versions), so a change of any of them trains a new one."""
-    import os
     import sys
-    from pathlib import Path
 
     import tokenizers
 
-    env = os.environ.get("RECIPEFORGE_CACHE")
-    root = Path(env).expanduser() if env else Path.home() / ".cache" / "recipeforge"
+    from recipeforge.settings import current
+
+    root = current().cache_root()
     key = json.dumps([vocab_size, _WORDS, _PUNCT, TINY_SPECIAL_TOKENS, tokenizers.__version__, sys.version_info[:2],
                       _code_key(_corpus.__code__), _code_key(_train_tiny_tokenizer.__code__)])
     return root / "tiny-tokenizer" / f"{vocab_size}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"

@@ -31,11 +31,11 @@ from recipeforge.outputs.checkpoint import MARKER, PREFIX, checkpoints, is_compl
 from recipeforge.outputs.manifest import MANIFEST, write_manifest
 
 STAGING = ".staging"
-FAULT_ENV = "RECIPEFORGE_FAULT"
+from recipeforge.settings import FAULT_ENV, current  # noqa: E402
 
 
 def _fault_point(raw: str | None = None) -> tuple[str, int] | None:
-    raw = os.environ.get(FAULT_ENV, "") if raw is None else raw
+    raw = current().fault if raw is None else raw
     point, _, step = raw.partition(":")
     return (point, int(step)) if point and step.isdecimal() else None
 
@@ -123,7 +123,7 @@ class _CrashSafeCheckpoints:
         return self._rf_staging_root or super()._get_output_dir(trial)
 
     def train(self, *args, **kwargs):
-        raw = os.environ.get(FAULT_ENV, "")  # not per step: the step hook below is free when unset
+        raw = current().fault  # not per step: the step hook below is free when unset
         self._rf_fault, self._rf_kill = _fault_point(raw), (rank_kill_step(raw) if raw else None)
         return super().train(*args, **kwargs)
 

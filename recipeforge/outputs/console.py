@@ -2,26 +2,24 @@
 
 The progress line (main process only) shows ``step N/TOTAL``, the last logged loss, tokens per second
 and the time left. On a terminal it is rewritten in place; otherwise (a log file, a CI job, a Slurm
-output) it is printed as a plain line for the first step, then at most every `PLAIN_INTERVAL` seconds,
+output) it is printed as a plain line for the first step, then at most every `settings.PROGRESS_INTERVAL` seconds,
 and for the last step. Library noise is kept off the console by `outputs.library_warnings`;
 ``--verbose`` or ``RECIPEFORGE_VERBOSE=1`` leaves everything on the console.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Callable, TextIO
 
-VERBOSE_ENV = "RECIPEFORGE_VERBOSE"
-PLAIN_INTERVAL_ENV = "RECIPEFORGE_PROGRESS_INTERVAL"
-PLAIN_INTERVAL = 30.0  # seconds between plain progress lines
+from recipeforge.settings import VERBOSE_ENV as VERBOSE_ENV
+from recipeforge.settings import current
 
 
 def verbose() -> bool:
     """Whether the user asked to see everything on the console (``--verbose``)."""
-    return os.environ.get(VERBOSE_ENV, "") not in ("", "0")
+    return current().verbose
 
 
 # -- progress line ----------------------------------------------------------------------------------
@@ -185,7 +183,7 @@ def progress_callback(stream: TextIO | None = None, *, tty: bool | None = None,
 
     out = stream or sys.stderr
     in_place = out.isatty() if tty is None else tty
-    every = interval if interval is not None else float(os.environ.get(PLAIN_INTERVAL_ENV, PLAIN_INTERVAL))
+    every = interval if interval is not None else current().progress_interval
 
     class ProgressLine(TrainerCallback):
         def __init__(self):

@@ -60,11 +60,12 @@ def check_services(recipe, locate: Callable[[tuple], Any] | None = None, *, envi
     """Refuse the run (`ServiceUnavailable`, all problems together) when a service the recipe names
     cannot be reached or refuses the credentials. `downloads_only`: just where the model comes from
     (`recipeforge preprocess`, which trains nothing and logs nowhere)."""
+    timeout = _timeout(environ)
     environ = os.environ if environ is None else environ
     problems: list[Problem] = []
     found = _hub_downloads(recipe, environ) + ([] if downloads_only else _services(recipe, environ))
     for service, early in found:
-        reason = early or probe(service, timeout=_timeout(environ))
+        reason = early or probe(service, timeout=timeout)
         if reason:
             problems.append(Problem(f"{service.name} at {service.shown} {reason}",
                                     locate(service.key) if locate else None, ".".join(map(str, service.key)),
@@ -130,11 +131,10 @@ def _reason_text(reason: Any) -> str:
 
 
 def _timeout(environ) -> float:
-    try:
-        value = float(environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT))
-    except ValueError:
-        return DEFAULT_TIMEOUT
-    return value if value > 0 else DEFAULT_TIMEOUT
+    """Seconds per request: this process's settings, or those of an environment given for a check."""
+    from recipeforge.settings import Settings, current
+
+    return (current() if environ is None else Settings.from_environment(environ)).service_timeout
 
 
 def split_credentials(url: str) -> tuple[str, dict]:

@@ -11,25 +11,10 @@ candidates, so `auto` plans a layout the run accepts, and a pinned one is refuse
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from recipeforge.capabilities import Refusal
 
-if TYPE_CHECKING:
-    from recipeforge.config.schema import Recipe
-
-QAT_KEY = "train.qat"
+QAT_KEY = "train.qat"  # the keys `TrainConfig.linear_swap_keys` names
 FP8_KEY = "train.precision"
-
-
-def whole_linear_keys(recipe: Recipe) -> tuple[str, ...]:
-    """The recipe keys whose method swaps whole linear layers (`train.qat`, `train.precision: fp8`)."""
-    keys = []
-    if recipe.train.qat is not None:
-        keys.append(QAT_KEY)
-    if recipe.train.precision == "fp8":
-        keys.append(FP8_KEY)
-    return tuple(keys)
 
 
 def whole_linear_refusals(keys: tuple[str, ...], *, tensor_parallel: int, shards_weights: bool,

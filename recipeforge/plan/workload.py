@@ -18,7 +18,6 @@ from recipeforge.plan.linear import Linear
 from recipeforge.plan.models import ModelSpec
 from recipeforge.plan.teacher import Teacher, build_teacher
 from recipeforge.plan.vision_workload import VisionLoad, build_vision_load
-from recipeforge.plan.whole_linears import whole_linear_keys
 
 if TYPE_CHECKING:
     from recipeforge.config.schema.adapter import AdapterConfig
@@ -197,7 +196,7 @@ def build_workload(recipe: Recipe, model: ModelSpec, hardware: Hardware, planner
         rollout=shape.rollout, teacher=shape.teacher, fused_loss=fused_loss, fused_kernels=fused_kernels, notes=tuple(notes),
         attn_implementation=recipe.model.attn_implementation, packing=bool(recipe.data.packing),
         attention_mask=masked,
-        setting_refusals=_setting_refusals(recipe, planners), whole_linears=whole_linear_keys(recipe),
+        setting_refusals=_setting_refusals(recipe, planners), whole_linears=recipe.train.linear_swap_keys(),
         unfrozen_params=unfrozen, unfrozen_kinds=kinds,
         activation_offloading=recipe.train.activation_offloading and hardware.device == "cuda",
         checkpoint_mode="selective" if recipe.train.gradient_checkpointing == "selective" else "full",

@@ -22,7 +22,7 @@ from recipeforge.plan.hardware import Hardware, hardware_for
 from recipeforge.plan.plan import make_plan
 from recipeforge.plan.parallel_layouts import runs_device_mesh
 from recipeforge.plan.planners import Planners
-from recipeforge.plan.policy import auto_cpu_backends
+from recipeforge.plan.candidates import auto_cpu_backends
 from recipeforge.plan.trust import annotate_plan
 from recipeforge.plan.types import BackendPart, Choice, Plan
 from recipeforge.stage_specs import STAGE_SPECS, Stage

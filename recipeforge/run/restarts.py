@@ -33,6 +33,24 @@ def is_restart() -> bool:
     return restart_count() > 0
 
 
+def relock(run: RunDir) -> None:
+    """Rank 0 of a restarted group started without a spec: the run directory is this launch's, so it is
+    neither wiped (--overwrite) nor checked as another run's; it is locked for this attempt, and tidied
+    before resuming (`resume_point`)."""
+    from recipeforge.outputs import run_lock
+
+    run_lock.acquire(run.root, log=log)
+
+
+def exit_fault(rank: int) -> None:
+    """`RECIPEFORGE_FAULT=exit:<rank>` (the spec's settings): kill that rank once its run has finished, in
+    the first attempt of a launch only (a restarted group must not fail again)."""
+    from recipeforge.outputs.atomic import maybe_fault
+
+    if not is_restart():
+        maybe_fault("exit", rank)
+
+
 def finished_earlier(run: RunDir) -> bool:
     """A restart after the run had already finished (final/ is published atomically, after every
     rank's last step): a worker failed on its way out, and there is nothing left to train."""

@@ -21,7 +21,6 @@ what is kept) is tested on a real run.
 from __future__ import annotations
 
 import math
-import os
 import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -133,7 +132,9 @@ def make_callback(config: DivergenceConfig, *, stage: str, checkpoints: Path,
 
 
 def _nan_fault_step() -> int | None:
-    point, _, step = os.environ.get("RECIPEFORGE_FAULT", "").partition(":")
+    from recipeforge.settings import current
+
+    point, _, step = current().fault.partition(":")
     return int(step) if point == "nan" and step.isdecimal() else None
 
 

@@ -46,6 +46,7 @@ TRAINING = {"components", "config", "plan", "outputs", "stages", "backends"}
 # Modules outside the subpackages, by name; a new one must be placed here on purpose.
 TOP_LEVEL = {"recipeforge": "errors", "recipeforge.errors": "errors", "recipeforge.credentials": "errors",
              "recipeforge.log": "errors",  # the console logger
+             "recipeforge.settings": "errors",  # flags and environment beyond the recipe, one typed record
              "recipeforge.registry": "registry",
              "recipeforge.capabilities": "registry",  # what each backend runs: read by config, plan, backends
              "recipeforge.stage_specs": "errors",  # the stages, named once; imports nothing

@@ -183,3 +183,13 @@ class TrainConfig(Section):
     def fp8_settings(self) -> FP8Config:
         """`fp8`, or its defaults when the recipe leaves it out."""
         return self.fp8 if self.fp8 is not None else FP8Config()
+
+    def linear_swap_keys(self) -> tuple[str, ...]:
+        """The keys of the methods set here that swap whole linear layers for their own modules (`train.qat`,
+        `train.precision: fp8`): layouts that split or shard those layers cannot run them (`plan.whole_linears`)."""
+        keys = []
+        if self.qat is not None:
+            keys.append("train.qat")
+        if self.precision == "fp8":
+            keys.append("train.precision")
+        return tuple(keys)

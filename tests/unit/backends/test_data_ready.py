@@ -86,10 +86,10 @@ def test_wait_for_reads_only_whole_markers(tmp_path):
 
 
 def test_slow_tokenize_fault_is_parsed_and_free_when_unset():
-    assert data_ready.injected_delay({}) == 0.0
-    assert data_ready.injected_delay({"RECIPEFORGE_FAULT": "slow_tokenize:2.5"}) == 2.5
-    assert data_ready.injected_delay({"RECIPEFORGE_FAULT": "step:3"}) == 0.0
-    assert data_ready.injected_delay({"RECIPEFORGE_FAULT": "slow_tokenize:x"}) == 0.0
+    assert data_ready.injected_delay("") == 0.0
+    assert data_ready.injected_delay("slow_tokenize:2.5") == 2.5
+    assert data_ready.injected_delay("step:3") == 0.0
+    assert data_ready.injected_delay("slow_tokenize:x") == 0.0
 
 
 def test_process_group_timeout_is_the_recipe_value():

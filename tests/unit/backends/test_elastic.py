@@ -61,7 +61,7 @@ def test_accelerate_dry_run_carries_restarts_and_rendezvous(tmp_path, capsys):
     # accelerate's launcher of this Python: `.../accelerate launch`, or `python -m accelerate.commands.launch`
     command = next(line for line in out.splitlines() if " --config_file " in line)
     assert " launch --config_file " in command or " -m accelerate.commands.launch --config_file " in command
-    assert "--max_restarts 3 --rdzv_backend c10d --same_network -m recipeforge train" in command
+    assert "--max_restarts 3 --rdzv_backend c10d --same_network -m recipeforge.run.worker " in command
     assert "PET_RDZV_ENDPOINT=10.1.2.3:29400" in out.splitlines()
     assert f"PET_RDZV_ID={elastic.rdzv_id(_dist(), run)}" in out.splitlines()
     assert "rdzv_backend: c10d" in out.splitlines()  # the config file says what the command line does

@@ -52,13 +52,12 @@ def test_deepspeed_dry_run_for_two_nodes_of_eight_gpus(tmp_path, capsys, monkeyp
     command = command[len(launcher):]
     assert command[0:2] == ["--config_file", str(run / "accelerate_config.yaml")]
     assert command[2:8] == ["--machine_rank", "1", "--main_process_ip", "10.1.2.3", "--main_process_port", "29555"]
-    assert command[8:] == ["-m", "recipeforge", "train", str(RECIPE), f"output.dir={run}",
-                           "distributed.preset=zero3_offload"]
-    spec_path, spec_text = files["worker.json"]  # the one value passed by environment is its path
+    spec_path, spec_text = files["worker.json"]  # the workers' one argument: the worker entry's spec
+    assert command[8:] == ["-m", "recipeforge.run.worker", str(spec_path)]
     spec = json.loads(spec_text)
-    assert env["RECIPEFORGE_WORKER_SPEC"] == str(spec_path) and spec["version"] == 1
-    assert (spec["plan"], spec["run_dir"]) == (str(files["plan.json"][0]), str(run))
-    assert not any(k.startswith("RECIPEFORGE_") for k in env if k != "RECIPEFORGE_WORKER_SPEC")
+    assert spec["version"] == 2 and (spec["plan"], spec["run_dir"]) == (str(files["plan.json"][0]), str(run))
+    assert (spec["recipe"], spec["overrides"]) == (str(RECIPE), [f"output.dir={run}", "distributed.preset=zero3_offload"])
+    assert not any(k.startswith("RECIPEFORGE_") for k in env)
     # DeepSpeed's JIT-built extension is cached per machine, not per run
     assert env["TORCH_EXTENSIONS_DIR"] == extensions_dir() and "OMP_NUM_THREADS" not in env
     assert set(files) == {"plan.json", "worker.json", "deepspeed.json", "accelerate_config.yaml"}
@@ -110,7 +109,7 @@ def test_one_node_gets_a_free_port_and_a_cpu_world_splits_the_cores(tmp_path, ca
     out = capsys.readouterr().out
     assert code == 0
     assert "# plan: ddp, 1 node(s) x 2 CPU processes = 2 processes; micro batch 4 x accumulation 1" in out
-    assert "--main_process_port 0 -m recipeforge train" in out
+    assert "--main_process_port 0 -m recipeforge.run.worker " in out
     assert "OMP_NUM_THREADS=" in out and "distributed_type: MULTI_GPU" in out and "mixed_precision: 'no'" in out
 
 
@@ -178,9 +177,9 @@ def test_launchers_belong_to_this_python(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("backend", ["ddp", "deepspeed", "fsdp"])
-def test_workers_get_the_spec_path_and_the_command_line_flags_nothing_else(tmp_path, capsys, monkeypatch, backend):
-    """Launcher -> workers: the spec's path is the one recipeforge value in the environment; the
-    launching command's --debug/--verbose/--trust-code reach the workers on their command line."""
+def test_workers_get_the_spec_path_and_the_flags_in_the_spec_nothing_else(tmp_path, capsys, monkeypatch, backend):
+    """Launcher -> workers: the spec's path is the workers' one argument and no recipeforge value is in
+    their environment; the launching command's --debug/--verbose/--trust-code travel in the spec."""
     for name in ("RECIPEFORGE_DEBUG", "RECIPEFORGE_VERBOSE", "RECIPEFORGE_TRUST_CODE"):
         # set (to "off") rather than deleted, so that monkeypatch restores them after `main` sets them
         monkeypatch.setenv(name, "0")
@@ -192,11 +191,14 @@ def test_workers_get_the_spec_path_and_the_command_line_flags_nothing_else(tmp_p
     assert code == 0, out
     lines = out.splitlines()
     command = shlex.split(lines[lines.index("# command") + 1])
-    start = command.index("recipeforge")
-    assert command[start + 1:start + 5] == ["--debug", "--verbose", "--trust-code", "train"]
+    start = command.index("-m")
+    spec_path = tmp_path / "run" / "worker.json"
+    assert command[start:] == ["-m", "recipeforge.run.worker", str(spec_path)]
     env_at = lines.index("# environment (added to the current one)") + 1
     env = dict(line.split("=", 1) for line in lines[env_at:lines.index("", env_at)])
-    assert [k for k in env if k.startswith("RECIPEFORGE_")] == ["RECIPEFORGE_WORKER_SPEC"]
-    spec_text = out.split(f"# file {env['RECIPEFORGE_WORKER_SPEC']}\n", 1)[1].split("\n# file", 1)[0]
+    assert [k for k in env if k.startswith("RECIPEFORGE_")] == []
+    spec_text = out.split(f"# file {spec_path}\n", 1)[1].split("\n# file", 1)[0]
     spec = json.loads(spec_text)
-    assert set(spec) == {"plan", "run_dir", "outcome", "version"}
+    assert set(spec) == {"plan", "run_dir", "outcome", "recipe", "overrides", "recipe_env", "settings", "version"}
+    settings = spec["settings"]
+    assert (settings["debug"], settings["verbose"], settings["trust_code"]) == (True, True, True)

@@ -16,7 +16,7 @@ def test_every_preset_the_planner_offers_has_a_meaning(load):
     # Every preset the planner can choose or accept on a multi-node GPU target translates to settings.
     from recipeforge.plan.catalog import resolve_model
     from recipeforge.plan.planners import Planners
-    from recipeforge.plan.policy import known_presets
+    from recipeforge.plan.candidates import known_presets
     from recipeforge.plan.workload import build_workload
 
     recipe = load("llama3-70b-full-sft").recipe
