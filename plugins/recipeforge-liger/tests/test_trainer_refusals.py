@@ -22,6 +22,7 @@ RECIPES = {
     "sft": "stage: sft\ndata: {datasets: [{path: d.jsonl, format: alpaca}]}\n",
     "dpo": "stage: dpo\ndata: {datasets: [{path: d.jsonl, format: preference}]}\n",
     "grpo": "stage: grpo\ndata: {datasets: [{path: d.jsonl, format: prompt}]}\ngrpo: {rewards: [{name: length}]}\n",
+    "rloo": "stage: rloo\ndata: {datasets: [{path: d.jsonl, format: prompt}]}\nrloo: {rewards: [{name: length}]}\n",
     "orpo": "stage: orpo\ndata: {datasets: [{path: d.jsonl, format: preference}]}\n",
     "kto": "stage: kto\ndata: {datasets: [{path: d.jsonl, format: unpaired}]}\n",
     "cpo": "stage: cpo\ndata: {datasets: [{path: d.jsonl, format: preference}]}\n",

@@ -34,7 +34,8 @@ __version__ = "0.1.0"
 # pretrain and sft train on transformers' Trainer, which applies it. The plugin's tests ask the
 # installed TRL (its trainers, or their source) so this table cannot drift from it.
 REFUSED_BY_TRAINER: dict[str, dict[str, str]] = {
-    "fused_linear_cross_entropy": {"dpo": "trl.DPOTrainer", "grpo": "trl.GRPOTrainer", "kto": "trl.KTOTrainer"},
+    "fused_linear_cross_entropy": {"dpo": "trl.DPOTrainer", "grpo": "trl.GRPOTrainer", "kto": "trl.KTOTrainer",
+                                   "rloo": "trl.RLOOTrainer"},
 }
 
 
