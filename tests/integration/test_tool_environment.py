@@ -32,9 +32,12 @@ def test_calculator_episodes_raise_the_reward_and_tool_results_are_not_trained(t
     tok = AutoTokenizer.from_pretrained(sft / "final")
     for e in answered:
         ids, labels, tool_mask = e["completion_ids"], e["labels"], e["tool_mask"]
-        result = [i for i, m in enumerate(tool_mask) if m == 0 and i < len(ids)]
-        real_end = max(i for i, label in enumerate(labels) if label != -100) + 1
-        result = [i for i in result if i < real_end]
+        # The episode without its padding (untrained pad tokens at the end); an episode may end with the tool
+        # turn itself, when the call was its last allowed turn.
+        real_end = len(ids)
+        while real_end and ids[real_end - 1] == tok.pad_token_id and labels[real_end - 1] == -100:
+            real_end -= 1
+        result = [i for i, m in enumerate(tool_mask[:real_end]) if m == 0]
         assert result and all(labels[i] == -100 for i in result)
         # The masked tokens are exactly the tool turn: the calculator's value of the call's expression.
         expression = re.search(r'"expression": "([^"]*)"', e["completion"]).group(1)
