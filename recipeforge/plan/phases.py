@@ -78,7 +78,9 @@ def phase_peaks(recipe: Recipe, w: Workload, hw: Hardware, ev: Evaluation) -> li
     persistent = sum(part[k] for k in PERSISTENT)
     offloaded = mem.cpu_per_node / procs if not cpu else 0.0
     base_host = PROCESS_HOST_BYTES + offloaded
-    sharded = bool(layout.spec.shards_weights(layout)) and not cpu
+    # Shards spread over more than one process: a single process holds its whole weights already, so
+    # its save and load gather nothing
+    sharded = bool(layout.spec.shards_weights(layout)) and not cpu and layout.data_parallel > 1
     psi, c = w.model.total_params(), float(w.compute_bytes)
 
     def row(phase: str, device: float, host: float, note: str, first_only: float = 0.0) -> PhasePeak:
@@ -117,15 +119,21 @@ def largest_host_phase(peaks: list[PhasePeak]) -> PhasePeak:
     return max(peaks, key=lambda p: p.host_per_node)
 
 
-def check_host_phases(peaks: list[PhasePeak], hw: Hardware, headroom: float) -> None:
+def check_host_phases(peaks: list[PhasePeak], hw: Hardware, headroom: float) -> str | None:
     """Refuse a run whose largest phase does not fit the node's host RAM, naming the phase (the train
-    step is checked with the layout; load, save and merge come after it here)."""
+    step is checked with the layout; load, save and merge come after it here). When the RAM is only
+    assumed (a target named without `hardware.cpu_ram_gb`), the shortfall is returned as a warning
+    instead: the plan cannot know the node's memory, and the user is told what to check."""
     ram, known = hw.host_ram_gb()
     usable = headroom * ram * GIB
     worst = largest_host_phase(peaks)
     if worst.host_per_node <= usable or worst.phase == "train":
-        return
-    where = "hardware.cpu_ram_gb" if known else "assumed for the target (no hardware.cpu_ram_gb)"
+        return None
+    if not known:
+        return (f"the {worst.phase} phase needs {worst.host_per_node / GIB:.1f} GB of host RAM per node "
+                f"({worst.note}), above the {usable / GIB:.1f} GB usable of the {ram:.0f} GB assumed for the target; "
+                "set hardware.cpu_ram_gb to the node's RAM to have the plan check it")
+    where = "hardware.cpu_ram_gb"
     fixes = {"save": "set adapter.type: lora (final/ is then the adapter alone), or plan for a node with more "
                      "RAM (hardware.cpu_ram_gb); a final save written shard by shard is not available yet",
              "merge": "set output.merge_adapter: false and merge later with `recipeforge export` on a larger "
@@ -134,5 +142,5 @@ def check_host_phases(peaks: list[PhasePeak], hw: Hardware, headroom: float) -> 
              "eval": "lower data.sequence_len or the micro batch"}
     raise RecipeError(f"the {worst.phase} phase needs {worst.host_per_node / GIB:.1f} GB of host RAM per node "
                       f"({worst.note}), and {usable / GIB:.1f} GB is usable ({headroom:.0%} of {ram:.0f} GB, "
-                      f"{where})", key="hardware" if not known else "hardware.cpu_ram_gb",
+                      f"{where})", key="hardware.cpu_ram_gb",
                       hint=fixes[worst.phase])

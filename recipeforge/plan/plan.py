@@ -64,7 +64,9 @@ def make_plan(recipe: Recipe, hardware: Hardware | None = None, planners: Planne
         _raise_no_fit(recipe, w, hw, decision, planners)
     ev = decision.chosen
     peaks = phase_peaks(recipe, w, hw, ev)  # the whole run's: load, train, eval, save, merge
-    check_host_phases(peaks, hw, dist.memory_headroom)
+    short = check_host_phases(peaks, hw, dist.memory_headroom)
+    if short is not None:
+        decision.warnings.append(short)
     plan = _build_plan(recipe, w, hw, ev, decision, model_source)
     plan = replace(plan, extra=replace(plan.extra, phases=[p.as_dict() for p in peaks]))
     # Workers read the precision from its reason's value (`stages.precision`); tf32 is settled on the GPU.

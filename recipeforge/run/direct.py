@@ -50,4 +50,9 @@ def _prepare(loaded: LoadedRecipe, plan: Plan, run: RunDir, opts: LaunchOptions,
         prepare_run(loaded, plan, run, overwrite=overwrite, force=force)
     path = run.root / SPEC_NAME
     spec_for(loaded, opts, plan_path=run.plan, run_dir=run.root, outcome=None).write(path)
-    return WorkerSpec.read_trusted(path)
+    try:
+        return WorkerSpec.read_trusted(path)
+    finally:
+        # The other ranks get the spec over the process group; its overrides and environment values may
+        # hold credentials, which the run directory must not keep.
+        path.unlink(missing_ok=True)

@@ -28,7 +28,12 @@ def train_here(loaded: LoadedRecipe, plan: Plan, run: RunDir, opts: LaunchOption
             "process trains inside this command (no launcher); rerun the command to resume")
     preemption.install()  # SIGTERM/SIGUSR1/Ctrl-C: save a checkpoint at the end of the step, then stop
     prepare_run(loaded, plan, run, overwrite=overwrite, force=force)
-    spec_for(loaded, opts, plan_path=run.plan, run_dir=run.root, outcome=None).write(run.root / SPEC_NAME)
-    run_worker(WorkerSpec.read_trusted(run.root / SPEC_NAME), loaded, DistInfo())
+    path = run.root / SPEC_NAME
+    spec_for(loaded, opts, plan_path=run.plan, run_dir=run.root, outcome=None).write(path)
+    try:
+        spec = WorkerSpec.read_trusted(path)
+    finally:
+        path.unlink(missing_ok=True)  # its overrides and environment values may hold credentials
+    run_worker(spec, loaded, DistInfo())
     finish_run(loaded, plan, run)
     return run.root

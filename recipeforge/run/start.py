@@ -22,7 +22,13 @@ def start_workers(spec: LaunchSpec, run: RunDir) -> None:
     outcome_path = spec.outcome_path or run.root / OUTCOME_NAME
     outcome_path.unlink(missing_ok=True)  # an earlier launch's
     lock = run_lock.held(run.root)
-    code = run_launcher(spec, log=log, pass_fds=(lock.fd,) if lock is not None else ())
+    try:
+        code = run_launcher(spec, log=log, pass_fds=(lock.fd,) if lock is not None else ())
+    finally:
+        # The workers read their spec when they start (elastic restarts too, within the launcher); its
+        # overrides and environment values may hold credentials, which the run directory must not keep.
+        if spec.spec_path is not None:
+            spec.spec_path.unlink(missing_ok=True)
     outcome = read_outcome(outcome_path)
     if outcome is not None and outcome.kind == OutcomeKind.PREEMPTED:
         raise preemption.Preempted.from_dict(outcome.preempted or {})

@@ -9,8 +9,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 RUN_FILES = {"README.md", "resolved_recipe.yaml", "recipe.lock.yaml", "plan.json", "environment.json",
-             "metrics.jsonl", "loss.png", "worker.json",  # how the worker was started (settings, recipe)
-             ".recipeforge-owned"}  # the marker: --overwrite may replace it
+             "metrics.jsonl", "loss.png", ".recipeforge-owned"}  # the marker: --overwrite may replace it
 OPTIONAL = {"logs"}  # library warnings, when there were any (outputs.console)
 FINAL_FULL = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
               "tokenizer_config.json", "chat_template.jinja"}

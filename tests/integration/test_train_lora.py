@@ -23,7 +23,7 @@ def test_lora_run_dir_files(tiny, lora_run):
     top = {p.name for p in lora_run.iterdir()} - {"logs"}  # logs/: library warnings, when there were any
     assert top == {"README.md", "resolved_recipe.yaml", "recipe.lock.yaml", "plan.json", "environment.json",
                    "metrics.jsonl", "loss.png", "checkpoints", "final", "merged", "base_model",
-                   "phase_memory", "worker.json", ".recipeforge-owned"}  # the marker that lets --overwrite replace this folder
+                   "phase_memory", ".recipeforge-owned"}  # the marker that lets --overwrite replace this folder
     final = tiny.files(lora_run / "final")
     assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= final
     assert "model.safetensors" not in final  # only the adapter
