@@ -23,6 +23,9 @@ import pytest
 playwright = pytest.importorskip("playwright.sync_api")
 CHROMIUM = os.environ.get("RECIPEFORGE_CHROMIUM", "/usr/bin/chromium")
 if not Path(CHROMIUM).is_file():
+    if "RECIPEFORGE_CHROMIUM" in os.environ:  # named by .ci/ui, which installed it: missing is a failure
+        pytest.fail(f"RECIPEFORGE_CHROMIUM names {CHROMIUM}, which is not a file", pytrace=False)
+    # a contributor's machine without Chromium: the browser tier needs it (apt-get install chromium; .ci/ui does)
     pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium; .ci/ui does)", allow_module_level=True)
 
 REPO = Path(__file__).resolve().parents[2]
