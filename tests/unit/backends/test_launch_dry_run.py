@@ -191,7 +191,9 @@ def test_workers_get_the_spec_path_and_the_flags_in_the_spec_nothing_else(tmp_pa
     assert code == 0, out
     lines = out.splitlines()
     command = shlex.split(lines[lines.index("# command") + 1])
-    start = command.index("-m")
+    # the launcher itself may be `python -m accelerate.commands.launch` (no `accelerate` script beside the
+    # interpreter, as in a virtual environment over the system's packages): the worker's module comes last
+    start = len(command) - 1 - command[::-1].index("-m")
     spec_path = tmp_path / "run" / "worker.json"
     assert command[start:] == ["-m", "recipeforge.run.worker", str(spec_path)]
     env_at = lines.index("# environment (added to the current one)") + 1
