@@ -19,20 +19,18 @@ needs CUDA, so this backend runs on GPUs only.
 
 from __future__ import annotations
 
-import importlib
 import json
-import math
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from recipeforge.backends.base import BackendSpec, Log
 from recipeforge.capabilities import BackendCapabilities, Preset
 from recipeforge.stage_specs import Stage
 from recipeforge.errors import Problem, RecipeError
 from recipeforge.plan.backend_spec import Candidate
-from recipeforge.plan.estimators import zero_model_states
-from recipeforge.plan.memory import Layout, assign_trainable, optimizer_state_bytes
+from recipeforge.backends.megatron_plan import megatron_states, parallel_sizes
+from recipeforge.plan.memory import Layout
 from recipeforge.plan.types import Choice, Plan
 
 if TYPE_CHECKING:
@@ -48,26 +46,6 @@ if TYPE_CHECKING:
 NAME = "megatron"
 # Presets are generated for each tensor x pipeline split: tp{T}_pp{P}[_offload].
 PRESET_PATTERN = re.compile(r"^tp(\d+)_pp(\d+)(_offload)?$")
-
-# ConfigContainer field -> Megatron-Bridge 0.6 class (module, name). Built with keyword arguments, so a
-# field the installed version does not have fails at construction instead of being dropped.
-SECTIONS = {
-    "train": ("megatron.bridge.training.config", "TrainingConfig"),
-    "validation": ("megatron.bridge.training.config", "ValidationConfig"),
-    "optimizer": ("megatron.bridge.training.config", "OptimizerConfig"),
-    "scheduler": ("megatron.bridge.training.config", "SchedulerConfig"),
-    "ddp": ("megatron.bridge.training.config", "DistributedDataParallelConfig"),
-    "checkpoint": ("megatron.bridge.training.config", "CheckpointConfig"),
-    "logger": ("megatron.bridge.training.config", "LoggerConfig"),
-    "tokenizer": ("megatron.bridge.training.config", "TokenizerConfig"),
-    "rng": ("megatron.bridge.training.config", "RNGConfig"),
-    "dist": ("megatron.bridge.training.config", "DistributedInitConfig"),
-    "rerun_state_machine": ("megatron.bridge.training.config", "RerunStateMachineConfig"),
-    "peft": ("megatron.bridge.peft.lora", "LoRA"),
-}
-DATASETS = {"sft": ("megatron.bridge.data.builders", "GPTSFTDatasetConfig")}
-PACKING = ("megatron.bridge.data.packing", "PackedSequenceSpecs")
-DTYPES = ("params_dtype", "pipeline_dtype")  # written as names in the pure translation
 
 
 def megatron_installed() -> bool:
@@ -213,6 +191,8 @@ class MegatronBackend(BackendSpec):
         """The Megatron stage's configuration builder (the stage never imports a backend)."""
         from functools import partial
 
+        from recipeforge.backends.megatron_container import build_config
+
         return {"build_config": partial(build_config, ctx)}
 
     def save_final(self, ctx: StageContext, trainer: Any, model: torch.nn.Module, tokenizer: Any) -> Path | None:
@@ -220,131 +200,3 @@ class MegatronBackend(BackendSpec):
 
     def runtime_report(self, trainer: Any) -> dict[str, Any]:
         return {}
-
-
-def converted_base(recipe: Recipe, run_root: Path) -> Path:
-    """The converted checkpoint `prepare_launch` left (same cache key); an error when it is missing."""
-    from recipeforge.backends.megatron_convert import _cache_root, base_checkpoint, cache_key
-    from recipeforge.backends.megatron_weights import layer_spec_name
-    from recipeforge.components.tiny_spec import tiny_arch
-
-    m = recipe.model
-    entry = run_root / "megatron_base" if tiny_arch(m.name_or_path) else \
-        _cache_root() / cache_key(m.name_or_path, m.revision, m.trust_remote_code, layer_spec_name())
-    if not (entry / "done.json").is_file():
-        raise RecipeError(f"no converted Megatron checkpoint of {m.name_or_path} at {entry}",
-                          key="model.name_or_path",
-                          hint="start the run with `recipeforge train` (it converts before launching) or run "
-                               "`recipeforge convert-checkpoint RECIPE` first; on several nodes, "
-                               "$RECIPEFORGE_CACHE must be on a shared filesystem")
-    return base_checkpoint(entry)
-
-
-def build_config(ctx: StageContext, *, data: dict[str, Any], train_iters: int) -> Any:
-    """The Megatron-Bridge `ConfigContainer` for this worker (called by the Megatron stage runner)."""
-    from recipeforge.backends.megatron_config import megatron_config
-
-    recipe = ctx.recipe
-    settings = megatron_config(ctx.plan, recipe, run_dir=ctx.run.root, data=data, train_iters=train_iters,
-                               base_checkpoint=converted_base(recipe, ctx.run.root))
-    return build_container(settings, recipe, hf_path=_hf_path(recipe, ctx.run.root))
-
-
-def _hf_path(recipe: Recipe, run_root: Path) -> str:
-    from recipeforge.components.tiny_spec import tiny_arch
-
-    return str(run_root / "base_model") if tiny_arch(recipe.model.name_or_path) else recipe.model.name_or_path
-
-
-def construct(section: str, klass: Callable[..., Any], values: dict[str, Any]) -> Any:
-    """`klass(**values)`: a field the installed Megatron-Bridge lacks is an error naming it."""
-    import torch
-
-    values = {k: getattr(torch, v) if k in DTYPES and isinstance(v, str) else v for k, v in values.items()}
-    try:
-        return klass(**values)
-    except TypeError as exc:
-        raise RecipeError(f"the installed Megatron-Bridge does not take {section} settings {sorted(values)}: {exc}",
-                          key="distributed.backend",
-                          hint="install the version the `megatron` extra pins: pip install 'recipeforge[megatron]'") \
-            from None
-
-
-def _class(spec: tuple[str, str]) -> Any:
-    module, name = spec
-    return getattr(importlib.import_module(module), name)
-
-
-def build_container(settings: dict[str, Any], recipe: Recipe, *, hf_path: str) -> Any:
-    """The `ConfigContainer` from `megatron_config`'s sections, every dataclass built with keywords."""
-    from recipeforge.backends.megatron_bridge import auto_bridge
-
-    from megatron.bridge.training.config import ConfigContainer
-
-    m = recipe.model
-    provider = auto_bridge().from_hf_pretrained(hf_path, trust_remote_code=m.trust_remote_code) \
-        .to_megatron_provider(load_weights=False)
-    for key, value in settings["model"].items():  # the provider exists already: set, but only known fields
-        if not hasattr(provider, key):
-            raise RecipeError(f"the installed Megatron-Bridge's model provider has no field {key}",
-                              key="distributed.backend", hint="pip install 'recipeforge[megatron]'")
-        import torch
-
-        setattr(provider, key, getattr(torch, value) if key in DTYPES and isinstance(value, str) else value)
-    sections = {name: construct(name, _class(spec), settings[name])
-                for name, spec in SECTIONS.items() if settings.get(name) is not None}
-    dataset = dict(settings["dataset"])
-    kind = dataset.pop("kind")
-    specs = dataset.pop("offline_packing_specs", None)
-    if specs is not None:
-        dataset["offline_packing_specs"] = construct("offline_packing_specs", _class(PACKING), specs)
-    sections["dataset"] = construct("dataset", _class(DATASETS[kind]), dataset)
-    return ConfigContainer(model=provider, mixed_precision=settings.get("mixed_precision"), **sections)
-
-
-# ----------------------------------------------------------------------------- planning helpers
-
-def parallel_sizes(w: Workload, hw: Hardware, every_split: bool = False) -> list[tuple[int, int]]:
-    """(TP, PP) pairs, smallest model-parallel size first. For automatic planning each size uses the
-    largest tensor-parallel degree that stays inside a node and divides the attention heads, the rest
-    becomes pipeline stages (Narayanan et al. 2021: TP within a node, PP across nodes); a pinned
-    split may be any valid pair (`every_split`)."""
-    m, g = w.model, hw.num_gpus
-    valid_tp = [tp for tp in (1, 2, 4, 8) if tp <= hw.gpus_per_node and not m.num_heads % tp
-                and not m.num_kv_heads % tp]
-    sizes = []
-    for mp in range(1, g + 1):
-        if g % mp:
-            continue
-        tps = [t for t in valid_tp if mp % t == 0]
-        for tp in sorted(tps, reverse=True)[: None if every_split else 1]:
-            if mp // tp <= m.num_layers:
-                sizes.append((tp, mp // tp))
-    return sizes
-
-
-def megatron_states(w: Workload, layout: Layout, part: dict[str, float], trainable: float, frozen_bytes: float) -> float:
-    """Megatron-Core: 16-bit weights, fp32 main gradients, and fp32 master weights + Adam states
-    sharded over data-parallel ranks by the distributed optimizer (6 + 12/d bytes per parameter),
-    on the most loaded pipeline stage's share of the tensor-parallel split."""
-    m, c = w.model, w.compute_bytes
-    tp, pp, dp = layout.tensor_parallel, layout.pipeline_parallel, layout.data_parallel
-    layers = math.ceil(m.num_layers / pp)
-    if pp == 1:
-        local_params = m.total_params()
-    else:  # the first stage holds the embedding, the last the output layer (a copy when tied)
-        local_params = layers * m.layer_params() + max(m.embedding_params(), m.vocab_size * m.hidden_size)
-    local = local_params / tp
-    share = local / m.total_params()
-    local_trainable = trainable * share
-    k = (4 if w.dtype != "fp32" else 0) + optimizer_state_bytes(w.optimizer, 4, m.hidden_size)
-    ww, gg, oo = zero_model_states(local_trainable, dp, 1, weight_bytes=c, grad_bytes=4, optimizer_bytes=k)
-    frozen = frozen_bytes * share
-    cpu = 0.0
-    if layout.offload != "none":
-        # HybridDeviceOptimizer with offload_fraction 1.0: fp32 master weights, Adam states and a
-        # copy of the gradients on the host for every rank of the node
-        cpu = (oo + local_trainable * 4 / dp) * layout.gpus_per_node
-        oo = 0.0
-    assign_trainable(w, part, ww, gg, oo, frozen)
-    return cpu

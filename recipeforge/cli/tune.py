@@ -48,10 +48,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def cmd_tune_lr(args: argparse.Namespace) -> int:
     """Run the range test and print the suggested rate, its override and the plot's path."""
-    from recipeforge.run.tuning import check_range, lr_range_test
+    from recipeforge.run.range_checks import check_range
     from recipeforge.stages.lr_range import RULE
 
-    check_range(args.start, args.end, args.steps)  # before anything loads
+    check_range(args.start, args.end, args.steps)  # before training's modules load
+    from recipeforge.run.tuning import lr_range_test
+
     out = lr_range_test(args.recipe, list(args.overrides), start=args.start, end=args.end, steps=args.steps,
                         overwrite=args.overwrite, flags=flag_values(args))
     r = out.result

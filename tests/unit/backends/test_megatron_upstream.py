@@ -45,7 +45,7 @@ def _settings(load, tmp_path, *overrides):
 @pytest.mark.parametrize("overrides", [(), ("adapter.type=lora", "train.scheduler=wsd", "logging.tensorboard=true",
                                             "train.optimizer=sgd", "distributed.offload=none")])
 def test_every_section_builds_with_keywords(load, tmp_path, overrides):
-    from recipeforge.backends.megatron import DATASETS, PACKING, SECTIONS, _class, construct
+    from recipeforge.backends.megatron_container import DATASETS, PACKING, SECTIONS, _class, construct
 
     settings = _settings(load, tmp_path, *overrides)
     for name, spec in SECTIONS.items():
@@ -61,7 +61,7 @@ def test_every_section_builds_with_keywords(load, tmp_path, overrides):
 
 
 def test_an_unknown_field_fails_at_construction():
-    from recipeforge.backends.megatron import SECTIONS, _class, construct
+    from recipeforge.backends.megatron_container import SECTIONS, _class, construct
     from recipeforge.errors import RecipeError
 
     with pytest.raises(RecipeError, match="does not take optimizer settings"):
