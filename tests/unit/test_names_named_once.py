@@ -50,7 +50,7 @@ def named_literals(path: Path) -> list[str]:
 
 def test_the_scan_sees_a_literal():
     assert named_literals(PACKAGE / "backends" / "deepspeed.py") == []  # its own name only
-    assert named_literals(PACKAGE / "backends" / "megatron.py")  # names Megatron-Bridge's "sft" dataset kind
+    assert named_literals(PACKAGE / "backends" / "megatron_container.py")  # names Megatron-Bridge's "sft" dataset kind
 
 
 def test_no_backend_or_stage_name_in_the_planner_stages_run_or_cli():
