@@ -379,7 +379,6 @@ def _expert_parallel_hooks(ctx: StageContext) -> WorkerHooks:
     from recipeforge.stages.context import WorkerHooks
 
     plan = ctx.plan
-    expert_parallel.check_resume(plan, ctx.resume_from)
 
     def load_sharded(path: str, *, dtype: torch.dtype, attn_implementation: str,
                      revision: str | None = None, trust_remote_code: bool = False) -> Any:

@@ -143,11 +143,45 @@ def test_validate_refuses_what_no_backend_record_runs(overrides, fix):
     assert problems and fix in (problems[0].hint or ""), [(p.key, p.message) for p in err.value.problems]
 
 
-def test_validate_refuses_expert_parallel_on_the_cpu():
+FULL = ["adapter.type=none", "output.merge_adapter=false"]
+
+
+def test_validate_takes_expert_parallel_on_the_cpu():
+    """The fsdp backend's record lists expert_parallel among its CPU sizes: a CPU-only recipe validates."""
+    loaded = load_recipe(ROOT / "examples" / "yaml" / "tiny" / "moe-lora.yaml", [*FULL, "distributed.expert_parallel=2"])
+    assert loaded.recipe.distributed.expert_parallel == 2
+
+
+@pytest.mark.parametrize(("overrides", "said", "fix"), [
+    ([*FULL, "distributed.expert_parallel=3"], "8 experts per MoE layer", "[2, 4, 8]"),
+    (["distributed.expert_parallel=2"], "LoRA on the routed experts", "moe.lora_experts: false"),
+    ([*FULL, "distributed.expert_parallel=2", "distributed.backend=deepspeed"], "not the deepspeed backend",
+     "distributed.backend: fsdp"),
+    ([*FULL, "distributed.expert_parallel=2", "model.name_or_path=tiny:llama"], "no routed experts",
+     "expert_parallel: 1"),
+])
+def test_validate_refuses_expert_parallel_that_cannot_run(overrides, said, fix):
     with pytest.raises(RecipeError) as err:
-        load_recipe(ROOT / "examples" / "yaml" / "tiny" / "moe-lora.yaml", ["distributed.expert_parallel=2"])
-    assert err.value.problems[0].key == "distributed.expert_parallel"
-    assert "CPU" in err.value.problems[0].message
+        load_recipe(ROOT / "examples" / "yaml" / "tiny" / "moe-lora.yaml", overrides)
+    problems = [p for p in err.value.problems if p.key == "distributed.expert_parallel"]
+    assert problems and said in problems[0].message and fix in (problems[0].hint or ""), \
+        [(p.key, p.message) for p in err.value.problems]
+
+
+def test_cpu_plan_spreads_the_experts_over_the_processes():
+    from recipeforge.plan.world import plan_for_world
+
+    r = load_recipe(ROOT / "examples" / "yaml" / "tiny" / "moe-lora.yaml",
+                    [*FULL, "distributed.expert_parallel=2", "distributed.backend=fsdp",
+                     "train.micro_batch_size=auto"]).recipe
+    p = plan_for_world(r, nproc_per_node=2)
+    assert (p.backend, p.world_size, p.data_parallel) == ("fsdp", 2, 2)
+    assert p.reasons["expert_parallel"].value == 2 and "4 of the 8 experts" in p.reasons["expert_parallel"].reason
+    for nproc, fix in ((None, "--nproc-per-node 2"), (3, "--nproc-per-node 2")):
+        with pytest.raises(RecipeError) as err:
+            plan_for_world(r, nproc_per_node=nproc)
+        problem = err.value.problems[0]
+        assert problem.key == "distributed.expert_parallel" and fix in (problem.hint or "")
 
 
 def test_expert_lora_merged_weights_are_counted_and_warned_about():
