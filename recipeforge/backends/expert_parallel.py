@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     import torch
 
     from recipeforge.plan.types import Plan
-    from recipeforge.stages.context import StageContext
+    from recipeforge.stages.context import StageContext, WorkerHooks
 
 KEY = "distributed.expert_parallel"
 LAYOUT_FILE = "expert_parallel.json"   # in a checkpoint: the size it was saved with
@@ -53,10 +53,11 @@ def distributed_config_kwargs(plan: Plan) -> dict[str, int]:
     """Keyword arguments of transformers' ``DistributedConfig`` for an expert-parallel plan: experts over
     ``ep_size`` ranks, FSDP2 over the data-parallel ranks of a replica (the experts' replicas, ``fsdp_size``
     / ``ep_size`` of them, shard each rank's experts further)."""
-    from recipeforge.backends.parallelism import sizes
-
-    s = sizes(plan)
-    return {"ep_size": size(plan), "fsdp_size": s["dp_shard"], "dp_replicate_size": s["dp_replicate"]}
+    part = plan.backend_part  # FSDP2's mesh (`backends.fsdp.FSDPPart`): replicas x ranks each shards over
+    replicate = max(1, int(getattr(part, "dp_replicate", 1)))
+    shard = int(getattr(part, "dp_shard", 0))
+    shard = shard if shard > 1 else plan.data_parallel // replicate
+    return {"ep_size": size(plan), "fsdp_size": shard, "dp_replicate_size": replicate}
 
 
 def load(path: str, plan: Plan, *, dtype: torch.dtype, attn_implementation: str, revision: str | None = None,
@@ -69,6 +70,27 @@ def load(path: str, plan: Plan, *, dtype: torch.dtype, attn_implementation: str,
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation,
                                                 revision=revision, trust_remote_code=trust_remote_code,
                                                 distributed_config=DistributedConfig(**distributed_config_kwargs(plan)))
+
+
+def worker_hooks(ctx: StageContext) -> WorkerHooks:
+    """The fsdp backend's worker hooks for an expert-parallel plan: the model loaded by `load` (a
+    random-init base is written to base_model/ first, then read), and once the trainer exists, this
+    rank's report (`write_rank_report`, kept for backend.json) and the checkpoint hooks (`attach`)."""
+    from recipeforge.stages.context import WorkerHooks
+
+    plan = ctx.plan
+
+    def load_sharded(path: str, *, dtype: torch.dtype, attn_implementation: str,
+                     revision: str | None = None, trust_remote_code: bool = False) -> Any:
+        return load(path, plan, dtype=dtype, attn_implementation=attn_implementation, revision=revision,
+                    trust_remote_code=trust_remote_code)
+
+    def prepare(trainer: Any) -> None:
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        trainer.rf_expert_parallel = write_rank_report(ctx, model)
+        attach(trainer, ctx)
+
+    return WorkerHooks(load_sharded=load_sharded, prepare_trainer=prepare)
 
 
 def held(model: Any) -> dict[str, Any]:
@@ -122,8 +144,9 @@ def original_format(model: Any) -> None:
     weights (a random-init base written by the run) carries an empty list of the conversions it went
     through, with which transformers writes the fused layout back; without it, transformers uses the
     model type's default mapping."""
-    if getattr(model, "_weight_conversions", None) == []:
-        del model._weight_conversions
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a peft wrapper
+    if vars(base).get("_weight_conversions") == []:
+        del base._weight_conversions
 
 
 def saved_size(checkpoint: Path) -> int:
@@ -191,11 +214,11 @@ def save_state(trainer: Any, folder: Path, ep: int) -> None:
     """Write the sharded model and optimizer state (DCP), the scheduler and this rank's RNG state into
     the checkpoint `folder`. Collective: every rank writes its own shards."""
     import torch
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
     model_state, optim_state = _states(trainer, optimizer=trainer.optimizer is not None)
     state = {"model": model_state} if optim_state is None else {"model": model_state, "optimizer": optim_state}
-    dcp.save(state, checkpoint_id=str(folder / STATE_DIR))
+    dcp_save(state, checkpoint_id=str(folder / STATE_DIR))
     trainer._save_rng_state(str(folder))
     if trainer.args.should_save:
         if trainer.lr_scheduler is not None:
@@ -207,8 +230,8 @@ def load_state(trainer: Any, folder: Path, *, optimizer: bool) -> None:
     """Read the DCP shards of a checkpoint back into the sharded model (and, with `optimizer`, into the
     optimizer and scheduler the Trainer has built). Collective."""
     import torch
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
     if not (folder / STATE_DIR).is_dir():
         raise RecipeError(f"{folder} holds no expert-parallel state ({STATE_DIR}/)", key=KEY,
@@ -217,7 +240,7 @@ def load_state(trainer: Any, folder: Path, *, optimizer: bool) -> None:
     model = trainer.accelerator.unwrap_model(trainer.model)
     model_state, optim_state = _states(trainer, optimizer=optimizer)
     state = {"model": model_state} if optim_state is None else {"model": model_state, "optimizer": optim_state}
-    dcp.load(state, checkpoint_id=str(folder / STATE_DIR))
+    dcp_load(state, checkpoint_id=str(folder / STATE_DIR))
     if optim_state is None:
         set_model_state_dict(model, state["model"])
         return

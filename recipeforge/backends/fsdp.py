@@ -220,9 +220,9 @@ class FSDPBackend(BackendSpec):
         return fsdp_sharding(plan) == "hybrid_shard"
 
     def accelerate_config(self, plan: Plan, recipe: Recipe, run_dir: Path) -> dict[str, Any]:
-        from recipeforge.backends import expert_parallel, parallelism
+        from recipeforge.backends import parallelism
 
-        if expert_parallel.size(plan) > 1:
+        if parallelism.expert_parallel(plan):
             # Experts (and FSDP2 over the rest) sharded by transformers at load, as for tensor parallel.
             return {"distributed_type": "MULTI_GPU"}
         if parallelism.tensor_parallel(plan):
@@ -251,15 +251,15 @@ class FSDPBackend(BackendSpec):
         """On the CPU, the process state Accelerate turns into FSDP (see the module); with tensor
         parallelism, the stage loads the model sharded (`parallelism.load_tensor_parallel`); a 4-bit
         QLoRA base and any random-init model are read or made shard by shard (`sharded_loading`)."""
-        from recipeforge.backends import expert_parallel, parallelism
+        from recipeforge.backends import parallelism
         from recipeforge.components.tiny_spec import tiny_arch
         from recipeforge.stages.context import WorkerHooks
 
         if ctx.plan.device != "cuda":
             configure_cpu_state()
 
-        if expert_parallel.size(ctx.plan) > 1:
-            return _expert_parallel_hooks(ctx)
+        if parallelism.expert_parallel(ctx.plan):
+            return parallelism.expert_parallel_hooks(ctx)
         if parallelism.tensor_parallel(ctx.plan):
             plan = ctx.plan
 
@@ -285,16 +285,16 @@ class FSDPBackend(BackendSpec):
     def trainer_kwargs(self, ctx: StageContext) -> dict[str, Any]:
         from transformers import TrainingArguments
 
-        from recipeforge.backends import expert_parallel, parallelism
+        from recipeforge.backends import parallelism
 
         if parallelism.tensor_parallel(ctx.plan):
             # A model sharded at load: the Trainer prepares it without Accelerate's FSDP plugin, and
             # checkpoints its weights only (transformers cannot resume such a model's optimizer).
             return {"parallelism_config": parallelism.parallelism_config(ctx.plan), "save_only_model": True,
                     **_cpu_kwargs(ctx.plan)}
-        if expert_parallel.size(ctx.plan) > 1:
+        if parallelism.expert_parallel(ctx.plan):
             # Sharded at load too (experts over the ep mesh, FSDP2 over the rest): the Trainer saves the
-            # weights, `expert_parallel.attach` the sharded optimizer state next to them.
+            # weights, `backends.expert_parallel.attach` the sharded optimizer state next to them.
             return {"save_only_model": True, **_cpu_kwargs(ctx.plan)}
         p = self.plugin(ctx.plan, ctx.recipe)
         config: dict[str, Any] = {"version": 2, "auto_wrap_policy": p["auto_wrap_policy"],
@@ -319,11 +319,11 @@ class FSDPBackend(BackendSpec):
         return kwargs
 
     def save_final(self, ctx: StageContext, trainer: Any, model: torch.nn.Module, tokenizer: Any) -> Path | None:
-        from recipeforge.backends import expert_parallel, parallelism
+        from recipeforge.backends import parallelism
 
-        if parallelism.tensor_parallel(ctx.plan) or expert_parallel.size(ctx.plan) > 1:
+        if parallelism.tensor_parallel(ctx.plan) or parallelism.expert_parallel(ctx.plan):
             # Collective: DTensor shards (tensor or expert plan and FSDP2) gathered into full CPU tensors.
-            expert_parallel.original_format(model)
+            parallelism.original_format(model)
             return full_state_dict_save(ctx, model, tokenizer, gathered_state_dict(trainer.model))
         # Collective: the shards are all-gathered into a full CPU state dict on the main process.
         state_dict = trainer.accelerator.get_state_dict(trainer.model)
@@ -359,7 +359,7 @@ class FSDPBackend(BackendSpec):
                                      "tp": pc.tp_size, "cp": pc.cp_size}
         report["tp_size"] = getattr(model, "tp_size", None) or 1
         held = getattr(trainer, "rf_expert_parallel", None)
-        if held is not None:  # this rank's experts, read from the model at load (`expert_parallel.held`)
+        if held is not None:  # this rank's experts, read from the model at load (`backends.expert_parallel`)
             report["expert_parallel"] = held
         # QLoRA: bitsandbytes' 4-bit linears, whose packed weights (16-bit words) FSDP2 shards too
         # (bitsandbytes' own class: peft's LoRA wrapper of such a layer is named Linear4bit too)
@@ -369,28 +369,6 @@ class FSDPBackend(BackendSpec):
             report["quantized_modules"] = len(quantized)
             report["quantized_dtensor_weights"] = sum(1 for m in quantized if isinstance(m.weight, DTensor))
         return report
-
-
-def _expert_parallel_hooks(ctx: StageContext) -> WorkerHooks:
-    """Worker hooks of an expert-parallel plan: transformers loads the model with its experts split
-    (`backends.expert_parallel`); each rank reports what it holds, and the trainer checkpoints and
-    resumes the sharded optimizer state."""
-    from recipeforge.backends import expert_parallel
-    from recipeforge.stages.context import WorkerHooks
-
-    plan = ctx.plan
-
-    def load_sharded(path: str, *, dtype: torch.dtype, attn_implementation: str,
-                     revision: str | None = None, trust_remote_code: bool = False) -> Any:
-        return expert_parallel.load(path, plan, dtype=dtype, attn_implementation=attn_implementation,
-                                    revision=revision, trust_remote_code=trust_remote_code)
-
-    def prepare(trainer: Any) -> None:
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        trainer.rf_expert_parallel = expert_parallel.write_rank_report(ctx, model)
-        expert_parallel.attach(trainer, ctx)
-
-    return WorkerHooks(load_sharded=load_sharded, prepare_trainer=prepare)
 
 
 def configure_cpu_state() -> None:

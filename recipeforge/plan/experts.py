@@ -119,7 +119,7 @@ def expert_reasons(recipe: Recipe, w: Workload, hw: Hardware, ev: Evaluation) ->
                               hint=f"try distributed.expert_parallel: auto (sizes {options})")
         reasons["expert_parallel"] = Choice(size, f"recipe sets it; {_compare(terms, size)}")
     else:
-        size, why = _choose(terms, ev, layout, hw, auto=pinned == "auto")
+        size, why = _choose(terms, ev, layout, hw, auto=pinned == "auto", adapter=recipe.adapter.type)
         reasons["expert_parallel"] = Choice(size, why)
     t = terms[size] if runs_expert_parallel(layout) else _held(w, terms[1])
     peak = ev.memory.total + t.delta
@@ -256,10 +256,15 @@ def runs_expert_parallel(layout: Layout) -> bool:
 
 
 def _choose(terms: dict[int, ExpertTerms], ev: Evaluation, layout: Layout, hw: Hardware, *,
-            auto: bool) -> tuple[int, str]:
+            auto: bool, adapter: str = "none") -> tuple[int, str]:
     backend = layout.backend
     if hw.device != "cuda":
-        return 1, "expert parallel runs on GPUs; one process holds every expert"
+        return 1, ("one process holds every expert (distributed.expert_parallel: N with --nproc-per-node N splits "
+                   "them over gloo processes)")
+    if auto and adapter != "none" and runs_expert_parallel(layout):
+        best = min(terms, key=lambda n: (terms[n].traffic, n))
+        return 1, (f"auto: an adapter run keeps every expert on each GPU (expert parallel trains full fine-tunes: "
+                   f"peft's adapters need whole weights, docs/moe.md); for a full fine-tune: {_compare(terms, best)}")
     if not runs_expert_parallel(layout):
         best = min(terms, key=lambda n: (terms[n].traffic, n))
         return 1, (f"{backend} holds every expert on every GPU and gathers none; expert parallel composes with FSDP2 "

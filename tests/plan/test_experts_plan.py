@@ -41,14 +41,20 @@ def test_example_on_8_h100_searches_expert_parallel_and_prints_the_terms():
     assert p.reasons["moe_lora"].value == "attention+experts"
 
 
-def test_auto_on_fsdp_picks_the_least_traffic_that_fits(recipe):
+def test_auto_keeps_every_expert_for_an_adapter_run(recipe):
     r = recipe(A3B, adapter={"type": "lora", "dropout": 0.0},
                distributed={"backend": "fsdp", "expert_parallel": "auto"})
-    p = plan(r, "8xH100-80GB")
+    ep = plan(r, "8xH100-80GB").reasons["expert_parallel"]
+    assert ep.value == 1 and "adapter run keeps every expert" in ep.reason and "EP 8" in ep.reason
+
+
+def test_auto_on_fsdp_picks_the_least_traffic_that_fits(recipe):
+    r = recipe(A3B, distributed={"backend": "fsdp", "expert_parallel": "auto"})  # a full fine-tune
+    p = plan(r, "8xH200-141GB")
     assert p.reasons["expert_parallel"].value == 8  # 16 experts per rank, nothing gathered across the node
     assert "16 experts per rank" in p.reasons["expert_memory"].reason
     # fewer GPUs per node: the search stops at the node
-    p4 = plan(r, "4xH100-80GB")
+    p4 = plan(r, "4xH200-141GB")
     assert p4.reasons["expert_parallel"].value == 4
 
 
@@ -154,7 +160,8 @@ def test_validate_takes_expert_parallel_on_the_cpu():
 
 @pytest.mark.parametrize(("overrides", "said", "fix"), [
     ([*FULL, "distributed.expert_parallel=3"], "8 experts per MoE layer", "[2, 4, 8]"),
-    (["distributed.expert_parallel=2"], "LoRA on the routed experts", "moe.lora_experts: false"),
+    (["distributed.expert_parallel=2"], "LoRA on the routed experts", "adapter.type: none"),
+    (["distributed.expert_parallel=2", "moe.lora_experts=false"], "trains full fine-tunes", "adapter.type: none"),
     ([*FULL, "distributed.expert_parallel=2", "distributed.backend=deepspeed"], "not the deepspeed backend",
      "distributed.backend: fsdp"),
     ([*FULL, "distributed.expert_parallel=2", "model.name_or_path=tiny:llama"], "no routed experts",

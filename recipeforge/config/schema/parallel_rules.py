@@ -88,11 +88,12 @@ def expert_parallel_refusals(recipe: Any, backend: str, every: Mapping[str, Any]
         out.append(ParallelRefusal(key, f"{recipe.model.name_or_path} has no routed experts to split",
                                    "set distributed.expert_parallel: 1 (expert parallel is for mixture-of-experts "
                                    "models)"))
-    if recipe.adapter.type != "none" and _experts_adapted(recipe):
-        out.append(ParallelRefusal(key, "LoRA on the routed experts (peft target_parameters) wraps the fused expert "
-                                        "weights whole, and expert parallel splits them over ranks",
-                                   "set moe.lora_experts: false (LoRA on attention, experts frozen), "
-                                   "adapter.type: none, or distributed.expert_parallel: 1"))
+    if recipe.adapter.type != "none":
+        why = ("LoRA on the routed experts (peft target_parameters) builds W + B@A from whole expert weights, which "
+               "expert parallel splits over ranks" if _experts_adapted(recipe) else
+               f"expert parallel trains full fine-tunes ({recipe.adapter.type} on a model sharded at load is not run)")
+        out.append(ParallelRefusal(key, why, "set adapter.type: none (a full fine-tune), or "
+                                             "distributed.expert_parallel: 1"))
     return out
 
 
