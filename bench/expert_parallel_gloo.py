@@ -75,15 +75,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: the model folder, run one process
     args = parser.parse_args(argv)
     if args.worker:
-        print("RESULT " + json.dumps(train(Path(args.worker), args.steps)), flush=True)
+        # one file per rank: the ranks' stdout lines interleave under torchrun
+        result = train(Path(args.worker), args.steps)
+        (Path(args.worker).parent / f"result-{result['rank']}-{os.environ.get('WORLD_SIZE', '1')}.json").write_text(
+            json.dumps(result))
         return
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "tiny-moe"
         build(path)
         me = [sys.executable, str(Path(__file__).resolve()), "--worker", str(path), "--steps", str(args.steps)]
-        single = _results(subprocess.run(me, capture_output=True, text=True))
+        single = _results(subprocess.run(me, capture_output=True, text=True), Path(tmp), 1)
         multi = _results(subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-                                         str(args.processes), *me[1:]], capture_output=True, text=True))
+                                         str(args.processes), *me[1:]], capture_output=True, text=True),
+                         Path(tmp), args.processes)
     one = single[0]["losses"]
     print(f"1 process: experts held per layer {single[0]['experts_held']}")
     for r in sorted(multi, key=lambda r: r["rank"]):
@@ -97,8 +101,8 @@ def main(argv: list[str] | None = None) -> None:
               + f"  {mean:13.5f}  {abs(mean - loss):.1e}")
 
 
-def _results(proc: subprocess.CompletedProcess) -> list[dict]:
-    found = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+def _results(proc: subprocess.CompletedProcess, folder: Path, world: int) -> list[dict]:
+    found = [json.loads(p.read_text()) for p in sorted(folder.glob(f"result-*-{world}.json"))]
     if proc.returncode != 0 or not found:
         raise SystemExit(f"a run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     return found

@@ -37,6 +37,8 @@ WORDS = ("the a cow dog cat duck sheep says moo woof meow quack what does is of 
 SMOKE_CONFIG = {"vocab_size": 2048, "hidden_size": 64,
                 "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
                 "max_position_embeddings": 4096, "tie_word_embeddings": False}
+# A mixture of experts at the smoke check's sizes: 8 experts of 2 per token, split evenly over 2 or 4 ranks.
+SMOKE_MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
 
 
 def model_dir(name: str, smoke: bool, out: Path) -> Path:
@@ -48,6 +50,8 @@ def model_dir(name: str, smoke: bool, out: Path) -> Path:
     path = out / "smoke-models" / name
     path.mkdir(parents=True, exist_ok=True)
     config = {**json.loads((MODELS / name / "config.json").read_text()), **SMOKE_CONFIG}
+    if "num_experts" in config:
+        config.update(SMOKE_MOE)
     config.pop("head_dim", None)
     (path / "config.json").write_text(json.dumps(config))
     return path

@@ -44,6 +44,7 @@ class Case:
     weights: bool = False             # start from written random-init weights instead of model.init: random
     gpu_only: tuple[str, ...] = ()    # a recipe key refused on a CPU (fp8): smoke plans it for GPU_TARGET instead
     teacher: str | None = None        # distill: the colocated teacher's model (random-init weights, written once)
+    processes: int = 1                # GPUs (processes) the case trains on: --nproc-per-node; a CPU smoke runs gloo
 
 
 LORA = {"adapter": {"type": "lora", "r": 16, "alpha": 32, "target_modules": "all-linear"}}
@@ -83,6 +84,13 @@ CASES = [
                            "rewards": [{"name": "length", "args": {"target": 24, "unit": "chars"}}]}},
          stage="grpo", seq=512, global_batch=8, micro_batch=4, needs=("trl",),
          note="HF generate rollouts (vLLM has no small wheel for this machine)"),
+    Case("moe-full-1b", "qwen3-moe-1b", {"distributed": {"backend": "fsdp"}}, seq=2048, micro_batch=2,
+         note="a Qwen3-MoE shape (64 experts, 8 per token) fully fine-tuned on one GPU: every expert on the rank, "
+              "grouped_mm experts; the reference of moe-ep2-1b"),
+    Case("moe-ep2-1b", "qwen3-moe-1b", {"distributed": {"backend": "fsdp", "expert_parallel": 2}}, seq=2048,
+         micro_batch=2, processes=2,
+         note="moe-full-1b with expert parallel 2 on 2 GPUs: 32 experts per rank, tokens by NCCL all-to-all, "
+              "FSDP2 over the rest (transformers' ep_size); needs 2 GPUs"),
     Case("megatron-sft-1b", "llama-3.2-1b", MEGATRON, seq=2048, needs=("megatron",), weights=True,
          note="Megatron-Bridge's loop (TP 1, PP 1); loss and memory in Megatron's own log, not the run's records"),
     Case("megatron-sft-lora-1b", "llama-3.2-1b", {**LORA, **MEGATRON}, seq=2048, needs=("megatron",),
@@ -124,15 +132,24 @@ def run_case(case: Case, out: Path, steps: int, smoke: bool) -> dict:
     missing = [p for p in case.needs if importlib.util.find_spec(p) is None]
     if missing:
         return {**row, "status": "skipped", "why": f"not installed: {', '.join(missing)}"}
+    launch = ("--nproc-per-node", str(case.processes)) if case.processes > 1 else ()
+    if launch and not smoke:
+        import torch
+
+        if torch.cuda.device_count() < case.processes:
+            return {**row, "status": "skipped",
+                    "why": f"needs {case.processes} GPUs, this machine has {torch.cuda.device_count()}"}
     recipe = recipe_of(case, out, steps, smoke)
     if smoke and case.gpu_only:
         return smoke_gpu_only(case, recipe, row)
     try:
-        plan = common.plan_json(recipe)
+        plan = common.plan_json(recipe, *launch)
     except RuntimeError as exc:
         return {**row, "status": "plan failed", "why": common.tail(str(exc))}
     from recipeforge.plan.memory import measured_view
 
+    if launch:  # the experts each rank held, read from its model in the run (backends.expert_parallel)
+        row["processes"] = case.processes
     row.update(backend=plan["backend"], adapter=case.settings.get("adapter", {}).get("type", "none"),
                precision=plan["extra"].get("precision"), micro_batch=plan["micro_batch_size"],
                gradient_checkpointing=plan["gradient_checkpointing"],
@@ -140,7 +157,7 @@ def run_case(case: Case, out: Path, steps: int, smoke: bool) -> dict:
                plan_allocated_gb=round(measured_view(plan["memory_gb"], "allocated"), 2),
                plan_terms=plan["memory_gb"])
     run_dir = out / "runs" / case.name
-    proc, wall = common.train(recipe, run_dir, timeout=common.CASE_TIMEOUT_S["smoke" if smoke else "gpu"])
+    proc, wall = common.train(recipe, run_dir, *launch, timeout=common.CASE_TIMEOUT_S["smoke" if smoke else "gpu"])
     row["wall_s"] = round(wall, 1)
     if proc.returncode != 0:
         common.prune(run_dir)
@@ -148,6 +165,10 @@ def run_case(case: Case, out: Path, steps: int, smoke: bool) -> dict:
                 "deps": common.case_deps(run_dir, common.MODELS / case.model / "config.json")}
     seq = min(case.seq, 256) if smoke else case.seq
     got = common.measured(run_dir, seq=seq, global_batch=case.global_batch)
+    held = sorted((run_dir / "expert_parallel").glob("rank*.json"))
+    if held:
+        row["experts_per_rank"] = [[layer["experts"] for layer in json.loads(p.read_text())["layers"]][0]
+                                   for p in held]
     common.prune(run_dir)
     row.update(got, status="ok", deps=common.case_deps(run_dir, common.MODELS / case.model / "config.json"))
     if got["measured_reserved_gb"] and row["plan_gb"]:

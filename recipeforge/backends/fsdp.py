@@ -91,11 +91,11 @@ class FSDPBackend(BackendSpec):
         quantization_bits=(4,), offload=("none", "optimizer+params"),
         parallel_sizes=("tensor_parallel", "context_parallel", "data_parallel_replicate", "data_parallel_shard",
                         "expert_parallel"),
-        cpu_parallel_sizes=("tensor_parallel",), cpu_offload=("none",),
+        cpu_parallel_sizes=("tensor_parallel", "expert_parallel"), cpu_offload=("none",),
         presets=tuple(p.name for p in PRESETS),
         why={"cpu_offload": "FSDP2 offload moves weights between an accelerator and host memory; on the CPU "
                             "they are in host memory already (the CPUOffloadPolicy of torch needs an accelerator)",
-             "cpu_parallel": "on the CPU every process shards the model (tensor parallel inside); context "
+             "cpu_parallel": "on the CPU every process shards the model (tensor or expert parallel inside); context "
                              "parallel (ring attention) needs CUDA, and replica/shard mesh sizes are for GPU nodes",
              "quant_bits": "FSDP shards 4-bit weights stored as bf16/fp16 words (bnb_4bit_quant_storage); "
                            "8-bit weights are int8 with per-row scales and do not shard",
@@ -222,6 +222,9 @@ class FSDPBackend(BackendSpec):
     def accelerate_config(self, plan: Plan, recipe: Recipe, run_dir: Path) -> dict[str, Any]:
         from recipeforge.backends import parallelism
 
+        if parallelism.expert_parallel(plan):
+            # Experts (and FSDP2 over the rest) sharded by transformers at load, as for tensor parallel.
+            return {"distributed_type": "MULTI_GPU"}
         if parallelism.tensor_parallel(plan):
             # transformers shards the model at load (tensor plan + FSDP2); Accelerate's FSDP plugin
             # would shard it again, so the job runs as MULTI_GPU with the matching ParallelismConfig.
@@ -255,6 +258,8 @@ class FSDPBackend(BackendSpec):
         if ctx.plan.device != "cuda":
             configure_cpu_state()
 
+        if parallelism.expert_parallel(ctx.plan):
+            return parallelism.expert_parallel_hooks(ctx)
         if parallelism.tensor_parallel(ctx.plan):
             plan = ctx.plan
 
@@ -287,6 +292,10 @@ class FSDPBackend(BackendSpec):
             # checkpoints its weights only (transformers cannot resume such a model's optimizer).
             return {"parallelism_config": parallelism.parallelism_config(ctx.plan), "save_only_model": True,
                     **_cpu_kwargs(ctx.plan)}
+        if parallelism.expert_parallel(ctx.plan):
+            # Sharded at load too (experts over the ep mesh, FSDP2 over the rest): the Trainer saves the
+            # weights, `backends.expert_parallel.attach` the sharded optimizer state next to them.
+            return {"save_only_model": True, **_cpu_kwargs(ctx.plan)}
         p = self.plugin(ctx.plan, ctx.recipe)
         config: dict[str, Any] = {"version": 2, "auto_wrap_policy": p["auto_wrap_policy"],
                   "reshard_after_forward": p["reshard_after_forward"], "cpu_offload": p["cpu_offload"],
@@ -312,8 +321,9 @@ class FSDPBackend(BackendSpec):
     def save_final(self, ctx: StageContext, trainer: Any, model: torch.nn.Module, tokenizer: Any) -> Path | None:
         from recipeforge.backends import parallelism
 
-        if parallelism.tensor_parallel(ctx.plan):
-            # Collective: DTensor shards (tensor plan and FSDP2) gathered into full CPU tensors.
+        if parallelism.tensor_parallel(ctx.plan) or parallelism.expert_parallel(ctx.plan):
+            # Collective: DTensor shards (tensor or expert plan and FSDP2) gathered into full CPU tensors.
+            parallelism.original_format(model)
             return full_state_dict_save(ctx, model, tokenizer, gathered_state_dict(trainer.model))
         # Collective: the shards are all-gathered into a full CPU state dict on the main process.
         state_dict = trainer.accelerator.get_state_dict(trainer.model)
@@ -348,6 +358,9 @@ class FSDPBackend(BackendSpec):
             report["parallelism"] = {"dp_replicate": pc.dp_replicate_size, "dp_shard": pc.dp_shard_size,
                                      "tp": pc.tp_size, "cp": pc.cp_size}
         report["tp_size"] = getattr(model, "tp_size", None) or 1
+        held = getattr(trainer, "rf_expert_parallel", None)
+        if held is not None:  # this rank's experts, read from the model at load (`backends.expert_parallel`)
+            report["expert_parallel"] = held
         # QLoRA: bitsandbytes' 4-bit linears, whose packed weights (16-bit words) FSDP2 shards too
         # (bitsandbytes' own class: peft's LoRA wrapper of such a layer is named Linear4bit too)
         quantized = [m for m in model.modules()

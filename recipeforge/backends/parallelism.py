@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     import torch
 
     from recipeforge.plan.types import Plan
+    from recipeforge.stages.context import StageContext, WorkerHooks
 
 
 @runtime_checkable
@@ -51,6 +52,26 @@ def sizes(plan: Plan) -> dict[str, int]:
 def tensor_parallel(plan: Plan) -> bool:
     """Whether the model is loaded sharded with its tensor-parallel plan."""
     return isinstance(plan.backend_part, MeshPart) and plan.tensor_parallel > 1
+
+
+def expert_parallel(plan: Plan) -> bool:
+    """Whether the model is loaded with its experts split over ranks (`backends.expert_parallel`)."""
+    chosen = plan.reasons.get("expert_parallel")
+    return isinstance(plan.backend_part, MeshPart) and chosen is not None and int(chosen.value) > 1
+
+
+def expert_parallel_hooks(ctx: StageContext) -> WorkerHooks:
+    """Worker hooks of an expert-parallel plan (`backends.expert_parallel.worker_hooks`)."""
+    from recipeforge.backends.expert_parallel import worker_hooks
+
+    return worker_hooks(ctx)
+
+
+def original_format(model: Any) -> None:
+    """`backends.expert_parallel.original_format`: final/ in the model's own checkpoint layout."""
+    from recipeforge.backends.expert_parallel import original_format as keep_layout
+
+    keep_layout(model)
 
 
 def context_parallel(plan: Plan) -> bool:

@@ -177,6 +177,15 @@ def experts_adapted(moe: MoEConfig, dropout: float) -> bool:
     return bool(moe.lora_experts) if moe.lora_experts is not None else not dropout
 
 
+def global_experts(experts: Any) -> int:
+    """The routed experts of a layer, all ranks together: under expert parallel the module's
+    `num_experts` is this rank's share, while its fused weights (DTensors) keep the global shape."""
+    weights = [p for p in experts.parameters(recurse=False) if p.dim() == 3]
+    if weights:
+        return int(weights[0].shape[0])
+    return int(getattr(experts, "num_experts", 0))
+
+
 class ExpertLoad:
     """Tokens routed to each expert of each MoE layer, and the auxiliary loss, between two logs.
 
@@ -198,7 +207,7 @@ class ExpertLoad:
     def _counter(self, index: int, experts: Any) -> Callable[..., None]:
         import torch
 
-        num = int(getattr(experts, "num_experts", 0))
+        num = global_experts(experts)
 
         def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             # Gradient checkpointing runs the layer's forward again inside backward: count it once.
@@ -208,7 +217,7 @@ class ExpertLoad:
             if top_k is None:
                 return
             ids = top_k.detach().reshape(-1)
-            ids = ids[(ids >= 0) & (ids < num)]  # expert parallel marks other ranks' experts past the range
+            ids = ids[(ids >= 0) & (ids < num)]  # padding slots (-1) are no expert
             counts = torch.bincount(ids, minlength=num).cpu()
             seen = self.counts[index]
             self.counts[index] = counts if seen is None else seen + counts

@@ -100,6 +100,15 @@ def expert_reasons(recipe: Recipe, w: Workload, hw: Hardware, ev: Evaluation) ->
     reasons = {"experts": implementation(recipe, hw)}
     if recipe.adapter.type != "none":
         reasons["moe_lora"] = lora_reason(recipe)
+    if pinned != "auto" and int(pinned) > 1 and hw.device != "cuda":
+        size = int(pinned)
+        reasons["expert_parallel"] = _cpu_pinned(recipe, m, size)
+        terms[size] = _terms(w, ev, size, lora=lora)
+        t = terms[size]
+        reasons["expert_memory"] = Choice(round((t.resident + t.gathered + t.router + t.all_to_all + t.headroom
+                                                 + t.lora_merged) / GIB, 2),
+                                          t.describe() + f"; peak with it {(ev.memory.total + t.delta) / GIB:.1f} GB")
+        return reasons
     if pinned != "auto" and int(pinned) > 1:
         size = int(pinned)
         _check_pinned(recipe, m, layout, hw, size, options)
@@ -110,7 +119,7 @@ def expert_reasons(recipe: Recipe, w: Workload, hw: Hardware, ev: Evaluation) ->
                               hint=f"try distributed.expert_parallel: auto (sizes {options})")
         reasons["expert_parallel"] = Choice(size, f"recipe sets it; {_compare(terms, size)}")
     else:
-        size, why = _choose(terms, ev, layout, hw, auto=pinned == "auto")
+        size, why = _choose(terms, ev, layout, hw, auto=pinned == "auto", adapter=recipe.adapter.type)
         reasons["expert_parallel"] = Choice(size, why)
     t = terms[size] if runs_expert_parallel(layout) else _held(w, terms[1])
     peak = ev.memory.total + t.delta
@@ -168,10 +177,18 @@ def _fsdp_group(layout: Layout, hw: Hardware) -> int:
     return min(per_node, shard)
 
 
+def _cpu_pinned(recipe: Recipe, m: ModelSpec, size: int) -> Choice:
+    """A pinned size on the CPU: the experts split over `size` gloo processes (the launch spreads the
+    one-process plan over them: `plan.world` checks the process count)."""
+    if m.num_experts % size:
+        divisors = [n for n in range(2, m.num_experts + 1) if m.num_experts % n == 0]
+        raise RecipeError(f"{m.num_experts} experts per layer do not split evenly over {size} processes", key=KEY,
+                          hint=f"use one of {divisors}, or 1")
+    return Choice(size, f"recipe sets it: {m.num_experts // size} of the {m.num_experts} experts of each MoE layer "
+                        f"per process, tokens exchanged by all-to-all over gloo (transformers' expert-parallel plan)")
+
+
 def _check_pinned(recipe: Recipe, m: ModelSpec, layout: Layout, hw: Hardware, size: int, options: list[int]) -> None:
-    if hw.device != "cuda":
-        raise RecipeError("expert parallel runs on GPUs (NCCL all-to-all); this plan is for the CPU", key=KEY,
-                          hint="set distributed.expert_parallel: 1")
     if not runs_expert_parallel(layout):
         raise RecipeError(f"expert parallel composes with FSDP2, and the plan chose {layout.backend}", key=KEY,
                           hint="set distributed.backend: fsdp, or distributed.expert_parallel: 1")
@@ -239,10 +256,15 @@ def runs_expert_parallel(layout: Layout) -> bool:
 
 
 def _choose(terms: dict[int, ExpertTerms], ev: Evaluation, layout: Layout, hw: Hardware, *,
-            auto: bool) -> tuple[int, str]:
+            auto: bool, adapter: str = "none") -> tuple[int, str]:
     backend = layout.backend
     if hw.device != "cuda":
-        return 1, "expert parallel runs on GPUs; one process holds every expert"
+        return 1, ("one process holds every expert (distributed.expert_parallel: N with --nproc-per-node N splits "
+                   "them over gloo processes)")
+    if auto and adapter != "none" and runs_expert_parallel(layout):
+        best = min(terms, key=lambda n: (terms[n].traffic, n))
+        return 1, (f"auto: an adapter run keeps every expert on each GPU (expert parallel trains full fine-tunes: "
+                   f"peft's adapters need whole weights, docs/moe.md); for a full fine-tune: {_compare(terms, best)}")
     if not runs_expert_parallel(layout):
         best = min(terms, key=lambda n: (terms[n].traffic, n))
         return 1, (f"{backend} holds every expert on every GPU and gathers none; expert parallel composes with FSDP2 "

@@ -59,6 +59,7 @@ def _plan_for_world(recipe: Recipe, *, nnodes: int | None, nproc_per_node: int |
                          model_parallel=_cpu_parallel_key(d))
         if found:
             raise found[0].error()
+    _check_cpu_expert_parallel(d, world)
     if world == 1:
         return make_plan(recipe, hw, planners)
     # The planner sizes one CPU process; plan that, then spread it over the world: memory per
@@ -71,7 +72,26 @@ def _cpu_parallel_key(d: DistributedConfig) -> str | None:
     """The first parallel size above 1 the recipe pins, replicas included (a CPU job is one mesh of
     shards, `data_parallel_shard` being every data-parallel process)."""
     return parallel_key(d.tensor_parallel, d.pipeline_parallel, d.context_parallel) or \
+        ("expert_parallel" if (d.pinned_size("expert_parallel") or 1) > 1 else None) or \
         ("data_parallel_replicate" if (d.pinned_size("data_parallel_replicate") or 1) > 1 else None)
+
+
+def _check_cpu_expert_parallel(d: DistributedConfig, world: int) -> None:
+    """A pinned expert-parallel size on the CPU splits the experts over that many of the job's processes
+    (transformers' ``ep_size``, which must divide the data-parallel processes); refuse a world it does not
+    fit, and tensor parallel beside it (on the CPU each runs alone)."""
+    ep = d.pinned_size("expert_parallel") or 1
+    if ep <= 1:
+        return
+    if world % ep:
+        raise RecipeError(f"expert parallel {ep} splits the experts over {ep} processes, and this CPU job has "
+                          f"{world}", key="distributed.expert_parallel",
+                          hint=f"train with --nproc-per-node {ep} (or a multiple of it), or set "
+                               "distributed.expert_parallel: 1")
+    if (d.pinned_size("tensor_parallel") or 1) > 1:
+        raise RecipeError("expert parallel and tensor parallel together are not run on the CPU",
+                          key="distributed.expert_parallel",
+                          hint="set distributed.tensor_parallel: 1, or distributed.expert_parallel: 1")
 
 
 def _gpu_target(hw: Hardware, nnodes: int | None, nproc_per_node: int | None) -> Hardware:

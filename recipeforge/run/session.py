@@ -39,6 +39,9 @@ def stage_context(loaded: LoadedRecipe, plan: Plan, run: RunDir, backend: Backen
                   resume_from: Path | None) -> StageContext:
     """The one context of this worker: the backend sets itself up on a first one (`setup_worker`),
     and its hooks and trainer arguments complete the context the stage gets."""
+    from recipeforge.backends.expert_parallel import check_resume
+
+    check_resume(plan, resume_from)  # an expert-sharded optimizer state resumes at its own size only
     ctx = StageContext(loaded=loaded, plan=plan, run=run, resume_from=resume_from, dist=dist,
                        save_final=backend.save_final, barrier=w.barrier if dist.world_size > 1 else _no_wait)
     hooks = backend.setup_worker(ctx)

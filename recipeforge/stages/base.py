@@ -331,13 +331,6 @@ class TrainerStage:
         if not layers:
             return None
         m = self.recipe.moe
-        planned = self.context.plan.reasons.get("expert_parallel")
-        if planned is not None and int(planned.value) > 1:
-            # The plan sizes it (`plan.experts`); training over an expert-parallel mesh is not run here yet.
-            raise RecipeError(f"this run is planned with expert parallel {planned.value}, and expert-parallel "
-                              "training is planned only in this release", key="distributed.expert_parallel",
-                              location=self.ctx.locate(("distributed", "expert_parallel")),
-                              hint="set distributed.expert_parallel: 1 (FSDP2 shards the experts with the rest)")
         impl = moe.configure(model, m, location=self.ctx.locate(("moe", "experts_implementation")))
         if self.recipe.adapter.type == "none":
             moe.set_router_trainable(model, m.train_router)

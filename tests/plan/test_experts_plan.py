@@ -41,14 +41,20 @@ def test_example_on_8_h100_searches_expert_parallel_and_prints_the_terms():
     assert p.reasons["moe_lora"].value == "attention+experts"
 
 
-def test_auto_on_fsdp_picks_the_least_traffic_that_fits(recipe):
+def test_auto_keeps_every_expert_for_an_adapter_run(recipe):
     r = recipe(A3B, adapter={"type": "lora", "dropout": 0.0},
                distributed={"backend": "fsdp", "expert_parallel": "auto"})
-    p = plan(r, "8xH100-80GB")
+    ep = plan(r, "8xH100-80GB").reasons["expert_parallel"]
+    assert ep.value == 1 and "adapter run keeps every expert" in ep.reason and "EP 8" in ep.reason
+
+
+def test_auto_on_fsdp_picks_the_least_traffic_that_fits(recipe):
+    r = recipe(A3B, distributed={"backend": "fsdp", "expert_parallel": "auto"})  # a full fine-tune
+    p = plan(r, "8xH200-141GB")
     assert p.reasons["expert_parallel"].value == 8  # 16 experts per rank, nothing gathered across the node
     assert "16 experts per rank" in p.reasons["expert_memory"].reason
     # fewer GPUs per node: the search stops at the node
-    p4 = plan(r, "4xH100-80GB")
+    p4 = plan(r, "4xH200-141GB")
     assert p4.reasons["expert_parallel"].value == 4
 
 
@@ -143,11 +149,46 @@ def test_validate_refuses_what_no_backend_record_runs(overrides, fix):
     assert problems and fix in (problems[0].hint or ""), [(p.key, p.message) for p in err.value.problems]
 
 
-def test_validate_refuses_expert_parallel_on_the_cpu():
+FULL = ["adapter.type=none", "output.merge_adapter=false"]
+
+
+def test_validate_takes_expert_parallel_on_the_cpu():
+    """The fsdp backend's record lists expert_parallel among its CPU sizes: a CPU-only recipe validates."""
+    loaded = load_recipe(ROOT / "examples" / "yaml" / "tiny" / "moe-lora.yaml", [*FULL, "distributed.expert_parallel=2"])
+    assert loaded.recipe.distributed.expert_parallel == 2
+
+
+@pytest.mark.parametrize(("overrides", "said", "fix"), [
+    ([*FULL, "distributed.expert_parallel=3"], "8 experts per MoE layer", "[2, 4, 8]"),
+    (["distributed.expert_parallel=2"], "LoRA on the routed experts", "adapter.type: none"),
+    (["distributed.expert_parallel=2", "moe.lora_experts=false"], "trains full fine-tunes", "adapter.type: none"),
+    ([*FULL, "distributed.expert_parallel=2", "distributed.backend=deepspeed"], "not the deepspeed backend",
+     "distributed.backend: fsdp"),
+    ([*FULL, "distributed.expert_parallel=2", "model.name_or_path=tiny:llama"], "no routed experts",
+     "expert_parallel: 1"),
+])
+def test_validate_refuses_expert_parallel_that_cannot_run(overrides, said, fix):
     with pytest.raises(RecipeError) as err:
-        load_recipe(ROOT / "examples" / "yaml" / "tiny" / "moe-lora.yaml", ["distributed.expert_parallel=2"])
-    assert err.value.problems[0].key == "distributed.expert_parallel"
-    assert "CPU" in err.value.problems[0].message
+        load_recipe(ROOT / "examples" / "yaml" / "tiny" / "moe-lora.yaml", overrides)
+    problems = [p for p in err.value.problems if p.key == "distributed.expert_parallel"]
+    assert problems and said in problems[0].message and fix in (problems[0].hint or ""), \
+        [(p.key, p.message) for p in err.value.problems]
+
+
+def test_cpu_plan_spreads_the_experts_over_the_processes():
+    from recipeforge.plan.world import plan_for_world
+
+    r = load_recipe(ROOT / "examples" / "yaml" / "tiny" / "moe-lora.yaml",
+                    [*FULL, "distributed.expert_parallel=2", "distributed.backend=fsdp",
+                     "train.micro_batch_size=auto"]).recipe
+    p = plan_for_world(r, nproc_per_node=2)
+    assert (p.backend, p.world_size, p.data_parallel) == ("fsdp", 2, 2)
+    assert p.reasons["expert_parallel"].value == 2 and "4 of the 8 experts" in p.reasons["expert_parallel"].reason
+    for nproc, fix in ((None, "--nproc-per-node 2"), (3, "--nproc-per-node 2")):
+        with pytest.raises(RecipeError) as err:
+            plan_for_world(r, nproc_per_node=nproc)
+        problem = err.value.problems[0]
+        assert problem.key == "distributed.expert_parallel" and fix in (problem.hint or "")
 
 
 def test_expert_lora_merged_weights_are_counted_and_warned_about():

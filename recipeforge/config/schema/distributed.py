@@ -54,8 +54,8 @@ class DistributedConfig(Section):
                        "`DistributedConfig.ep_size`), composed with FSDP2 over the rest. `auto`: the planner "
                        "searches the sizes that divide the experts and the FSDP group and picks the one with the "
                        "least traffic per step that fits; every MoE plan shows that search and its memory terms "
-                       "(docs/moe.md). Plans only in this release: a run planned with a size above 1 is refused "
-                       "when it starts.")
+                       "(docs/moe.md). On the CPU a pinned size splits the experts over that many gloo "
+                       "processes (`--nproc-per-node`). Not with LoRA on the routed experts.")
     fsdp_sharding: Literal["full_shard", "hybrid_shard", "shard_grad_op"] = Field(
         "full_shard", description="FSDP sharding strategy.")
     memory_headroom: float = Field(

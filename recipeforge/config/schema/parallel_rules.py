@@ -79,4 +79,42 @@ def expert_parallel_refusals(recipe: Any, backend: str, every: Mapping[str, Any]
     if d.pipeline_parallel > 1:
         out.append(ParallelRefusal(key, "expert parallel does not combine with pipeline parallel (Megatron)",
                                    "set distributed.expert_parallel: 1, or distributed.pipeline_parallel: 1"))
+    experts = _known_experts(recipe.model.name_or_path)
+    if experts is not None and experts % ep:
+        divisors = [n for n in range(2, experts + 1) if experts % n == 0]
+        out.append(ParallelRefusal(key, f"{recipe.model.name_or_path} has {experts} experts per MoE layer, which do "
+                                        f"not split evenly over {ep} ranks", f"use one of {divisors}, or 1"))
+    elif experts is None and _known_dense(recipe.model.name_or_path):
+        out.append(ParallelRefusal(key, f"{recipe.model.name_or_path} has no routed experts to split",
+                                   "set distributed.expert_parallel: 1 (expert parallel is for mixture-of-experts "
+                                   "models)"))
+    if recipe.adapter.type != "none":
+        why = ("LoRA on the routed experts (peft target_parameters) builds W + B@A from whole expert weights, which "
+               "expert parallel splits over ranks" if _experts_adapted(recipe) else
+               f"expert parallel trains full fine-tunes ({recipe.adapter.type} on a model sharded at load is not run)")
+        out.append(ParallelRefusal(key, why, "set adapter.type: none (a full fine-tune), or "
+                                             "distributed.expert_parallel: 1"))
     return out
+
+
+def _known_experts(name: str) -> int | None:
+    """The routed experts per layer of a built-in tiny model (known without reading a config); None
+    for a dense tiny model or any other model (the planner checks those)."""
+    from recipeforge.components.tiny_spec import TINY_CONFIGS, tiny_arch
+
+    arch = tiny_arch(name)
+    value = TINY_CONFIGS.get(arch or "", {}).get("num_experts") if arch else None
+    return int(value) if value else None
+
+
+def _known_dense(name: str) -> bool:
+    from recipeforge.components.tiny_spec import tiny_arch
+
+    return tiny_arch(name) is not None
+
+
+def _experts_adapted(recipe: Any) -> bool:
+    """Whether LoRA reaches the experts: `moe.lora_experts`, or when unset, an adapter without dropout
+    (`components.moe.experts_adapted`)."""
+    flag = recipe.moe.lora_experts
+    return bool(flag) if flag is not None else not recipe.adapter.dropout
