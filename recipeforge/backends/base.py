@@ -168,10 +168,11 @@ class BackendSpec(PlannerSpec):
     def save_final(self, ctx: StageContext, trainer: Any, model: torch.nn.Module, tokenizer: Any) -> Path | None:
         """Write final/ on the main process; every process calls this (gathering may be collective)."""
         from recipeforge.outputs.weights import save_pretrained_atomic
-        from recipeforge.stages.precision import final_weights_dtype
+        from recipeforge.stages.precision import final_shard_bytes, final_weights_dtype
 
         if ctx.dist.is_main:
-            save_pretrained_atomic(model, tokenizer, ctx.run.final, dtype=final_weights_dtype(ctx.recipe, ctx.plan))
+            save_pretrained_atomic(model, tokenizer, ctx.run.final, dtype=final_weights_dtype(ctx.recipe, ctx.plan),
+                                   max_shard_size=final_shard_bytes(ctx.recipe))
         return ctx.run.final
 
     def runtime_report(self, trainer: Any) -> dict[str, Any]:
@@ -198,7 +199,7 @@ def full_state_dict_save(ctx: StageContext, model: torch.nn.Module, tokenizer: A
                          state_dict: dict[str, Any] | None) -> Path:
     """Write final/ from a gathered full state dict (main process only), atomically."""
     from recipeforge.outputs.weights import save_pretrained_atomic
-    from recipeforge.stages.precision import final_weights_dtype
+    from recipeforge.stages.precision import final_shard_bytes, final_weights_dtype
 
     out = ctx.run.final
     if not ctx.dist.is_main:
@@ -206,5 +207,6 @@ def full_state_dict_save(ctx: StageContext, model: torch.nn.Module, tokenizer: A
     if state_dict is None:
         raise RuntimeError("gathering the sharded weights returned nothing on the main process")
     saved: Path = save_pretrained_atomic(model, tokenizer, out, state_dict=state_dict,
-                                         dtype=final_weights_dtype(ctx.recipe, ctx.plan))
+                                         dtype=final_weights_dtype(ctx.recipe, ctx.plan),
+                                         max_shard_size=final_shard_bytes(ctx.recipe))
     return saved

@@ -311,7 +311,23 @@ class FSDPBackend(BackendSpec):
 
     def save_final(self, ctx: StageContext, trainer: Any, model: torch.nn.Module, tokenizer: Any) -> Path | None:
         from recipeforge.backends import parallelism
+        from recipeforge.outputs.weights import is_peft
 
+        if not is_peft(model):
+            # Full weights: written tensor by tensor (collective), so rank 0 never holds the whole model.
+            from recipeforge.outputs.streamed_save import save_streamed
+            from recipeforge.stages.precision import final_shard_bytes, final_weights_dtype
+
+            streamed = save_streamed(model, trainer.model, tokenizer, ctx.run.final, is_main=ctx.dist.is_main,
+                                     dtype=final_weights_dtype(ctx.recipe, ctx.plan),
+                                     max_shard_size=final_shard_bytes(ctx.recipe))
+            if streamed is not None:
+                return streamed
+            if ctx.dist.is_main:
+                from recipeforge.log import log
+
+                log("final/: this model's checkpoint layout combines tensors (weight converters), so its "
+                    "full state dict is gathered on rank 0 to write it")
         if parallelism.tensor_parallel(ctx.plan):
             # Collective: DTensor shards (tensor plan and FSDP2) gathered into full CPU tensors.
             return full_state_dict_save(ctx, model, tokenizer, gathered_state_dict(trainer.model))
