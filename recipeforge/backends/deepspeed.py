@@ -140,6 +140,10 @@ class DeepSpeedBackend(BackendSpec):
     def plan_shards_weights(self, plan: Plan) -> bool:
         return zero_part(plan).zero_stage == 3
 
+    def final_save_fix(self, w: Workload) -> str:
+        # ZeRO-3's final/ comes from the state dict gathered on rank 0; FSDP2 writes it tensor by tensor
+        return "" if w.model.is_moe else "set distributed.backend: fsdp (FSDP2 writes final/ tensor by tensor)"
+
     def recipe_refusals(self, recipe: Recipe) -> list[tuple[str, str]]:
         # torchao's float8 linear layers compose with FSDP2 and DDP; ZeRO partitions and casts the
         # weights itself, so `auto` never plans fp8 training on DeepSpeed.

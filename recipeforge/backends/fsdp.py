@@ -181,6 +181,11 @@ class FSDPBackend(BackendSpec):
         # QLoRA base is quantized as it loads, on every rank
         return w.adapter != "qlora"
 
+    def streams_final_save(self, w: Workload, layout: Layout) -> bool:
+        # `outputs.streamed_save`: each DTensor gathered alone; a checkpoint layout that combines
+        # tensors (fused MoE experts written back one per expert) takes the gathered state dict
+        return not w.model.is_moe
+
     def model_states(self, w: Workload, layout: Layout, part: dict[str, float], trainable: float,
                      frozen_bytes: float) -> float:
         return fsdp_states(w, layout, part, trainable, frozen_bytes)
