@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 PROCESS_HOST_BYTES = 1.5 * GIB   # a training process's resident memory before its model (see above)
 HOST_BAND = 0.25                 # stated accuracy of the host figures (the process's own size varies by build)
-SHARD_BYTES = 50e9               # transformers' save_pretrained max_shard_size ("50GB"): one file serialised at a time
+SHARD_BYTES = 50e9               # transformers' save_pretrained max_shard_size ("50GB"), merged/'s files
 PHASES = ("load", "train", "eval", "save", "merge")
 
 
