@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from recipeforge.config.pipeline import LoadedRecipe
     from recipeforge.config.schema import Recipe
     from recipeforge.outputs.run_dir import RunDir
+    from recipeforge.outputs.streamed_save import ShardedWeights
     from recipeforge.stages.context import StageContext, WorkerHooks
     from recipeforge.plan.types import Plan
 
@@ -193,6 +194,24 @@ def common_report(trainer: Any) -> dict[str, Any]:
         "wrapper": type(wrapped).__name__ if wrapped is not None else None,
         "device": str(state.device),
     }
+
+
+def streamed_final_save(ctx: StageContext, model: torch.nn.Module, tokenizer: Any,
+                        weights: ShardedWeights) -> Path | None:
+    """Write final/ from a sharded model's full weights tensor by tensor (`outputs.streamed_save`;
+    every rank calls this), so the main process never holds the whole model. None, with nothing
+    written, when the model's checkpoint layout combines tensors: the caller gathers the state dict."""
+    from recipeforge.outputs.streamed_save import save_streamed
+    from recipeforge.stages.precision import final_shard_bytes, final_weights_dtype
+
+    saved = save_streamed(model, weights, tokenizer, ctx.run.final, is_main=ctx.dist.is_main,
+                          dtype=final_weights_dtype(ctx.recipe, ctx.plan), max_shard_size=final_shard_bytes(ctx.recipe))
+    if saved is None and ctx.dist.is_main:
+        from recipeforge.log import log
+
+        log("final/: this model's checkpoint layout combines tensors (weight converters), so its full state "
+            "dict is gathered on rank 0 to write it")
+    return saved
 
 
 def full_state_dict_save(ctx: StageContext, model: torch.nn.Module, tokenizer: Any,

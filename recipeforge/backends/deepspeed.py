@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from recipeforge.backends.base import BackendSpec, common_report, full_state_dict_save
+from recipeforge.backends.base import BackendSpec, common_report, full_state_dict_save, streamed_final_save
 from recipeforge.capabilities import OFFLOAD_MODES, BackendCapabilities, Preset
 from recipeforge.plan.backend_spec import Candidate, CpuSpread
 from recipeforge.plan.estimators import deepspeed_zero3_mem_needs, zero_model_states
@@ -140,9 +140,10 @@ class DeepSpeedBackend(BackendSpec):
     def plan_shards_weights(self, plan: Plan) -> bool:
         return zero_part(plan).zero_stage == 3
 
-    def final_save_fix(self, w: Workload) -> str:
-        # ZeRO-3's final/ comes from the state dict gathered on rank 0; FSDP2 writes it tensor by tensor
-        return "" if w.model.is_moe else "set distributed.backend: fsdp (FSDP2 writes final/ tensor by tensor)"
+    def streams_final_save(self, w: Workload, layout: Layout) -> bool:
+        # `outputs.streamed_save`: each partitioned parameter gathered alone; a checkpoint layout that
+        # combines tensors (fused MoE experts written back one per expert) takes the gathered state dict
+        return layout.zero_stage == 3 and not w.model.is_moe
 
     def recipe_refusals(self, recipe: Recipe) -> list[tuple[str, str]]:
         # torchao's float8 linear layers compose with FSDP2 and DDP; ZeRO partitions and casts the
@@ -238,8 +239,17 @@ class DeepSpeedBackend(BackendSpec):
                 "accelerator_config": {"use_configured_state": True}}
 
     def save_final(self, ctx: StageContext, trainer: Any, model: torch.nn.Module, tokenizer: Any) -> Path | None:
+        from recipeforge.outputs.weights import is_peft
+
         if zero_part(ctx.plan).zero_stage != 3:
             return super().save_final(ctx, trainer, model, tokenizer)
+        if not is_peft(model):
+            # Full weights: each partitioned parameter gathered alone (collective) and written by rank 0.
+            from recipeforge.outputs.streamed_save import zero3_weights
+
+            streamed = streamed_final_save(ctx, model, tokenizer, zero3_weights(model))
+            if streamed is not None:
+                return streamed
         # Collective: every rank hands its partition; the main process gets the whole state dict.
         state_dict = trainer.accelerator.get_state_dict(trainer.model_wrapped)
         return full_state_dict_save(ctx, model, tokenizer, state_dict)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from recipeforge.backends.base import BackendSpec, common_report, full_state_dict_save
+from recipeforge.backends.base import BackendSpec, common_report, full_state_dict_save, streamed_final_save
 from recipeforge.capabilities import BackendCapabilities, Preset
 from recipeforge.plan.backend_spec import Candidate, CpuSpread
 from recipeforge.plan.estimators import zero_model_states
@@ -320,19 +320,11 @@ class FSDPBackend(BackendSpec):
 
         if not is_peft(model):
             # Full weights: written tensor by tensor (collective), so rank 0 never holds the whole model.
-            from recipeforge.outputs.streamed_save import save_streamed
-            from recipeforge.stages.precision import final_shard_bytes, final_weights_dtype
+            from recipeforge.outputs.streamed_save import dtensor_weights
 
-            streamed = save_streamed(model, trainer.model, tokenizer, ctx.run.final, is_main=ctx.dist.is_main,
-                                     dtype=final_weights_dtype(ctx.recipe, ctx.plan),
-                                     max_shard_size=final_shard_bytes(ctx.recipe))
+            streamed = streamed_final_save(ctx, model, tokenizer, dtensor_weights(trainer.model))
             if streamed is not None:
                 return streamed
-            if ctx.dist.is_main:
-                from recipeforge.log import log
-
-                log("final/: this model's checkpoint layout combines tensors (weight converters), so its "
-                    "full state dict is gathered on rank 0 to write it")
         if parallelism.tensor_parallel(ctx.plan):
             # Collective: DTensor shards (tensor plan and FSDP2) gathered into full CPU tensors.
             return full_state_dict_save(ctx, model, tokenizer, gathered_state_dict(trainer.model))

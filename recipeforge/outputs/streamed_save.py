@@ -1,10 +1,11 @@
 """final/ of a sharded model written tensor by tensor: the full state dict is never gathered.
 
-Every process walks the model's sharded state dict (DTensors: FSDP2, tensor parallel) in the same
-order; each tensor is gathered whole on every process (`DTensor.full_tensor()`, a collective), cast to
-final/'s dtype, and the main process copies it to the host and appends its bytes to the safetensors
-file it belongs to, then drops it. The main process's host memory holds one tensor at a time (plus the
-process), whatever the model's size, where a gathered save holds the whole model.
+Every process walks the model's sharded state dict in the same order (`ShardedWeights`: DTensors of
+FSDP2 and tensor parallel, `dtensor_weights`; ZeRO-3's partitioned parameters, `zero3_weights`); each
+tensor is gathered whole on every process (`DTensor.full_tensor()`, `deepspeed.zero.GatheredParameters`:
+collectives), cast to final/'s dtype, and the main process copies it to the host and appends its bytes
+to the safetensors file it belongs to, then drops it. The main process's host memory holds one tensor
+at a time (plus the process), whatever the model's size, where a gathered save holds the whole model.
 
 The result is the folder `save_pretrained(max_shard_size=...)` writes from the gathered state dict:
 the same file names (`model.safetensors`, or `model-0000i-of-0000N.safetensors` with
@@ -22,6 +23,7 @@ from __future__ import annotations
 import json
 import struct
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,12 +51,50 @@ class FilePlan:
     index: dict[str, Any] | None
 
 
-def sharded_state_dict(model: torch.nn.Module) -> dict[str, Any]:
-    """The model's state dict as each process holds it (DTensor shards, nothing gathered), under the
-    names a plain model has (wrappers' prefixes such as activation checkpointing's removed)."""
+@dataclass(frozen=True)
+class ShardedWeights:
+    """A sharded model's weights as every process holds them: `state` maps each state-dict key to what
+    this process keeps of it, `shape` gives an entry's full shape, and `gather(entry, dtype)` returns
+    it whole in `dtype` (a collective: every process calls it for the same entry, in the same order)."""
+
+    state: dict[str, Any]
+    shape: Callable[[Any], tuple[int, ...]]
+    gather: Callable[[Any, Any], Any]
+
+
+def dtensor_weights(model: torch.nn.Module) -> ShardedWeights:
+    """FSDP2 and tensor parallel: the model's state dict as each process holds it (DTensor shards,
+    nothing gathered), under the names a plain model has (wrappers' prefixes such as activation
+    checkpointing's removed)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=False))
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=False))
+    return ShardedWeights(state, lambda t: tuple(t.shape), _full_dtensor)
+
+
+def _full_dtensor(tensor: Any, dtype: torch.dtype) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(tensor, DTensor):
+        tensor = tensor.full_tensor()
+    return tensor.detach().to(dtype)
+
+
+def zero3_weights(model: torch.nn.Module) -> ShardedWeights:
+    """DeepSpeed ZeRO-3: the module's parameters are partitioned placeholders (`ds_shape` their full
+    shape), gathered one at a time with `deepspeed.zero.GatheredParameters`; buffers are whole."""
+    state = model.state_dict(keep_vars=True)
+    return ShardedWeights(state, lambda t: tuple(getattr(t, "ds_shape", t.shape)), _full_zero3)
+
+
+def _full_zero3(tensor: Any, dtype: torch.dtype) -> torch.Tensor:
+    if not hasattr(tensor, "ds_id"):
+        return tensor.detach().to(dtype)
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters([tensor], modifier_rank=None):
+        # a copy: the gathered storage is released when the block ends
+        return tensor.data.detach().to(dtype, copy=True)
 
 
 def saved_dtype(key: str, tensor: Any, dtype: torch.dtype | None, keep: tuple[str, ...]) -> torch.dtype:
@@ -67,10 +107,10 @@ def saved_dtype(key: str, tensor: Any, dtype: torch.dtype | None, keep: tuple[st
     return tensor.dtype
 
 
-def plan_files(model: Any, state: dict[str, Any], dtype: torch.dtype | None, max_shard_size: int) -> FilePlan | None:
-    """Where `save_pretrained` would put each tensor of `state` (the sharded state dict), worked out on
-    meta tensors of the full shapes, without gathering anything. `model`: the transformers model
-    (unwrapped). None when its checkpoint layout combines tensors (weight converters)."""
+def plan_files(model: Any, weights: ShardedWeights, dtype: torch.dtype | None, max_shard_size: int) -> FilePlan | None:
+    """Where `save_pretrained` would put each tensor of `weights`, worked out on meta tensors of the
+    full shapes, without gathering anything. `model`: the transformers model (unwrapped). None when
+    its checkpoint layout combines tensors (weight converters)."""
     import torch
     from huggingface_hub import split_torch_state_dict_into_shards
     from transformers.core_model_loading import revert_weight_conversion
@@ -78,8 +118,8 @@ def plan_files(model: Any, state: dict[str, Any], dtype: torch.dtype | None, max
 
     keep = tuple(getattr(model, "_keep_in_fp32_modules", None) or ()) \
         + tuple(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
-    meta = {key: torch.empty(tuple(t.shape), dtype=saved_dtype(key, t, dtype, keep), device="meta")
-            for key, t in state.items()}
+    meta = {key: torch.empty(weights.shape(t), dtype=saved_dtype(key, t, dtype, keep), device="meta")
+            for key, t in weights.state.items()}
     for ignored in getattr(model, "_keys_to_ignore_on_save", None) or ():
         meta.pop(ignored, None)
     source = {id(t): key for key, t in meta.items()}
@@ -103,16 +143,6 @@ def plan_files(model: Any, state: dict[str, Any], dtype: torch.dtype | None, max
     return FilePlan(files, saved, index)
 
 
-def full_tensor(tensor: Any, dtype: torch.dtype) -> torch.Tensor:
-    """`tensor` whole, in `dtype`: a DTensor is gathered (collective: every process of its mesh calls
-    this for the same tensor, in the same order)."""
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(tensor, DTensor):
-        tensor = tensor.full_tensor()
-    return tensor.detach().to(dtype)
-
-
 def _header(entries: list[tuple[str, Any]], metadata: dict[str, str]) -> tuple[bytes, list[int]]:
     """safetensors' header for `entries` (name, meta tensor) in that order, padded with spaces to 8
     bytes as safetensors pads it, and each tensor's byte size."""
@@ -131,9 +161,9 @@ def _header(entries: list[tuple[str, Any]], metadata: dict[str, str]) -> tuple[b
     return struct.pack("<Q", len(raw)) + raw, sizes
 
 
-def write_weights(folder: Path | None, plan: FilePlan, state: dict[str, Any],
+def write_weights(folder: Path | None, plan: FilePlan, weights: ShardedWeights,
                   metadata: dict[str, str] | None = None) -> None:
-    """Gather each tensor of `state` in `plan`'s order and, where `folder` is given (the main process),
+    """Gather each tensor of `weights` in `plan`'s order and, where `folder` is given (the main process),
     write it into its file there. Every process calls this; the others only take part in the gathers."""
     import torch
 
@@ -146,7 +176,7 @@ def write_weights(folder: Path | None, plan: FilePlan, state: dict[str, Any],
             out.write(header)
             for (name, key), (_, meta), size in zip(entries, shapes, sizes):
                 with torch.no_grad():
-                    whole = full_tensor(state[key], meta.dtype)
+                    whole = weights.gather(weights.state[key], meta.dtype)
                 if folder is None:
                     del whole
                     continue
@@ -174,24 +204,23 @@ class _Discard:
         return 0
 
 
-def save_streamed(model: Any, sharded: torch.nn.Module, tokenizer: Any, out: Path, *, is_main: bool,
+def save_streamed(model: Any, weights: ShardedWeights, tokenizer: Any, out: Path, *, is_main: bool,
                   dtype: torch.dtype | None, max_shard_size: int) -> Path | None:
-    """Write final/ (`out`) from the sharded model `sharded` tensor by tensor; `model`: the same model
+    """Write final/ (`out`) from `weights` tensor by tensor; `model`: the model they belong to,
     unwrapped (its config, generation config and checkpoint names). Every process calls this. Returns
     None, having written nothing, when the model's checkpoint layout needs the gathered state dict
     (`plan_files`); the same answer on every process, since it depends on shapes and names alone."""
     from recipeforge.outputs.weights import save_config_files, staged_folder
 
-    state = sharded_state_dict(sharded)
-    plan = plan_files(model, state, dtype, max_shard_size)
+    plan = plan_files(model, weights, dtype, max_shard_size)
     if plan is None:
         return None
     if not is_main:
-        write_weights(None, plan, state)
+        write_weights(None, plan, weights)
         return out
     with staged_folder(out) as tmp:
         save_config_files(model, tmp, dtype)
-        write_weights(tmp, plan, state)
+        write_weights(tmp, plan, weights)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
     return out

@@ -135,11 +135,6 @@ class PlannerSpec:
         (the save phase's rank-0 host peak, `plan.phases`)."""
         return False
 
-    def final_save_fix(self, w: "Workload") -> str:
-        """What makes a gathered final save fit host RAM on this backend ("" when nothing but the
-        general fixes does): named in the save phase's refusal."""
-        return ""
-
     def model_states(self, w: "Workload", layout: "Layout", part: dict[str, float], trainable: float,
                      frozen_bytes: float) -> float:
         """Fill `part` (bytes per GPU by component) with the weights, gradients, optimizer states and

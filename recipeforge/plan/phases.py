@@ -14,9 +14,9 @@ The train step is `plan.memory`'s estimate. The other phases keep what persists 
   * serialised: a model held whole by one process is written by `save_pretrained`, which builds each
     safetensors file (up to `output.max_shard_size`) in host memory: rank 0 adds one file;
   * streamed: a sharded full fine-tune on a backend that writes final/ tensor by tensor
-    (`PlannerSpec.streams_final_save`: FSDP2, `outputs.streamed_save`) gathers one tensor at a time
-    and appends it to its file: rank 0 adds the largest tensor;
-  * gathered: a sharded model saved from its full state dict (ZeRO-3, a model whose checkpoint layout
+    (`PlannerSpec.streams_final_save`: FSDP2, ZeRO-3; `outputs.streamed_save`) gathers one tensor at a
+    time and appends it to its file: rank 0 adds the largest tensor;
+  * gathered: a sharded model saved from its full state dict (an MoE model, whose checkpoint layout
     combines tensors) is gathered whole into rank 0's host RAM, then serialised a file at a time;
 - merge (`output.merge_adapter`): the base loaded whole on the host in `model.dtype` beside the trained
   run, merged, and serialised (twice the base's bytes on rank 0).
@@ -107,9 +107,9 @@ def save_row(recipe: Recipe, w: Workload, layout: Any, spread: bool) -> tuple[st
                 f"by rank 0 (one tensor in flight, the largest {_size(largest)}); never gathered whole",
                 largest, f"{lora}, or {more_ram}", largest if spread else 0.0)
     if spread:
-        other = layout.spec.final_save_fix(w)
         return ("gathered: the full state dict gathered into rank 0's host RAM, then serialised a file at a time",
-                save + serialised, f"{other + ', or ' if other else ''}{lora}, or {more_ram}", largest)
+                save + serialised, f"set output.max_shard_size smaller (5GB, 1GB): one file is serialised beside "
+                f"the gathered state dict; {lora}; or {more_ram}", largest)
     return (f"serialised: final/ written by save_pretrained, one file of up to {_size(serialised)} at a time in "
             f"rank 0's host memory (output.max_shard_size {recipe.output.max_shard_size})", serialised,
             f"set output.max_shard_size smaller (5GB, 1GB): each file is serialised whole in host memory; "

@@ -31,12 +31,12 @@ def _folder(path) -> dict[str, bytes]:
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "llava"])   # plain, tied embeddings, renamed keys
 @pytest.mark.parametrize("size", [100_000, 10**9])               # several files, one file
 def test_the_streamed_folder_is_byte_equal_to_save_pretrained(tmp_path, arch, size):
-    from recipeforge.outputs.streamed_save import INDEX_NAME, save_streamed
+    from recipeforge.outputs.streamed_save import INDEX_NAME, dtensor_weights, save_streamed
     from recipeforge.outputs.weights import save_pretrained_atomic
 
     model = _model(arch)
-    streamed = save_streamed(model, model, None, tmp_path / "streamed", is_main=True, dtype=torch.bfloat16,
-                             max_shard_size=size)
+    streamed = save_streamed(model, dtensor_weights(model), None, tmp_path / "streamed", is_main=True,
+                             dtype=torch.bfloat16, max_shard_size=size)
     assert streamed is not None
     gathered = save_pretrained_atomic(model, None, tmp_path / "gathered", dtype=torch.bfloat16, max_shard_size=size)
     mine, theirs = _folder(streamed), _folder(gathered)
@@ -59,11 +59,11 @@ def test_the_streamed_folder_is_byte_equal_to_save_pretrained(tmp_path, arch, si
 def test_modules_kept_in_fp32_are_written_in_fp32(tmp_path):
     from safetensors import safe_open
 
-    from recipeforge.outputs.streamed_save import save_streamed
+    from recipeforge.outputs.streamed_save import dtensor_weights, save_streamed
 
     model = _model("llama")
     model._keep_in_fp32_modules = ["norm"]
-    out = save_streamed(model, model, None, tmp_path / "final", is_main=True, dtype=torch.bfloat16,
+    out = save_streamed(model, dtensor_weights(model), None, tmp_path / "final", is_main=True, dtype=torch.bfloat16,
                         max_shard_size=10**9)
     assert out is not None
     with safe_open(out / "model.safetensors", "pt") as f:
@@ -73,9 +73,9 @@ def test_modules_kept_in_fp32_are_written_in_fp32(tmp_path):
 
 
 def test_a_layout_of_combined_tensors_is_left_to_the_gathered_save(tmp_path):
-    from recipeforge.outputs.streamed_save import save_streamed
+    from recipeforge.outputs.streamed_save import dtensor_weights, save_streamed
 
     model = _model("qwen3_moe")  # fused 3-D experts, written back as one tensor per expert
-    assert save_streamed(model, model, None, tmp_path / "final", is_main=True, dtype=None,
+    assert save_streamed(model, dtensor_weights(model), None, tmp_path / "final", is_main=True, dtype=None,
                          max_shard_size=10**9) is None
     assert not (tmp_path / "final").exists()
