@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from recipeforge.config.pipeline import LoadedRecipe
     from recipeforge.config.schema import Recipe
     from recipeforge.outputs.run_dir import RunDir
-    from recipeforge.outputs.streamed_save import ShardedWeights
     from recipeforge.stages.context import StageContext, WorkerHooks
     from recipeforge.plan.types import Plan
 
@@ -196,15 +195,21 @@ def common_report(trainer: Any) -> dict[str, Any]:
     }
 
 
-def streamed_final_save(ctx: StageContext, model: torch.nn.Module, tokenizer: Any,
-                        weights: ShardedWeights) -> Path | None:
+def streamed_final_save(ctx: StageContext, model: torch.nn.Module, tokenizer: Any, sharding: str,
+                        holder: torch.nn.Module) -> Path | None:
     """Write final/ from a sharded model's full weights tensor by tensor (`outputs.streamed_save`;
-    every rank calls this), so the main process never holds the whole model. None, with nothing
-    written, when the model's checkpoint layout combines tensors: the caller gathers the state dict."""
-    from recipeforge.outputs.streamed_save import save_streamed
+    every rank calls this), so the main process never holds the whole model. `sharding`: how `holder`
+    keeps them (`streamed_save.SHARDINGS`: "dtensor", "zero3"). None, with nothing written, for an
+    adapter (written from the gathered state dict) or a model whose checkpoint layout combines
+    tensors: the caller gathers the state dict then."""
+    from recipeforge.outputs.weights import is_peft
+
+    if is_peft(model):
+        return None
+    from recipeforge.outputs.streamed_save import SHARDINGS, save_streamed
     from recipeforge.stages.precision import final_shard_bytes, final_weights_dtype
 
-    saved = save_streamed(model, weights, tokenizer, ctx.run.final, is_main=ctx.dist.is_main,
+    saved = save_streamed(model, SHARDINGS[sharding](holder), tokenizer, ctx.run.final, is_main=ctx.dist.is_main,
                           dtype=final_weights_dtype(ctx.recipe, ctx.plan), max_shard_size=final_shard_bytes(ctx.recipe))
     if saved is None and ctx.dist.is_main:
         from recipeforge.log import log

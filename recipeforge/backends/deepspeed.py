@@ -239,17 +239,12 @@ class DeepSpeedBackend(BackendSpec):
                 "accelerator_config": {"use_configured_state": True}}
 
     def save_final(self, ctx: StageContext, trainer: Any, model: torch.nn.Module, tokenizer: Any) -> Path | None:
-        from recipeforge.outputs.weights import is_peft
-
         if zero_part(ctx.plan).zero_stage != 3:
             return super().save_final(ctx, trainer, model, tokenizer)
-        if not is_peft(model):
-            # Full weights: each partitioned parameter gathered alone (collective) and written by rank 0.
-            from recipeforge.outputs.streamed_save import zero3_weights
-
-            streamed = streamed_final_save(ctx, model, tokenizer, zero3_weights(model))
-            if streamed is not None:
-                return streamed
+        # Full weights: each partitioned parameter gathered alone (collective) and written by rank 0.
+        streamed = streamed_final_save(ctx, model, tokenizer, "zero3", model)
+        if streamed is not None:
+            return streamed
         # Collective: every rank hands its partition; the main process gets the whole state dict.
         state_dict = trainer.accelerator.get_state_dict(trainer.model_wrapped)
         return full_state_dict_save(ctx, model, tokenizer, state_dict)

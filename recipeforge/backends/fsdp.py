@@ -316,15 +316,11 @@ class FSDPBackend(BackendSpec):
 
     def save_final(self, ctx: StageContext, trainer: Any, model: torch.nn.Module, tokenizer: Any) -> Path | None:
         from recipeforge.backends import parallelism
-        from recipeforge.outputs.weights import is_peft
 
-        if not is_peft(model):
-            # Full weights: written tensor by tensor (collective), so rank 0 never holds the whole model.
-            from recipeforge.outputs.streamed_save import dtensor_weights
-
-            streamed = streamed_final_save(ctx, model, tokenizer, dtensor_weights(trainer.model))
-            if streamed is not None:
-                return streamed
+        # Full weights: written tensor by tensor (collective), so rank 0 never holds the whole model.
+        streamed = streamed_final_save(ctx, model, tokenizer, "dtensor", trainer.model)
+        if streamed is not None:
+            return streamed
         if parallelism.tensor_parallel(ctx.plan):
             # Collective: DTensor shards (tensor plan and FSDP2) gathered into full CPU tensors.
             return full_state_dict_save(ctx, model, tokenizer, gathered_state_dict(trainer.model))

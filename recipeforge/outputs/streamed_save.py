@@ -97,6 +97,10 @@ def _full_zero3(tensor: Any, dtype: torch.dtype) -> torch.Tensor:
         return tensor.data.detach().to(dtype, copy=True)
 
 
+# How a backend keeps its weights -> the `ShardedWeights` of a model it holds (`backends.base.streamed_final_save`)
+SHARDINGS: dict[str, Callable[[Any], ShardedWeights]] = {"dtensor": dtensor_weights, "zero3": zero3_weights}
+
+
 def saved_dtype(key: str, tensor: Any, dtype: torch.dtype | None, keep: tuple[str, ...]) -> torch.dtype:
     """The dtype `key` is written in: fp32 tensors in `dtype` (final/'s 16-bit dtype) unless a module
     the model keeps in fp32 holds them, as `outputs.weights.weights_in` casts a gathered state dict."""
