@@ -168,10 +168,11 @@ class BackendSpec(PlannerSpec):
     def save_final(self, ctx: StageContext, trainer: Any, model: torch.nn.Module, tokenizer: Any) -> Path | None:
         """Write final/ on the main process; every process calls this (gathering may be collective)."""
         from recipeforge.outputs.weights import save_pretrained_atomic
-        from recipeforge.stages.precision import final_weights_dtype
+        from recipeforge.stages.precision import final_shard_bytes, final_weights_dtype
 
         if ctx.dist.is_main:
-            save_pretrained_atomic(model, tokenizer, ctx.run.final, dtype=final_weights_dtype(ctx.recipe, ctx.plan))
+            save_pretrained_atomic(model, tokenizer, ctx.run.final, dtype=final_weights_dtype(ctx.recipe, ctx.plan),
+                                   max_shard_size=final_shard_bytes(ctx.recipe))
         return ctx.run.final
 
     def runtime_report(self, trainer: Any) -> dict[str, Any]:
@@ -194,11 +195,35 @@ def common_report(trainer: Any) -> dict[str, Any]:
     }
 
 
+def streamed_final_save(ctx: StageContext, model: torch.nn.Module, tokenizer: Any, sharding: str,
+                        holder: torch.nn.Module) -> Path | None:
+    """Write final/ from a sharded model's full weights tensor by tensor (`outputs.streamed_save`;
+    every rank calls this), so the main process never holds the whole model. `sharding`: how `holder`
+    keeps them (`streamed_save.SHARDINGS`: "dtensor", "zero3"). None, with nothing written, for an
+    adapter (written from the gathered state dict) or a model whose checkpoint layout combines
+    tensors: the caller gathers the state dict then."""
+    from recipeforge.outputs.weights import is_peft
+
+    if is_peft(model):
+        return None
+    from recipeforge.outputs.streamed_save import SHARDINGS, save_streamed
+    from recipeforge.stages.precision import final_shard_bytes, final_weights_dtype
+
+    saved = save_streamed(model, SHARDINGS[sharding](holder), tokenizer, ctx.run.final, is_main=ctx.dist.is_main,
+                          dtype=final_weights_dtype(ctx.recipe, ctx.plan), max_shard_size=final_shard_bytes(ctx.recipe))
+    if saved is None and ctx.dist.is_main:
+        from recipeforge.log import log
+
+        log("final/: this model's checkpoint layout combines tensors (weight converters), so its full state "
+            "dict is gathered on rank 0 to write it")
+    return saved
+
+
 def full_state_dict_save(ctx: StageContext, model: torch.nn.Module, tokenizer: Any,
                          state_dict: dict[str, Any] | None) -> Path:
     """Write final/ from a gathered full state dict (main process only), atomically."""
     from recipeforge.outputs.weights import save_pretrained_atomic
-    from recipeforge.stages.precision import final_weights_dtype
+    from recipeforge.stages.precision import final_shard_bytes, final_weights_dtype
 
     out = ctx.run.final
     if not ctx.dist.is_main:
@@ -206,5 +231,6 @@ def full_state_dict_save(ctx: StageContext, model: torch.nn.Module, tokenizer: A
     if state_dict is None:
         raise RuntimeError("gathering the sharded weights returned nothing on the main process")
     saved: Path = save_pretrained_atomic(model, tokenizer, out, state_dict=state_dict,
-                                         dtype=final_weights_dtype(ctx.recipe, ctx.plan))
+                                         dtype=final_weights_dtype(ctx.recipe, ctx.plan),
+                                         max_shard_size=final_shard_bytes(ctx.recipe))
     return saved

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from recipeforge.backends.base import BackendSpec, common_report, full_state_dict_save
+from recipeforge.backends.base import BackendSpec, common_report, full_state_dict_save, streamed_final_save
 from recipeforge.capabilities import OFFLOAD_MODES, BackendCapabilities, Preset
 from recipeforge.plan.backend_spec import Candidate, CpuSpread
 from recipeforge.plan.estimators import deepspeed_zero3_mem_needs, zero_model_states
@@ -140,6 +140,11 @@ class DeepSpeedBackend(BackendSpec):
     def plan_shards_weights(self, plan: Plan) -> bool:
         return zero_part(plan).zero_stage == 3
 
+    def streams_final_save(self, w: Workload, layout: Layout) -> bool:
+        # `outputs.streamed_save`: each partitioned parameter gathered alone; a checkpoint layout that
+        # combines tensors (fused MoE experts written back one per expert) takes the gathered state dict
+        return layout.zero_stage == 3 and not w.model.is_moe
+
     def recipe_refusals(self, recipe: Recipe) -> list[tuple[str, str]]:
         # torchao's float8 linear layers compose with FSDP2 and DDP; ZeRO partitions and casts the
         # weights itself, so `auto` never plans fp8 training on DeepSpeed.
@@ -236,6 +241,10 @@ class DeepSpeedBackend(BackendSpec):
     def save_final(self, ctx: StageContext, trainer: Any, model: torch.nn.Module, tokenizer: Any) -> Path | None:
         if zero_part(ctx.plan).zero_stage != 3:
             return super().save_final(ctx, trainer, model, tokenizer)
+        # Full weights: each partitioned parameter gathered alone (collective) and written by rank 0.
+        streamed = streamed_final_save(ctx, model, tokenizer, "zero3", model)
+        if streamed is not None:
+            return streamed
         # Collective: every rank hands its partition; the main process gets the whole state dict.
         state_dict = trainer.accelerator.get_state_dict(trainer.model_wrapped)
         return full_state_dict_save(ctx, model, tokenizer, state_dict)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from recipeforge.backends.base import BackendSpec, common_report, full_state_dict_save
+from recipeforge.backends.base import BackendSpec, common_report, full_state_dict_save, streamed_final_save
 from recipeforge.capabilities import BackendCapabilities, Preset
 from recipeforge.plan.backend_spec import Candidate, CpuSpread
 from recipeforge.plan.estimators import zero_model_states
@@ -181,6 +181,11 @@ class FSDPBackend(BackendSpec):
         # QLoRA base is quantized as it loads, on every rank
         return w.adapter != "qlora"
 
+    def streams_final_save(self, w: Workload, layout: Layout) -> bool:
+        # `outputs.streamed_save`: each DTensor gathered alone; a checkpoint layout that combines
+        # tensors (fused MoE experts written back one per expert) takes the gathered state dict
+        return not w.model.is_moe
+
     def model_states(self, w: Workload, layout: Layout, part: dict[str, float], trainable: float,
                      frozen_bytes: float) -> float:
         return fsdp_states(w, layout, part, trainable, frozen_bytes)
@@ -321,9 +326,17 @@ class FSDPBackend(BackendSpec):
     def save_final(self, ctx: StageContext, trainer: Any, model: torch.nn.Module, tokenizer: Any) -> Path | None:
         from recipeforge.backends import parallelism
 
-        if parallelism.tensor_parallel(ctx.plan) or parallelism.expert_parallel(ctx.plan):
-            # Collective: DTensor shards (tensor or expert plan and FSDP2) gathered into full CPU tensors.
+        if parallelism.expert_parallel(ctx.plan):
+            # Collective: the expert plan's and FSDP2's DTensor shards gathered into full CPU tensors, in the
+            # model's own checkpoint layout (per-expert weights).
             parallelism.original_format(model)
+            return full_state_dict_save(ctx, model, tokenizer, gathered_state_dict(trainer.model))
+        # Full weights: written tensor by tensor (collective), so rank 0 never holds the whole model.
+        streamed = streamed_final_save(ctx, model, tokenizer, "dtensor", trainer.model)
+        if streamed is not None:
+            return streamed
+        if parallelism.tensor_parallel(ctx.plan):
+            # Collective: DTensor shards (tensor plan and FSDP2) gathered into full CPU tensors.
             return full_state_dict_save(ctx, model, tokenizer, gathered_state_dict(trainer.model))
         # Collective: the shards are all-gathered into a full CPU state dict on the main process.
         state_dict = trainer.accelerator.get_state_dict(trainer.model)

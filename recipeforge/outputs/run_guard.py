@@ -32,6 +32,7 @@ NEUTRAL: tuple[tuple[str, ...], ...] = (
     ("output", "save_steps"),
     ("output", "save_total_limit"),
     ("output", "merge_adapter"),
+    ("output", "max_shard_size"),   # how final/ is cut into files, not what it holds
     ("output", "push_to_hub"),
     ("logging",),
     ("eval",),                   # benchmarks of the finished model, run after training

@@ -39,35 +39,57 @@ def staged_folder(out: Path, *, kind: str | None = None) -> Iterator[Path]:
 
 
 def save_pretrained_atomic(model, tokenizer, out: Path, state_dict: dict | None = None, dtype=None,
-                           kind: str | None = None) -> Path:
+                           kind: str | None = None, max_shard_size: int | str | None = None) -> Path:
     """`save_pretrained` (safetensors) + tokenizer into `out`, replacing it only once fully written.
     `state_dict`: weights gathered from a sharded model (ZeRO-3, FSDP) to write instead of the model's.
     `dtype`: a 16-bit torch dtype to write fp32 full weights in (`weights_in`); adapters are written as
-    peft keeps them."""
+    peft keeps them. `max_shard_size`: the largest weights file (`output.max_shard_size`; default
+    transformers')."""
     if dtype is not None and not is_peft(model):
         state_dict, dtype = weights_in(model, state_dict, dtype)
+    sizing = {"max_shard_size": max_shard_size} if max_shard_size is not None else {}
     with staged_folder(out, kind=kind) as tmp:
-        config = getattr(model, "config", None)
-        cache_flag = getattr(config, "use_cache", None)
         # A gathered state dict is written by the main process alone: a tensor-parallel model's own
         # distributed save (transformers ends it with a barrier of every rank) must not run then.
-        distributed = getattr(config, "distributed_config", None) if state_dict is not None else None
-        if config is not None:
-            config.use_cache = True  # training turns the KV cache off; users of the model want it on
-            if distributed is not None:
-                config.distributed_config = None
-        try:
-            model.save_pretrained(str(tmp), state_dict=state_dict, safe_serialization=True)
-        finally:
-            if config is not None and cache_flag is not None:
-                config.use_cache = cache_flag
-            if distributed is not None:
-                config.distributed_config = distributed
+        with _saving(model, alone=state_dict is not None):
+            model.save_pretrained(str(tmp), state_dict=state_dict, safe_serialization=True, **sizing)
         if dtype is not None:
             _config_dtype(tmp / "config.json", dtype)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
     return out
+
+
+def save_config_files(model, folder: Path, dtype=None) -> None:
+    """What `save_pretrained` writes besides the weights (config.json with the architecture,
+    generation_config.json, a remote-code model's code), into `folder`, written by transformers itself
+    (a save of no tensors, whose empty weights file is removed). Main process only. `dtype`: the
+    weights' dtype recorded in config.json (see `save_pretrained_atomic`)."""
+    with _saving(model, alone=True):
+        model.save_pretrained(str(folder), state_dict={}, safe_serialization=True)
+    (folder / "model.safetensors").unlink(missing_ok=True)
+    if dtype is not None:
+        _config_dtype(folder / "config.json", dtype)
+
+
+@contextlib.contextmanager
+def _saving(model, *, alone: bool) -> Iterator[None]:
+    """The model's config as final/ records it while it is saved: the KV cache on (training turns it
+    off; users of the model want it), and no distributed config when the main process saves alone."""
+    config = getattr(model, "config", None)
+    cache_flag = getattr(config, "use_cache", None)
+    distributed = getattr(config, "distributed_config", None) if alone else None
+    if config is not None:
+        config.use_cache = True
+        if distributed is not None:
+            config.distributed_config = None
+    try:
+        yield
+    finally:
+        if config is not None and cache_flag is not None:
+            config.use_cache = cache_flag
+        if distributed is not None:
+            config.distributed_config = distributed
 
 
 def weights_in(model, state_dict: dict | None, dtype) -> tuple[dict | None, object]:

@@ -129,6 +129,12 @@ class PlannerSpec:
         load phase's rank-0 host peak, `plan.phases`)."""
         return False
 
+    def streams_final_save(self, w: "Workload", layout: "Layout") -> bool:
+        """Whether a full fine-tune whose weights are sharded over processes writes final/ tensor by
+        tensor (rank 0 holds one tensor at a time) rather than from a full state dict gathered on rank 0
+        (the save phase's rank-0 host peak, `plan.phases`)."""
+        return False
+
     def model_states(self, w: "Workload", layout: "Layout", part: dict[str, float], trainable: float,
                      frozen_bytes: float) -> float:
         """Fill `part` (bytes per GPU by component) with the weights, gradients, optimizer states and

@@ -242,10 +242,10 @@ class TrainerStage:
         if ctx.save_final is not None and self.trainer is not None:  # every rank: gathering is collective
             ctx.save_final(ctx, self.trainer, model, files)
         elif ctx.dist.is_main:
-            from recipeforge.stages.precision import final_weights_dtype
+            from recipeforge.stages.precision import final_shard_bytes, final_weights_dtype
 
-            save_pretrained_atomic(model, files, ctx.run.final,
-                                   dtype=final_weights_dtype(ctx.recipe, ctx.plan))
+            save_pretrained_atomic(model, files, ctx.run.final, dtype=final_weights_dtype(ctx.recipe, ctx.plan),
+                                   max_shard_size=final_shard_bytes(ctx.recipe))
         return ctx.run.final
 
     # --- what a stage says ----------------------------------------------------------------------

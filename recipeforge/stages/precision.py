@@ -51,6 +51,13 @@ def final_weights_dtype(recipe: Recipe, plan: Plan) -> torch.dtype | None:
     return dtype if dtype in (torch.bfloat16, torch.float16) else None
 
 
+def final_shard_bytes(recipe: Recipe) -> int:
+    """The largest safetensors file of final/'s full weights, in bytes (`output.max_shard_size`)."""
+    from recipeforge.config.schema.output import size_bytes
+
+    return size_bytes(recipe.output.max_shard_size)
+
+
 def tf32_argument(setting: bool | Literal["auto"], device: str, capability: tuple[int, int] | None) -> bool | None:
     """`TrainingArguments.tf32` for `train.tf32`: None (leave torch's default) off CUDA; `auto` turns
     TF32 on for compute capability 8.0 (Ampere) or newer; `true` on an older GPU is refused, since

@@ -221,6 +221,8 @@ FIELDS: dict[str, Field] = {
         "checkpoint.load (auto: RUN/checkpoints; never: start from the converted base)", allowed=("auto", "never"),
         why="the megatron backend resumes from its own checkpoints (output.resume: auto); a named checkpoint "
             f"applies on {HF}"),
+    "output.max_shard_size": refused("final/ is exported by Megatron-Bridge's save_hf_pretrained, which picks "
+                                     f"its own file sizes; output.max_shard_size applies on {HF}"),
     "output.merge_adapter": mapped("recipeforge's LoRA merge of final/ (the adapter exported by "
                                    "AutoBridge.export_adapter_ckpt)"),
     "output.push_to_hub": mapped("recipeforge's upload of the exported final/ (or merged/) after the job "

@@ -2,7 +2,9 @@
 fine-tuning, LoRA, QLoRA (4-bit base, packed words sharded) and DPO follow the one-process loss curve,
 the parameters really are DTensors sharded over the two ranks (read from inside the run, backend.json),
 a run killed with SIGKILL resumes from its sharded (DCP) checkpoint to bit-equal weights, final/ loads in
-plain transformers, and tensor parallel x FSDP2 runs through the Trainer too.
+plain transformers (written tensor by tensor, in several files with `output.max_shard_size`, bit-equal to
+the gathered weights, rank 0's save peak within the plan's), and tensor parallel x FSDP2 runs through the
+Trainer too.
 """
 
 from __future__ import annotations
@@ -94,6 +96,41 @@ def test_final_weights_load_in_transformers_and_equal_one_process(full, single):
     assert mine.keys() == ref.keys()
     assert max((mine[k] - ref[k]).abs().max().item() for k in mine) < 1e-4
     assert all(t.dtype == torch.float32 for t in mine.values())
+
+
+def test_final_save_is_streamed_into_several_files_within_the_planned_peak(tiny, workdir, single):
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from transformers import AutoModelForCausalLM
+
+    from recipeforge.outputs.phase_memory import read
+    from recipeforge.plan.phases import HOST_BAND
+
+    run = workdir / "files"
+    _ok(_train(tiny, "sft-full", run, "distributed.backend=fsdp", "output.max_shard_size=200KB"))
+    final = run / "final"
+    files = sorted(p.name for p in final.glob("*.safetensors"))
+    assert len(files) >= 3, files  # 0.8 MB of fp32 weights in files of at most 200 KB (or one larger tensor)
+    assert files == [f"model-{i:05d}-of-{len(files):05d}.safetensors" for i in range(1, len(files) + 1)]
+    index = json.loads((final / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) == set(files)
+    assert {"config.json", "generation_config.json", "tokenizer.json"} <= {p.name for p in final.iterdir()}
+    # A plain Hugging Face checkpoint, following the one-process run ...
+    mine = AutoModelForCausalLM.from_pretrained(final).state_dict()
+    ref = AutoModelForCausalLM.from_pretrained(single / "final").state_dict()
+    assert mine.keys() == ref.keys() == index["weight_map"].keys()
+    assert max((mine[k] - ref[k]).abs().max().item() for k in mine) < 1e-4
+    # ... and bit-equal to the full state dict gathered from the run's last sharded checkpoint (step 6)
+    dcp_to_torch_save(run / "checkpoints" / "checkpoint-6" / "pytorch_model_fsdp_0", workdir / "gathered.pt")
+    gathered = torch.load(workdir / "gathered.pt", weights_only=False)["model"]
+    assert gathered.keys() == mine.keys() and all(torch.equal(gathered[k], mine[k]) for k in mine)
+    # Rank 0's resident peak while saving is at or under the plan's save phase
+    planned = {p["phase"]: p for p in json.loads((run / "plan.json").read_text())["extra"]["phases"]}["save"]
+    assert planned["note"].startswith("streamed: final/ written tensor by tensor"), planned
+    measured = read(run)[0]["save"]
+    assert measured["measure"] == "vmhwm"
+    print(f"save: measured {measured['host_gb']:.3f} GB, planned {planned['host_per_process_gb']:.2f} GB")
+    assert 0.1 < measured["host_gb"] <= planned["host_per_process_gb"] * (1 + HOST_BAND), (measured, planned)
 
 
 def test_killed_run_resumes_bit_equal(tiny, workdir, full):

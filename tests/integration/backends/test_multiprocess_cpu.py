@@ -1,6 +1,7 @@
 """Two CPU processes over gloo, through the real launchers: DDP, DeepSpeed ZeRO-2 and ZeRO-3 train the tiny
 SFT recipe with the loss curve of one process (same global batch), final/ loads with plain transformers,
-resume from a ZeRO-3 sharded checkpoint continues exactly, ZeRO-3 with CPU optimizer and parameter
+resume from a ZeRO-3 sharded checkpoint continues exactly, ZeRO-3 writes final/ a parameter at a time
+(several files, bit-equal to its checkpoint's weights), ZeRO-3 with CPU optimizer and parameter
 offload matches too, and DPO runs on two processes.
 
 Each entry point is used once: `recipeforge train --nproc-per-node 2` (accelerate launch with a generated
@@ -137,7 +138,8 @@ def zero3(tiny, workdir) -> Path:
     if importlib.util.find_spec("deepspeed") is None:
         pytest.skip("needs deepspeed")
     run = workdir / "zero3"
-    recipeforge(tiny, SFT, run, *VARIANT, "distributed.backend=deepspeed", "distributed.zero_stage=3")
+    recipeforge(tiny, SFT, run, *VARIANT, "distributed.backend=deepspeed", "distributed.zero_stage=3",
+                "output.max_shard_size=200KB")
     return run
 
 
@@ -152,6 +154,28 @@ def test_zero3_shards_and_consolidates(tiny, zero3, reference):
     _assert_final_matches(zero3, reference)
     shards = sorted(p.name for p in (zero3 / "checkpoints" / "checkpoint-3" / "global_step3").iterdir())
     assert shards == [f"zero_pp_rank_{r}_mp_rank_00_{kind}_states.pt" for r in (0, 1) for kind in ("model", "optim")]
+
+
+def test_zero3_final_is_streamed_tensor_by_tensor(zero3):
+    """final/ written a parameter at a time (each gathered alone), in files of at most 200 KB: bit-equal
+    to the weights DeepSpeed's own zero_to_fp32 rebuilds from the last checkpoint, and rank 0's save
+    peak within the plan's."""
+    import torch
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    from recipeforge.outputs.phase_memory import read
+    from recipeforge.plan.phases import HOST_BAND
+
+    files = sorted(p.name for p in (zero3 / "final").glob("*.safetensors"))
+    assert len(files) >= 3 and files[0] == f"model-00001-of-{len(files):05d}.safetensors", files
+    mine = AutoModelForCausalLM.from_pretrained(zero3 / "final").state_dict()
+    ref = get_fp32_state_dict_from_zero_checkpoint(str(zero3 / "checkpoints" / "checkpoint-6"))
+    assert mine.keys() == ref.keys() and all(torch.equal(mine[k], ref[k]) for k in mine)
+    planned = {p["phase"]: p for p in json.loads((zero3 / "plan.json").read_text())["extra"]["phases"]}["save"]
+    assert planned["note"].startswith("streamed:"), planned
+    measured = read(zero3)[0]["save"]["host_gb"]
+    assert 0.1 < measured <= planned["host_per_process_gb"] * (1 + HOST_BAND), (measured, planned)
 
 
 def test_resume_from_a_zero3_sharded_checkpoint(tiny, workdir, zero3):
