@@ -61,6 +61,7 @@ class AsyncServerRollout(ServerRollout):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
         self._trainer: Any = None
+        self._waited = 0.0  # seconds this step waited for generations at its boundary
 
     def attach(self, trainer, *, correction: bool) -> None:
         """Read the trainer's data ahead (the prompts of the next steps), then the correction."""
@@ -81,9 +82,11 @@ class AsyncServerRollout(ServerRollout):
     # -- the step boundary ---------------------------------------------------------------------
     def on_new_step(self, trainer) -> None:
         if trainer.state.global_step != self.synced_step:
+            start = time.perf_counter()
             for batch in self.ahead:  # 1. nothing in flight while the weights change
                 if batch.future is not None:
                     batch.future.exception()
+            self._waited += time.perf_counter() - start
             self.sync(trainer)  # 2.
             self.synced_step = trainer.state.global_step
         self._send(trainer)  # 3.
@@ -130,7 +133,8 @@ class AsyncServerRollout(ServerRollout):
         start = time.perf_counter()
         out = batch.future.result()
         staleness = trainer.state.global_step - batch.version
-        record(trainer, "rollout/wait_s", time.perf_counter() - start)
+        waited, self._waited = self._waited + time.perf_counter() - start, 0.0
+        record(trainer, "rollout/wait_s", waited)
         record(trainer, "rollout/staleness", staleness)
         return out
 
