@@ -179,7 +179,9 @@ def test_asynchronous_grpo_one_step_behind_learns(model_dir, tmp_path):
 
     port = _free_port()
     run = _train(tmp_path, model_dir, "grpo.rollout.mode=server", f"grpo.rollout.server_url=http://127.0.0.1:{port}",
-                 "grpo.rollout.gpu_memory_utilization=0.1", "grpo.rollout.options={launch: true, max_model_length: 128}",
+                 "grpo.rollout.gpu_memory_utilization=0.1",
+                 # a busy machine (CI's steps run two at a time) can take minutes to start the server
+                 "grpo.rollout.options={launch: true, max_model_length: 128, server_timeout: 900}",
                  "grpo.max_staleness=1", *LEARNING_BATCH)
     records = _records(run)
     reward = [r["reward"] for r in records]
