@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -125,8 +126,11 @@ class ServerRollout:
 
             self.client = VLLMClient(base_url=self.base_url, connection_timeout=self.timeout_s)
         self.on_new_step(trainer)
+        start = time.perf_counter()
+        out = generate(self.client, trainer, trainer._tokenize_prompts(prompts)[0])
+        record(trainer, "rollout/wait_s", time.perf_counter() - start)  # the trainer waits for all of it
         record(trainer, "rollout/staleness", 0)
-        return generate(self.client, trainer, trainer._tokenize_prompts(prompts)[0])
+        return out
 
 
 def generate(client, trainer, ids: list) -> dict[str, Any]:
