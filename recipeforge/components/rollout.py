@@ -49,6 +49,15 @@ class RolloutEngineSpec:
     # The engine loads the policy by its path (a server or a colocated engine of its own): a
     # random-init base is written to the run's base_model/ so that it has one.
     loads_model_by_path: bool = False
+    # Asynchronous GRPO (`grpo.max_staleness` > 0): the modes in which the engine generates the next
+    # steps' completions while the trainer trains, and its trainer arguments then:
+    # ``async_arguments(rollout, options, device, max_staleness) -> GRPO trainer kwargs``.
+    async_modes: tuple[str, ...] = ()
+    async_arguments: Optional[Callable[[Any, Any, str, int], dict]] = None
+
+    def generates_concurrently(self, mode: str) -> bool:
+        """Whether the engine can generate while the trainer trains in `mode` (asynchronous GRPO)."""
+        return mode in self.async_modes and self.async_arguments is not None
 
 
 class RunningServer(Protocol):
@@ -122,9 +131,22 @@ def prepare_rollout_trainer(rollout, trainer) -> None:
         spec.prepare_trainer(rollout, trainer)
 
 
-def rollout_arguments(rollout, device: str, *, location: Location | None = None, section: str = "grpo") -> dict:
+def asynchronous_problem(spec: RolloutEngineSpec, mode: str, section: str = "grpo") -> tuple[str, str] | None:
+    """(message, hint) when `<section>.max_staleness` > 0 cannot run on engine `spec` in `mode`, else None."""
+    if spec.generates_concurrently(mode):
+        return None
+    if spec.async_modes and spec.async_arguments is not None:
+        return (f"rollout engine '{spec.name}' generates while the policy trains only in "
+                f"{' or '.join(spec.async_modes)} mode, not {mode}",
+                f"set {section}.rollout.mode: {spec.async_modes[0]}, or {section}.max_staleness: 0")
+    return (f"rollout engine '{spec.name}' cannot generate while the policy trains (asynchronous GRPO)",
+            f"set {section}.max_staleness: 0, or use an engine that can (vllm in server mode, from recipeforge-vllm)")
+
+
+def rollout_arguments(rollout, device: str, *, location: Location | None = None, section: str = "grpo",
+                      max_staleness: int = 0) -> dict:
     """Trainer arguments of the engine `<section>.rollout.engine` names (`section`: the on-policy
-    stage's section, `grpo` or `rloo`)."""
+    stage's section, `grpo` or `rloo`); with `max_staleness` > 0, its asynchronous ones."""
     key = f"{section}.rollout.engine"
     spec = rollout_engines.get(rollout.engine, key=key, location=location)
     if rollout.mode not in spec.modes:
@@ -138,6 +160,12 @@ def rollout_arguments(rollout, device: str, *, location: Location | None = None,
             first = exc.errors()[0]
             raise RecipeError(f"invalid rollout options: {first['msg']}",
                               key=f"{section}.rollout.options") from None
+    if max_staleness > 0:
+        problem = asynchronous_problem(spec, rollout.mode, section)
+        if problem is not None:
+            raise RecipeError(problem[0], key=f"{section}.max_staleness", hint=problem[1])
+        assert spec.async_arguments is not None  # generates_concurrently checked it
+        return dict(spec.async_arguments(rollout, options, device, max_staleness))
     return dict(spec.arguments(rollout, options, device))
 
 

@@ -41,6 +41,11 @@ class OnPolicyStage(TrainerStage):
         settings: OnPolicyConfig = getattr(self.recipe, self.section)
         return settings
 
+    @property
+    def max_staleness(self) -> int:
+        """Steps the generating policy may lag the trained one (`grpo.max_staleness`; 0: on-policy)."""
+        return int(getattr(self.settings, "max_staleness", 0))
+
     def prepare_data(self) -> PreparedData:
         from recipeforge.components.rewards import RewardContext, build_rewards
         from recipeforge.components.rollout import rollout_arguments
@@ -59,7 +64,8 @@ class OnPolicyStage(TrainerStage):
                                                               device=device, allow_code=self.recipe.allow_code),
                                      locate=self.ctx.locate, section=self.section)
         self.rollout_kwargs = rollout_arguments(g.rollout, device, section=self.section,
-                                                location=self.ctx.locate((self.section, "rollout", "engine")))
+                                                location=self.ctx.locate((self.section, "rollout", "engine")),
+                                                max_staleness=self.max_staleness)
         env = getattr(g, "environment", None)
         if env is not None:
             from recipeforge.components.environments import environment_factory
@@ -124,7 +130,8 @@ class OnPolicyStage(TrainerStage):
 
         rollout = self.start_rollout_server()
         kwargs = (self.rollout_kwargs if rollout is self.settings.rollout
-                  else rollout_arguments(rollout, self.device, section=self.section))
+                  else rollout_arguments(rollout, self.device, section=self.section,
+                                         max_staleness=self.max_staleness))
         engine, trainer_args = split_trainer_arguments(kwargs)
         return rollout, engine, trainer_args
 

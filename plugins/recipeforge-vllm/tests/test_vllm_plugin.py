@@ -85,8 +85,57 @@ def test_server_mode_on_a_cpu_trainer_generates_through_a_rollout_function(tmp_p
 
     recipe = _load(tmp_path, "  rollout: {engine: vllm, mode: server, server_url: 'http://gen:8001/'}\n").recipe
     config, trainer = split_trainer_arguments(rollout_arguments(recipe.grpo.rollout, "cpu"))
-    assert config == {"use_vllm": False}
+    # TRL's truncated importance sampling, which the plugin turns on once the trainer is built
+    assert config == {"use_vllm": False, "vllm_importance_sampling_correction": True,
+                      "vllm_importance_sampling_mode": "token_truncate"}
     assert isinstance(trainer["rollout_func"], ServerRollout) and trainer["rollout_func"].base_url == "http://gen:8001"
+
+
+def test_asynchronous_grpo_runs_on_the_server_mode_only(tmp_path, vllm_installed):
+    """`grpo.max_staleness` > 0: the server generates ahead, on CUDA as on a CPU; colocated vLLM is refused."""
+    from recipeforge.components.rollout import split_trainer_arguments
+    from recipeforge_vllm.async_rollout import AsyncServerRollout
+
+    ps = _problems(tmp_path, "  max_staleness: 1\n  rollout: {engine: vllm, mode: colocate}\n")
+    assert ps["grpo.max_staleness"].hint == "set grpo.rollout.mode: server, or grpo.max_staleness: 0"
+    recipe = _load(tmp_path, "  max_staleness: 2\n  rollout: {engine: vllm, mode: server}\n").recipe
+    for device in ("cuda", "cpu"):
+        config, trainer = split_trainer_arguments(rollout_arguments(recipe.grpo.rollout, device, max_staleness=2))
+        assert config == {"use_vllm": False, "vllm_importance_sampling_correction": True,
+                          "vllm_importance_sampling_mode": "token_truncate"}
+        rollout = trainer["rollout_func"]
+        assert isinstance(rollout, AsyncServerRollout) and rollout.max_staleness == 2
+        assert rollout.base_url == "http://127.0.0.1:8000"
+
+
+class _Announced:
+    """What the read-ahead loader tells a rollout: the prompts of each generation batch it reads."""
+
+    def __init__(self):
+        self.prompts: list = []
+
+    def expect(self, prompts: list) -> None:
+        self.prompts.append(prompts)
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_the_loader_announces_generation_batches_depth_steps_ahead(depth):
+    """TRL repeats each generation batch once per accumulation step (here 2): the first of each pair is
+    announced, and while the trainer takes batch k the batches of the next `depth` steps are known."""
+    from recipeforge_vllm.async_rollout import LookAheadLoader
+
+    steps = [[{"prompt": f"p{k}a"}, {"prompt": f"p{k}b"}] for k in range(5)]
+    data = [batch for batch in steps for _ in range(2)]
+    announced = _Announced()
+    loader = LookAheadLoader(data, announced, every=2, depth=depth)
+    assert len(loader) == 10
+    taken = []
+    for i, batch in enumerate(loader):
+        taken.append(batch)
+        step = i // 2
+        assert len(announced.prompts) == min(5, step + 1 + depth), (i, announced.prompts)
+    assert taken == data  # nothing reordered, nothing lost
+    assert announced.prompts == [[f"p{k}a", f"p{k}b"] for k in range(5)]
 
 
 def test_a_server_the_run_starts_is_not_checked_before_the_run(tmp_path):

@@ -116,6 +116,17 @@ def _rollout(r: Recipe) -> Iterator[RuleProblem]:
                           f"set {section}.rollout.mode: {spec.modes[0]}, or use an engine with a {rollout.mode} mode "
                           f"(e.g. vllm from recipeforge-vllm)")
     yield from options_problems(spec.options, rollout.options, (section, "rollout", "options"))
+    staleness = getattr(rl[1], "max_staleness", 0)
+    if staleness > 0:
+        from recipeforge.components.rollout import asynchronous_problem
+
+        problem = (asynchronous_problem(spec, rollout.mode, section) if rollout.mode in spec.modes else None)
+        if problem is not None:
+            yield RuleProblem((section, "max_staleness"), *problem)
+        elif getattr(rl[1], "environment", None) is not None:
+            # TRL runs the tool loop inside the trainer's own generation step, turn by turn.
+            yield RuleProblem((section, "max_staleness"), "multi-turn tool episodes are generated on-policy only",
+                              f"set {section}.max_staleness: 0, or leave out {section}.environment")
 
 
 def _rewards(r: Recipe) -> Iterator[RuleProblem]:

@@ -93,6 +93,13 @@ class GRPOConfig(OnPolicyConfig):
     environment: Optional[EnvironmentSpec] = Field(
         None, description="Multi-turn episodes with tools: the model calls the environment's tools while it "
                           "generates; tool results are not trained. Prompts must be conversations (messages).")
+    max_staleness: int = Field(
+        0, ge=0,
+        description="Asynchronous GRPO: how many optimizer steps the policy that generated a step's completions may "
+                    "lag the policy being trained. 0: on-policy (generate, then train). N > 0: the rollout engine "
+                    "generates the next N steps' completions while the trainer trains, and the loss corrects for "
+                    "the difference with truncated importance sampling. Needs an engine mode that generates "
+                    "concurrently (vllm in server mode).")
 
 
 class RLOOConfig(OnPolicyConfig):

@@ -74,3 +74,47 @@ def test_a_plugin_model_without_loader_sizes_the_plan(dists, tmp_path):
     with pytest.raises(RecipeError) as info:
         resolve_model("acme/private-7", allow_hub=False)
     assert "did you mean 'acme/private-7b'?" in info.value.problems[0].hint
+
+
+GRPO = (SFT.replace("sft", "grpo").replace("alpaca", "prompt")
+        + "train: {global_batch_size: 8}\ngrpo:\n  num_generations: 4\n  rewards: [{name: length}]\n")
+
+
+def test_asynchronous_grpo_needs_an_engine_that_generates_while_the_policy_trains(tmp_path):
+    ps = _problems(tmp_path, GRPO + "  max_staleness: 1\n")
+    p = ps["grpo.max_staleness"]
+    assert p.message == "rollout engine 'hf' cannot generate while the policy trains (asynchronous GRPO)"
+    assert "grpo.max_staleness: 0" in p.hint and p.location.line == 9
+    (tmp_path / "ok.yaml").write_text(GRPO + "  max_staleness: 0\n")
+    assert load_recipe(tmp_path / "ok.yaml").recipe.grpo.max_staleness == 0
+
+
+def test_asynchronous_grpo_follows_the_modes_an_engine_declares(tmp_path, monkeypatch):
+    """Which engine mode generates concurrently is the engine's declaration, not its name."""
+    from recipeforge.components.rollout import RolloutEngineSpec, rollout_arguments, rollout_engines
+
+    monkeypatch.setattr(rollout_engines, "_entries", dict(rollout_engines._entries))
+    monkeypatch.setattr(rollout_engines, "_raw", dict(rollout_engines._raw))
+    rollout_engines.register("remote_gen", RolloutEngineSpec(
+        "remote_gen", lambda r, o, d: {"use_vllm": False}, modes=("colocate", "server"), async_modes=("server",),
+        async_arguments=lambda r, o, d, staleness: {"staleness": staleness}))
+    engine = "  max_staleness: 2\n  rollout: {engine: remote_gen, mode: %s}\n"
+    p = _problems(tmp_path, GRPO + engine % "colocate")["grpo.max_staleness"]
+    assert p.message == "rollout engine 'remote_gen' generates while the policy trains only in server mode, not colocate"
+    assert p.hint == "set grpo.rollout.mode: server, or grpo.max_staleness: 0"
+    recipe = load_recipe(_write(tmp_path, GRPO + engine % "server")).recipe
+    assert rollout_arguments(recipe.grpo.rollout, "cpu", max_staleness=2) == {"staleness": 2}
+    assert rollout_arguments(recipe.grpo.rollout, "cpu") == {"use_vllm": False}
+    with pytest.raises(RecipeError) as info:  # the run checks again (a recipe planned without the plugin)
+        rollout_arguments(recipe.grpo.rollout.model_copy(update={"mode": "colocate"}), "cpu", max_staleness=1)
+    assert info.value.problems[0].key == "grpo.max_staleness"
+    # Tool episodes run turn by turn inside the trainer's generation step.
+    ps = _problems(tmp_path, GRPO.replace("format: prompt", "format: messages")
+                   + engine % "server" + "  environment: {name: calculator}\n")
+    assert ps["grpo.max_staleness"].message == "multi-turn tool episodes are generated on-policy only"
+
+
+def _write(tmp_path, text: str):
+    path = tmp_path / "r.yaml"
+    path.write_text(text)
+    return path

@@ -62,7 +62,19 @@ class VLLMOptions(Section):
         None, gt=0, lt=1, description="Server, launch: share of each of its GPUs the server holds (default: "
                                       "vLLM's; on a CPU, rollout.gpu_memory_utilization of host memory).")
     importance_sampling_correction: bool = Field(
-        True, description="Correct for the difference between vLLM's and the trainer's token probabilities.")
+        True, description="Correct for the difference between vLLM's and the trainer's token probabilities "
+                          "(TRL's importance sampling; truncated per token in server mode on a CPU and in "
+                          "asynchronous GRPO).")
+
+
+def _usable(device: str) -> None:
+    """Refuse a device vLLM does not run on, and a machine without vLLM."""
+    if device not in ("cuda", "cpu"):
+        raise RecipeError(f"the vllm rollout engine runs on CUDA GPUs and CPUs; this run is planned for {device}",
+                          key="grpo.rollout.engine", hint="use grpo.rollout.engine: hf")
+    if importlib.util.find_spec("vllm") is None:
+        raise RecipeError("the vllm rollout engine needs the vllm package, which is not installed",
+                          key="grpo.rollout.engine", hint="pip install 'recipeforge-vllm[vllm]'")
 
 
 def vllm_arguments(rollout, options: VLLMOptions, device: str) -> dict:
@@ -71,17 +83,11 @@ def vllm_arguments(rollout, options: VLLMOptions, device: str) -> dict:
     Server mode on a CPU trainer generates through TRL's ``rollout_func`` instead (TRL's own server
     client pushes weights over NCCL, which needs CUDA): see `server_rollout`.
     """
-    if device not in ("cuda", "cpu"):
-        raise RecipeError(f"the vllm rollout engine runs on CUDA GPUs and CPUs; this run is planned for {device}",
-                          key="grpo.rollout.engine", hint="use grpo.rollout.engine: hf")
-    if importlib.util.find_spec("vllm") is None:
-        raise RecipeError("the vllm rollout engine needs the vllm package, which is not installed",
-                          key="grpo.rollout.engine", hint="pip install 'recipeforge-vllm[vllm]'")
+    _usable(device)
     if rollout.mode == "server" and device == "cpu":
         from recipeforge_vllm.server_rollout import ServerRollout
 
-        url = (rollout.server_url or VLLM_DEFAULT_URL).rstrip("/")
-        return {"use_vllm": False, "rollout_func": ServerRollout(url, options.server_timeout)}
+        return _rollout_func_arguments(ServerRollout(_server_url(rollout), options.server_timeout), options)
     kwargs: dict = {"use_vllm": True, "vllm_mode": rollout.mode, "vllm_model_impl": options.model_impl,
                     "vllm_importance_sampling_correction": options.importance_sampling_correction}
     if options.max_model_length:
@@ -97,13 +103,37 @@ def vllm_arguments(rollout, options: VLLMOptions, device: str) -> dict:
     return _supported(kwargs)
 
 
+def vllm_async_arguments(rollout, options: VLLMOptions, device: str, max_staleness: int) -> dict:
+    """`GRPOConfig` keyword arguments for asynchronous GRPO (`grpo.max_staleness` > 0, server mode): the
+    server generates the next steps' completions while the trainer trains (`async_rollout`), on any device;
+    the weights reach the server through the run directory."""
+    _usable(device)
+    from recipeforge_vllm.async_rollout import AsyncServerRollout
+
+    rollout_func = AsyncServerRollout(_server_url(rollout), options.server_timeout, max_staleness)
+    return _rollout_func_arguments(rollout_func, options)
+
+
+def _server_url(rollout) -> str:
+    return (rollout.server_url or VLLM_DEFAULT_URL).rstrip("/")
+
+
+def _rollout_func_arguments(rollout_func, options: VLLMOptions) -> dict:
+    """Completions from `rollout_func` (a server over HTTP), with TRL's truncated importance sampling:
+    each token's loss weighted by exp(trainer - sampler log-prob), clipped at 3 (`prepare_trainer` turns
+    it on; TRL's own vLLM paths keep TRL's defaults)."""
+    return _supported({"use_vllm": False, "rollout_func": rollout_func,
+                       "vllm_importance_sampling_correction": options.importance_sampling_correction,
+                       "vllm_importance_sampling_mode": "token_truncate"})
+
+
 def _supported(kwargs: dict) -> dict:
     """The arguments, after checking that the installed TRL knows them all (older TRLs lack some)."""
     import dataclasses
 
     from trl import GRPOConfig
 
-    known = {f.name for f in dataclasses.fields(GRPOConfig)}
+    known = {f.name for f in dataclasses.fields(GRPOConfig)} | {"rollout_func"}  # the one trainer argument
     missing = sorted(k for k in kwargs if k not in known)
     if missing:
         raise RecipeError(f"the installed TRL has no {', '.join(missing)}", key="grpo.rollout",
@@ -122,7 +152,14 @@ def _start_server(rollout, model_path: str, log_path):
 
 
 def prepare_trainer(rollout, trainer) -> None:
-    """Colocated vLLM on a platform that repacks its weights: sync through vLLM's in-place reload."""
+    """Completions over HTTP (`ServerRollout`, `AsyncServerRollout`): wire them into the trainer.
+    Colocated vLLM on a platform that repacks its weights: sync through vLLM's in-place reload."""
+    from recipeforge_vllm.server_rollout import ServerRollout
+
+    if isinstance(getattr(trainer, "rollout_func", None), ServerRollout):
+        options = VLLMOptions.model_validate(dict(rollout.options or {}))
+        trainer.rollout_func.attach(trainer, correction=options.importance_sampling_correction)
+        return
     if rollout.mode != "colocate" or getattr(trainer, "vllm_generation", None) is None:
         return
     from recipeforge_vllm.weight_sync import install_reload_sync, weights_are_repacked
@@ -135,4 +172,5 @@ VLLM = RolloutEngineSpec("vllm", vllm_arguments, VLLMOptions, modes=("colocate",
                          reserves_gpu_memory=True, health_path="/health", default_server_url=VLLM_DEFAULT_URL,
                          prepare_trainer=prepare_trainer, loads_model_by_path=True,
                          server=RolloutServer(wanted=_launch_wanted, start=_start_server),
+                         async_modes=("server",), async_arguments=vllm_async_arguments,
                          description="vLLM generation through TRL (colocated on the training GPUs, or a server)")

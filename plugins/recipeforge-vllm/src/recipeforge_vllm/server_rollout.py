@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -58,13 +59,57 @@ def push_weights(weights: dict, folder: Path, base_url: str, *, timeout_s: float
     _post(base_url + "/reset_prefix_cache", {}, timeout_s)
 
 
+class _StepHook:
+    """What TRL calls ``trainer.vllm_generation.sync_weights()`` at the first generation of each optimizer
+    step: here, the rollout's step boundary (`ServerRollout.on_new_step`)."""
+
+    def __init__(self, rollout: "ServerRollout", trainer):
+        self.rollout, self.trainer = rollout, trainer
+
+    def sync_weights(self) -> None:
+        self.rollout.on_new_step(self.trainer)
+
+
+def enable_sampler_correction(trainer, rollout: "ServerRollout") -> None:
+    """Turn on TRL's importance-sampling correction for completions that come from `rollout`.
+
+    TRL (1.16) computes the trainer's log-probabilities of the sampled tokens and weights each token's
+    loss by exp(trainer - sampler), truncated at ``vllm_importance_sampling_clip_max``, only when its
+    own vLLM client generates (``use_vllm``). The completions here come from vLLM too, through the
+    ``rollout_func`` hook, with the sampler's log-probabilities: the trainer is told so, and its step
+    boundary (where TRL would sync its client) is the rollout's."""
+    trainer.use_vllm = True
+    trainer.vllm_mode = "server"  # no engine in this process (TRL reads it for colocated limits only)
+    trainer.vllm_generation = _StepHook(rollout, trainer)
+    trainer._last_loaded_step = -1
+
+
+def record(trainer, name: str, value: float) -> None:
+    """Add `value` to the trainer's `name` metric of this step (averaged and logged with the step's records)."""
+    if trainer.model.training:
+        trainer._metrics["train"][name].append(float(value))
+
+
 class ServerRollout:
     """TRL ``rollout_func``: generate on a vLLM server, syncing weights through the filesystem."""
+
+    max_staleness = 0  # on-policy: every step generates with the weights of the step before
 
     def __init__(self, base_url: str, timeout_s: float):
         self.base_url, self.timeout_s = base_url.rstrip("/"), timeout_s
         self.client = None
         self.synced_step = 0  # the server starts from the policy's initial weights
+
+    def attach(self, trainer, *, correction: bool) -> None:
+        """Finish wiring the built trainer: the sampler correction when the recipe keeps it on."""
+        if correction:
+            enable_sampler_correction(trainer, self)
+
+    def on_new_step(self, trainer) -> None:
+        """Before the first generation of an optimizer step: the server gets the trained weights."""
+        if trainer.state.global_step != self.synced_step:
+            self.sync(trainer)
+            self.synced_step = trainer.state.global_step
 
     def sync(self, trainer) -> None:
         """Write the policy's weights where the server reads them and reload them there (main process)."""
@@ -80,14 +125,20 @@ class ServerRollout:
             from trl.generation.vllm_client import VLLMClient
 
             self.client = VLLMClient(base_url=self.base_url, connection_timeout=self.timeout_s)
-        if trainer.state.global_step != self.synced_step:
-            self.sync(trainer)
-            self.synced_step = trainer.state.global_step
-        # Tokenized exactly as TRL's own generation paths do (chat template for conversations).
-        ids = trainer._tokenize_prompts(prompts)[0]
-        args = trainer.args
-        # One completion per prompt row: the sampler already repeats each prompt once per generation.
-        out = self.client.generate(prompts=ids, n=1, temperature=args.temperature, top_p=args.top_p,
-                                   max_tokens=args.max_completion_length, logprobs=0)
-        return {"prompt_ids": out["prompt_ids"], "completion_ids": out["completion_ids"],
-                "logprobs": [[lp[0] for lp in seq] for seq in out["logprobs"]]}
+        self.on_new_step(trainer)
+        start = time.perf_counter()
+        out = generate(self.client, trainer, trainer._tokenize_prompts(prompts)[0])
+        record(trainer, "rollout/wait_s", time.perf_counter() - start)  # the trainer waits for all of it
+        record(trainer, "rollout/staleness", 0)
+        return out
+
+
+def generate(client, trainer, ids: list) -> dict[str, Any]:
+    """Completions of the tokenized prompts `ids` from the server `client` talks to, with the sampled
+    tokens' log-probabilities (TRL's ``rollout_func`` output)."""
+    args = trainer.args
+    # One completion per prompt row: the sampler already repeats each prompt once per generation.
+    out = client.generate(prompts=ids, n=1, temperature=args.temperature, top_p=args.top_p,
+                          max_tokens=args.max_completion_length, logprobs=0)
+    return {"prompt_ids": out["prompt_ids"], "completion_ids": out["completion_ids"],
+            "logprobs": [[lp[0] for lp in seq] for seq in out["logprobs"]]}
