@@ -45,6 +45,8 @@ REGISTRY_KINDS: dict[str, RegistryKind] = {
     "backends": RegistryKind("distributed backends", "recipeforge.backends"),
     "recipes": RegistryKind("packages holding base recipes for `extends: pkg://<name>/<file>.yaml`",
                             "recipeforge.config.plugin_recipes"),
+    "stages": RegistryKind("training stages named by `stage:` (a `stage_specs.StageSpec` each)",
+                           "recipeforge.stage_specs"),
 }
 GROUPS: dict[str, str] = {kind: k.description for kind, k in REGISTRY_KINDS.items()}
 

@@ -122,12 +122,12 @@ class TrainerStage:
         ctx = self.context
         check_sr_optimizer(ctx.plan)
         if not self.takes_images:
-            from recipeforge.stage_specs import STAGE_SPECS, Stage
+            from recipeforge.stage_specs import stage_spec
             from recipeforge.stages.vision_check import refuse_vision
 
             stage = self.stage or self.recipe.stage
             why = ("recipeforge's rollout engines and reward functions take text prompts only"
-                   if STAGE_SPECS[Stage(stage)].rollout
+                   if stage_spec(stage).rollout
                    else "its trainer takes text rows only")
             refuse_vision(self.recipe, stage, why=why, location=ctx.locate(("stage",)))
         if self.recipe.train.activation_offloading:
