@@ -49,7 +49,10 @@ def validate_tree(tree: ConfigTree) -> Recipe:
         # Still check the rest against the closest stage, so the user sees every problem at once.
         guess = (did_you_mean(str(stage), stage_names()) or "'sft'").split("'")[1] if stage is not None else "sft"
         if isinstance(tree.data, dict):
-            closest = _plugin_class(tree, guess) or STAGE_CLASSES[guess]
+            try:
+                closest = _plugin_class(tree, guess) or STAGE_CLASSES[guess]
+            except RecipeError:  # the closest name is a plugin that fails to load: the common keys only
+                closest = Recipe
             try:
                 closest.model_validate({**tree.data, "stage": guess})
             except ValidationError as inner:

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from recipeforge.config.schema.recipe import Recipe, recipe_class
+from recipeforge.errors import RecipeError
 
 
 def _defaults(model: type[BaseModel]) -> dict[str, Any]:
@@ -32,5 +33,8 @@ def _nested_model(tp: Any) -> type[BaseModel] | None:
 
 def schema_defaults(stage: Any) -> dict[str, Any]:
     """Defaults of the recipe class for `stage` (the common ones when the stage is unknown)."""
-    cls = recipe_class(stage) if isinstance(stage, str) else None  # a plugin's stage: its made class
+    try:
+        cls = recipe_class(stage) if isinstance(stage, str) else None  # a plugin's stage: its made class
+    except RecipeError:  # a plugin stage that fails to load: validation reports it at `stage:`
+        cls = None
     return _defaults(cls or Recipe)
