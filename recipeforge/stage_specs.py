@@ -173,12 +173,12 @@ def rl_section(recipe: Any) -> tuple[str, Any] | None:
     return spec.section, getattr(recipe, spec.section)
 
 
-RL_STAGES = tuple(s.name.value for s in STAGE_SPECS.values() if s.rollout)
+RL_STAGES = tuple(str(s.name) for s in STAGE_SPECS.values() if s.rollout)
 
 
 def stages_for_format_kind(kind: str) -> tuple[str, ...]:
-    """The stages that train on dataset formats of `kind`."""
-    return tuple(s.name.value for s in STAGE_SPECS.values() if kind in s.format_kinds)
+    """The built-in stages that train on dataset formats of `kind`."""
+    return tuple(str(s.name) for s in STAGE_SPECS.values() if kind in s.format_kinds)
 
 
 FORMAT_KINDS = tuple(dict.fromkeys(k for s in STAGE_SPECS.values() for k in s.format_kinds))

@@ -8,7 +8,8 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from recipeforge.config.schema.recipe import Recipe, recipe_class
+from recipeforge.config.schema.plugin_stages import recipe_class
+from recipeforge.config.schema.recipe import Recipe
 from recipeforge.errors import RecipeError
 
 

@@ -1,8 +1,7 @@
 """The whole recipe: common sections, one class per stage, discriminated on `stage`.
 
-A stage from a plugin (`stage_specs.stage_registry`) gets its class made from its spec, once, by
-`recipe_class`: the common sections, its `stage` name and its own section. The union and the JSON
-schema (`recipe_adapter`, what the docs show) hold the built-in stages only.
+A stage from a plugin gets its class made from its spec (`schema.plugin_stages.recipe_class`). The
+union and the JSON schema (`recipe_adapter`, what the docs show) hold the built-in stages only.
 
 Building a `Recipe` validates each section on its own. The cross-field rules (`rules.py`) take the
 built recipe as data; `config.validate` runs them and reports all violations together, each at the
@@ -13,10 +12,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import Field, TypeAdapter, create_model, field_validator, model_validator
+from pydantic import Field, TypeAdapter, field_validator, model_validator
 
-from recipeforge.errors import RecipeError
-from recipeforge.stage_specs import STAGE_SPECS, STAGES, StageSpec, stage_registry
+from recipeforge.stage_specs import STAGE_SPECS, STAGES
 from recipeforge.config.schema.adapter import AdapterConfig
 from recipeforge.config.schema.base import Section
 from recipeforge.config.schema.data import DataConfig
@@ -167,46 +165,6 @@ for _stage, _cls in STAGE_CLASSES.items():  # each stage's summary, as the schem
     _cls.__doc__ = STAGE_SPECS[_stage].summary
 
 _ADAPTER: TypeAdapter | None = None
-_PLUGIN_CLASSES: dict[int, type[Recipe]] = {}  # id(StageSpec) -> its recipe class
-
-
-def recipe_class(stage: str) -> type[Recipe] | None:
-    """The recipe class of `stage`: a built-in stage's, or the one made for a plugin's stage from its
-    spec (loading the plugin); None for a name no stage has. A plugin that fails to load, or whose
-    section cannot be a recipe key, raises `RecipeError` at `stage`."""
-    builtin = STAGE_CLASSES.get(stage)
-    if builtin is not None or not stage_registry.has(stage):
-        return builtin
-    spec = stage_registry.get(stage, key="stage")
-    if id(spec) not in _PLUGIN_CLASSES:  # by identity: a plugin reinstalled in-process is a new spec
-        _PLUGIN_CLASSES[id(spec)] = _plugin_recipe(spec)
-    return _PLUGIN_CLASSES[id(spec)]
-
-
-def _plugin_recipe(spec: StageSpec) -> type[Recipe]:
-    """A plugin stage's recipe class: `Recipe` with its `stage` name and its section (`section_model`)."""
-    name = str(spec.name)
-    fields: dict[str, Any] = {"stage": (Literal[name], Field(description=f"Training stage: {name}."))}
-    if spec.section is not None:
-        taken = set(Recipe.model_fields) | set(STAGE_ONLY_SECTIONS)
-        if spec.section in taken:
-            raise RecipeError(f"the stage '{name}' names its section '{spec.section}', which is already a recipe "
-                              "key", key="stage", hint=f"the plugin publishing '{name}' must use another key")
-        if spec.rollout:
-            from recipeforge.config.schema.stages import OnPolicyConfig
-
-            if not issubclass(spec.section_model, OnPolicyConfig):
-                raise RecipeError(f"the on-policy stage '{name}' has a section that is no OnPolicyConfig",
-                                  key="stage", hint="its section_model must subclass "
-                                                    "recipeforge.config.schema.stages.OnPolicyConfig")
-        model = spec.section_model
-        required = any(f.is_required() for f in model.model_fields.values())
-        what = f"{name} settings."
-        fields[spec.section] = (model, Field(description=what) if required
-                                else Field(default_factory=model, description=what))
-    title = "".join(part.capitalize() for part in name.replace("-", "_").split("_")) + "Recipe"
-    cls: type[Recipe] = create_model(title, __base__=Recipe, __doc__=spec.summary, **fields)
-    return cls
 
 
 def recipe_adapter() -> TypeAdapter:

@@ -73,7 +73,7 @@ def test_without_the_plugin_the_stage_is_unknown(builtins_only, tiny, tmp_path):
 
 def test_the_documented_schema_holds_the_built_in_stages_only(smooth_lm):
     from recipeforge.config.jsonschema import recipe_json_schema
-    from recipeforge.config.schema.recipe import recipe_class
+    from recipeforge.config.schema.plugin_stages import recipe_class
     from recipeforge.stage_specs import STAGES, stage_names
 
     assert recipe_class("smooth_lm") is not None and "smooth_lm" in stage_names()
