@@ -129,7 +129,7 @@ def registry_for(kind: str) -> "Registry":
 
 
 class Registry(Generic[T]):
-    """Named components of one kind (models, kernels, rewards, formats, rollout_engines, backends).
+    """Named components of one kind (models, kernels, rewards, formats, rollout_engines, backends, stages).
 
     `coerce(name, obj)` turns what a plugin's entry point gives into the registry's type (e.g. a
     plain function into a kernel spec) and raises TypeError when it cannot.

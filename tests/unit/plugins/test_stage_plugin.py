@@ -33,6 +33,7 @@ def _recipe(tiny, tmp_path, text: str = RECIPE):
 def test_validate_and_plan_accept_a_plugin_stage(smooth_lm, tiny, tmp_path):
     from recipeforge.config.validate import check_components
     from recipeforge.plan import make_plan, render_plan
+    from recipeforge.plugins import annotate_plan
     from recipeforge.stage_specs import stage_spec
 
     loaded = load_recipe(_recipe(tiny, tmp_path))
@@ -40,9 +41,12 @@ def test_validate_and_plan_accept_a_plugin_stage(smooth_lm, tiny, tmp_path):
     recipe = loaded.recipe
     assert recipe.stage == "smooth_lm" and recipe.smooth_lm.label_smoothing == 0.2
     assert type(recipe).__doc__ == stage_spec("smooth_lm").summary
-    plan = make_plan(recipe)
+    plan = annotate_plan(make_plan(recipe), recipe)
     assert plan.backend == "single" and plan.device == "cpu" and plan.micro_batch_size >= 1
     assert "Plan: single on cpu" in render_plan(plan)
+    # The plan names the plugin the run needs, as it names a plugin reward or format.
+    assert plan.extra.plugins == [{"group": "recipeforge.stages", "name": "smooth_lm", "distribution": "rf-smooth-lm",
+                                   "version": "1.0"}]
 
 
 def test_the_section_defaults_and_is_checked_by_the_plugin_s_model(smooth_lm, tiny, tmp_path):
