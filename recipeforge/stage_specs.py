@@ -9,7 +9,7 @@ from here; a test checks each stage has its recipe class and runner.
 
 A plugin adds a stage by publishing its `StageSpec` in the entry-point group ``recipeforge.stages``:
 `stage_spec(name)` finds built-in and plugin stages alike, and the recipe schema makes a plugin
-stage's recipe class from its spec (`config.schema.recipe.recipe_class`). `STAGES` and `STAGE_SPECS`
+stage's recipe class from its spec (`config.schema.plugin_stages.recipe_class`). `STAGES` and `STAGE_SPECS`
 stay the built-in stages (what the docs show).
 
 Fixed sets of names are `Names` enums (torchtitan's StrEnums): members compare, hash and print as
