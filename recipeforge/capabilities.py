@@ -90,6 +90,12 @@ class BackendCapabilities:
     extra: str | None = None                          # the recipeforge extra that installs it
     why: Mapping[str, str] = field(default_factory=dict)
 
+    def runs_stage(self, stage: str) -> bool:
+        """Whether the backend runs `stage`: one it lists, or a plugin's stage when it runs every built-in
+        one (a plugin stage's runner is a trainer stage like theirs; a backend with a loop of its own
+        lists the stages it runs)."""
+        return stage in self.stages or (stage not in STAGES and set(STAGES) <= set(self.stages))
+
 
 class BackendName(Names):
     """The built-in backends' names, named once (a plugin backend brings its own name)."""
@@ -247,10 +253,10 @@ class _Asked:
 def _stage_refusals(q: _Asked) -> list[Refusal]:
     """A stage the backend does not run."""
     caps, n, why, stage = q.caps, q.caps.name, q.caps.why, q.stage
-    if stage is None or stage in caps.stages:
+    if stage is None or caps.runs_stage(stage):
         return []
     return [Refusal("distributed.backend", f"the {n} backend runs {_both(list(caps.stages))} only, not {stage}"
-                    + (f": {why['stages']}" if "stages" in why else ""), q.others(lambda c: stage in c.stages))]
+                    + (f": {why['stages']}" if "stages" in why else ""), q.others(lambda c: c.runs_stage(stage)))]
 
 
 def _device_refusals(q: _Asked) -> list[Refusal]:

@@ -1,7 +1,8 @@
 """What is installed and what is trusted: the `recipeforge plugins` report.
 
 `plugins_report()` loads every plugin entry point of every group (``recipeforge.models``,
-``.kernels``, ``.rollout_engines``, ``.rewards``, ``.environments``, ``.formats``, ``.backends``, ``.recipes``) and
+``.kernels``, ``.rollout_engines``, ``.rewards``, ``.environments``, ``.formats``, ``.backends``, ``.recipes``,
+``.stages``) and
 says, per entry, which distribution and version provides it and whether it loaded or why not. A
 broken plugin is reported as failed; it never stops the others from loading.
 

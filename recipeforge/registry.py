@@ -45,6 +45,8 @@ REGISTRY_KINDS: dict[str, RegistryKind] = {
     "backends": RegistryKind("distributed backends", "recipeforge.backends"),
     "recipes": RegistryKind("packages holding base recipes for `extends: pkg://<name>/<file>.yaml`",
                             "recipeforge.config.plugin_recipes"),
+    "stages": RegistryKind("training stages named by `stage:` (a `stage_specs.StageSpec` each)",
+                           "recipeforge.stage_specs"),
 }
 GROUPS: dict[str, str] = {kind: k.description for kind, k in REGISTRY_KINDS.items()}
 
@@ -127,7 +129,7 @@ def registry_for(kind: str) -> "Registry":
 
 
 class Registry(Generic[T]):
-    """Named components of one kind (models, kernels, rewards, formats, rollout_engines, backends).
+    """Named components of one kind (models, kernels, rewards, formats, rollout_engines, backends, stages).
 
     `coerce(name, obj)` turns what a plugin's entry point gives into the registry's type (e.g. a
     plain function into a kernel spec) and raises TypeError when it cannot.

@@ -1,4 +1,4 @@
-"""The training stages, named once: one `StageSpec` per stage.
+"""The training stages, named once: one `StageSpec` per stage, in the `stages` registry.
 
 A stage's spec says what the rest of the package needs to know about it: its one-line summary (the
 recipe schema and docs/recipes.md show it), its runner (`recipeforge.stages`), the recipe section
@@ -7,8 +7,14 @@ run reports for it, and how the model card says the model was trained. The recip
 (`config.schema.recipe`), the runner table, the format-to-stage table and the run summary are read
 from here; a test checks each stage has its recipe class and runner.
 
+A plugin adds a stage by publishing its `StageSpec` in the entry-point group ``recipeforge.stages``:
+`stage_spec(name)` finds built-in and plugin stages alike, and the recipe schema makes a plugin
+stage's recipe class from its spec (`config.schema.plugin_stages.recipe_class`). `STAGES` and `STAGE_SPECS`
+stay the built-in stages (what the docs show).
+
 Fixed sets of names are `Names` enums (torchtitan's StrEnums): members compare, hash and print as
-their value, so they stand wherever a plain string is expected. Nothing here imports anything.
+their value, so they stand wherever a plain string is expected. Nothing here imports beyond the
+registry.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
+
+from recipeforge.registry import Registry, check_code_reference
 
 
 class Names(str, Enum):
@@ -49,11 +57,15 @@ PREFERENCE = (*LOSS, "rewards/accuracies", "rewards/margins")  # what TRL's pref
 class StageSpec:
     """What one stage is, for every part of the package that handles stages generically."""
 
-    name: Stage
+    name: str                           # a `Stage` for the built-in stages
     summary: str                        # one line: the recipe schema's description of the stage
     runner: str                         # "module:Class" of its runner (imported only when a run needs it)
     trained_as: str                     # the model card's "`<base>` ... on <weights>" phrase
     section: str | None = None          # the recipe section only this stage has
+    # A plugin stage's section: a pydantic model class (best a `config.schema.base.Section`), the
+    # type of the recipe's `section:` key; required when the model has a required field. The built-in
+    # stages' sections are fields of their recipe classes (`config.schema.recipe`) instead.
+    section_model: Any = None
     format_kinds: tuple[str, ...] = ()  # dataset format kinds it trains on (a format may widen this)
     reports: tuple[str, ...] = LOSS     # metrics a finished run reports (first and last value)
     # Rows one micro batch needs at least, and why: the recipe rules refuse a smaller pinned micro batch
@@ -69,11 +81,11 @@ class StageSpec:
     @property
     def needs_rows(self) -> str:
         """What a micro batch below `min_micro_batch` lacks, for the errors that refuse one."""
-        return (f"{self.name.value.upper()} needs micro batches of {self.min_micro_batch} or more rows "
+        return (f"{str(self.name).upper()} needs micro batches of {self.min_micro_batch} or more rows "
                 f"({self.min_micro_batch_why})")
 
 
-STAGE_SPECS: dict[Stage, StageSpec] = {s.name: s for s in (
+STAGE_SPECS: dict[str, StageSpec] = {s.name: s for s in (
     StageSpec(Stage.PRETRAIN, "Causal-LM pretraining or continued pretraining on raw text.",
               "recipeforge.stages.pretrain:PretrainStage", "pretrained"),
     StageSpec(Stage.SFT, "Supervised fine-tuning on instructions, chats or prompt/completion pairs.",
@@ -112,24 +124,61 @@ STAGE_SPECS: dict[Stage, StageSpec] = {s.name: s for s in (
 )}
 
 
+def _as_stage(name: str, obj: object) -> StageSpec:
+    """What a plugin's ``recipeforge.stages`` entry point gives, checked: a whole `StageSpec` of that name."""
+    if not isinstance(obj, StageSpec):
+        raise TypeError(f"a stage must be a recipeforge.stage_specs.StageSpec, got {type(obj).__name__}")
+    if obj.name != name:
+        raise TypeError(f"the entry point '{name}' publishes the stage '{obj.name}': the two names must match")
+    bad = check_code_reference(obj.runner)
+    if bad:
+        raise TypeError(f"runner: {bad}")
+    if (obj.section is None) != (obj.section_model is None) and name not in STAGE_SPECS:
+        raise TypeError("a plugin stage with a recipe section gives both `section` and `section_model`")
+    if obj.section_model is not None and not (isinstance(obj.section_model, type)
+                                              and hasattr(obj.section_model, "model_fields")):
+        raise TypeError(f"section_model must be a pydantic model class, got {obj.section_model!r}")
+    if obj.min_micro_batch < 1:
+        raise TypeError(f"min_micro_batch must be 1 or more, got {obj.min_micro_batch}")
+    return obj
+
+
+# Built-in and plugin stages; a recipe's `stage:` names one of them.
+stage_registry: Registry[StageSpec] = Registry("stages", coerce=_as_stage)
+for _spec in STAGE_SPECS.values():
+    stage_registry.register(str(_spec.name), _spec)
+
+
+def stage_spec(name: str) -> StageSpec:
+    """The spec of stage `name`, built in or from an installed plugin (loaded on first use); a
+    `RecipeError` listing the stages for a name none has."""
+    builtin = STAGE_SPECS.get(name)
+    return builtin if builtin is not None else stage_registry.get(name, key="stage")
+
+
+def stage_names() -> list[str]:
+    """Every stage a recipe may name here: the built-in ones, then the plugins' (listed, not imported)."""
+    return stage_registry.names()
+
+
 def rl_section(recipe: Any) -> tuple[str, Any] | None:
     """(name, section) of `recipe`'s on-policy RL section (`grpo:`, `rloo:`; an `OnPolicyConfig`),
     or None for a stage without a rollout (`StageSpec.rollout`)."""
-    try:
-        spec = STAGE_SPECS[Stage(getattr(recipe, "stage", None))]
-    except ValueError:
+    name = getattr(recipe, "stage", None)
+    if not isinstance(name, str) or not stage_registry.has(name):
         return None
+    spec = stage_spec(name)
     if not spec.rollout or spec.section is None:
         return None
     return spec.section, getattr(recipe, spec.section)
 
 
-RL_STAGES = tuple(s.name.value for s in STAGE_SPECS.values() if s.rollout)
+RL_STAGES = tuple(str(s.name) for s in STAGE_SPECS.values() if s.rollout)
 
 
 def stages_for_format_kind(kind: str) -> tuple[str, ...]:
-    """The stages that train on dataset formats of `kind`."""
-    return tuple(s.name.value for s in STAGE_SPECS.values() if kind in s.format_kinds)
+    """The built-in stages that train on dataset formats of `kind`."""
+    return tuple(str(s.name) for s in STAGE_SPECS.values() if kind in s.format_kinds)
 
 
 FORMAT_KINDS = tuple(dict.fromkeys(k for s in STAGE_SPECS.values() for k in s.format_kinds))

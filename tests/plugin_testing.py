@@ -93,3 +93,21 @@ def distributions(tmp_path: Path):
         sys.path.remove(str(root))
         for name in d.modules:
             sys.modules.pop(name, None)
+
+
+# A site directory holding the test-only distribution `rf-smooth-lm`, whose `recipeforge.stages` entry point
+# adds the stage `smooth_lm` (tests/fixtures/stage_plugin/README.md). It is on no path unless a test puts it there.
+STAGE_PLUGIN = Path(__file__).resolve().parent / "fixtures" / "stage_plugin"
+
+
+@contextlib.contextmanager
+def stage_plugin():
+    """The `smooth_lm` stage plugin installed for this block only (no other plugin is seen meanwhile)."""
+    sys.path.insert(0, str(STAGE_PLUGIN))
+    try:
+        with only_plugins(STAGE_PLUGIN):
+            yield STAGE_PLUGIN
+    finally:
+        sys.path.remove(str(STAGE_PLUGIN))
+        for name in [m for m in sys.modules if m == "rf_smooth_lm" or m.startswith("rf_smooth_lm.")]:
+            sys.modules.pop(name)

@@ -19,7 +19,7 @@ from typing import Any, Callable, Union
 from recipeforge.components.chat_templates import GENERATION_TAG
 from recipeforge.errors import RecipeError
 from recipeforge.registry import Registry
-from recipeforge.stage_specs import FORMAT_KINDS, stages_for_format_kind
+from recipeforge.stage_specs import FORMAT_KINDS, STAGE_SPECS, stage_spec, stages_for_format_kind
 
 Segment = tuple[Union[str, list], bool]  # (text or token ids, trained)
 
@@ -58,8 +58,16 @@ KIND_STAGES: dict[str, tuple[str, ...]] = {kind: stages_for_format_kind(kind) fo
 
 
 def format_stages(fmt: Format) -> tuple[str, ...]:
-    """The stages that can train on `fmt`."""
+    """The built-in stages that can train on `fmt`."""
     return fmt.stages or KIND_STAGES.get(fmt.kind, ())
+
+
+def trains_on(stage: str, fmt: Format) -> bool:
+    """Whether `stage` can train on `fmt`: a built-in stage by `format_stages`, a plugin's stage by the
+    kinds its spec names (`StageSpec.format_kinds`)."""
+    if stage in STAGE_SPECS:
+        return stage in format_stages(fmt)
+    return fmt.kind in stage_spec(stage).format_kinds
 
 
 def _as_format(name: str, obj: object) -> Format:

@@ -14,11 +14,12 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from recipeforge.config.schema.problems import RuleProblem, described, model_problems
-from recipeforge.config.schema.recipe import STAGE_CLASSES, STAGES, Recipe, recipe_adapter
+from recipeforge.config.schema.plugin_stages import recipe_class
+from recipeforge.config.schema.recipe import STAGE_CLASSES, Recipe, recipe_adapter
 from recipeforge.config.schema.rules import check_rules
 from recipeforge.config.tree import ConfigTree
 from recipeforge.errors import Problem, RecipeError, did_you_mean, format_key, sort_problems
-from recipeforge.stage_specs import rl_section
+from recipeforge.stage_specs import rl_section, stage_names
 
 __all__ = ["check_components", "model_problems", "validate_tree"]
 
@@ -26,8 +27,12 @@ __all__ = ["check_components", "model_problems", "validate_tree"]
 def validate_tree(tree: ConfigTree) -> Recipe:
     """Validate `tree` against the recipe schema and its cross-field rules; raise `RecipeError` listing
     all problems."""
+    stage = tree.data.get("stage") if isinstance(tree.data, dict) else None
+    # A plugin's stage is validated against its own class; the union holds the built-in stages.
+    plugin = _plugin_class(tree, stage)
     try:
-        recipe = recipe_adapter().validate_python(tree.data)
+        recipe = (plugin.model_validate(tree.data) if plugin is not None
+                  else recipe_adapter().validate_python(tree.data))
     except ValidationError as exc:
         errors = exc.errors()
     else:
@@ -38,16 +43,21 @@ def validate_tree(tree: ConfigTree) -> Recipe:
             raise RecipeError(sort_problems([_located(tree, p) for p in violations])) from None
         return recipe
     problems: list[Problem] = []
-    stage = tree.data.get("stage")
-    if errors and errors[0]["type"] in ("union_tag_invalid", "union_tag_not_found", "model_attributes_type"):
+    if plugin is not None:
+        problems.extend(_problems(errors, tree, plugin, strip_tag=False))
+    elif errors and errors[0]["type"] in ("union_tag_invalid", "union_tag_not_found", "model_attributes_type"):
         problems.append(_stage_problem(tree, stage))
         # Still check the rest against the closest stage, so the user sees every problem at once.
-        guess = (did_you_mean(str(stage), STAGES) or "'sft'").split("'")[1] if stage is not None else "sft"
+        guess = (did_you_mean(str(stage), stage_names()) or "'sft'").split("'")[1] if stage is not None else "sft"
         if isinstance(tree.data, dict):
             try:
-                STAGE_CLASSES[guess].model_validate({**tree.data, "stage": guess})
+                closest = _plugin_class(tree, guess) or STAGE_CLASSES[guess]
+            except RecipeError:  # the closest name is a plugin that fails to load: the common keys only
+                closest = Recipe
+            try:
+                closest.model_validate({**tree.data, "stage": guess})
             except ValidationError as inner:
-                problems.extend(_problems(inner.errors(), tree, STAGE_CLASSES[guess], strip_tag=False))
+                problems.extend(_problems(inner.errors(), tree, closest, strip_tag=False))
     else:
         cls = STAGE_CLASSES.get(stage, Recipe)
         problems.extend(_problems(errors, tree, cls, strip_tag=True))
@@ -58,12 +68,25 @@ def _located(tree: ConfigTree, problem: RuleProblem) -> Problem:
     return Problem(problem.message, tree.locate(problem.path), format_key(problem.path), problem.hint)
 
 
+def _plugin_class(tree: ConfigTree, stage: Any) -> type[Recipe] | None:
+    """The recipe class of a stage a plugin adds (None for a built-in stage or an unknown name); a
+    plugin that fails to load is reported at the recipe's `stage:`."""
+    if not isinstance(stage, str) or stage in STAGE_CLASSES:
+        return None
+    try:
+        return recipe_class(stage)
+    except RecipeError as exc:
+        where = tree.locate(("stage",))
+        raise RecipeError([Problem(p.message, where, "stage", p.hint) for p in exc.problems]) from None
+
+
 def _stage_problem(tree: ConfigTree, stage: Any) -> Problem:
+    names = stage_names()  # the built-in stages, then the plugins'
     if stage is None:
         return Problem("required key 'stage' is missing", tree.root, "stage",
-                       hint=f"add `stage: <one of {', '.join(STAGES)}>`")
-    return Problem(f"must be one of {', '.join(STAGES)} (got {stage!r})", tree.locate(("stage",)), "stage",
-                   hint=did_you_mean(str(stage), STAGES))
+                       hint=f"add `stage: <one of {', '.join(names)}>`")
+    return Problem(f"must be one of {', '.join(names)} (got {stage!r})", tree.locate(("stage",)), "stage",
+                   hint=did_you_mean(str(stage), names))
 
 
 def _problems(errors: list[dict], tree: ConfigTree, cls: type[BaseModel], strip_tag: bool) -> list[Problem]:

@@ -11,7 +11,7 @@ from recipeforge.errors import RecipeError
 from recipeforge.plan.candidates import auto_cpu_backends
 from recipeforge.plan.parallel_layouts import runs_device_mesh
 from recipeforge.plan.types import BackendPart, Choice, Plan
-from recipeforge.stage_specs import STAGE_SPECS, Stage
+from recipeforge.stage_specs import stage_spec
 
 if TYPE_CHECKING:
     from recipeforge.config.schema.distributed import DistributedConfig
@@ -89,7 +89,7 @@ def _cpu_batch_split(t: TrainConfig, base: Plan, dp: int, stage: str) -> tuple[i
         micro = max(b for b in range(1, min(per_rank, base.micro_batch_size) + 1) if per_rank % b == 0)
         micro_reason = (f"auto: largest divisor of the per-process batch {per_rank} that is at most the "
                         f"single-process choice {base.micro_batch_size}")
-    spec = STAGE_SPECS[Stage(stage)]
+    spec = stage_spec(stage)
     if micro < spec.min_micro_batch:
         least = spec.min_micro_batch
         raise RecipeError(f"{spec.needs_rows}; a global batch of {global_batch} over {dp} data-parallel "

@@ -14,7 +14,7 @@ from recipeforge.plan.pins import pinned
 from recipeforge.plan.policy import Decision, decide, pinned_refusals
 from recipeforge.plan.teacher_memory import teacher_alternatives
 from recipeforge.plan.workload import Workload, lora_targets
-from recipeforge.stage_specs import STAGE_SPECS, Stage
+from recipeforge.stage_specs import Stage, stage_spec
 
 if TYPE_CHECKING:
     from recipeforge.config.schema.distributed import DistributedConfig
@@ -38,7 +38,7 @@ def raise_no_fit(recipe: Recipe, w: Workload, hw: Hardware, decision: Decision, 
         e = batch_only[0]
         key = "train.micro_batch_size" if isinstance(recipe.train.micro_batch_size, int) else "train.global_batch_size"
         multiple = e.micro_batch * e.layout.data_parallel
-        stage = STAGE_SPECS[Stage(recipe.stage)]
+        stage = stage_spec(recipe.stage)
         least = f" ({stage.needs_rows})" if e.micro_batch == stage.min_micro_batch > 1 else ""
         raise RecipeError(f"{e.problem}{least}, so gradient accumulation would not be a whole number", key=key,
                           hint=f"use a global batch that is a multiple of {multiple} "

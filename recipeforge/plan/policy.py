@@ -35,7 +35,7 @@ from recipeforge.plan.candidates import pinned_refusals as pinned_refusals  # re
 from recipeforge.plan.optim_in_backward import in_backward_micro_batches
 from recipeforge.plan.planners import Planners
 from recipeforge.plan.workload import Workload
-from recipeforge.stage_specs import STAGE_SPECS, Stage
+from recipeforge.stage_specs import stage_spec
 
 if TYPE_CHECKING:
     from recipeforge.config.schema.distributed import DistributedConfig
@@ -118,7 +118,7 @@ def evaluate(c: Candidate, w: Workload, hw: Hardware, train: TrainConfig, headro
         micros = [train.micro_batch_size]
     else:
         # the stage's least micro batch (KTO: 2); a per-rank batch below it is then a batch problem
-        least = STAGE_SPECS[Stage(w.stage)].min_micro_batch
+        least = stage_spec(w.stage).min_micro_batch
         cap = min(MICRO_BATCH_CAP, per_rank) if per_rank else 1
         micros = [b for b in range(cap, least - 1, -1) if per_rank and per_rank % b == 0] or [least]
         if w.optimizer_in_backward:  # one micro batch per step: its gradients are used as they are made

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 def used_components(recipe: Recipe) -> list[tuple[str, str]]:
     """(group, name) of every registered component `recipe` names."""
-    used = [("models", recipe.model.name_or_path)]
+    used = [("stages", recipe.stage), ("models", recipe.model.name_or_path)]
     used += [("formats", ds.format) for ds in (*recipe.data.datasets, *recipe.data.eval_datasets)]
     used += [("kernels", name) for name in recipe.kernels]
     rl = rl_section(recipe)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from recipeforge.backends import get_backend
 from recipeforge.errors import RecipeError
 from recipeforge.plan.world import plan_for_world
-from recipeforge.stage_specs import STAGE_SPECS, Stage
+from recipeforge.stage_specs import stage_spec
 from recipeforge.stages.lr_range import MIN_STEPS
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ def check_range(start: float, end: float, steps: int) -> None:
 
 def one_process_plan(recipe: Recipe) -> tuple[Plan, Backend]:
     """The recipe's plan and backend, refused unless the test can run it in this one process."""
-    if STAGE_SPECS[Stage(recipe.stage)].rollout:
+    if stage_spec(recipe.stage).rollout:
         # Every rollout stage (grpo, rloo, a plugin's) optimizes a policy objective on sampled completions.
         raise RecipeError(f"the range test reads a training loss that falls as the model learns; {recipe.stage}'s "
                           "loss is a policy objective on sampled rollouts and says little about the rate",

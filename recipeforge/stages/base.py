@@ -4,9 +4,10 @@ A stage runner does three things: `setup()` (tokenizer, data, model, trainer), `
 `save()` (final/). Runners read the recipe and the plan and never plan again; they hold no
 per-backend code. Each part of a run is built by its own module: the data by the stage's
 `prepare_data` (a frozen `components.prepared.PreparedData`), the model by
-`stages.model_builder.ModelBuilder`, the trainer arguments by the pure
-`stages.trainer_args.trainer_arguments`, the callbacks by `stages.callbacks.run_callbacks`. A stage
-itself only says how to prepare its data and build its trainer. A backend contributes trainer
+`stages.model_builder.ModelBuilder` and `stages.model_setup`, the trainer arguments by the pure
+`stages.trainer_args.trainer_arguments` (merged in `stages.trainer_setup`), the callbacks by
+`stages.callbacks.run_callbacks`, the refusals by `stages.run_checks`, final/ by
+`stages.final_weights`. A stage itself only says how to prepare its data and build its trainer. A backend contributes trainer
 arguments through `StageContext.backend_kwargs`, merged in exactly one place
 (`TrainerStage.training_arguments`), after the stage's own.
 """
@@ -20,8 +21,7 @@ from recipeforge.components.prepared import PreparedData
 from recipeforge.config.secrets import public
 from recipeforge.errors import RecipeError
 from recipeforge.stages.context import DistInfo, RecipeContext, StageContext, WorkerHooks, quiet
-from recipeforge.stages.trainer_args import (BNB_OPTIMIZERS, OPTIMIZERS, SCHEDULERS, RunFacts, runner_checkpoints,
-                                             trainer_arguments)
+from recipeforge.stages.trainer_args import BNB_OPTIMIZERS, OPTIMIZERS, SCHEDULERS, runner_checkpoints
 
 if TYPE_CHECKING:
     from peft import LoraConfig
@@ -74,7 +74,6 @@ class TrainerStage:
         self.token_rate = TokenRate()  # tokens/s in every training record, once the trainer counts
         self.trackers: list[TrainerCallback] = []  # W&B / MLflow callbacks (`outputs.trackers`), finished by `train`
         self.model_load_seconds: float | None = None  # building or reading the model (`load_model`)
-        self.expert_load: Any = None  # an MoE model's expert-load counter (`setup_moe`)
 
     @property
     def data_stats(self) -> dict[str, Any]:
@@ -115,39 +114,10 @@ class TrainerStage:
         self.finish_trainer()
 
     def check(self) -> None:
-        """Refuse, before anything loads, what this run cannot do on its plan."""
-        from recipeforge.stages.freezing import check_low_bit_optimizer
-        from recipeforge.stages.precision import check_sr_optimizer
+        """Refuse, before anything loads, what this run cannot do on its plan (`stages.run_checks`)."""
+        from recipeforge.stages.run_checks import check_run
 
-        ctx = self.context
-        check_sr_optimizer(ctx.plan)
-        if not self.takes_images:
-            from recipeforge.stage_specs import STAGE_SPECS, Stage
-            from recipeforge.stages.vision_check import refuse_vision
-
-            stage = self.stage or self.recipe.stage
-            why = ("recipeforge's rollout engines and reward functions take text prompts only"
-                   if STAGE_SPECS[Stage(stage)].rollout
-                   else "its trainer takes text rows only")
-            refuse_vision(self.recipe, stage, why=why, location=ctx.locate(("stage",)))
-        if self.recipe.train.activation_offloading:
-            from recipeforge.stages.activation_offload import check_activation_offloading
-
-            check_activation_offloading(self.stage or self.recipe.stage, ctx.plan.device,
-                                        location=ctx.locate(("train", "activation_offloading")))
-        check_low_bit_optimizer(self.recipe.train.optimizer, location=ctx.locate(("train", "optimizer")))
-        if self.recipe.train.qat is not None:
-            from recipeforge.components.qat import check_torchao
-
-            check_torchao(location=ctx.locate(("train", "qat")))
-        from recipeforge.stages import fp8
-
-        fp8.check(ctx)  # train.precision fp8: torchao and float8 tensor cores on this device
-        if self.recipe.train.optimizer in BNB_OPTIMIZERS:
-            from recipeforge.components.adapters import check_bitsandbytes
-
-            check_bitsandbytes(ctx.plan.device, what=f"optimizer {self.recipe.train.optimizer}",
-                               key="train.optimizer", location=ctx.locate(("train", "optimizer")))
+        check_run(self.context, self.stage or self.recipe.stage, takes_images=self.takes_images)
 
     def prepare(self) -> PreparedData:
         """Tokenizer, then the stage's data (`prepare_data`), kept on the runner and printed."""
@@ -157,48 +127,25 @@ class TrainerStage:
         return self.data
 
     def finish_trainer(self) -> None:
-        """What follows the trainer's construction: the backend's completion of a model loaded
-        sharded, activation offloading, the token counter and the progress line."""
-        from recipeforge.outputs.console import attach_progress, attach_token_counter
+        """What follows the trainer's construction (`stages.trainer_setup.finish_trainer`): the backend's
+        completion of a model loaded sharded, activation offloading, the token counter and the progress line."""
+        from recipeforge.stages.trainer_setup import finish_trainer
 
-        ctx = self.context
-        if ctx.prepare_trainer is not None:
-            import time
-
-            started = time.perf_counter()
-            ctx.prepare_trainer(self.trainer)  # a base loaded or made shard by shard gets its values here
-            if self.model_load_seconds is not None:
-                self.model_load_seconds += time.perf_counter() - started
-        if self.recipe.train.activation_offloading:  # TRL's trainers with the field do it themselves
-            from recipeforge.stages.activation_offload import wrap_training_step
-
-            wrap_training_step(self.trainer)
-        from recipeforge.outputs.phase_memory import measure_trainer
-
-        measure_trainer(self.trainer)  # evaluations and checkpoint saves are phases of their own
-        data_parallel = ctx.plan.data_parallel or 1
-        self.token_rate.counter = attach_token_counter(self.trainer, data_parallel)
-        attach_progress(self.trainer, enabled=self.recipe.logging.progress_bar and ctx.dist.is_main,
-                        data_parallel=data_parallel)
+        seconds = finish_trainer(self.context, self.trainer, self.token_rate)
+        if self.model_load_seconds is not None:
+            self.model_load_seconds += seconds
 
     def build_trainer_explained(self) -> Trainer:
         """`build_trainer`, with a configuration or constructor error of the training library turned
         into a user error naming the stage, the trainer and the library's message (the original stays
         attached as the cause: ``--debug`` shows its traceback)."""
-        from recipeforge.stages.precision import sr_optimizer
+        from recipeforge.stages.trainer_setup import attach_optimizer
 
         try:
             trainer = self.build_trainer()
         except (TypeError, ValueError, ImportError) as exc:
             raise trainer_error(self.stage or self.recipe.stage, self.trainer_class, exc) from exc
-        optimizer = sr_optimizer(self.context.plan, self.recipe.train)
-        if self.recipe.train.optimizer_in_backward:  # one optimizer per parameter, stepped in backward
-            from recipeforge.components.optim_in_backward import attach
-
-            attach(trainer, optimizer)  # Trainer.create_optimizer keeps an optimizer it was given
-        elif optimizer is not None:  # pure bf16 with stochastic rounding: torchao's AdamW
-            # Read by Trainer.create_optimizer, which runs when training starts.
-            trainer.optimizer_cls_and_kwargs = optimizer
+        attach_optimizer(self.context, trainer)
         return trainer
 
     def train(self) -> dict[str, Any]:
@@ -223,29 +170,15 @@ class TrainerStage:
 
     def save(self) -> Path:
         """Write final/: full weights (safetensors) or the adapter, plus the tokenizer."""
-        from recipeforge.outputs.weights import save_pretrained_atomic
+        from recipeforge.stages.final_weights import save_final_weights
 
         ctx = self.context
         if self.models is not None:  # an adapter's random-init base, unless a checkpoint wrote it
             self.models.write_base()
         model = self.trainer.accelerator.unwrap_model(self.trainer.model) if self.trainer is not None else self.model
-        if self.recipe.train.qat is not None:
-            from recipeforge.components.qat import strip
-
-            strip(model)  # plain nn.Linear weights in final/ (the fake quantizers hold no weights of their own)
-        from recipeforge.stages import fp8
-
-        if fp8.trains_fp8(ctx.plan):
-            fp8.strip(model)  # plain nn.Linear weights in final/, unwrapped from the float8 all-gather
         # A VLM's processor is saved with it: tokenizer, image processor and chat template.
         files = self.processor if self.processor is not None else self.tokenizer
-        if ctx.save_final is not None and self.trainer is not None:  # every rank: gathering is collective
-            ctx.save_final(ctx, self.trainer, model, files)
-        elif ctx.dist.is_main:
-            from recipeforge.stages.precision import final_shard_bytes, final_weights_dtype
-
-            save_pretrained_atomic(model, files, ctx.run.final, dtype=final_weights_dtype(ctx.recipe, ctx.plan),
-                                   max_shard_size=final_shard_bytes(ctx.recipe))
+        save_final_weights(ctx, self.trainer, model, files)
         return ctx.run.final
 
     # --- what a stage says ----------------------------------------------------------------------
@@ -272,92 +205,26 @@ class TrainerStage:
     def load_tokenizer(self) -> PreTrainedTokenizerBase:
         """The recipe's tokenizer, with the chat template and the recipe's tokens added (before anything
         is tokenized: the data cache key includes them); `vocab` records what was added."""
-        from recipeforge.components.tiny_spec import TINY_CONFIGS, tiny_arch
-        from recipeforge.components.tokenizer import load_tokenizer
-        from recipeforge.components.vocab import prepare_tokenizer
+        from recipeforge.stages.model_setup import load_tokenizer
 
-        m = self.recipe.model
-        arch = tiny_arch(m.name_or_path)
-        vocab = TINY_CONFIGS.get(arch, {}).get("vocab_size") if arch else None
-        tokenizer = load_tokenizer(m.tokenizer or m.name_or_path, revision=m.revision,
-                                   trust_remote_code=m.trust_remote_code, vocab_size=vocab,
-                                   location=self.ctx.locate(("model", "tokenizer" if m.tokenizer else "name_or_path")),
-                                   key="model.tokenizer" if m.tokenizer else "model.name_or_path")
-        # `load_model` gives the new tokens their embedding rows.
-        self.vocab = prepare_tokenizer(tokenizer, self.recipe, base_dir=self.ctx.base_dir, locate=self.ctx.locate)
-        if self.vocab.new_ids:
-            self.ctx.log(f"vocab: {self.vocab.describe()}; their embedding rows start at the mean of the others "
-                         f"and are trained")
+        tokenizer, self.vocab = load_tokenizer(self.ctx)
         return tokenizer
 
     def load_model(self) -> PreTrainedModel:
-        """The model the trainer gets: the base (`ModelBuilder.base`), with only the recipe's unfrozen
-        parameters trainable in a partial full fine-tune."""
+        """The model the trainer gets: the base (`ModelBuilder.base`) with what the recipe does to it
+        before training (`stages.model_setup.finish_base`: MoE, unfrozen parameters, QAT, fp8)."""
         import time
 
-        from recipeforge.stages.freezing import apply_unfrozen_parameters
+        from recipeforge.stages.model_setup import finish_base
 
         started = time.perf_counter()
         model = self.builder.base()
-        self.expert_load = self.setup_moe(model)
-        if self.recipe.train.unfrozen_parameters:
-            apply_unfrozen_parameters(model, list(self.recipe.train.unfrozen_parameters),
-                                      locate=self.ctx.locate, log=self.ctx.log)
-        from recipeforge.components.vision_model import freeze_vision, is_vision_model
-
-        if is_vision_model(model) and self.recipe.adapter.type == "none":
-            # Full fine-tuning of a VLM: the tower and the projector train only when the recipe says so.
-            freeze_vision(model, self.recipe.model.vision, log=self.ctx.log,
-                          location=self.ctx.locate(("model", "name_or_path")))
-        if self.recipe.train.qat is not None:
-            self.fake_quantize(model)
-        from recipeforge.stages import fp8
-
-        if fp8.trains_fp8(self.context.plan):  # float8 matmuls, before the trainer wraps or compiles the model
-            fp8.convert(self.context, model)
+        finish_base(self.context, model, self.extra_log_sources)
         # A full-size model takes minutes to build or read; the line says where a slow start went, and
         # the run's records keep it (metrics.jsonl, split "startup").
         self.model_load_seconds = time.perf_counter() - started
         self.ctx.log(f"model: {self.recipe.model.name_or_path} ready in {self.model_load_seconds:.1f}s")
         return model
-
-    def setup_moe(self, model: Any) -> Any:
-        """A mixture-of-experts model: its experts implementation and load-balancing loss set, its routers
-        frozen unless `moe.train_router` (with LoRA, peft decides what trains: `components.moe.lora_plan`),
-        and its expert load and auxiliary loss added to the training records. None for a dense model."""
-        from recipeforge.components import moe
-
-        layers = moe.moe_layers(model)
-        if not layers:
-            return None
-        m = self.recipe.moe
-        impl = moe.configure(model, m, location=self.ctx.locate(("moe", "experts_implementation")))
-        if self.recipe.adapter.type == "none":
-            moe.set_router_trainable(model, m.train_router)
-        load = moe.ExpertLoad(model, count_load=m.log_expert_load)
-        self.extra_log_sources.append(load.take)
-        coef = getattr(model.config, "router_aux_loss_coef", None)
-        self.ctx.log(f"moe: {len(layers)} MoE layers, experts run {impl}; routers "
-                     f"{'trained' if m.train_router else 'frozen'}; load-balancing loss "
-                     f"{f'on (coefficient {coef})' if m.aux_loss else 'off'}")
-        return load
-
-    def fake_quantize(self, model: Any) -> None:
-        """`train.qat`: torchao's fake quantization on the linear layers the int4 export quantizes
-        (`components.qat`), before the trainer wraps the model; `save` swaps them back."""
-        from recipeforge.components import qat
-
-        ctx, q = self.context, self.recipe.train.qat
-        assert q is not None
-        if ctx.load_sharded is not None:
-            raise RecipeError("train.qat swaps the linear layers of a whole model for torchao's fake-quantized "
-                              f"ones, and the {ctx.plan.backend} backend loads this model shard by shard",
-                              key="train.qat", location=ctx.locate(("train", "qat")),
-                              hint="use distributed.backend: single or ddp, or drop train.qat")
-        qat.check_group_size(model, q.group_size, location=ctx.locate(("train", "qat", "group_size")))
-        count = qat.prepare(model, q.scheme, q.group_size)
-        ctx.log(f"qat: {count} linear layers fake-quantized ({q.scheme}, groups of {q.group_size}; torchao); "
-                f"final/ holds plain weights")
 
     @property
     def builder(self) -> "ModelBuilder":
@@ -417,42 +284,15 @@ class TrainerStage:
     def training_arguments(self, cls: type[_Arguments], **stage_kwargs: Any) -> _Arguments:
         """Build `cls` (TrainingArguments or a TRL config): common settings, then the stage's, then
         the backend's — the single place where backend trainer arguments are merged."""
-        kwargs = {**self.common_arguments(), **stage_kwargs, **self.context.backend_kwargs}
-        if self.recipe.train.activation_offloading:
-            from recipeforge.stages.activation_offload import trainer_field
+        from recipeforge.stages.trainer_setup import training_arguments
 
-            kwargs.update(trainer_field(cls))  # TRL's configs; the plain Trainer's step is wrapped instead
-        if "pad_to_multiple_of" in getattr(cls, "__dataclass_fields__", {}) and "pad_to_multiple_of" not in kwargs:
-            from recipeforge.components.collate import pad_multiple
-
-            kwargs["pad_to_multiple_of"] = pad_multiple(self.context.plan.device)  # TRL configs pad themselves
-        try:
-            return cls(**kwargs)
-        except ValueError as exc:  # a combination the trainer refuses, e.g. batch sizes for GRPO
-            raise RecipeError(f"the trainer rejected the settings: {str(exc).splitlines()[0]}") from None
+        return training_arguments(self.context, cls, self.common_arguments(), stage_kwargs)
 
     def common_arguments(self) -> dict[str, Any]:
         """The arguments every stage shares (`stages.trainer_args`), plus the kernels' own."""
-        from transformers import TrainingArguments
+        from recipeforge.stages.trainer_setup import common_arguments
 
-        from recipeforge.components.models import resolve_dtype
-        from recipeforge.stages.precision import cuda_capability, tf32_argument
-        from recipeforge.stages.trainer_args import CHECKPOINTING_FIELD, OLD_CHECKPOINTING_FIELD
-
-        ctx = self.context
-        plan, t = ctx.plan, self.recipe.train
-        dtype = str(resolve_dtype(self.recipe.model.dtype, plan.device))
-        facts = RunFacts(
-            output_dir=str(ctx.run.checkpoints),
-            compute_dtype={"torch.bfloat16": "bf16", "torch.float16": "fp16"}.get(dtype, "fp32"),
-            has_eval=self.has_eval, run_name=self._run_name(),
-            # TF32 matmuls on Ampere or newer (`train.tf32`); None leaves torch's default
-            tf32=tf32_argument(t.tf32, plan.device, cuda_capability() if plan.device == "cuda" else None),
-            checkpointing_field=CHECKPOINTING_FIELD if CHECKPOINTING_FIELD in TrainingArguments.__dataclass_fields__
-            else OLD_CHECKPOINTING_FIELD)
-        kwargs = trainer_arguments(self.recipe, plan, facts)
-        kwargs.update(self.kernels.trainer_kwargs if self.kernels is not None else {})
-        return kwargs
+        return common_arguments(self.context, has_eval=self.has_eval, run_name=self._run_name(), kernels=self.kernels)
 
     def _run_name(self) -> str | None:
         """The run's name for trackers and training_args.bin: never one read from a secret variable."""

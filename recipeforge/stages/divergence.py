@@ -25,7 +25,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from recipeforge.stage_specs import STAGE_SPECS, Stage
+from recipeforge.stage_specs import stage_spec
 from recipeforge.errors import RecipeError
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ def make_callback(config: DivergenceConfig, *, stage: str, checkpoints: Path,
     """The divergence `TrainerCallback` for `config` (a `train.divergence` section)."""
     from transformers import TrainerCallback
 
-    spike_factor = None if STAGE_SPECS[Stage(stage)].rollout else config.spike_factor
+    spike_factor = None if stage_spec(stage).rollout else config.spike_factor
     nan_step = _nan_fault_step()  # read once here, not on every step
 
     class DivergenceCallback(TrainerCallback):  # type: ignore[misc]  # transformers is untyped here (`Any`)

@@ -1,21 +1,21 @@
 """Causal-LM training on the transformers `Trainer`: what pretraining and SFT share.
 
-Tokenization, label masking and packing happen once in `components.lm_data` (cached); the trainer
-only sees token ids, labels and position ids, and the collator pads them. With no per-step text
-processing, a step costs what the model's forward and backward cost.
+Tokenization, label masking and packing happen once in `components.lm_data` (cached; the stage's
+data step is `stages.lm_prep`); the trainer only sees token ids, labels and position ids, and the
+collator pads them. With no per-step text processing, a step costs what the model's forward and
+backward cost.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from recipeforge.components.prepared import PreparedData
 from recipeforge.stages.base import TrainerStage
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, Trainer, TrainerControl, TrainerState, TrainingArguments
 
-    from recipeforge.config.schema.data import DatasetSpec
+    from recipeforge.components.prepared import PreparedData
 
 
 class LMStage(TrainerStage):
@@ -24,66 +24,10 @@ class LMStage(TrainerStage):
     trainer_class = "transformers.Trainer"
 
     def prepare_data(self) -> PreparedData:
-        from recipeforge.components.formats import get_format
-        from recipeforge.components.lm_data import prepare_lm_data
-        from recipeforge.components.tokenizer import set_chat_template
+        """Tokenized, masked and packed sequences, or a stream of them (`stages.lm_prep.prepare_lm`)."""
+        from recipeforge.stages.lm_prep import prepare_lm
 
-        data = self.recipe.data
-        specs = list(data.datasets) + list(data.eval_datasets)
-        # Rows written with a text prompt (`prompt:`) do not go through the chat template.
-        conversational = any(get_format(s.format).conversational({}) and getattr(s, "prompt", None) is None
-                             for s in specs)
-        set_chat_template(self.tokenizer, data.chat_template, required=conversational,
-                          location=self.ctx.locate(("data", "chat_template")))
-        self._prompt_as_chat_template(specs)
-        if data.streaming:
-            return self.streamed_data()
-        lm = prepare_lm_data(self.recipe, self.tokenizer, base_dir=self.ctx.base_dir, locate=self.ctx.locate)
-        return PreparedData(train=lm.train, eval=lm.eval, stats=dict(lm.stats), packed=lm.packed,
-                            unit="packed sequences" if lm.packed else "sequences",
-                            fingerprint=lm.fingerprint, cache_path=lm.cache_path)
-
-    def _prompt_as_chat_template(self, specs: list[DatasetSpec]) -> None:
-        """When every dataset is written with the same text prompt and the recipe names no chat template,
-        the tokenizer saved with the model gets a chat template that writes that prompt, so `recipeforge
-        chat` and `serve` prompt the model the way it was trained (not with the tokenizer's own template)."""
-        from recipeforge.components.text_prompt import chat_template
-        from recipeforge.components.tokenizer import special_prefix_ids
-
-        prompts = {getattr(s, "prompt", None) for s in specs}
-        if len(prompts) != 1 or None in prompts or self.recipe.data.chat_template != "tokenizer":
-            return
-        template = chat_template(prompts.pop(), bos=bool(special_prefix_ids(self.tokenizer)))
-        if template is not None:
-            self.tokenizer.chat_template = template
-
-    def streamed_data(self) -> PreparedData:
-        """`data.streaming`: this process's stream of training sequences (`components.lm_stream`), and the
-        eval datasets tokenized and cached as usual. Preparing the data before a launch (or `recipeforge
-        preprocess`) reads the first window only: the rows' errors show before any worker starts."""
-        from recipeforge.stages.context import StageContext
-        from recipeforge.stages.streamed_data import eval_data, probe, training_stream
-
-        plan = self.ctx.plan if isinstance(self.ctx, StageContext) else None  # None: data prepared alone
-        training = plan is not None
-        if plan is not None and (plan.data_parallel or 1) != self.ctx.dist.world_size:
-            from recipeforge.errors import RecipeError
-
-            raise RecipeError(f"each process reads its own share of a stream, and this plan has "
-                              f"{self.ctx.dist.world_size} processes in {plan.data_parallel} data-parallel "
-                              "groups (tensor, context or pipeline parallel ranks share their rows)",
-                              key="data.streaming", location=self.ctx.locate(("data", "streaming")),
-                              hint="stream with data parallelism alone (ddp, deepspeed, fsdp), or set data.streaming: "
-                                   "false")
-        stream = training_stream(self.recipe, self.tokenizer, self.ctx, rank=self.ctx.dist.rank if training else 0,
-                                 world=self.ctx.dist.world_size if training else 1)
-        evaluation = eval_data(self.recipe, self.tokenizer, self.ctx)
-        stats = stream.stats() if training else probe(stream)
-        if evaluation is not None:
-            stats["eval_rows"] = len(evaluation.train)
-        return PreparedData(train=stream, eval=evaluation.train if evaluation is not None else None, stats=stats,
-                            packed=bool(self.recipe.data.packing),
-                            unit="packed sequences" if self.recipe.data.packing else "sequences")
+        return prepare_lm(self.ctx, self.tokenizer)
 
     def load_model(self) -> PreTrainedModel:  # a PeftModel with adapters
         model = super().load_model()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from recipeforge.stage_specs import STAGE_SPECS, Stage
+from recipeforge.stage_specs import Stage, stage_spec
 from recipeforge import __version__
 from recipeforge.outputs.metrics import read_metrics, series
 
@@ -31,7 +31,7 @@ def render_model_card(*, recipe, recipe_data: dict, plan, data_stats: dict, run_
     lines = ["---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "", f"# {name}", ""]
     if description:
         lines += [description, ""]
-    what = STAGE_SPECS[recipe.stage].trained_as
+    what = stage_spec(recipe.stage).trained_as
     if recipe.stage == Stage.CPO and recipe.cpo.loss_type == "simpo":
         what = "trained with SimPO (TRL's CPO trainer, simpo loss)"
     how = "LoRA adapters" if recipe.adapter.type == "lora" else \

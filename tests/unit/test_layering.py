@@ -49,7 +49,7 @@ TOP_LEVEL = {"recipeforge": "errors", "recipeforge.errors": "errors", "recipefor
              "recipeforge.settings": "errors",  # flags and environment beyond the recipe, one typed record
              "recipeforge.registry": "registry",
              "recipeforge.capabilities": "registry",  # what each backend runs: read by config, plan, backends
-             "recipeforge.stage_specs": "errors",  # the stages, named once; imports nothing
+             "recipeforge.stage_specs": "registry",  # the stages, named once, and their registry
              "recipeforge.run": "run", "recipeforge.plugins": "plugins", "recipeforge.cli": "cli",
              "recipeforge.__main__": "cli",
              "recipeforge.ray_entry": "cli"}  # a Ray launch's driver and worker function: process entry points

@@ -49,7 +49,7 @@ def options_problems(model: Any, data: Any, path: tuple) -> list[RuleProblem]:
 
 
 def _formats(r: Recipe) -> Iterator[RuleProblem]:
-    from recipeforge.components.formats import format_stages, formats
+    from recipeforge.components.formats import formats, trains_on
 
     for section in ("datasets", "eval_datasets"):
         for i, ds in enumerate(getattr(r.data, section)):
@@ -57,8 +57,8 @@ def _formats(r: Recipe) -> Iterator[RuleProblem]:
             fmt, problem = lookup(formats, ds.format, path)
             if problem is not None:
                 yield problem
-            elif r.stage not in format_stages(fmt):
-                fits = [e.name for e in formats if r.stage in format_stages(e.obj)]
+            elif not trains_on(r.stage, fmt):
+                fits = [e.name for e in formats if trains_on(r.stage, e.obj)]
                 yield RuleProblem(path, f"stage '{r.stage}' cannot train on format '{ds.format}'",
                                   f"use {' or '.join(fits)} for stage {r.stage}")
 

@@ -8,7 +8,9 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from recipeforge.config.schema.recipe import STAGE_CLASSES, Recipe
+from recipeforge.config.schema.plugin_stages import recipe_class
+from recipeforge.config.schema.recipe import Recipe
+from recipeforge.errors import RecipeError
 
 
 def _defaults(model: type[BaseModel]) -> dict[str, Any]:
@@ -32,4 +34,8 @@ def _nested_model(tp: Any) -> type[BaseModel] | None:
 
 def schema_defaults(stage: Any) -> dict[str, Any]:
     """Defaults of the recipe class for `stage` (the common ones when the stage is unknown)."""
-    return _defaults(STAGE_CLASSES.get(stage, Recipe) if isinstance(stage, str) else Recipe)
+    try:
+        cls = recipe_class(stage) if isinstance(stage, str) else None  # a plugin's stage: its made class
+    except RecipeError:  # a plugin stage that fails to load: validation reports it at `stage:`
+        cls = None
+    return _defaults(cls or Recipe)

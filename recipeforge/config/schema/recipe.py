@@ -1,5 +1,8 @@
 """The whole recipe: common sections, one class per stage, discriminated on `stage`.
 
+A stage from a plugin gets its class made from its spec (`schema.plugin_stages.recipe_class`). The
+union and the JSON schema (`recipe_adapter`, what the docs show) hold the built-in stages only.
+
 Building a `Recipe` validates each section on its own. The cross-field rules (`rules.py`) take the
 built recipe as data; `config.validate` runs them and reports all violations together, each at the
 key the user has to change.
@@ -157,7 +160,7 @@ STAGE_CLASSES: dict[str, type[Recipe]] = {
     "orpo": ORPORecipe, "kto": KTORecipe, "cpo": CPORecipe, "reward": RewardRecipe, "distill": DistillRecipe,
     "rloo": RLOORecipe}
 # Sections that exist only for one stage, for "this section belongs to stage X" hints.
-STAGE_ONLY_SECTIONS = {spec.section: name.value for name, spec in STAGE_SPECS.items() if spec.section}
+STAGE_ONLY_SECTIONS = {spec.section: name for name, spec in STAGE_SPECS.items() if spec.section}
 for _stage, _cls in STAGE_CLASSES.items():  # each stage's summary, as the schema and docs show it
     _cls.__doc__ = STAGE_SPECS[_stage].summary
 

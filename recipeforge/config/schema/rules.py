@@ -13,7 +13,7 @@ from recipeforge.config.schema.components import COMPONENT_RULES
 from recipeforge.config.schema.in_backward_rules import in_backward_problems
 from recipeforge.config.schema.problems import RuleProblem
 from recipeforge.config.schema.recipe import Recipe
-from recipeforge.stage_specs import STAGE_SPECS, Stage, rl_section
+from recipeforge.stage_specs import Stage, rl_section, stage_spec
 
 
 def check_rules(recipe: Recipe) -> list[RuleProblem]:
@@ -240,7 +240,7 @@ def _distributed(r: Recipe) -> Iterator[RuleProblem]:
 
 
 def _stage_specific(r: Recipe) -> Iterator[RuleProblem]:
-    spec = STAGE_SPECS[Stage(r.stage)]
+    spec = stage_spec(r.stage)
     least, t = spec.min_micro_batch, r.train
     if isinstance(t.micro_batch_size, int) and t.micro_batch_size < least:
         yield RuleProblem(("train", "micro_batch_size"),

@@ -101,7 +101,7 @@ def test_the_report_covers_every_group(monkeypatch):
 
     report = plugins_report()
     assert list(report["groups"]) == list(GROUPS) == ["models", "kernels", "rollout_engines", "rewards", "environments",
-                                                      "formats", "backends", "recipes"]
+                                                      "formats", "backends", "recipes", "stages"]
     g = report["groups"]
     assert g["kernels"]["group"] == "recipeforge.kernels" and g["kernels"]["builtin"] == ["flash_attn", "torch_compile"]
     assert g["formats"]["builtin"][:2] == ["text", "alpaca"] and "hf" in g["rollout_engines"]["builtin"]

@@ -1,0 +1,43 @@
+"""What a trainer stage refuses before anything loads: settings this run cannot do on its plan
+(a vision model on a text-only stage, activation offloading where it does not run, a low-bit or
+stochastic-rounding optimizer without its library, QAT without torchao, fp8 without the hardware)."""
+
+from __future__ import annotations
+
+from recipeforge.stages.context import StageContext
+from recipeforge.stages.trainer_args import BNB_OPTIMIZERS
+
+
+def check_run(ctx: StageContext, stage: str, *, takes_images: bool) -> None:
+    """Refuse, before anything loads, what a run of `stage` cannot do on `ctx`'s plan; `takes_images`:
+    whether the runner trains vision-language models."""
+    from recipeforge.stages.freezing import check_low_bit_optimizer
+    from recipeforge.stages.precision import check_sr_optimizer
+
+    recipe = ctx.recipe
+    check_sr_optimizer(ctx.plan)
+    if not takes_images:
+        from recipeforge.stage_specs import stage_spec
+        from recipeforge.stages.vision_check import refuse_vision
+
+        why = ("recipeforge's rollout engines and reward functions take text prompts only"
+               if stage_spec(stage).rollout
+               else "its trainer takes text rows only")
+        refuse_vision(recipe, stage, why=why, location=ctx.locate(("stage",)))
+    if recipe.train.activation_offloading:
+        from recipeforge.stages.activation_offload import check_activation_offloading
+
+        check_activation_offloading(stage, ctx.plan.device, location=ctx.locate(("train", "activation_offloading")))
+    check_low_bit_optimizer(recipe.train.optimizer, location=ctx.locate(("train", "optimizer")))
+    if recipe.train.qat is not None:
+        from recipeforge.components.qat import check_torchao
+
+        check_torchao(location=ctx.locate(("train", "qat")))
+    from recipeforge.stages import fp8
+
+    fp8.check(ctx)  # train.precision fp8: torchao and float8 tensor cores on this device
+    if recipe.train.optimizer in BNB_OPTIMIZERS:
+        from recipeforge.components.adapters import check_bitsandbytes
+
+        check_bitsandbytes(ctx.plan.device, what=f"optimizer {recipe.train.optimizer}",
+                           key="train.optimizer", location=ctx.locate(("train", "optimizer")))
