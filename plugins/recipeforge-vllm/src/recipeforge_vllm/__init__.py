@@ -22,6 +22,9 @@ vLLM's CPU build works too. Colocated, the trained weights enter vLLM through it
 (`weight_sync`: the CPU kernels repack the weights TRL would write one by one); in server mode the
 weights go through the filesystem (`server_rollout`), since TRL's weight transfer needs NCCL.
 
+Server mode bounds every request to the server (`deadline`): generation by ``rollout.timeout_s``,
+weight syncs by ``rollout.sync_timeout_s``; a hung or dead server stops the run with exit 2 naming it.
+
 This module imports neither torch, TRL nor vLLM: recipeforge loads it while validating recipes.
 """
 
@@ -77,11 +80,18 @@ def vllm_arguments(rollout, options: VLLMOptions, device: str) -> dict:
     if importlib.util.find_spec("vllm") is None:
         raise RecipeError("the vllm rollout engine needs the vllm package, which is not installed",
                           key="grpo.rollout.engine", hint="pip install 'recipeforge-vllm[vllm]'")
-    if rollout.mode == "server" and device == "cpu":
-        from recipeforge_vllm.server_rollout import ServerRollout
+    if rollout.mode == "server":
+        from recipeforge_vllm.deadline import ServerTimeouts
 
-        url = (rollout.server_url or VLLM_DEFAULT_URL).rstrip("/")
-        return {"use_vllm": False, "rollout_func": ServerRollout(url, options.server_timeout)}
+        timeouts = ServerTimeouts((rollout.server_url or VLLM_DEFAULT_URL).rstrip("/"),
+                                  generation_s=rollout.timeout_s, sync_s=rollout.sync_timeout_s)
+        if device == "cpu":
+            from recipeforge_vllm.server_rollout import ServerRollout
+
+            return {"use_vllm": False, "rollout_func": ServerRollout(timeouts, options.server_timeout)}
+        from recipeforge_vllm.deadline import install_bounded_client
+
+        install_bounded_client(timeouts)  # TRL's trainer builds its server client with these deadlines
     kwargs: dict = {"use_vllm": True, "vllm_mode": rollout.mode, "vllm_model_impl": options.model_impl,
                     "vllm_importance_sampling_correction": options.importance_sampling_correction}
     if options.max_model_length:
@@ -122,8 +132,15 @@ def _start_server(rollout, model_path: str, log_path):
 
 
 def prepare_trainer(rollout, trainer) -> None:
-    """Colocated vLLM on a platform that repacks its weights: sync through vLLM's in-place reload."""
-    if rollout.mode != "colocate" or getattr(trainer, "vllm_generation", None) is None:
+    """Colocated vLLM on a platform that repacks its weights: sync through vLLM's in-place reload. Server
+    mode: the deadlines' errors name the keys of the stage that runs (RLOO's section is `rloo`)."""
+    if rollout.mode == "server":
+        client = getattr(getattr(trainer, "vllm_generation", None), "vllm_client", None)
+        deadlines = getattr(client, "deadlines", None)
+        if deadlines is not None and "RLOO" in type(trainer).__name__:
+            deadlines.section = "rloo"
+        return
+    if getattr(trainer, "vllm_generation", None) is None:
         return
     from recipeforge_vllm.weight_sync import install_reload_sync, weights_are_repacked
 
