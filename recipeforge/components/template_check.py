@@ -264,9 +264,9 @@ def check_run_template(tokenizer, recipe, *, base_dir, locate) -> int | None:
     with tempfile.TemporaryDirectory(prefix="rf-template-") as folder:
         found = first_mismatch(tokenizer, saved_tokenizer(tokenizer, folder), probes, eot_tokens=eots)
     if found is not None:
-        raise RecipeError(f"the tokens this run would train on before a reply differ from what a server gives the "
-                          f"model with the run's tokenizer (data.chat_template: {recipe.data.chat_template}): "
-                          f"{found.describe()}", key="data.chat_template", location=locate(("data", "chat_template")),
+        # The differing tokens first: a long message is cut at its end.
+        raise RecipeError(f"{found.describe()}: a server given the run's tokenizer would show the model other tokens "
+                          f"than it trains on", key="data.chat_template", location=locate(("data", "chat_template")),
                           hint="make the template's add_generation_prompt part write exactly what it writes before "
                                "an assistant reply (or use a shipped template: recipeforge check-template RECIPE "
                                "tells when they agree); data.template_check: false trains anyway")
