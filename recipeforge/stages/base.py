@@ -152,20 +152,9 @@ class TrainerStage:
     def prepare(self) -> PreparedData:
         """Tokenizer, then the stage's data (`prepare_data`), kept on the runner and printed."""
         self.tokenizer = self.load_tokenizer()
-        self.check_chat_template()
         self.data = self.prepare_data()
         self.ctx.log(self.data.describe())
         return self.data
-
-    def check_chat_template(self) -> None:
-        """Chat data: refuse, before anything is tokenized, a template whose trained tokens a server would not
-        give the model again (`components.template_check.check_run_template`; ``data.template_check``)."""
-        from recipeforge.components.template_check import check_run_template
-
-        replies = check_run_template(self.tokenizer, self.recipe, base_dir=self.ctx.base_dir, locate=self.ctx.locate)
-        if replies is not None:
-            self.ctx.log(f"chat template: training and serving give the same tokens before each of {replies} probe "
-                         f"replies")
 
     def finish_trainer(self) -> None:
         """What follows the trainer's construction: the backend's completion of a model loaded

@@ -26,6 +26,7 @@ class LMStage(TrainerStage):
     def prepare_data(self) -> PreparedData:
         from recipeforge.components.formats import get_format
         from recipeforge.components.lm_data import prepare_lm_data
+        from recipeforge.components.template_check import check_run_template
         from recipeforge.components.tokenizer import set_chat_template
 
         data = self.recipe.data
@@ -36,6 +37,12 @@ class LMStage(TrainerStage):
         set_chat_template(self.tokenizer, data.chat_template, required=conversational,
                           location=self.ctx.locate(("data", "chat_template")))
         self._prompt_as_chat_template(specs)
+        # Chat data: a template whose trained tokens a server would not give the model again is refused
+        # before anything is tokenized (`data.template_check`).
+        replies = check_run_template(self.tokenizer, self.recipe, base_dir=self.ctx.base_dir, locate=self.ctx.locate)
+        if replies is not None:
+            self.ctx.log(f"chat template: training and serving give the same tokens before each of {replies} probe "
+                         f"replies")
         if data.streaming:
             return self.streamed_data()
         lm = prepare_lm_data(self.recipe, self.tokenizer, base_dir=self.ctx.base_dir, locate=self.ctx.locate)
@@ -62,19 +69,13 @@ class LMStage(TrainerStage):
         eval datasets tokenized and cached as usual. Preparing the data before a launch (or `recipeforge
         preprocess`) reads the first window only: the rows' errors show before any worker starts."""
         from recipeforge.stages.context import StageContext
-        from recipeforge.stages.streamed_data import eval_data, probe, training_stream
+        from recipeforge.stages.streamed_data import check_stream_layout, eval_data, probe, training_stream
 
         plan = self.ctx.plan if isinstance(self.ctx, StageContext) else None  # None: data prepared alone
         training = plan is not None
-        if plan is not None and (plan.data_parallel or 1) != self.ctx.dist.world_size:
-            from recipeforge.errors import RecipeError
-
-            raise RecipeError(f"each process reads its own share of a stream, and this plan has "
-                              f"{self.ctx.dist.world_size} processes in {plan.data_parallel} data-parallel "
-                              "groups (tensor, context or pipeline parallel ranks share their rows)",
-                              key="data.streaming", location=self.ctx.locate(("data", "streaming")),
-                              hint="stream with data parallelism alone (ddp, deepspeed, fsdp), or set data.streaming: "
-                                   "false")
+        if plan is not None:
+            check_stream_layout(plan.data_parallel or 1, self.ctx.dist.world_size,
+                                location=self.ctx.locate(("data", "streaming")))
         stream = training_stream(self.recipe, self.tokenizer, self.ctx, rank=self.ctx.dist.rank if training else 0,
                                  world=self.ctx.dist.world_size if training else 1)
         evaluation = eval_data(self.recipe, self.tokenizer, self.ctx)

@@ -101,23 +101,24 @@ def bounded_session(timeouts: ServerTimeouts) -> Any:
                 else:
                     if response.status_code not in (502, 503):
                         return response
-                    reason = f"answered HTTP {response.status_code}"
+                    reason = f"answered HTTP {response.status_code} for {{seconds}} s"
                 now = time.monotonic()
                 refused_since = now if refused_since is None else refused_since
                 if now - refused_since >= RECONNECT_S or now + 1.0 >= deadline:
-                    raise timeouts.error(what, f"{reason} (for {now - refused_since:.0f} s)")
+                    raise timeouts.error(what, reason.format(seconds=f"{now - refused_since:.0f}"))
                 time.sleep(1.0)
 
     return BoundedSession()
 
 
 def _refusal(exc: BaseException) -> str:
+    """What a server that failed a request with `exc` did, with a ``{seconds}`` field for how long."""
     text = str(exc).lower()
     if "refused" in text:
-        return "refused the connection (is it running?)"
+        return "refused the connection for {seconds} s (is it running?)"
     if "timed out" in text or "timeout" in text:
-        return "accepted no connection"
-    return "closed the connection"
+        return "accepted no connection for {seconds} s"
+    return "closed the connection for {seconds} s"
 
 
 def bounded_client_class(timeouts: ServerTimeouts) -> type:
