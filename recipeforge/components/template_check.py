@@ -164,7 +164,6 @@ def saved_tokenizer(tokenizer, folder) -> Any:
 def recipe_tokenizer(recipe, *, base_dir, locate) -> tuple[Any, tuple[str, ...]]:
     """The tokenizer a run of `recipe` trains with (its `data.chat_template` and tokens installed), and
     the template's turn-end tokens."""
-    from recipeforge.components.chat_templates import resolve
     from recipeforge.components.tiny_spec import TINY_CONFIGS, tiny_arch
     from recipeforge.components.tokenizer import load_tokenizer
     from recipeforge.components.vocab import prepare_tokenizer
@@ -174,9 +173,15 @@ def recipe_tokenizer(recipe, *, base_dir, locate) -> tuple[Any, tuple[str, ...]]
     tokenizer = load_tokenizer(m.tokenizer or m.name_or_path, revision=m.revision, trust_remote_code=m.trust_remote_code,
                                vocab_size=TINY_CONFIGS.get(arch, {}).get("vocab_size") if arch else None)
     prepare_tokenizer(tokenizer, recipe, base_dir=base_dir, locate=locate)
+    return tokenizer, turn_end_tokens(recipe, base_dir=base_dir, locate=locate)
+
+
+def turn_end_tokens(recipe, *, base_dir, locate) -> tuple[str, ...]:
+    """The tokens that end a turn in training: `model.eot_tokens` and the template's own turn end."""
+    from recipeforge.components.chat_templates import resolve
+
     resolved = resolve(recipe.data.chat_template, base_dir=base_dir, location=locate(("data", "chat_template")))
-    eots = tuple(recipe.model.eot_tokens) + ((resolved.eot,) if resolved is not None and resolved.eot else ())
-    return tokenizer, eots
+    return tuple(recipe.model.eot_tokens) + ((resolved.eot,) if resolved is not None and resolved.eot else ())
 
 
 def serve_tokenizer(train_tokenizer, serve: str | None, *, folder) -> tuple[Any, str]:
@@ -228,3 +233,41 @@ def check_recipe_template(recipe, *, base_dir, locate, serve: str | None = None)
                                "with the run's template (recipeforge serve RUN_DIR, or vllm serve "
                                "--chat-template with the run's chat_template.jinja)")
     return len(probes), sum(m["role"] == "assistant" for p in probes for m in p)
+
+
+def trains_chat(recipe) -> bool:
+    """Whether a recipe trains on conversations its chat template renders (a `messages` dataset, or
+    `alpaca` without a text prompt of its own): the tokens the training encoder makes of them are what
+    a server must give the model again."""
+    from recipeforge.components.formats import formats
+
+    for spec in recipe.data.datasets:
+        fmt = formats.get(spec.format) if formats.has(spec.format) else None
+        if fmt is not None and fmt.kind == "lm" and fmt.to_messages is not None and getattr(spec, "prompt", None) is None:
+            return True
+    return False
+
+
+def check_run_template(tokenizer, recipe, *, base_dir, locate) -> int | None:
+    """At the start of training: refuse (`RecipeError` at ``data.chat_template``) when the tokens the run
+    trains on before a reply differ from what a server gives the model from the tokenizer this run
+    saves. Returns the replies checked, or None when the recipe is not a chat recipe or
+    ``data.template_check`` is off. Tokenizer only: a few conversations rendered both ways."""
+    import tempfile
+
+    from recipeforge.errors import RecipeError
+
+    if not recipe.data.template_check or not trains_chat(recipe):
+        return None
+    eots = turn_end_tokens(recipe, base_dir=base_dir, locate=locate)
+    probes = probes_for(tokenizer)
+    with tempfile.TemporaryDirectory(prefix="rf-template-") as folder:
+        found = first_mismatch(tokenizer, saved_tokenizer(tokenizer, folder), probes, eot_tokens=eots)
+    if found is not None:
+        # The differing tokens first: a long message is cut at its end.
+        raise RecipeError(f"{found.describe()}: a server given the run's tokenizer would show the model other tokens "
+                          f"than it trains on", key="data.chat_template", location=locate(("data", "chat_template")),
+                          hint="make the template's add_generation_prompt part write exactly what it writes before "
+                               "an assistant reply (or use a shipped template: recipeforge check-template RECIPE "
+                               "tells when they agree); data.template_check: false trains anyway")
+    return sum(m["role"] == "assistant" for p in probes for m in p)

@@ -17,6 +17,7 @@ def prepare_lm(ctx: RecipeContext, tokenizer: Any) -> PreparedData:
     """The training and eval sequences of `ctx`'s recipe, with `tokenizer` given its chat template."""
     from recipeforge.components.formats import get_format
     from recipeforge.components.lm_data import prepare_lm_data
+    from recipeforge.components.template_check import check_run_template
     from recipeforge.components.tokenizer import set_chat_template
 
     data = ctx.recipe.data
@@ -27,6 +28,11 @@ def prepare_lm(ctx: RecipeContext, tokenizer: Any) -> PreparedData:
     set_chat_template(tokenizer, data.chat_template, required=conversational,
                       location=ctx.locate(("data", "chat_template")))
     prompt_as_chat_template(ctx, tokenizer, specs)
+    # Chat data: a template whose trained tokens a server would not give the model again is refused
+    # before anything is tokenized (`data.template_check`).
+    replies = check_run_template(tokenizer, ctx.recipe, base_dir=ctx.base_dir, locate=ctx.locate)
+    if replies is not None:
+        ctx.log(f"chat template: training and serving give the same tokens before each of {replies} probe replies")
     if data.streaming:
         return streamed_data(ctx, tokenizer)
     lm = prepare_lm_data(ctx.recipe, tokenizer, base_dir=ctx.base_dir, locate=ctx.locate)
@@ -54,20 +60,13 @@ def streamed_data(ctx: RecipeContext, tokenizer: Any) -> PreparedData:
     """`data.streaming`: this process's stream of training sequences (`components.lm_stream`), and the
     eval datasets tokenized and cached as usual. Preparing the data before a launch (or `recipeforge
     preprocess`) reads the first window only: the rows' errors show before any worker starts."""
-    from recipeforge.stages.streamed_data import eval_data, probe, training_stream
+    from recipeforge.stages.streamed_data import check_stream_layout, eval_data, probe, training_stream
 
     recipe = ctx.recipe
     plan = ctx.plan if isinstance(ctx, StageContext) else None  # None: data prepared alone
     training = plan is not None
-    if plan is not None and (plan.data_parallel or 1) != ctx.dist.world_size:
-        from recipeforge.errors import RecipeError
-
-        raise RecipeError(f"each process reads its own share of a stream, and this plan has "
-                          f"{ctx.dist.world_size} processes in {plan.data_parallel} data-parallel "
-                          "groups (tensor, context or pipeline parallel ranks share their rows)",
-                          key="data.streaming", location=ctx.locate(("data", "streaming")),
-                          hint="stream with data parallelism alone (ddp, deepspeed, fsdp), or set data.streaming: "
-                               "false")
+    if plan is not None:
+        check_stream_layout(plan.data_parallel or 1, ctx.dist.world_size, location=ctx.locate(("data", "streaming")))
     stream = training_stream(recipe, tokenizer, ctx, rank=ctx.dist.rank if training else 0,
                              world=ctx.dist.world_size if training else 1)
     evaluation = eval_data(recipe, tokenizer, ctx)

@@ -8,7 +8,7 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from recipeforge.errors import Location
+from recipeforge.errors import Location, RecipeError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -19,6 +19,16 @@ if TYPE_CHECKING:
     from recipeforge.stages.context import RecipeContext
 
 PROBE_ROWS = 1024  # rows the check before a launch reads: enough to meet the rows' problems early, and quick
+
+
+def check_stream_layout(data_parallel: int, world_size: int, *, location: Location | None) -> None:
+    """Refuse a stream on a plan whose processes are not all data-parallel (each reads its own share)."""
+    if data_parallel != world_size:
+        raise RecipeError(f"each process reads its own share of a stream, and this plan has {world_size} processes "
+                          f"in {data_parallel} data-parallel groups (tensor, context or pipeline parallel ranks share "
+                          "their rows)", key="data.streaming", location=location,
+                          hint="stream with data parallelism alone (ddp, deepspeed, fsdp), or set data.streaming: "
+                               "false")
 
 
 def training_stream(recipe: Recipe, tokenizer: PreTrainedTokenizerBase, ctx: RecipeContext, *, rank: int,

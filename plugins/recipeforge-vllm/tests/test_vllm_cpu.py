@@ -231,3 +231,103 @@ def test_a_killed_run_takes_its_server_down(model_dir, tmp_path):
             return  # gone
         time.sleep(1)
     pytest.fail(f"the server at {url} outlived the run that started it")
+
+
+def _serve(model_dir: Path, port: int, log: Path):
+    """A `vllm serve` of the tiny model at `port`, as a user starts one for server mode."""
+    from recipeforge.config.schema import RolloutConfig
+    from recipeforge_vllm import VLLM_DEFAULT_URL
+    from recipeforge_vllm.server import start_server
+
+    rollout = RolloutConfig(engine="vllm", mode="server", server_url=f"http://127.0.0.1:{port}",
+                            gpu_memory_utilization=0.1,
+                            options={"launch": True, "max_model_length": 128, "server_timeout": 600})
+    return start_server(rollout, str(model_dir), log, default_url=VLLM_DEFAULT_URL)
+
+
+def _server_run_command(model_dir: Path, run: Path, port: int, timeout_s: int) -> list[str]:
+    return [sys.executable, "-m", "recipeforge", "train", str(TINY_GRPO), f"model.name_or_path={model_dir}",
+            "model.dtype=bf16", "grpo.rewards=[{name: length, args: {target: 8, unit: chars}}]",
+            "train.max_steps=12", "train.logging_steps=1", "output.save_steps=2", "data.val_size=0",
+            f"output.dir={run}", "logging.progress_bar=false", "grpo.rollout.engine=vllm", "grpo.rollout.mode=server",
+            f"grpo.rollout.server_url=http://127.0.0.1:{port}", f"grpo.rollout.timeout_s={timeout_s}",
+            f"grpo.rollout.sync_timeout_s={timeout_s}", "grpo.rollout.options={max_model_length: 128}"]
+
+
+def _checkpoints(run: Path) -> list[int]:
+    folder = run / "checkpoints"
+    return sorted(int(p.name.split("-")[1]) for p in folder.glob("checkpoint-*")) if folder.is_dir() else []
+
+
+def _stop_mid_run(model_dir: Path, tmp_path: Path, stop) -> tuple[subprocess.CompletedProcess, float, Path, int, int]:
+    """Train against a server of our own, `stop` it once a checkpoint is written, and wait for the run:
+    (the finished run, seconds from the stop to its exit, run directory, last checkpoint, port)."""
+    import time
+
+    port, run, timeout_s = _free_port(), tmp_path / "run", 20
+    server = _serve(model_dir, port, tmp_path / "server.log")
+    trainer = subprocess.Popen(_server_run_command(model_dir, run, port, timeout_s), cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not _checkpoints(run):
+            assert trainer.poll() is None, trainer.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no checkpoint was written"
+            time.sleep(0.5)
+        stop(server)
+        stopped = time.monotonic()
+        out, err = trainer.communicate(timeout=timeout_s + 120)
+        took = time.monotonic() - stopped
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+        server.stop(grace_s=5)
+    return subprocess.CompletedProcess(trainer.args, trainer.returncode, out, err), took, run, _checkpoints(run)[-1], port
+
+
+def test_a_killed_server_stops_the_run_naming_it_and_train_resumes_from_the_checkpoint(model_dir, tmp_path):
+    import signal
+
+    from safetensors.torch import load_file
+
+    done, took, run, last, port = _stop_mid_run(
+        model_dir, tmp_path, lambda server: os.killpg(server.process.pid, signal.SIGKILL))
+    url = f"http://127.0.0.1:{port}"
+    print(f"stopped {took:.1f} s after the server was killed:\n{done.stderr[-1500:]}")
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert took < 20 + 60, took  # the recipe's 20 s, and the time a step and the exit take on a busy CPU
+    assert "Traceback" not in done.stderr
+    assert url in done.stderr and "grpo.rollout." in done.stderr and "refused the connection" in done.stderr
+    # The last checkpoint is whole: weights that load and the trainer state of its step.
+    checkpoint = run / "checkpoints" / f"checkpoint-{last}"
+    assert load_file(str(checkpoint / "model.safetensors"))
+    assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == last
+
+    server = _serve(model_dir, port, tmp_path / "server2.log")  # the server is back
+    try:
+        again = subprocess.run(_server_run_command(model_dir, run, port, 20), cwd=tmp_path, capture_output=True,
+                               text=True, timeout=900)
+    finally:
+        server.stop(grace_s=5)
+    assert again.returncode == 0, again.stderr[-3000:]
+    # It went on from the checkpoint's step (the records of steps after it were trained again) to the end.
+    assert f"resuming from {checkpoint}" in again.stdout + again.stderr, again.stdout[-2000:] + again.stderr[-2000:]
+    steps = [r["step"] for r in _records(run)]
+    assert steps == list(range(1, 13)), steps
+    assert (run / "final" / "model.safetensors").is_file()
+
+
+def test_a_hung_server_stops_the_run_within_the_timeout(model_dir, tmp_path):
+    """A server that accepts connections and answers nothing (stopped, not dead): exit 2 within the timeout."""
+    import signal
+
+    def hang(server):
+        os.killpg(server.process.pid, signal.SIGSTOP)
+
+    done, took, run, last, port = _stop_mid_run(model_dir, tmp_path, hang)
+    print(f"stopped {took:.1f} s after the server hung:\n{done.stderr[-1500:]}")
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert took < 20 + 60, took
+    assert "Traceback" not in done.stderr
+    assert f"http://127.0.0.1:{port}" in done.stderr and "did not answer within 20 s" in done.stderr
+    assert (run / "checkpoints" / f"checkpoint-{last}" / "trainer_state.json").is_file()

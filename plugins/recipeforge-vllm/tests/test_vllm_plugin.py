@@ -89,6 +89,7 @@ def test_server_mode_on_a_cpu_trainer_generates_through_a_rollout_function(tmp_p
     assert config == {"use_vllm": False, "vllm_importance_sampling_correction": True,
                       "vllm_importance_sampling_mode": "token_truncate"}
     assert isinstance(trainer["rollout_func"], ServerRollout) and trainer["rollout_func"].base_url == "http://gen:8001"
+    assert (trainer["rollout_func"].timeouts.generation_s, trainer["rollout_func"].timeouts.sync_s) == (1800, 600)
 
 
 def test_asynchronous_grpo_runs_on_the_server_mode_only(tmp_path, vllm_installed):
@@ -211,12 +212,16 @@ def test_colocate_arguments_are_grpo_config_arguments(tmp_path, vllm_installed):
     assert config.use_vllm and config.vllm_gpu_memory_utilization == 0.4
 
 
-def test_server_arguments(tmp_path, vllm_installed):
+def test_server_arguments(tmp_path, vllm_installed, monkeypatch):
+    import trl.generation.vllm_generation as generation
     from trl import GRPOConfig
 
-    recipe = _load(tmp_path, "  rollout: {engine: vllm, mode: server, server_url: 'http://gen:8000/',"
+    monkeypatch.setattr(generation, "VLLMClient", generation.VLLMClient)  # restored after the test
+    recipe = _load(tmp_path, "  rollout: {engine: vllm, mode: server, server_url: 'http://gen:8000/', timeout_s: 90,"
                              " options: {server_timeout: 600}}\n").recipe
     kwargs = rollout_arguments(recipe.grpo.rollout, "cuda")
+    # TRL's trainer builds its server client with the recipe's deadlines.
+    assert generation.VLLMClient.deadlines.generation_s == 90 and generation.VLLMClient.deadlines.sync_s == 600
     assert kwargs["vllm_mode"] == "server" and kwargs["vllm_server_base_url"] == "http://gen:8000"
     assert kwargs["vllm_server_timeout"] == 600 and "vllm_gpu_memory_utilization" not in kwargs
     assert GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, **kwargs).vllm_mode == "server"
@@ -329,3 +334,85 @@ def test_server_mode_checks_the_server_before_the_run(tmp_path):
         finally:
             server.shutdown()
             server.server_close()
+
+
+def _silent_server():
+    """A socket that accepts connections and never answers (a hung generation server)."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    return listener
+
+
+def test_a_server_that_does_not_answer_is_an_error_naming_it_within_the_timeout():
+    import time
+
+    from recipeforge_vllm.deadline import GENERATION, SYNC, ServerTimeouts, bounded_session, what_of
+
+    listener = _silent_server()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        assert what_of(url + "/v1/completions") == GENERATION and what_of(url + "/collective_rpc") == SYNC
+        timeouts = ServerTimeouts(url, generation_s=2.0, sync_s=1.0)
+        for path, what, seconds, key in (("/v1/completions", "generation", 2.0, "grpo.rollout.timeout_s"),
+                                         ("/update_weights", "weight sync", 1.0, "grpo.rollout.sync_timeout_s")):
+            started = time.monotonic()
+            with pytest.raises(RecipeError) as info:
+                bounded_session(timeouts).post(url + path, json={})
+            took = time.monotonic() - started
+            assert seconds <= took < seconds + 2, took
+            problem = info.value.problems[0]
+            assert problem.key == key and url in problem.message and f"did not answer within {seconds:g} s" in \
+                problem.message and f"during {what}" in problem.message and "resume" in problem.hint
+    finally:
+        listener.close()
+
+
+def test_a_server_that_refuses_connections_is_an_error_within_the_timeout():
+    import socket
+    import time
+
+    from recipeforge_vllm.deadline import ServerTimeouts, bounded_session
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    started = time.monotonic()
+    with pytest.raises(RecipeError) as info:
+        bounded_session(ServerTimeouts(url, generation_s=3.0, sync_s=3.0, section="rloo")).post(url + "/v1/completions")
+    assert time.monotonic() - started < 3.0 + 2
+    problem = info.value.problems[0]
+    assert problem.key == "rloo.rollout.timeout_s" and "refused the connection" in problem.message
+
+
+def test_an_answer_in_time_is_returned():
+    from recipeforge_vllm.deadline import ServerTimeouts, bounded_session
+
+    server = _health_server(200)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert bounded_session(ServerTimeouts(url, generation_s=5, sync_s=5)).get(url + "/health").status_code == 200
+    finally:
+        server.shutdown()
+
+
+def test_a_blocked_transfer_ends_the_process_with_exit_2():
+    """An NCCL transfer cannot be interrupted: past its deadline the process ends, naming the server."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import time\n"
+            "from recipeforge_vllm import deadline\n"
+            "deadline.HARD_GRACE_S = 0\n"
+            "t = deadline.ServerTimeouts('http://gen:8000', generation_s=60, sync_s=1)\n"
+            "with deadline.hard_deadline(t, deadline.SYNC):\n"
+            "    time.sleep(60)\n")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and time.monotonic() - started < 30
+    assert "http://gen:8000" in done.stderr and "weight sync" in done.stderr and "sync_timeout_s" in done.stderr
+    assert "Traceback" not in done.stderr

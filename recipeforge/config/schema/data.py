@@ -245,6 +245,11 @@ class DataConfig(Section):
                     "llama3, llama4, qwen2.5, qwen3, gemma3, mistral_v3, mistral_v3_tekken, phi3, deepseek_v3, "
                     "zephyr), or a path to a .jinja file (relative to the recipe file). Loss is on the assistant "
                     "replies and their turn-end token.")
+    template_check: bool = Field(
+        True, description="Chat data (`messages`, `alpaca`): before step 0, `train` checks that the tokens it trains on "
+                          "before each assistant reply equal what a server (vLLM, `recipeforge serve`) gives the model "
+                          "from the run's saved tokenizer, and refuses naming the first differing token (the check "
+                          "`recipeforge check-template` runs; tokenizer only). `false` skips it.")
     dedup: bool = Field(
         False, description="Drop training rows identical to an earlier one (across all training datasets; a "
                            "dataset's own `dedup` overrides this for it). The count is in the data log line.")

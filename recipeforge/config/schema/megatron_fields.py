@@ -105,6 +105,7 @@ FIELDS: dict[str, Field] = {
     "data.sequence_len": mapped("model.seq_length, dataset.seq_length, offline_packing_specs.packed_sequence_size"),
     "data.packing": mapped(DATA_STEP + " (several samples per row, or one)"),
     "data.chat_template": mapped(DATA_STEP),
+    "data.template_check": mapped(DATA_STEP + " (the train-versus-serve template check runs before it)"),
     "data.dedup": mapped(DATA_STEP + " (duplicate rows are dropped before tokenization, for every backend)"),
     "data.train_on_inputs": mapped(DATA_STEP + " (the loss mask)"),
     "data.truncation": mapped(DATA_STEP),

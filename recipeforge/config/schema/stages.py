@@ -50,6 +50,15 @@ class RolloutConfig(Section):
         0.3, gt=0, lt=1, description="Colocated engines that hold their own memory (vllm): share of each GPU for "
                                      "their weights and KV cache; the planner reserves it.")
     server_url: Optional[str] = Field(None, description="Server mode: base URL of the generation server.")
+    timeout_s: float = Field(
+        1800.0, gt=0,
+        description="Server mode: seconds one generation request (a step's completions) may take. A server that "
+                    "does not answer in time, or refuses connections, stops the run with exit 2 naming its URL; "
+                    "checkpoints already written are kept and `train` resumes from the last one.")
+    sync_timeout_s: float = Field(
+        600.0, gt=0,
+        description="Server mode: seconds a weight sync into the server (the trained weights pushed after an "
+                    "optimizer step) may take before the run stops the same way.")
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="Engine-specific options, checked against the engine's own schema "

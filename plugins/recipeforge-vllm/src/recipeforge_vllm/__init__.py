@@ -22,6 +22,9 @@ vLLM's CPU build works too. Colocated, the trained weights enter vLLM through it
 (`weight_sync`: the CPU kernels repack the weights TRL would write one by one); in server mode the
 weights go through the filesystem (`server_rollout`), since TRL's weight transfer needs NCCL.
 
+Server mode bounds every request to the server (`deadline`): generation by ``rollout.timeout_s``,
+weight syncs by ``rollout.sync_timeout_s``; a hung or dead server stops the run with exit 2 naming it.
+
 This module imports neither torch, TRL nor vLLM: recipeforge loads it while validating recipes.
 """
 
@@ -84,10 +87,15 @@ def vllm_arguments(rollout, options: VLLMOptions, device: str) -> dict:
     client pushes weights over NCCL, which needs CUDA): see `server_rollout`.
     """
     _usable(device)
-    if rollout.mode == "server" and device == "cpu":
-        from recipeforge_vllm.server_rollout import ServerRollout
+    if rollout.mode == "server":
+        timeouts = _timeouts(rollout)
+        if device == "cpu":
+            from recipeforge_vllm.server_rollout import ServerRollout
 
-        return _rollout_func_arguments(ServerRollout(_server_url(rollout), options.server_timeout), options)
+            return _rollout_func_arguments(ServerRollout(timeouts, options.server_timeout), options)
+        from recipeforge_vllm.deadline import install_bounded_client
+
+        install_bounded_client(timeouts)  # TRL's trainer builds its server client with these deadlines
     kwargs: dict = {"use_vllm": True, "vllm_mode": rollout.mode, "vllm_model_impl": options.model_impl,
                     "vllm_importance_sampling_correction": options.importance_sampling_correction}
     if options.max_model_length:
@@ -110,12 +118,17 @@ def vllm_async_arguments(rollout, options: VLLMOptions, device: str, max_stalene
     _usable(device)
     from recipeforge_vllm.async_rollout import AsyncServerRollout
 
-    rollout_func = AsyncServerRollout(_server_url(rollout), options.server_timeout, max_staleness)
+    rollout_func = AsyncServerRollout(_timeouts(rollout), options.server_timeout, max_staleness)
     return _rollout_func_arguments(rollout_func, options)
 
 
-def _server_url(rollout) -> str:
-    return (rollout.server_url or VLLM_DEFAULT_URL).rstrip("/")
+def _timeouts(rollout):
+    """The server's URL and the recipe's deadlines for generation and weight sync (`rollout.timeout_s`,
+    `rollout.sync_timeout_s`)."""
+    from recipeforge_vllm.deadline import ServerTimeouts
+
+    return ServerTimeouts((rollout.server_url or VLLM_DEFAULT_URL).rstrip("/"),
+                          generation_s=rollout.timeout_s, sync_s=rollout.sync_timeout_s)
 
 
 def _rollout_func_arguments(rollout_func, options: VLLMOptions) -> dict:
@@ -152,15 +165,25 @@ def _start_server(rollout, model_path: str, log_path):
 
 
 def prepare_trainer(rollout, trainer) -> None:
-    """Completions over HTTP (`ServerRollout`, `AsyncServerRollout`): wire them into the trainer.
-    Colocated vLLM on a platform that repacks its weights: sync through vLLM's in-place reload."""
+    """Completions over HTTP (`ServerRollout`, `AsyncServerRollout`): wire them into the trainer. Server
+    mode: the deadlines' errors name the keys of the stage that runs (RLOO's section is `rloo`). Colocated
+    vLLM on a platform that repacks its weights: sync through vLLM's in-place reload."""
     from recipeforge_vllm.server_rollout import ServerRollout
 
-    if isinstance(getattr(trainer, "rollout_func", None), ServerRollout):
+    rollout_func = getattr(trainer, "rollout_func", None)
+    if isinstance(rollout_func, ServerRollout):
         options = VLLMOptions.model_validate(dict(rollout.options or {}))
-        trainer.rollout_func.attach(trainer, correction=options.importance_sampling_correction)
+        rollout_func.attach(trainer, correction=options.importance_sampling_correction)
+        if "RLOO" in type(trainer).__name__:
+            rollout_func.timeouts.section = "rloo"
         return
-    if rollout.mode != "colocate" or getattr(trainer, "vllm_generation", None) is None:
+    if rollout.mode == "server":
+        client = getattr(getattr(trainer, "vllm_generation", None), "vllm_client", None)
+        deadlines = getattr(client, "deadlines", None)
+        if deadlines is not None and "RLOO" in type(trainer).__name__:
+            deadlines.section = "rloo"
+        return
+    if getattr(trainer, "vllm_generation", None) is None:
         return
     from recipeforge_vllm.weight_sync import install_reload_sync, weights_are_repacked
 

@@ -39,6 +39,7 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Any, Iterator
 
+from recipeforge_vllm.deadline import ServerTimeouts
 from recipeforge_vllm.server_rollout import ServerRollout, generate, record
 
 
@@ -54,8 +55,8 @@ class _Batch:
 class AsyncServerRollout(ServerRollout):
     """TRL ``rollout_func`` that generates up to `max_staleness` optimizer steps ahead on a vLLM server."""
 
-    def __init__(self, base_url: str, timeout_s: float, max_staleness: int):
-        super().__init__(base_url, timeout_s)
+    def __init__(self, timeouts: ServerTimeouts, connect_s: float, max_staleness: int):
+        super().__init__(timeouts, connect_s)
         self.max_staleness = max_staleness
         self.ahead: deque[_Batch] = deque()  # prompts read ahead, oldest first; the sent ones lead
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -110,14 +111,12 @@ class AsyncServerRollout(ServerRollout):
 
     def _work(self) -> None:
         """The generation thread: one request to the server at a time, in the order sent."""
-        from trl.generation.vllm_client import VLLMClient
-
         client = None
         while True:
             ids, future = self._jobs.get()
             try:
                 if client is None:
-                    client = VLLMClient(base_url=self.base_url, connection_timeout=self.timeout_s)
+                    client = self.new_client()  # every request within the recipe's deadline
                 future.set_result(generate(client, self._trainer, ids))
             except BaseException as exc:  # handed to the trainer's thread, which raises it
                 future.set_exception(exc)

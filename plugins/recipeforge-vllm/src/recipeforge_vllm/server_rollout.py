@@ -5,17 +5,18 @@ engine generates through TRL's ``rollout_func`` hook: completions come from the 
 (TRL's `VLLMClient`), and after every optimizer step the main process writes the policy's weights
 (LoRA merged in) as safetensors to ``rollout_weights/`` in the run directory and has the server
 reload them in place (vLLM's ``reload_weights``), before any rank generates again. The run
-directory must be one the server can read: the same machine, or a shared filesystem.
+directory must be one the server can read: the same machine, or a shared filesystem. Every request
+has the recipe's deadline (`deadline`: ``rollout.timeout_s``, ``rollout.sync_timeout_s``).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
+
+from recipeforge_vllm.deadline import ServerTimeouts, bounded_client_class, bounded_session
 
 
 def _merged_state_dict(trainer) -> dict:
@@ -37,16 +38,10 @@ def _merged_state_dict(trainer) -> dict:
         model.unmerge_adapter()
 
 
-def _post(url: str, body: dict, timeout_s: float) -> None:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:
-        response.read()
-
-
-def push_weights(weights: dict, folder: Path, base_url: str, *, timeout_s: float = 600.0) -> None:
+def push_weights(weights: dict, folder: Path, base_url: str, *, timeouts: ServerTimeouts | None = None) -> None:
     """Write `weights` (checkpoint names) to `folder`/model.safetensors, atomically, and have the vLLM
-    server at `base_url` reload its model from there in place and drop its prefix cache."""
+    server at `base_url` reload its model from there in place and drop its prefix cache, each request
+    within `timeouts.sync_s` (a `RecipeError` naming the server otherwise)."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -54,9 +49,12 @@ def push_weights(weights: dict, folder: Path, base_url: str, *, timeout_s: float
     save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(tmp))
     os.replace(tmp, folder / "model.safetensors")
     base_url = base_url.rstrip("/")
-    _post(base_url + "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}},
-          timeout_s)
-    _post(base_url + "/reset_prefix_cache", {}, timeout_s)
+    session = bounded_session(timeouts or ServerTimeouts(base_url, generation_s=600.0, sync_s=600.0))
+    for path, body in (("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}),
+                       ("/reset_prefix_cache", {})):
+        response = session.post(base_url + path, json=body)
+        if response.status_code != 200:
+            raise RuntimeError(f"{base_url}{path} answered {response.status_code}: {response.text[:500]}")
 
 
 class _StepHook:
@@ -95,8 +93,9 @@ class ServerRollout:
 
     max_staleness = 0  # on-policy: every step generates with the weights of the step before
 
-    def __init__(self, base_url: str, timeout_s: float):
-        self.base_url, self.timeout_s = base_url.rstrip("/"), timeout_s
+    def __init__(self, timeouts: ServerTimeouts, connect_s: float):
+        self.timeouts, self.connect_s = timeouts, connect_s
+        self.base_url = timeouts.url.rstrip("/")
         self.client = None
         self.synced_step = 0  # the server starts from the policy's initial weights
 
@@ -117,20 +116,22 @@ class ServerRollout:
         if trainer.accelerator.is_main_process:
             # Next to the trainer's output (checkpoints/): the run directory.
             folder = Path(trainer.args.output_dir).resolve().parent / "rollout_weights"
-            push_weights(weights, folder, self.base_url, timeout_s=max(self.timeout_s, 600.0))
+            push_weights(weights, folder, self.base_url, timeouts=self.timeouts)
         trainer.accelerator.wait_for_everyone()  # nobody generates with the old weights
 
     def __call__(self, prompts: list, trainer) -> dict[str, Any]:
         if self.client is None:
-            from trl.generation.vllm_client import VLLMClient
-
-            self.client = VLLMClient(base_url=self.base_url, connection_timeout=self.timeout_s)
+            self.client = self.new_client()
         self.on_new_step(trainer)
         start = time.perf_counter()
         out = generate(self.client, trainer, trainer._tokenize_prompts(prompts)[0])
         record(trainer, "rollout/wait_s", time.perf_counter() - start)  # the trainer waits for all of it
         record(trainer, "rollout/staleness", 0)
         return out
+
+    def new_client(self):
+        """A client of the server whose every request has the recipe's deadline (`deadline`)."""
+        return bounded_client_class(self.timeouts)(base_url=self.base_url, connection_timeout=self.connect_s)
 
 
 def generate(client, trainer, ids: list) -> dict[str, Any]:
