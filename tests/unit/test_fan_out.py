@@ -25,7 +25,6 @@ OVER: dict[str, int] = {
     "recipeforge.backends.fsdp": 18,
     "recipeforge.backends.deepspeed": 16,
     "recipeforge.config.schema.recipe": 16,
-    "recipeforge.config.schema.components": 14,
 }
 
 

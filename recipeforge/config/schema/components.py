@@ -10,42 +10,18 @@ which plugins are installed.
 
 Unknown reward names are not reported here but by `config.validate.check_components` (and again
 when training builds the rewards), so that loading a recipe never depends on which reward plugins
-happen to be installed where it is loaded.
+happen to be installed where it is loaded. An RL stage's rollout engine, rewards and environment are
+checked in `rl_components`; a component's lookup and options check are `component_lookup`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
-from recipeforge.config.schema.problems import RuleProblem, model_problems
+from recipeforge.config.schema.component_lookup import lookup, options_problems, unknown_name
+from recipeforge.config.schema.problems import RuleProblem
 from recipeforge.config.schema.recipe import Recipe
-from recipeforge.errors import RecipeError
-from recipeforge.stage_specs import rl_section
-
-if TYPE_CHECKING:
-    from recipeforge.registry import Registry
-
-
-def lookup(registry: "Registry", name: str, path: tuple) -> tuple[Any, RuleProblem | None]:
-    """The component `name` (importing its plugin if needed), or the problem at `path` saying why not."""
-    try:
-        return registry.get(name), None
-    except RecipeError as exc:
-        p = exc.problems[0]
-        return None, RuleProblem(path, p.message, p.hint)
-
-
-def options_problems(model: Any, data: Any, path: tuple) -> list[RuleProblem]:
-    """`data` checked against a component's options model (no model: anything goes)."""
-    if model is None:
-        return []
-    from pydantic import BaseModel
-
-    if not (isinstance(model, type) and issubclass(model, BaseModel)):
-        return [RuleProblem(path, f"the plugin declares an options schema that is not a pydantic model "
-                                  f"({type(model).__name__})", "report it to the plugin's authors")]
-
-    return model_problems(model, data, path)
+from recipeforge.config.schema.rl_components import environment_problems, rewards_problems, rollout_problems
 
 
 def _formats(r: Recipe) -> Iterator[RuleProblem]:
@@ -97,96 +73,6 @@ def _stage_option_problems(model: Any, data: Any, stage: str, path: tuple) -> It
         yield RuleProblem((*path, option), message, hint)
 
 
-def _rollout(r: Recipe) -> Iterator[RuleProblem]:
-    rl = rl_section(r)
-    if rl is None:
-        return
-    from recipeforge.components.rollout import rollout_engines
-
-    section, rollout = rl[0], rl[1].rollout
-    if rollout_engines.first_party_plugin(rollout.engine) is not None:
-        return  # e.g. vllm planned on a machine without recipeforge-vllm; training needs it
-    spec, problem = lookup(rollout_engines, rollout.engine, (section, "rollout", "engine"))
-    if problem is not None:
-        yield problem
-        return
-    if rollout.mode not in spec.modes:
-        yield RuleProblem((section, "rollout", "mode"),
-                          f"rollout engine '{spec.name}' has no {rollout.mode} mode (it has {', '.join(spec.modes)})",
-                          f"set {section}.rollout.mode: {spec.modes[0]}, or use an engine with a {rollout.mode} mode "
-                          f"(e.g. vllm from recipeforge-vllm)")
-    yield from options_problems(spec.options, rollout.options, (section, "rollout", "options"))
-    staleness = getattr(rl[1], "max_staleness", 0)
-    if staleness > 0:
-        from recipeforge.components.rollout import asynchronous_problem
-
-        problem = (asynchronous_problem(spec, rollout.mode, section) if rollout.mode in spec.modes else None)
-        if problem is not None:
-            yield RuleProblem((section, "max_staleness"), *problem)
-        elif getattr(rl[1], "environment", None) is not None:
-            # TRL runs the tool loop inside the trainer's own generation step, turn by turn.
-            yield RuleProblem((section, "max_staleness"), "multi-turn tool episodes are generated on-policy only",
-                              f"set {section}.max_staleness: 0, or leave out {section}.environment")
-
-
-def _rewards(r: Recipe) -> Iterator[RuleProblem]:
-    rl = rl_section(r)
-    if rl is None:
-        return
-    section = rl[0]
-    from recipeforge.components.rewards import rewards
-    from recipeforge.registry import OPT_IN_HINT, check_code_reference, code_trust_problem, is_code_reference
-
-    for i, spec in enumerate(rl[1].rewards):
-        path = (section, "rewards", i, "name")
-        if is_code_reference(spec.name):
-            bad = check_code_reference(spec.name)
-            untrusted = code_trust_problem(f"reward '{spec.name}' is Python code", r.allow_code)
-            if bad:
-                yield RuleProblem(path, bad, "e.g. my_rewards:format_reward")
-            elif untrusted:
-                yield RuleProblem(path, untrusted, OPT_IN_HINT)
-            continue
-        if (spec.args or {}).get("trust_remote_code") is True:
-            untrusted = code_trust_problem(f"reward '{spec.name}' sets trust_remote_code: true (the Python code "
-                                           f"of its model's repository)", r.allow_code)
-            if untrusted:
-                yield RuleProblem((section, "rewards", i, "args", "trust_remote_code"), untrusted, OPT_IN_HINT)
-        if not rewards.has(spec.name):
-            continue  # reported by check_components / when training, with the available rewards
-        factory, problem = lookup(rewards, spec.name, path)
-        if problem is not None:
-            yield problem
-            continue
-        yield from options_problems(getattr(factory, "args_model", None), spec.args, (section, "rewards", i, "args"))
-
-
-def _environment(r: Recipe) -> Iterator[RuleProblem]:
-    """`grpo.environment`: a registered environment or trusted code; without one, at least one reward."""
-    rl = rl_section(r)
-    if rl is None:
-        return
-    section, settings = rl
-    env = getattr(settings, "environment", None)
-    if env is None:
-        if not settings.rewards:
-            yield RuleProblem((section, "rewards"), "no reward function: the stage needs at least 1 "
-                              "(or a grpo.environment that scores its episodes)",
-                              "e.g. rewards: [{name: length, args: {target: 8}}]")
-        return
-    from recipeforge.components.environments import environments
-    from recipeforge.registry import OPT_IN_HINT, check_code_reference, code_trust_problem, is_code_reference
-
-    path = (section, "environment", "name")
-    if is_code_reference(env.name):
-        bad = check_code_reference(env.name)
-        untrusted = code_trust_problem(f"environment '{env.name}' is Python code", r.allow_code)
-        if bad or untrusted:
-            yield RuleProblem(path, bad or str(untrusted), "e.g. my_envs:Sudoku" if bad else OPT_IN_HINT)
-    elif not environments.has(env.name):
-        yield _unknown(path, "environment", env.name, environments.names())
-
-
 def _remote_code(r: Recipe) -> Iterator[RuleProblem]:
     """`model.trust_remote_code: true` runs the Python files of the model's repository: code the
     recipe names, behind the same opt-in as a reward by dotted path."""
@@ -197,13 +83,6 @@ def _remote_code(r: Recipe) -> Iterator[RuleProblem]:
                                        "repository", r.allow_code)
         if untrusted:
             yield RuleProblem(("model", "trust_remote_code"), untrusted, OPT_IN_HINT)
-
-
-def _unknown(path: tuple, what: str, name: str, known: list[str]) -> RuleProblem:
-    from recipeforge.errors import did_you_mean
-
-    close = did_you_mean(name, known)
-    return RuleProblem(path, f"unknown {what} '{name}'", f"{close + ' ' if close else ''}available: {', '.join(known)}")
 
 
 def _names(r: Recipe) -> Iterator[RuleProblem]:
@@ -217,11 +96,11 @@ def _names(r: Recipe) -> Iterator[RuleProblem]:
     # A .jinja path is checked where the recipe's folder is known (when the run loads it).
     if template != "tokenizer" and canonical(template) is None and not is_template_path(template):
         yield RuleProblem(("data", "chat_template"), f"unknown chat template '{template}'",
-                          _unknown(("data", "chat_template"), "chat template", template, known_names()).hint
+                          unknown_name(("data", "chat_template"), "chat template", template, known_names()).hint
                           + ", or a path to a .jinja file")
     arch = tiny_arch(r.model.name_or_path)
     if arch is not None and arch not in TINY_CONFIGS:
-        yield _unknown(("model", "name_or_path"), "tiny model", r.model.name_or_path,
+        yield unknown_name(("model", "name_or_path"), "tiny model", r.model.name_or_path,
                        [f"tiny:{a}" for a in TINY_CONFIGS])
     backend, backends = r.distributed.backend, registry_for("backends")
     if backend != "auto" and not backends.has(backend):
@@ -240,11 +119,12 @@ def _preset(preset: str, backend: str) -> Iterator[RuleProblem]:
     owners = [found.backend] if found else []
     known = preset_names(backend)
     if not owners:
-        yield _unknown(("distributed", "preset"), "preset", preset, known)
+        yield unknown_name(("distributed", "preset"), "preset", preset, known)
     elif backend != "auto" and backend not in owners:
         yield RuleProblem(("distributed", "preset"), f"preset '{preset}' belongs to backend {owners[0]}, "
                                                      f"not {backend}",
                           f"use one of {', '.join(known) or 'none'}, or set distributed.backend: {owners[0]}")
 
 
-COMPONENT_RULES = (_formats, _kernels, _rollout, _rewards, _environment, _remote_code, _names)
+COMPONENT_RULES = (_formats, _kernels, rollout_problems, rewards_problems, environment_problems, _remote_code,
+                   _names)
