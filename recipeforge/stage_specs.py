@@ -4,7 +4,7 @@ A stage's spec says what the rest of the package needs to know about it: its one
 recipe schema and docs/recipes.md show it), its runner (`recipeforge.stages`), the recipe section
 only it has, the kinds of dataset format it trains on (`components.formats`), the metrics a finished
 run reports for it, and how the model card says the model was trained. The recipe union
-(`config.schema.recipe`), the runner table, the format-to-stage table and the run summary are read
+(`config.schema.stage_recipes`), the runner table, the format-to-stage table and the run summary are read
 from here; a test checks each stage has its recipe class and runner.
 
 A plugin adds a stage by publishing its `StageSpec` in the entry-point group ``recipeforge.stages``:
@@ -64,7 +64,7 @@ class StageSpec:
     section: str | None = None          # the recipe section only this stage has
     # A plugin stage's section: a pydantic model class (best a `config.schema.base.Section`), the
     # type of the recipe's `section:` key; required when the model has a required field. The built-in
-    # stages' sections are fields of their recipe classes (`config.schema.recipe`) instead.
+    # stages' sections are fields of their recipe classes (`config.schema.stage_recipes`) instead.
     section_model: Any = None
     format_kinds: tuple[str, ...] = ()  # dataset format kinds it trains on (a format may widen this)
     reports: tuple[str, ...] = LOSS     # metrics a finished run reports (first and last value)

@@ -83,7 +83,7 @@ def _load_parent(path: Path, via: Location) -> ConfigTree:
 
 def recipe_top_level_keys() -> set[str]:
     """Every key a recipe may hold at its top level (all stages), plus `extends`."""
-    from recipeforge.config.schema.recipe import STAGE_CLASSES
+    from recipeforge.config.schema.stage_recipes import STAGE_CLASSES
 
     return {"extends"}.union(*(cls.model_fields for cls in STAGE_CLASSES.values()))
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from recipeforge import __version__
-from recipeforge.config.schema.recipe import recipe_adapter
+from recipeforge.config.schema.stage_recipes import recipe_adapter
 
 _EXTENDS = {
     "description": "Parent recipe(s), relative to this file or pkg://<plugin>/<file>.yaml; merged parent first, "

@@ -10,7 +10,9 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from recipeforge.config.schema.recipe import STAGE_CLASSES, Recipe
+from recipeforge.config.schema.recipe import Recipe
+
+from recipeforge.config.schema.stage_recipes import STAGE_CLASSES
 
 _HEADER = """# Recipe reference
 

@@ -15,7 +15,8 @@ from pydantic import BaseModel, ValidationError
 
 from recipeforge.config.schema.problems import RuleProblem, described, model_problems
 from recipeforge.config.schema.plugin_stages import recipe_class
-from recipeforge.config.schema.recipe import STAGE_CLASSES, Recipe, recipe_adapter
+from recipeforge.config.schema.recipe import Recipe
+from recipeforge.config.schema.stage_recipes import STAGE_CLASSES, recipe_adapter
 from recipeforge.config.schema.rules import check_rules
 from recipeforge.config.tree import ConfigTree
 from recipeforge.errors import Problem, RecipeError, did_you_mean, format_key, sort_problems

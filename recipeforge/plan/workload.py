@@ -6,23 +6,21 @@ This is the only planner module that reads recipe fields for sizing; the memory 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any
 
-from recipeforge.stage_specs import Stage, rl_section
 from recipeforge.plan.expert_lora import expert_lora_linears, experts_adapted
 from recipeforge.plan.hardware import Hardware
 from recipeforge.plan.linear import Linear
 from recipeforge.plan.models import ModelSpec
-from recipeforge.plan.teacher import Teacher, build_teacher
+from recipeforge.plan.stage_shape import Rollout, stage_shape
+from recipeforge.plan.teacher import Teacher
 from recipeforge.plan.vision_workload import VisionLoad, build_vision_load
 
 if TYPE_CHECKING:
     from recipeforge.config.schema.adapter import AdapterConfig
-    from recipeforge.config.schema.recipe import DistillRecipe, DPORecipe, KTORecipe, Recipe
-    from recipeforge.config.schema.stages import OnPolicyConfig
+    from recipeforge.config.schema.recipe import Recipe
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -35,19 +33,6 @@ _TARGET_ALIASES = {
     "c_proj": ("o_proj", "down_proj"), "out_proj": ("o_proj",), "w1": ("experts.gate_proj",),
     "w3": ("experts.up_proj",), "w2": ("experts.down_proj",),
 }
-
-
-@dataclass(frozen=True)
-class Rollout:
-    """GRPO generation: which engine, and how much of the GPU it holds."""
-
-    engine: str                       # "hf" | "vllm" | a plugin's
-    colocated: bool                   # shares the training GPUs
-    gpu_memory_utilization: float     # vLLM's share of each GPU when colocated
-    prompt_len: int
-    completion_len: int
-    reserves_memory: bool = False     # colocated engine holding gpu_memory_utilization of each GPU (vLLM)
-    per_micro_batch: bool = False     # generates one micro batch at a time (distill), not a whole step's (TRL's GRPO)
 
 
 @dataclass(frozen=True)
@@ -167,7 +152,7 @@ def build_workload(recipe: Recipe, model: ModelSpec, hardware: Hardware, planner
     attention = "eager" if recipe.model.attn_implementation == "eager" else "fused"
     masked = attention == "fused" and sdpa_masks_packed_rows(recipe.model.attn_implementation,
                                                              bool(recipe.data.packing), hardware.device)
-    shape = _stage_shape(recipe, model, notes)
+    shape = stage_shape(recipe, model, notes)
     model = shape.model
     lora_linears, save_params = _adapter_params(model, adapter, notes)
     if experts_adapted(recipe):  # MoE: peft's per-expert adapters on the fused expert weights (`plan.experts`)
@@ -217,69 +202,6 @@ def _vision_load(recipe: Recipe, model: ModelSpec, seq_len: int, notes: list[str
                      f"{seq_len}-token sequence (data.sequence_len counts image tokens): raise data.sequence_len "
                      "or lower model.vision.max_pixels")
     return load
-
-
-class _StageShape(NamedTuple):
-    """What the stage makes of one sample: its sequences, their tokens, a reference model, a rollout."""
-
-    model: ModelSpec
-    seq_len: int
-    logit_tokens: int
-    sequences_per_sample: int
-    reference_model: bool
-    rollout: Rollout | None
-    teacher: Teacher | None = None
-
-
-def _stage_shape(recipe: Recipe, model: ModelSpec, notes: list[str]) -> _StageShape:
-    """The stage's `_StageShape`; appends to `notes` what the estimate assumes for it."""
-    adapter = recipe.adapter
-    seq = recipe.data.sequence_len
-    logit_tokens, per_sample, reference, rollout = seq, 1, False, None
-
-    # A recipe of a stage is that stage's class (`config.schema.recipe`), which carries its section.
-    if recipe.stage == Stage.DPO:
-        dpo = cast("DPORecipe", recipe).dpo
-        per_sample = 2
-        reference = adapter.type == "none" or dpo.reference != "auto"
-        if dpo.reference != "auto":
-            notes.append("the DPO reference model is sized like the policy model")
-    elif recipe.stage in (Stage.ORPO, Stage.CPO):
-        per_sample = 2  # chosen + rejected, no reference model
-    elif recipe.stage == Stage.REWARD:
-        # chosen + rejected through a one-output score head in place of the LM head: no vocabulary
-        # logits, no reference model
-        per_sample = 2
-        model = dataclasses.replace(model, num_labels=1)
-    elif recipe.stage == Stage.KTO:
-        # One completion per row through the policy (the KL completions run without gradients).
-        kto = cast("KTORecipe", recipe).kto
-        reference = adapter.type == "none" or kto.reference != "auto"
-        if kto.reference != "auto":
-            notes.append("the KTO reference model is sized like the policy model")
-    elif (rl := rl_section(recipe)) is not None:  # GRPO, RLOO: prompts plus sampled completions
-        g: OnPolicyConfig = rl[1]
-        prompt = g.max_prompt_length or seq
-        seq = prompt + g.max_completion_length
-        logit_tokens = g.max_completion_length
-        reference = g.beta > 0 and adapter.type == "none"
-        r = g.rollout
-        rollout = Rollout(engine=r.engine, colocated=r.mode == "colocate",
-                          gpu_memory_utilization=r.gpu_memory_utilization, prompt_len=prompt,
-                          completion_len=g.max_completion_length, reserves_memory=_engine_reserves(r.engine))
-    elif recipe.stage == Stage.DISTILL:
-        d = cast("DistillRecipe", recipe).distill
-        teacher = build_teacher(d, model, notes)
-        if d.on_policy > 0:
-            # the student samples max_new_tokens after a prompt of up to sequence_len, one micro batch
-            # at a time, and those sequences then train: sized at prompt + completion, as GRPO's are
-            rollout = Rollout(engine="hf", colocated=True, gpu_memory_utilization=0.0, prompt_len=seq,
-                              completion_len=d.max_new_tokens, per_micro_batch=True)
-            seq = logit_tokens = seq + d.max_new_tokens
-            notes.append(f"on-policy distillation steps are sized at {seq} tokens per sequence (a prompt of up to "
-                         f"data.sequence_len plus distill.max_new_tokens {d.max_new_tokens} sampled by the student)")
-        return _StageShape(model, seq, logit_tokens, per_sample, reference, rollout, teacher)
-    return _StageShape(model, seq, logit_tokens, per_sample, reference, rollout)
 
 
 def _adapter_params(model: ModelSpec, adapter: AdapterConfig, notes: list[str]) -> tuple[tuple[Linear, ...], int]:
@@ -340,16 +262,3 @@ def _setting_refusals(recipe: Recipe, planners: Mapping[str, Any]) -> tuple[tupl
                  for key, message in spec.recipe_refusals(recipe))
 
 
-def _engine_reserves(engine: str) -> bool:
-    """Whether a colocated rollout engine holds a share of each GPU: as its plugin declares, or, when
-    planning on a machine without that plugin, as vLLM (the one engine known to) does."""
-    if engine == "hf":
-        return False
-    from recipeforge.components.rollout import rollout_engines
-
-    if rollout_engines.has(engine):
-        try:
-            return bool(rollout_engines.get(engine).reserves_gpu_memory)
-        except Exception:  # a broken plugin is reported by validation; size it like vLLM meanwhile
-            pass
-    return engine == "vllm"

@@ -13,7 +13,7 @@ from recipeforge.stages.trl_preference import PreferenceTrainerStage
 
 if TYPE_CHECKING:
     from recipeforge.config.schema.preference import CPOConfig
-    from recipeforge.config.schema.recipe import CPORecipe
+    from recipeforge.config.schema.stage_recipes import CPORecipe
 
 
 class CPOStage(PreferenceTrainerStage):

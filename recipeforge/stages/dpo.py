@@ -17,7 +17,7 @@ from recipeforge.stages.vision import VisionStage, distinct_rows
 if TYPE_CHECKING:
     from transformers import BatchFeature, PreTrainedModel, Trainer
 
-    from recipeforge.config.schema.recipe import DPORecipe
+    from recipeforge.config.schema.stage_recipes import DPORecipe
     from recipeforge.stages.context import RecipeContext
 
 # TRL's name for the NLL term on chosen answers among DPOConfig.loss_type values

@@ -13,7 +13,7 @@ from recipeforge.stages.on_policy import OnPolicyStage
 if TYPE_CHECKING:
     from transformers import Trainer
 
-    from recipeforge.config.schema.recipe import GRPORecipe
+    from recipeforge.config.schema.stage_recipes import GRPORecipe
 
 
 class GRPOStage(OnPolicyStage):

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from recipeforge.components.formats import Format
     from recipeforge.config.schema.data import DataConfig
     from recipeforge.config.schema.preference import KTOConfig
-    from recipeforge.config.schema.recipe import KTORecipe
+    from recipeforge.config.schema.stage_recipes import KTORecipe
     from recipeforge.stages.context import Locate
 
 

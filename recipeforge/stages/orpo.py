@@ -12,7 +12,7 @@ from recipeforge.stages.trl_preference import PreferenceTrainerStage
 
 if TYPE_CHECKING:
     from recipeforge.config.schema.preference import ORPOConfig
-    from recipeforge.config.schema.recipe import ORPORecipe
+    from recipeforge.config.schema.stage_recipes import ORPORecipe
 
 
 class ORPOStage(PreferenceTrainerStage):

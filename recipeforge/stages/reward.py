@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase, Trainer
 
     from recipeforge.components.formats import Format
-    from recipeforge.config.schema.recipe import RewardRecipe
+    from recipeforge.config.schema.stage_recipes import RewardRecipe
 
 HEAD = "score"  # the head of transformers' *ForSequenceClassification models
 PAIR_COLUMNS = ("chosen_ids", "rejected_ids", "margin")  # what the trainer reads (RewardTrainer's signature)

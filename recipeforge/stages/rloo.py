@@ -15,7 +15,7 @@ from recipeforge.stages.on_policy import OnPolicyStage
 if TYPE_CHECKING:
     from transformers import Trainer
 
-    from recipeforge.config.schema.recipe import RLOORecipe
+    from recipeforge.config.schema.stage_recipes import RLOORecipe
 
 
 class RLOOStage(OnPolicyStage):

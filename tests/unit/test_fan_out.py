@@ -24,7 +24,6 @@ OVER: dict[str, int] = {
     "recipeforge.backends.megatron": 21,
     "recipeforge.backends.fsdp": 18,
     "recipeforge.backends.deepspeed": 16,
-    "recipeforge.config.schema.recipe": 16,
 }
 
 

@@ -61,11 +61,11 @@ def test_no_backend_or_stage_name_in_the_planner_stages_run_or_cli():
 
 def test_stages_are_listed_once_and_each_spec_is_whole():
     from recipeforge.components.formats import KIND_STAGES
-    from recipeforge.config.schema import recipe as schema
+    from recipeforge.config.schema import recipe, stage_recipes as schema
     from recipeforge.stage_specs import STAGE_SPECS
     from recipeforge.stages import RUNNERS
 
-    assert schema.STAGES is STAGES and tuple(RUNNERS) == STAGES == tuple(STAGE_SPECS)
+    assert recipe.STAGES is STAGES and tuple(RUNNERS) == STAGES == tuple(STAGE_SPECS)
     assert set(schema.STAGE_CLASSES) == set(STAGES)
     for name, spec in STAGE_SPECS.items():
         cls = schema.STAGE_CLASSES[name]

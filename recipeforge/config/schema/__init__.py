@@ -7,8 +7,9 @@ from recipeforge.config.schema.evaluation import EvalConfig
 from recipeforge.config.schema.logging import LoggingConfig
 from recipeforge.config.schema.model import ModelConfig
 from recipeforge.config.schema.output import OutputConfig
-from recipeforge.config.schema.recipe import (STAGE_CLASSES, STAGES, AnyRecipe, DPORecipe, GRPORecipe,
-                                              PretrainRecipe, Recipe, RLOORecipe, SFTRecipe, recipe_adapter)
+from recipeforge.config.schema.recipe import STAGES, Recipe
+from recipeforge.config.schema.stage_recipes import (STAGE_CLASSES, AnyRecipe, DPORecipe, GRPORecipe, PretrainRecipe,
+                                                     RLOORecipe, SFTRecipe, recipe_adapter)
 from recipeforge.config.schema.stages import (DPOConfig, GRPOConfig, OnPolicyConfig, RewardSpec, RLOOConfig,
                                               RolloutConfig)
 from recipeforge.config.schema.train import TrainConfig

@@ -2,7 +2,7 @@
 
 A plugin publishes a `stage_specs.StageSpec` in the entry-point group ``recipeforge.stages``; its
 recipe class is `Recipe` with the stage's name as `stage` and its own section (`section_model`),
-made once per spec. The built-in stages' classes are written out in `schema.recipe`.
+made once per spec. The built-in stages' classes are written out in `schema.stage_recipes`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from typing import Any, Literal
 
 from pydantic import Field, create_model
 
-from recipeforge.config.schema.recipe import STAGE_CLASSES, STAGE_ONLY_SECTIONS, Recipe
+from recipeforge.config.schema.recipe import Recipe
+
+from recipeforge.config.schema.stage_recipes import STAGE_CLASSES, STAGE_ONLY_SECTIONS
 from recipeforge.errors import RecipeError
 from recipeforge.stage_specs import StageSpec, stage_registry
 

@@ -15,7 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from recipeforge.config.schema.recipe import STAGE_ONLY_SECTIONS, STAGES
+from recipeforge.config.schema.recipe import STAGES
+from recipeforge.config.schema.stage_recipes import STAGE_ONLY_SECTIONS
 from recipeforge.errors import did_you_mean
 
 _KINDS = {

@@ -19,7 +19,7 @@ import pytest
 from recipeforge.backends import get_backend
 from recipeforge.capabilities import all_capabilities, capabilities_of, with_support_table
 from recipeforge.config.pipeline import resolve_tree
-from recipeforge.config.schema.recipe import recipe_adapter
+from recipeforge.config.schema.stage_recipes import recipe_adapter
 from recipeforge.config.validate import validate_tree
 from recipeforge.errors import RecipeError
 from recipeforge.plan.hardware import hardware_for

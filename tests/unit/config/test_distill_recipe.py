@@ -6,7 +6,7 @@ import pytest
 
 from recipeforge.components.vocab_files import first_difference, read_vocab
 from recipeforge.config import load_recipe
-from recipeforge.config.schema.recipe import DistillRecipe
+from recipeforge.config.schema.stage_recipes import DistillRecipe
 from recipeforge.errors import RecipeError
 
 from rf_testing import MINIMAL

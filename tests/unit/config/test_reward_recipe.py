@@ -3,7 +3,7 @@
 import pytest
 
 from recipeforge.config import load_recipe
-from recipeforge.config.schema.recipe import STAGE_CLASSES, RewardRecipe
+from recipeforge.config.schema.stage_recipes import STAGE_CLASSES, RewardRecipe
 from recipeforge.errors import RecipeError
 
 from rf_testing import MINIMAL
