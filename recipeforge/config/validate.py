@@ -18,6 +18,7 @@ from recipeforge.config.schema.recipe import STAGE_CLASSES, STAGES, Recipe, reci
 from recipeforge.config.schema.rules import check_rules
 from recipeforge.config.tree import ConfigTree
 from recipeforge.errors import Problem, RecipeError, did_you_mean, format_key, sort_problems
+from recipeforge.json_value import JSONValue
 from recipeforge.stage_specs import rl_section
 
 __all__ = ["check_components", "model_problems", "validate_tree"]
@@ -58,7 +59,7 @@ def _located(tree: ConfigTree, problem: RuleProblem) -> Problem:
     return Problem(problem.message, tree.locate(problem.path), format_key(problem.path), problem.hint)
 
 
-def _stage_problem(tree: ConfigTree, stage: Any) -> Problem:
+def _stage_problem(tree: ConfigTree, stage: JSONValue) -> Problem:
     if stage is None:
         return Problem("required key 'stage' is missing", tree.root, "stage",
                        hint=f"add `stage: <one of {', '.join(STAGES)}>`")

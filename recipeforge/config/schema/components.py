@@ -23,6 +23,8 @@ from recipeforge.errors import RecipeError
 from recipeforge.stage_specs import rl_section
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from recipeforge.registry import Registry
 
 
@@ -35,7 +37,7 @@ def lookup(registry: "Registry", name: str, path: tuple) -> tuple[Any, RuleProbl
         return None, RuleProblem(path, p.message, p.hint)
 
 
-def options_problems(model: Any, data: Any, path: tuple) -> list[RuleProblem]:
+def options_problems(model: object, data: object, path: tuple) -> list[RuleProblem]:
     """`data` checked against a component's options model (no model: anything goes)."""
     if model is None:
         return []
@@ -86,7 +88,7 @@ def _kernels(r: Recipe) -> Iterator[RuleProblem]:
                               "set model.attn_implementation: auto (or flash_attention_2), or drop the kernel")
 
 
-def _stage_option_problems(model: Any, data: Any, stage: str, path: tuple) -> Iterator[RuleProblem]:
+def _stage_option_problems(model: type[BaseModel] | None, data: object, stage: str, path: tuple) -> Iterator[RuleProblem]:
     """Options the trainer of `stage` refuses: a component's options model may define
     ``stage_problems(stage) -> [(option, message, hint)]`` (e.g. Liger's fused linear cross-entropy,
     which TRL's DPO and GRPO trainers refuse)."""
