@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 REDACTED = "<redacted>"
 
@@ -27,7 +27,7 @@ _SECRET_KEY = re.compile(r"secret|passw(or)?d|api_?key|access_?key|private_?key|
                          re.IGNORECASE)
 
 
-def is_secret_key(key: Any) -> bool:
+def is_secret_key(key: object) -> bool:
     """Whether a key's name (its last part, for a dotted key) says its value is a credential."""
     return isinstance(key, str) and bool(_SECRET_KEY.search(last_part(key)))
 

@@ -11,7 +11,7 @@ import difflib
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from recipeforge.credentials import is_secret_key, last_part as _last_part, redact_credentials
 
@@ -122,7 +122,7 @@ _COMMAND = re.compile(r"`(?:recipeforge|python|pip|sbatch|kubectl|hf) [^`\n]*`"
 MAX_COMMAND = 4000
 
 
-def bounded_text(text: Any, limit: int = MAX_LINE) -> str:
+def bounded_text(text: object, limit: int = MAX_LINE) -> str:
     """`text` safe to print: escaped, URL credentials hidden, quoted values cut to `MAX_EXCERPT`
     characters and each line to `limit`; a command in backticks (`_COMMAND`) is kept whole."""
     text = redact_credentials(_escape(str(text)))
@@ -154,7 +154,7 @@ def _head_tail(text: str, limit: int) -> str:
     return f"{text[:head]}...{text[-(limit - head):]}"
 
 
-def excerpt(value: Any, limit: int = MAX_EXCERPT) -> str:
+def excerpt(value: object, limit: int = MAX_EXCERPT) -> str:
     """A short, escaped, repr-like quote of a user value for a message: ``'abc...' (1200 characters)``."""
     text = redact_credentials(value if isinstance(value, str) else repr(value))
     if isinstance(value, str):

@@ -148,7 +148,7 @@ class Registry(Generic[T]):
             _REGISTRIES.setdefault(kind, self)
 
     # -- registering -----------------------------------------------------------------------------
-    def register(self, name: str, obj: Any, source: str = BUILTIN, version: str | None = None) -> T:
+    def register(self, name: str, obj: object, source: str = BUILTIN, version: str | None = None) -> T:
         """Register `obj` under `name`; a second source for the same name is an error naming both."""
         old = self._entries.get(name)
         if old is not None:

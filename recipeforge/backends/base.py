@@ -32,6 +32,8 @@ from recipeforge.plan.backend_spec import PlannerSpec
 if TYPE_CHECKING:
     import torch
 
+    from transformers import PreTrainedTokenizerBase, ProcessorMixin, Trainer
+
     from recipeforge.config.pipeline import LoadedRecipe
     from recipeforge.config.schema import Recipe
     from recipeforge.outputs.run_dir import RunDir
@@ -73,9 +75,10 @@ class Backend(Protocol):
 
     def trainer_kwargs(self, ctx: StageContext) -> dict[str, Any]: ...
 
-    def save_final(self, ctx: StageContext, trainer: Any, model: torch.nn.Module, tokenizer: Any) -> Path | None: ...
+    def save_final(self, ctx: StageContext, trainer: Trainer, model: torch.nn.Module,
+                   tokenizer: PreTrainedTokenizerBase | ProcessorMixin) -> Path | None: ...
 
-    def runtime_report(self, trainer: Any) -> dict[str, Any]: ...
+    def runtime_report(self, trainer: Trainer) -> dict[str, Any]: ...
 
 
 class BackendSpec(PlannerSpec):
@@ -165,7 +168,8 @@ class BackendSpec(PlannerSpec):
         """Trainer arguments this backend needs (override the stage's and the common ones)."""
         return {}
 
-    def save_final(self, ctx: StageContext, trainer: Any, model: torch.nn.Module, tokenizer: Any) -> Path | None:
+    def save_final(self, ctx: StageContext, trainer: Trainer, model: torch.nn.Module,
+                   tokenizer: PreTrainedTokenizerBase | ProcessorMixin) -> Path | None:
         """Write final/ on the main process; every process calls this (gathering may be collective)."""
         from recipeforge.outputs.weights import save_pretrained_atomic
         from recipeforge.stages.precision import final_shard_bytes, final_weights_dtype
@@ -175,12 +179,12 @@ class BackendSpec(PlannerSpec):
                                    max_shard_size=final_shard_bytes(ctx.recipe))
         return ctx.run.final
 
-    def runtime_report(self, trainer: Any) -> dict[str, Any]:
+    def runtime_report(self, trainer: Trainer) -> dict[str, Any]:
         """What really ran, seen from inside the worker: backend.json in the run directory."""
         return common_report(trainer)
 
 
-def common_report(trainer: Any) -> dict[str, Any]:
+def common_report(trainer: Trainer) -> dict[str, Any]:
     """The report every backend starts from: distributed type, processes, process group, wrapper, device."""
     import torch.distributed as dist
 
@@ -195,7 +199,8 @@ def common_report(trainer: Any) -> dict[str, Any]:
     }
 
 
-def streamed_final_save(ctx: StageContext, model: torch.nn.Module, tokenizer: Any, sharding: str,
+def streamed_final_save(ctx: StageContext, model: torch.nn.Module,
+                        tokenizer: PreTrainedTokenizerBase | ProcessorMixin, sharding: str,
                         holder: torch.nn.Module) -> Path | None:
     """Write final/ from a sharded model's full weights tensor by tensor (`outputs.streamed_save`;
     every rank calls this), so the main process never holds the whole model. `sharding`: how `holder`
@@ -219,7 +224,7 @@ def streamed_final_save(ctx: StageContext, model: torch.nn.Module, tokenizer: An
     return saved
 
 
-def full_state_dict_save(ctx: StageContext, model: torch.nn.Module, tokenizer: Any,
+def full_state_dict_save(ctx: StageContext, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase | ProcessorMixin,
                          state_dict: dict[str, Any] | None) -> Path:
     """Write final/ from a gathered full state dict (main process only), atomically."""
     from recipeforge.outputs.weights import save_pretrained_atomic

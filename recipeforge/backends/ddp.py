@@ -16,6 +16,8 @@ from recipeforge.plan.backend_spec import Candidate
 from recipeforge.plan.memory import Layout, replica_states
 
 if TYPE_CHECKING:
+    from transformers import Trainer
+
     from recipeforge.config.schema import DistributedConfig
     from recipeforge.plan.hardware import Hardware
     from recipeforge.plan.types import Plan
@@ -54,7 +56,7 @@ class DDPBackend(BackendSpec):
         kwargs.update(unused_parameter_kwargs(ctx.plan))
         return kwargs
 
-    def runtime_report(self, trainer: Any) -> dict[str, Any]:
+    def runtime_report(self, trainer: Trainer) -> dict[str, Any]:
         report = super().runtime_report(trainer)
         report["ddp"] = type(trainer.model_wrapped).__name__ == "DistributedDataParallel"
         return report

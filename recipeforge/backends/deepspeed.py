@@ -26,6 +26,7 @@ from recipeforge.plan.types import BackendPart, Plan
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedTokenizerBase, ProcessorMixin, Trainer
 
     from recipeforge.config.schema import DistributedConfig, Recipe
     from recipeforge.plan.hardware import Hardware
@@ -238,7 +239,8 @@ class DeepSpeedBackend(BackendSpec):
         return {"deepspeed": self.config(ctx.plan, ctx.recipe), "use_cpu": False,
                 "accelerator_config": {"use_configured_state": True}}
 
-    def save_final(self, ctx: StageContext, trainer: Any, model: torch.nn.Module, tokenizer: Any) -> Path | None:
+    def save_final(self, ctx: StageContext, trainer: Trainer, model: torch.nn.Module,
+                   tokenizer: PreTrainedTokenizerBase | ProcessorMixin) -> Path | None:
         if zero_part(ctx.plan).zero_stage != 3:
             return super().save_final(ctx, trainer, model, tokenizer)
         # Full weights: each partitioned parameter gathered alone (collective) and written by rank 0.
@@ -249,7 +251,7 @@ class DeepSpeedBackend(BackendSpec):
         state_dict = trainer.accelerator.get_state_dict(trainer.model_wrapped)
         return full_state_dict_save(ctx, model, tokenizer, state_dict)
 
-    def runtime_report(self, trainer: Any) -> dict[str, Any]:
+    def runtime_report(self, trainer: Trainer) -> dict[str, Any]:
         report = common_report(trainer)
         engine = trainer.model_wrapped
         report["engine"] = type(engine).__name__

@@ -33,6 +33,7 @@ from recipeforge.errors import RecipeError
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedModel, Trainer
 
     from recipeforge.plan.types import Plan
     from recipeforge.stages.context import StageContext, WorkerHooks
@@ -85,7 +86,7 @@ def worker_hooks(ctx: StageContext) -> WorkerHooks:
         return load(path, plan, dtype=dtype, attn_implementation=attn_implementation, revision=revision,
                     trust_remote_code=trust_remote_code)
 
-    def prepare(trainer: Any) -> None:
+    def prepare(trainer: Trainer) -> None:
         model = trainer.accelerator.unwrap_model(trainer.model)
         trainer.rf_expert_parallel = write_rank_report(ctx, model)
         attach(trainer, ctx)
@@ -93,7 +94,7 @@ def worker_hooks(ctx: StageContext) -> WorkerHooks:
     return WorkerHooks(load_sharded=load_sharded, prepare_trainer=prepare)
 
 
-def held(model: Any) -> dict[str, Any]:
+def held(model: PreTrainedModel) -> dict[str, Any]:
     """What this rank holds of each MoE layer, read from the model's parameters: the experts of each
     layer (the local rows of the fused expert weights), and the elements of expert and other parameters
     held here against their full sizes."""
@@ -123,7 +124,7 @@ def held(model: Any) -> dict[str, Any]:
             "other_elements": other_local, "other_elements_full": other_full}
 
 
-def write_rank_report(ctx: StageContext, model: Any) -> dict[str, Any]:
+def write_rank_report(ctx: StageContext, model: PreTrainedModel) -> dict[str, Any]:
     """`held` of this rank, written to ``expert_parallel/rank<N>.json`` in the run directory (every rank
     writes its own: nothing is gathered) and returned."""
     import torch.distributed as dist
@@ -138,7 +139,7 @@ def write_rank_report(ctx: StageContext, model: Any) -> dict[str, Any]:
     return report
 
 
-def original_format(model: Any) -> None:
+def original_format(model: PreTrainedModel) -> None:
     """Let `save_pretrained` write the model's own checkpoint layout (per-expert weights for Qwen3-MoE
     and Mixtral, as one process writes them and vLLM reads them). A model loaded from fused expert
     weights (a random-init base written by the run) carries an empty list of the conversions it went
@@ -172,7 +173,7 @@ def check_resume(plan: Plan, checkpoint: Path | None) -> None:
                            "(output.resume: never)")
 
 
-def attach(trainer: Any, ctx: StageContext) -> None:
+def attach(trainer: Trainer, ctx: StageContext) -> None:
     """Make `trainer` checkpoint and resume an expert-parallel model whole: the Trainer saves such a
     model's weights only (``save_only_model``); every checkpoint also gets the DCP shards of model and
     optimizer, the scheduler and the RNG states, and a resume reads them back (model before training,
@@ -184,7 +185,7 @@ def attach(trainer: Any, ctx: StageContext) -> None:
         if _internal_call and output_dir is not None:  # a checkpoint (final/ is `save_final`'s)
             save_state(trainer, Path(output_dir), size(ctx.plan))
 
-    def load_model(checkpoint: str, model: Any = None) -> None:
+    def load_model(checkpoint: str, model: PreTrainedModel | None = None) -> None:
         load_state(trainer, Path(checkpoint), optimizer=False)
 
     def load_optimizer(checkpoint: str | None) -> None:
@@ -196,7 +197,7 @@ def attach(trainer: Any, ctx: StageContext) -> None:
     trainer._load_optimizer_and_scheduler = load_optimizer
 
 
-def _states(trainer: Any, optimizer: bool) -> tuple[Any, Any]:
+def _states(trainer: Trainer, optimizer: bool) -> tuple[Any, Any]:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
     model = trainer.accelerator.unwrap_model(trainer.model)
@@ -205,12 +206,12 @@ def _states(trainer: Any, optimizer: bool) -> tuple[Any, Any]:
     return get_model_state_dict(model), None
 
 
-def _torch_optimizer(trainer: Any) -> Any:
+def _torch_optimizer(trainer: Trainer) -> Any:
     """The torch optimizer under Accelerate's wrapper (DCP reads and sets its state)."""
     return getattr(trainer.optimizer, "optimizer", trainer.optimizer)
 
 
-def save_state(trainer: Any, folder: Path, ep: int) -> None:
+def save_state(trainer: Trainer, folder: Path, ep: int) -> None:
     """Write the sharded model and optimizer state (DCP), the scheduler and this rank's RNG state into
     the checkpoint `folder`. Collective: every rank writes its own shards."""
     import torch
@@ -226,7 +227,7 @@ def save_state(trainer: Any, folder: Path, ep: int) -> None:
         (folder / LAYOUT_FILE).write_text(json.dumps({"expert_parallel": ep}) + "\n")
 
 
-def load_state(trainer: Any, folder: Path, *, optimizer: bool) -> None:
+def load_state(trainer: Trainer, folder: Path, *, optimizer: bool) -> None:
     """Read the DCP shards of a checkpoint back into the sharded model (and, with `optimizer`, into the
     optimizer and scheduler the Trainer has built). Collective."""
     import torch

@@ -27,6 +27,7 @@ from recipeforge.plan.train_phase import Gathered
 from recipeforge.plan.types import BackendPart, Plan
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase, ProcessorMixin, Trainer
     import torch
 
     from recipeforge.config.schema import DistributedConfig, Recipe
@@ -323,7 +324,8 @@ class FSDPBackend(BackendSpec):
             kwargs["parallelism_config"] = parallelism.parallelism_config(ctx.plan)
         return kwargs
 
-    def save_final(self, ctx: StageContext, trainer: Any, model: torch.nn.Module, tokenizer: Any) -> Path | None:
+    def save_final(self, ctx: StageContext, trainer: Trainer, model: torch.nn.Module,
+                   tokenizer: PreTrainedTokenizerBase | ProcessorMixin) -> Path | None:
         from recipeforge.backends import parallelism
 
         if parallelism.expert_parallel(ctx.plan):
@@ -342,7 +344,7 @@ class FSDPBackend(BackendSpec):
         state_dict = trainer.accelerator.get_state_dict(trainer.model)
         return full_state_dict_save(ctx, model, tokenizer, state_dict)
 
-    def runtime_report(self, trainer: Any) -> dict[str, Any]:
+    def runtime_report(self, trainer: Trainer) -> dict[str, Any]:
         from torch.distributed.fsdp import FSDPModule
         from torch.distributed.tensor import DTensor
 

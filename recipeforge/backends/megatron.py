@@ -35,6 +35,7 @@ from recipeforge.plan.types import Choice, Plan
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedTokenizerBase, ProcessorMixin, Trainer
 
     from recipeforge.config.pipeline import LoadedRecipe
     from recipeforge.config.schema import DistributedConfig, Recipe
@@ -195,8 +196,9 @@ class MegatronBackend(BackendSpec):
 
         return {"build_config": partial(build_config, ctx)}
 
-    def save_final(self, ctx: StageContext, trainer: Any, model: torch.nn.Module, tokenizer: Any) -> Path | None:
+    def save_final(self, ctx: StageContext, trainer: Trainer, model: torch.nn.Module,
+                   tokenizer: PreTrainedTokenizerBase | ProcessorMixin) -> Path | None:
         return None  # final/ is exported after the job (`finish_launch`)
 
-    def runtime_report(self, trainer: Any) -> dict[str, Any]:
+    def runtime_report(self, trainer: Trainer) -> dict[str, Any]:
         return {}

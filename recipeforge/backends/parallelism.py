@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel
     import torch
 
     from recipeforge.plan.types import Plan
@@ -67,7 +68,7 @@ def expert_parallel_hooks(ctx: StageContext) -> WorkerHooks:
     return worker_hooks(ctx)
 
 
-def original_format(model: Any) -> None:
+def original_format(model: PreTrainedModel) -> None:
     """`backends.expert_parallel.original_format`: final/ in the model's own checkpoint layout."""
     from recipeforge.backends.expert_parallel import original_format as keep_layout
 

@@ -16,6 +16,8 @@ from recipeforge.components.model_init import RandomInit
 
 if TYPE_CHECKING:
     import torch
+    from accelerate import Accelerator
+    from transformers import PreTrainedModel, Trainer
 
     from recipeforge.stages.context import StageContext
 
@@ -51,7 +53,7 @@ def shard_and_fill(ctx: StageContext, record: dict[str, int]) -> Callable[[Any],
     the local shards are read from the checkpoint or made, before the trainer builds its optimizer on
     the trainable ones. This process's numbers go to `sharded_loading/rank<N>.json` (`write_report`)."""
 
-    def prepare(trainer: Any) -> None:
+    def prepare(trainer: Trainer) -> None:
         source = base_source(trainer.model)
         if source is None:  # a model loaded another way
             return
@@ -72,7 +74,7 @@ def partition_and_fill(ctx: StageContext, record: dict[str, int]) -> Callable[[A
     base partitioned and partitions the adapters like it. This process's numbers go to
     `sharded_loading/rank<N>.json` (`write_report`)."""
 
-    def prepare(trainer: Any) -> None:
+    def prepare(trainer: Trainer) -> None:
         source = base_source(trainer.model)
         if source is None:  # a model loaded another way
             return
@@ -112,7 +114,7 @@ def write_report(ctx: StageContext, record: dict[str, int], stats: dict[str, Any
             f"{stats['full_base_bytes'] / 2**20:.1f} MiB on rank {ctx.dist.rank}")
 
 
-def _compute_dtype(model: Any) -> torch.dtype | None:
+def _compute_dtype(model: PreTrainedModel) -> torch.dtype | None:
     """The dtype 4-bit weights are quantized from (the quantization config's compute dtype), or None
     for a model without 4-bit layers."""
     config = getattr(model.config, "quantization_config", None)
@@ -120,7 +122,7 @@ def _compute_dtype(model: Any) -> torch.dtype | None:
     return dtype
 
 
-def _devices(accelerator: Any) -> tuple[torch.device, torch.device | str]:
+def _devices(accelerator: Accelerator) -> tuple[torch.device, torch.device | str]:
     """Where tensors are quantized (the training device) and where the shards stay (the CPU when
     FSDP2 offloads parameters, else the training device)."""
     from torch.distributed.fsdp import CPUOffloadPolicy
@@ -130,7 +132,7 @@ def _devices(accelerator: Any) -> tuple[torch.device, torch.device | str]:
     return device, ("cpu" if offload else device)
 
 
-def shard_with_accelerator(trainer: Any) -> torch.nn.Module:
+def shard_with_accelerator(trainer: Trainer) -> torch.nn.Module:
     """Shard the trainer's model now, with the trainer's Accelerator and the steps its FSDP2 prepare
     takes for a model (accelerate/accelerator.py `_prepare_fsdp2`: wrap policy, activation
     checkpointing, `fsdp2_prepare_model`), the placeholders turned into meta tensors first. The

@@ -52,6 +52,8 @@ from recipeforge.components.model_init import PREFIX, QUANT, RandomInit, is_4bit
 if TYPE_CHECKING:
     import torch
     from torch.distributed.tensor import DTensor
+    from bitsandbytes.functional import QuantState
+    from transformers import PreTrainedModel
 
     # `keep(module, name, param, full)` of `fill_base`: stores this process's part of `full` as `param`
     # of `module`; returns the parameter now registered there and the local tensor it holds.
@@ -64,7 +66,7 @@ _SOURCE = "_sharded_loading_source"
 _ALIASES = "_sharded_loading_aliases"
 
 
-def build_placeholder_model(path: str | None, quantization_config: Any, *, dtype: torch.dtype,
+def build_placeholder_model(path: str | None, quantization_config: object, *, dtype: torch.dtype,
                             attn_implementation: str, trust_remote_code: bool = False, name: str | None = None,
                             random: RandomInit | None = None) -> Any:
     """The model of the checkpoint in the local directory `path` (or of the random-init `random`) with
@@ -451,14 +453,14 @@ def _quantize(module: torch.nn.Module, weight: torch.Tensor) -> tuple[torch.Tens
     return packed, sum(t.numel() * t.element_size() for t in _state_tensors(state))
 
 
-def _state_tensors(state: Any) -> list[torch.Tensor]:
+def _state_tensors(state: QuantState) -> list[torch.Tensor]:
     tensors = [state.absmax]
     if getattr(state, "state2", None) is not None:
         tensors += [state.state2.absmax, state.state2.code]
     return [t for t in tensors if t is not None]
 
 
-def _tied_aliases(model: Any) -> dict[str, str]:
+def _tied_aliases(model: PreTrainedModel) -> dict[str, str]:
     """Output layer weight -> embedding weight, for a model whose output layer is tied to its
     embeddings (checkpoints store the tensor once). A modules_to_save copy of the output layer has
     its own weight, started from the same tensor."""

@@ -121,12 +121,12 @@ class WorkerSpec:
         return cls.from_dict(_read_json(path, "worker spec"), str(path))
 
 
-def _absolute(value: Any, where: str) -> None:
+def _absolute(value: object, where: str) -> None:
     if not (isinstance(value, str) and value and Path(value).is_absolute() and "\0" not in value):
         raise RecipeError(f"{where} must be an absolute path (got {value!r})", hint=_AGAIN)
 
 
-def _settings(raw: Any, where: str) -> Settings:
+def _settings(raw: object, where: str) -> Settings:
     """`Settings` from the spec, each field of its type."""
     kinds: dict[str, tuple[type, ...]] = {"debug": (bool,), "verbose": (bool,), "trust_code": (bool,),
                                           "trust_source": (str,), "cache_dir": (str, type(None)),

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from recipeforge.cli.common import library_warnings_to
 from recipeforge.cli.exit_codes import EXIT_CHECK_FAILED
 from recipeforge.errors import RecipeError
 from recipeforge.log import log
 
+if TYPE_CHECKING:
+    from recipeforge.cli.common import Subparsers
 
-def add_merge(sub: Any) -> None:
+
+def add_merge(sub: Subparsers) -> None:
     p = sub.add_parser("merge", help="merge a run's LoRA adapter into its base model (safetensors)")
     p.add_argument("run_dir", help="run directory written by `recipeforge train`")
     p.add_argument("-o", "--output", help="output directory (default: RUN_DIR/merged)")
@@ -28,7 +31,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_export(sub: Any) -> None:
+def add_export(sub: Subparsers) -> None:
     # The format names come from the light formats module (no torch): --help stays fast.
     from recipeforge.tools.exporters.formats import FORMAT_SPECS
 
@@ -67,7 +70,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0 if result.check.passed else EXIT_CHECK_FAILED
 
 
-def add_push(sub: Any) -> None:
+def add_push(sub: Subparsers) -> None:
     p = sub.add_parser("push", help="upload a finished run's model and model card to the Hugging Face Hub",
                        description="Upload final/ (merged/ when the run merged its adapter) and the model card "
                                    "README.md; never checkpoints, optimizer states, logs or the run lock. The "

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any
 
 from recipeforge import __version__
 from recipeforge.cli import after, evaluate, launch, mcp, planning, recipes, template, train, tune, ui, use
 
 # (name, adds its parser to the subparsers): --help lists them in this order.
-COMMANDS: tuple[tuple[str, Callable[[Any], None]], ...] = (
+COMMANDS: tuple[tuple[str, Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]], ...] = (
     ("plugins", recipes.add_plugins),
     ("validate", recipes.add_validate),
     ("resolve", recipes.add_resolve),

@@ -13,7 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from recipeforge.config.overrides import FlagValue
+
+    # What `ArgumentParser.add_subparsers` returns: each command's `add_*` adds its parser to it.
+    Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def recipe_args(p: argparse.ArgumentParser) -> None:

@@ -6,14 +6,17 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recipeforge.cli.common import library_warnings_to
 from recipeforge.errors import RecipeError
 from recipeforge.log import log
 
+if TYPE_CHECKING:
+    from recipeforge.cli.common import Subparsers
 
-def add_report(sub: Any) -> None:
+
+def add_report(sub: Subparsers) -> None:
     p = sub.add_parser("report", help="charts of one or several runs (loss, learning rate, rewards, ...) in one "
                                       "self-contained HTML page",
                        description="Read metrics.jsonl, resolved_recipe.yaml and plan.json of each run (finished or "
@@ -49,7 +52,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_eval(sub: Any) -> None:
+def add_eval(sub: Subparsers) -> None:
     p = sub.add_parser("eval", help="benchmark a finished run's model with lm-evaluation-harness; two runs: a "
                                     "comparison table",
                        description="Evaluate final/ of a run (a LoRA adapter on its base, not merged) with "

@@ -6,10 +6,13 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from recipeforge.cli.common import hardware_overrides, load, recipe_args, worker_flags, write_output
 from recipeforge.errors import RecipeError
+
+if TYPE_CHECKING:
+    from recipeforge.cli.common import Subparsers
 
 # `launch` flags that belong to one scheduler, by flag and argparse dest: given with the other, they are refused.
 SLURM_FLAGS = {"--partition": "partition", "--account": "account", "--time": "time", "--qos": "qos",
@@ -19,7 +22,7 @@ K8S_FLAGS = {"--image": "image", "--pvc": "pvc", "--k8s-api": "k8s_api", "--name
 RAY_FLAGS = {"--ray-address": "ray_address", "--overwrite": "overwrite", "--force": "force", "--dry-run": "dry_run"}
 
 
-def add_launch(sub: Any) -> None:
+def add_launch(sub: Subparsers) -> None:
     p = sub.add_parser("launch", help="write a cluster job for a recipe: an sbatch script (Slurm) or "
                                       "Kubernetes manifests (Kubeflow TrainJob or PyTorchJob); or run it on a "
                                       "Ray cluster (Ray Train)")

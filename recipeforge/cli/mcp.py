@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from recipeforge.cli.exit_codes import EXIT_USER_ERROR
 
+if TYPE_CHECKING:
+    from recipeforge.cli.common import Subparsers
 
-def add_mcp(sub: Any) -> None:
+
+def add_mcp(sub: Subparsers) -> None:
     p = sub.add_parser("mcp", help="serve recipeforge's commands as MCP tools over stdio, for agents",
                        description="An MCP server over stdio with the tools validate, plan, resolve, diff, "
                                    "schema, report, status, train, stop and eval; each returns the record the "

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from recipeforge.cli.common import load, recipe_args
 
 if TYPE_CHECKING:
+    from recipeforge.cli.common import Subparsers
     from recipeforge.plan.types import Plan
 
 
-def add_plan(sub: Any) -> None:
+def add_plan(sub: Subparsers) -> None:
     p = sub.add_parser("plan", help="choose backend, batch sizes and per-GPU memory for a recipe, with reasons")
     recipe_args(p)
     p.add_argument("--hardware", help="plan for this hardware instead of this machine: 8xH100-80GB, "

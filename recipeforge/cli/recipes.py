@@ -6,14 +6,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recipeforge import __version__
 from recipeforge.cli.common import load, recipe_args, write_output
 from recipeforge.errors import RecipeError
 
+if TYPE_CHECKING:
+    from recipeforge.cli.common import Subparsers
 
-def add_plugins(sub: Any) -> None:
+
+def add_plugins(sub: Subparsers) -> None:
     p = sub.add_parser("plugins", help="list plugin components by group: name, distribution, version, status")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_plugins)
@@ -26,7 +29,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_validate(sub: Any) -> None:
+def add_validate(sub: Subparsers) -> None:
     p = sub.add_parser("validate", help="check a recipe and report every problem with its file:line")
     recipe_args(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON (recipe, stage, model, adapter)")
@@ -50,7 +53,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_resolve(sub: Any) -> None:
+def add_resolve(sub: Subparsers) -> None:
     p = sub.add_parser("resolve", help="print the fully resolved recipe (extends, overrides, ${...}, defaults)")
     recipe_args(p)
     p.add_argument("-o", "--output", help="write to this file instead of stdout")
@@ -82,7 +85,7 @@ def cmd_resolve(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_diff(sub: Any) -> None:
+def add_diff(sub: Subparsers) -> None:
     p = sub.add_parser("diff", help="the difference of two resolved recipes (recipe, run dir or lock file); "
                                     "exit 0 equal, 1 different, 2 bad input")
     p.add_argument("a", help="recipe file, lock file or run directory")
@@ -110,7 +113,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return 0 if record["equal"] else 1
 
 
-def add_convert(sub: Any) -> None:
+def add_convert(sub: Subparsers) -> None:
     p = sub.add_parser("convert", help="convert another tool's config to a recipe (axolotl)")
     p.add_argument("tool", choices=("axolotl",), help="the tool the config is written for")
     p.add_argument("config", help="the tool's YAML config")
@@ -132,7 +135,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_schema(sub: Any) -> None:
+def add_schema(sub: Subparsers) -> None:
     p = sub.add_parser("schema", help="print the recipe's JSON Schema (or the Markdown reference)")
     p.add_argument("--format", choices=("json", "markdown"), default="json")
     p.add_argument("-o", "--output", help="write to this file instead of stdout")

@@ -4,12 +4,15 @@ tokens as the server that will run it (`components.template_check`)?"""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
 
 from recipeforge.cli.common import load, recipe_args
 
+if TYPE_CHECKING:
+    from recipeforge.cli.common import Subparsers
 
-def add_check_template(sub: Any) -> None:
+
+def add_check_template(sub: Subparsers) -> None:
     p = sub.add_parser("check-template",
                        help="check that training and serving give the model the same tokens for a conversation "
                             "(names the first differing token)")

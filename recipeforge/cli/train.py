@@ -8,14 +8,19 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recipeforge.cli.common import load, recipe_args, worker_flags
 from recipeforge.cli.exit_codes import EXIT_INTERNAL_ERROR, EXIT_PUSH_FAILED
 from recipeforge.errors import RecipeError
 
+if TYPE_CHECKING:
+    from recipeforge.cli.common import Subparsers
+    from recipeforge.config.pipeline import LoadedRecipe
+    from recipeforge.run import LaunchOptions
 
-def add_train(sub: Any) -> None:
+
+def add_train(sub: Subparsers) -> None:
     p = sub.add_parser("train", help="plan and run a recipe; writes the run directory",
                        description="Plan the recipe, then train in this process or start the backend's launcher "
                                    "(accelerate launch / torchrun) with the plan's process count, each process "
@@ -64,7 +69,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     return run_training(args, loaded, opts)
 
 
-def run_training(args: argparse.Namespace, loaded: Any, opts: Any) -> int:
+def run_training(args: argparse.Namespace, loaded: LoadedRecipe, opts: LaunchOptions) -> int:
     """Train `loaded` as `opts` (a `LaunchOptions`) says (`train`, `launch --ray`) and report the result."""
     from recipeforge.run import LaunchFailed, summary, train
     from recipeforge.stages.base import DistInfo
@@ -121,7 +126,7 @@ def resume_command(args: argparse.Namespace) -> str:
     return shlex.join(argv)
 
 
-def add_preprocess(sub: Any) -> None:
+def add_preprocess(sub: Subparsers) -> None:
     p = sub.add_parser("preprocess", help="tokenize and cache a recipe's datasets ahead of training")
     recipe_args(p)
     p.set_defaults(func=cmd_preprocess, owns_process=True)
@@ -139,7 +144,7 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_convert_checkpoint(sub: Any) -> None:
+def add_convert_checkpoint(sub: Subparsers) -> None:
     p = sub.add_parser("convert-checkpoint",
                        help="convert a recipe's Hugging Face model to a Megatron checkpoint (cached; megatron "
                             "backend), or into -o DIR at any tensor-parallel size, or a Megatron checkpoint back "

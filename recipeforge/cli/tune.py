@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
 
 from recipeforge.cli.common import flag_values, recipe_args
 
+if TYPE_CHECKING:
+    from recipeforge.cli.common import Subparsers
 
-def add_tune(sub: Any) -> None:
+
+def add_tune(sub: Subparsers) -> None:
     p = sub.add_parser("tune", help="short measuring runs that suggest a recipe setting (tune lr: the "
                                     "learning-rate range test)",
                        description="Short measuring runs on the recipe's own model and data that suggest a "

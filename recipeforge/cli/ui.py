@@ -8,15 +8,22 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from recipeforge.cli.exit_codes import EXIT_USER_ERROR
 from recipeforge.errors import RecipeError
 
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from starlette.types import ASGIApp
+
+    from recipeforge.cli.common import Subparsers
+
 KEY_ENV = "RECIPEFORGE_UI_KEY"
 
 
-def add_ui(sub: Any) -> None:
+def add_ui(sub: Subparsers) -> None:
     p = sub.add_parser("ui", help="a local web page: runs with live charts, a recipe editor that validates and "
                                   "plans as you type, launch and stop",
                        description="Serve a web page over RUNS_DIR (every run: status, live loss / learning rate "
@@ -67,7 +74,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return 0
 
 
-def ui_key(var: str, environ: Any) -> str | None:
+def ui_key(var: str, environ: Mapping[str, str]) -> str | None:
     """The key from the environment variable `var` (None when unset); an empty one, or one a header cannot
     carry, is refused rather than turned into a server without a key."""
     key = environ.get(var)
@@ -113,7 +120,7 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(app: Any, sock: socket.socket) -> None:
+def serve(app: ASGIApp, sock: socket.socket) -> None:
     """Serve `app` on `sock` until Ctrl-C or SIGTERM (uvicorn; runs this server started keep training)."""
     import uvicorn
 

@@ -6,13 +6,16 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from recipeforge.cli.common import library_warnings_to
 from recipeforge.errors import RecipeError
 
+if TYPE_CHECKING:
+    from recipeforge.cli.common import Subparsers
 
-def add_chat(sub: Any) -> None:
+
+def add_chat(sub: Subparsers) -> None:
     p = sub.add_parser("chat", help="talk to a finished run's model in the terminal (streamed replies)",
                        description="Chat with final/ of a run (a LoRA adapter is loaded on its base, not merged), "
                                    "through the chat template the run trained with. /reset forgets the "
@@ -48,7 +51,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_serve(sub: Any) -> None:
+def add_serve(sub: Subparsers) -> None:
     p = sub.add_parser("serve", help="serve a finished run's model on an OpenAI-compatible HTTP API",
                        description="Serve final/ of a run at /v1/chat/completions, /v1/completions (streamed or "
                                    "not; token-id prompts and prompt_logprobs as vLLM takes them), /v1/models "

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recipeforge.errors import Location, RecipeError
+
+if TYPE_CHECKING:
+    import torch
+
+    from recipeforge.components.moe import LoraPlan
 
 # bitsandbytes runs 4-bit layers on CPU from this release on; older ones need CUDA.
 _BNB_CPU_MIN = (0, 48)
 
 
 def lora_config(adapter, *, task_type: str = "CAUSAL_LM", trainable_tokens: dict | None = None,
-                target_modules: list[str] | None = None, moe: Any = None):
+                target_modules: list[str] | None = None, moe: LoraPlan | None = None):
     """The peft `LoraConfig` of an `adapter:` section (type lora or qlora); `trainable_tokens` (module
     name -> token ids) trains those embedding rows too (tokens the recipe added). `target_modules`
     (full module names) replaces `adapter.target_modules` once resolved against the model (a
@@ -101,8 +106,8 @@ def prepare_quantized(model, *, gradient_checkpointing: bool, device: str, shard
 
 
 def apply_lora(model, adapter, *, seed: int, gradient_checkpointing: bool = False,
-               trainable_dtype: Any = None, trainable_tokens: dict | None = None,
-               target_modules: list[str] | None = None, moe: Any = None) -> Any:
+               trainable_dtype: torch.dtype | None = None, trainable_tokens: dict | None = None,
+               target_modules: list[str] | None = None, moe: LoraPlan | None = None) -> Any:
     """Wrap `model` with trainable LoRA adapters (base weights frozen), initialized from `seed`.
 
     `trainable_dtype` (a quantized base under ZeRO-3 or FSDP): every trainable parameter is cast to

@@ -9,9 +9,21 @@ Tokenizers without offsets (slow ones) get the text cut at the span edges instea
 from __future__ import annotations
 
 import bisect
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from recipeforge.errors import RecipeError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+class MaskOptions(Protocol):
+    """What masking reads of `formats.RenderOptions` (which imports this module)."""
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase: ...
+    @property
+    def train_on_inputs(self) -> bool: ...
 
 Segment = tuple  # (text or token ids, trained), as in `formats`
 
@@ -39,7 +51,7 @@ def render_with_spans(tokenizer, messages: list[dict], template: str) -> tuple[s
     return rendered[0], [tuple(s) for s in spans[0]]
 
 
-def generation_segments(messages: list[dict], opts: Any, template: str) -> list[Segment]:
+def generation_segments(messages: list[dict], opts: MaskOptions, template: str) -> list[Segment]:
     """Segments of a conversation rendered through a template with generation blocks.
 
     Each reply's ``train`` flag (default true) decides whether its span is trained; with

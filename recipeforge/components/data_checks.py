@@ -13,11 +13,24 @@ that repeats the data many times, and warmup that takes more than half of the ru
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from recipeforge.components.prepared import PreparedData
 from recipeforge.errors import RecipeError
 from recipeforge.stage_specs import rl_section
+
+
+class PlanBatch(Protocol):
+    """The batch a plan settled on (`plan.types.Plan`; components do not import the planner)."""
+
+    @property
+    def global_batch_size(self) -> int: ...
+    @property
+    def micro_batch_size(self) -> int: ...
+    @property
+    def gradient_accumulation(self) -> int: ...
+    @property
+    def data_parallel(self) -> int: ...
 
 MAX_ACCUMULATION = 65536      # forward/backward passes per optimizer step; more is a typo, not a plan
 MANY_PASSES = 10              # max_steps that repeat the data more often than this get a warning
@@ -36,7 +49,7 @@ def check_plan_numbers(plan) -> None:
                  f"typically 8 to 2048")
 
 
-def check_data_numbers(recipe: Any, plan: Any, data: PreparedData,
+def check_data_numbers(recipe: Any, plan: PlanBatch | None, data: PreparedData,
                        log: Callable[[str], None] = lambda message: None) -> None:
     """Check the recipe's batch, steps and warmup against the prepared training `data` (`plan` is
     None for `recipeforge preprocess`, which checks against the recipe's own global batch)."""

@@ -4,9 +4,16 @@ into located errors (a JSON-lines row that is not an object, a blank file)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
-from recipeforge.errors import RecipeError
+from recipeforge.errors import Location, RecipeError
+
+
+class DatasetPath(Protocol):
+    """A `data.datasets` entry, as far as the hint goes."""
+
+    @property
+    def path(self) -> str: ...
 
 
 def read_file(path: Path, builder: str) -> Any:
@@ -20,7 +27,7 @@ def read_file(path: Path, builder: str) -> Any:
     return datasets.Dataset.from_file(str(path))  # .arrow
 
 
-def check_jsonl(path: Path, name: str, *, key: str, location: Any) -> None:
+def check_jsonl(path: Path, name: str, *, key: str, location: Location | None) -> None:
     """Name the first unreadable row of a JSON-lines file (the reader only says "parse error")."""
     import json
 
@@ -50,7 +57,7 @@ def is_blank(path: Path) -> bool:
         return not fh.read(1 << 16).strip() and path.stat().st_size < (1 << 16)
 
 
-def load_hint(spec: Any, found: Path | None) -> str:
+def load_hint(spec: DatasetPath, found: Path | None) -> str:
     """What to check when a dataset could not be read: the file (it exists) or its path."""
     if found is not None:
         return "check that the file is valid (one JSON object per line for .jsonl)"

@@ -22,10 +22,19 @@ import ast
 import inspect
 import operator
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Protocol
 
 from recipeforge.errors import Location, RecipeError
 from recipeforge.registry import Registry, code_trust, import_code, is_code_reference
+
+
+class EnvironmentRef(Protocol):
+    """`grpo.environment` (or another RL section's): the environment's name and its arguments."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def args(self) -> Mapping[str, Any] | None: ...
 
 environments: Registry[type] = Registry("environments")
 
@@ -135,7 +144,7 @@ def get_environment_class(name: str, *, allow_code: bool, key: str = "grpo.envir
     return cls
 
 
-def environment_factory(spec: Any, *, allow_code: bool, locate: Callable[[tuple], Location | None] = lambda p: None,
+def environment_factory(spec: EnvironmentRef, *, allow_code: bool, locate: Callable[[tuple], Location | None] = lambda p: None,
                         section: str = "grpo") -> Callable[[], Any]:
     """A factory of `spec`'s environment (`grpo.environment`) with its args checked against the class."""
     cls = get_environment_class(spec.name, allow_code=allow_code, key=f"{section}.environment.name",

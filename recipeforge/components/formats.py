@@ -14,12 +14,15 @@ columns, the stages it feeds, and renders one row:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Union
+from typing import TYPE_CHECKING, Any, Callable, Union
 
 from recipeforge.components.chat_templates import GENERATION_TAG
 from recipeforge.errors import RecipeError
 from recipeforge.registry import Registry
 from recipeforge.stage_specs import FORMAT_KINDS, STAGE_SPECS, stage_spec, stages_for_format_kind
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 Segment = tuple[Union[str, list], bool]  # (text or token ids, trained)
 
@@ -28,7 +31,7 @@ Segment = tuple[Union[str, list], bool]  # (text or token ids, trained)
 class RenderOptions:
     """What rendering needs besides the row: the tokenizer and the masking choice."""
 
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     train_on_inputs: bool = False
     prefix_ids: tuple[int, ...] = ()   # tokens the tokenizer puts before plain text (BOS)
     eos_token: str | None = None
@@ -84,7 +87,7 @@ _ROLE_ALIASES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model
                  "user": "user", "assistant": "assistant", "system": "system", "tool": "tool"}
 
 
-def normalize_messages(messages: Any, *, row: int | None = None, column: str = "messages") -> list[dict]:
+def normalize_messages(messages: object, *, row: int | None = None, column: str = "messages") -> list[dict]:
     """OpenAI-style ``{role, content}`` messages from OpenAI or ShareGPT (``{from, value}``) rows.
 
     A boolean ``train`` key (written by `data.datasets[].messages.train_field`) is kept: it says
@@ -270,11 +273,11 @@ def _messages(row: dict, opts: RenderOptions) -> list[Segment]:
     return chat_segments(row_messages(row), opts)
 
 
-def _is_conv(value: Any) -> bool:
+def _is_conv(value: object) -> bool:
     return isinstance(value, list) and bool(value) and isinstance(value[0], dict)
 
 
-def _as_messages(value: Any, column: str, role: str) -> list[dict]:
+def _as_messages(value: object, column: str, role: str) -> list[dict]:
     """A column of a conversational row as messages: text is one message of `role`, a mapping one message."""
     if isinstance(value, str):
         return [{"role": role, "content": value}]

@@ -16,9 +16,9 @@ functions; `recipeforge validate` and `plan` never import them.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from recipeforge.errors import RecipeError
+from recipeforge.errors import Location, RecipeError
 from recipeforge.stage_specs import Names
 
 INSTALL = "pip install 'recipeforge[torchao]'"
@@ -35,27 +35,33 @@ class FP8Scaling(Names):
 
 FP8_SCALINGS = tuple(s.value for s in FP8Scaling)
 
+if TYPE_CHECKING:
+    import torch
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
 
 def eligible(in_features: int, out_features: int, *, is_head: bool = False) -> bool:
     """Whether a linear layer of these dims converts to float8 (the planner's and the runtime's rule)."""
     return not is_head and in_features % DIVISOR == 0 and out_features % DIVISOR == 0
 
 
-def module_filter(model: Any) -> Callable[[Any, str], bool]:
+def module_filter(model: torch.nn.Module) -> Callable[[torch.nn.Module, str], bool]:
     """torchao's `module_filter_fn` for `model`: True for an `nn.Linear` that is not the output head
     and whose dims are multiples of 16."""
     import torch
 
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    # a transformers model names its output head; a bare module has none
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if get_head is not None else None
 
-    def keep(module: Any, _fqn: str) -> bool:
+    def keep(module: torch.nn.Module, _fqn: str) -> bool:
         return (isinstance(module, torch.nn.Linear)
                 and eligible(module.in_features, module.out_features, is_head=module is head))
 
     return keep
 
 
-def converted_names(model: Any) -> list[str]:
+def converted_names(model: torch.nn.Module) -> list[str]:
     """Names of the linear layers `convert` swaps in `model` (before conversion)."""
     keep = module_filter(model)
     return [name for name, module in model.named_modules() if keep(module, name)]
@@ -74,7 +80,7 @@ def float8_config(scaling: str, all_gather: bool) -> Any:
     return config
 
 
-def convert(model: Any, scaling: str, all_gather: bool) -> list[str]:
+def convert(model: torch.nn.Module, scaling: str, all_gather: bool) -> list[str]:
     """Swap `model`'s eligible linear layers for torchao's `Float8Linear` in place (before FSDP2
     wraps the model and before torch.compile); returns their names."""
     from torchao.float8 import convert_to_float8_training
@@ -84,14 +90,14 @@ def convert(model: Any, scaling: str, all_gather: bool) -> list[str]:
     return names
 
 
-def is_converted(model: Any) -> bool:
+def is_converted(model: torch.nn.Module) -> bool:
     """Whether `model` holds torchao float8 linear layers."""
     from torchao.float8.float8_linear import Float8Linear
 
     return any(isinstance(m, Float8Linear) for m in model.modules())
 
 
-def plain_tensor(value: Any) -> Any:
+def plain_tensor(value: torch.Tensor) -> torch.Tensor:
     """`value` without torchao's float8 all-gather wrapper (`WeightWithDynamicFloat8CastTensor`
     holds the high-precision weight in `_tensor`; an FSDP2 DTensor holds it as its local shard);
     other tensors as they are."""
@@ -111,7 +117,7 @@ def plain_state_dict(state: dict[str, Any]) -> dict[str, Any]:
     return {name: plain_tensor(value) for name, value in state.items()}
 
 
-def strip(model: Any) -> int:
+def strip(model: torch.nn.Module) -> int:
     """Swap every `Float8Linear` back to a plain `nn.Linear` holding the same weight and bias (unwrapped
     from the all-gather tensor subclass); returns how many were swapped."""
     import torch
@@ -133,7 +139,7 @@ def strip(model: Any) -> int:
     return swapped
 
 
-def check_installed(location: Any = None) -> None:
+def check_installed(location: Location | None = None) -> None:
     """Refuse fp8 training before anything loads when torchao is not installed."""
     import importlib.util
 
@@ -144,7 +150,7 @@ def check_installed(location: Any = None) -> None:
 
 
 def check_device(device: str, capability: tuple[int, int] | None, gpu_name: str | None,
-                 location: Any = None) -> None:
+                 location: Location | None = None) -> None:
     """Refuse fp8 training on the real device when it has no float8 tensor cores (compute capability
     below 8.9, or no CUDA GPU at all)."""
     if device == "cuda" and capability is not None and tuple(capability) >= FP8_CAPABILITY:
@@ -166,7 +172,8 @@ def precompute_callback() -> Any:
     class Float8Scales(TrainerCallback):  # type: ignore[misc]
         """Float8 scales of the sharded weights, refreshed after each optimizer step."""
 
-        def on_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        def on_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                             model: torch.nn.Module | None = None, **kwargs: Any) -> None:
             if model is not None:
                 precompute_float8_dynamic_scale_for_fsdp(model)
 

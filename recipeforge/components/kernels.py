@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Callable, Literal, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -41,7 +41,7 @@ class KernelSpec:
     gpu_only: bool = False
 
 
-def _as_kernel(name: str, obj: Any) -> KernelSpec:
+def _as_kernel(name: str, obj: object) -> KernelSpec:
     """A registered object as a `KernelSpec` (plain functions are kernels without an options model)."""
     if isinstance(obj, KernelSpec):
         return obj
@@ -101,7 +101,7 @@ kernels.register("torch_compile", KernelSpec("torch_compile", _torch_compile, To
                                              description="torch.compile of the model (Trainer's torch_compile)"))
 
 
-def kernel_options(spec: KernelSpec, options: Any, *, key: str) -> Any:
+def kernel_options(spec: KernelSpec, options: Mapping[str, Any] | None, *, key: str) -> Any:
     """`options` validated against the kernel's model (the raw mapping when it has none)."""
     if spec.options is None:
         return dict(options or {})

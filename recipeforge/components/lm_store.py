@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recipeforge.components.packing import IGNORE, PackStats, best_fit_decreasing
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
 
 BATCH_ROWS = 16_384   # samples per read when counting over a dataset
 PACK_BINS = 4_096     # packed sequences written per chunk
@@ -32,7 +36,7 @@ class SampleFile:
         self._schema = None
         self.rows = 0
 
-    def write(self, table: Any) -> None:
+    def write(self, table: pa.Table) -> None:
         """Append `table` (the same columns every time)."""
         if self._schema is None:
             self._schema = table.schema
@@ -62,7 +66,7 @@ def _batches(ds, columns: list[str]):
         yield arrow[start:start + BATCH_ROWS]
 
 
-def _flat(column: Any) -> Any:
+def _flat(column: pa.ChunkedArray) -> np.ndarray:
     """The values of a list<int32> column, end to end, as a writable numpy int32 array."""
     import numpy as np
 

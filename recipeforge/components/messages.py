@@ -34,7 +34,7 @@ def _known(roles: dict[str, tuple[str, ...]]) -> str:
     return "; ".join(f"{r}: {', '.join(n)}" for r, n in merged.items())
 
 
-def map_row(value: Any, system: Any, fields, table: dict[str, str], *, row: int, key: str) -> list[dict]:
+def map_row(value: object, system: object, fields, table: dict[str, str], *, row: int, key: str) -> list[dict]:
     """One row's messages as OpenAI messages (see the module docstring); errors name `row` and `key`."""
     def fail(message: str, sub: str, hint: str | None = None) -> RecipeError:
         return RecipeError(f"row {row}: {message}", key=f"{key}.{sub}", hint=hint)

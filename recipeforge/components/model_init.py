@@ -31,9 +31,15 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, ContextManager, Iterator
 
 from recipeforge.errors import RecipeError
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig, PreTrainedModel
+    from transformers.models.auto.auto_factory import _BaseAutoModelClass
+    from transformers.quantizers import HfQuantizer
 
 # Per-module attributes set on the skeleton; modules keep them through peft's wrapping and FSDP2's
 # class swap, while the parameter objects themselves are replaced.
@@ -48,8 +54,8 @@ class RandomInit:
     tokenizer), the dtype of its weights, the seed, and the ids of the rows that start at the mean of
     the others. A record, so that the same weights can be made again (a LoRA run's base_model/)."""
 
-    config: Any
-    dtype: Any
+    config: PretrainedConfig
+    dtype: torch.dtype
     seed: int
     attn_implementation: str = "sdpa"
     num_labels: int | None = None
@@ -62,7 +68,7 @@ def module_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
-def model_class(config: Any, num_labels: int | None = None) -> Any:
+def model_class(config: PretrainedConfig, num_labels: int | None = None) -> type[_BaseAutoModelClass]:
     """The Auto class a random-init model of `config` is built with: image-text-to-text for a
     vision-language config, sequence classification when `num_labels` is given, else a causal LM."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSequenceClassification
@@ -74,9 +80,10 @@ def model_class(config: Any, num_labels: int | None = None) -> Any:
     return AutoModelForImageTextToText if is_vision_model(config) else AutoModelForCausalLM
 
 
-def build_skeleton(config: Any, *, dtype: Any, attn_implementation: str, num_labels: int | None = None,
-                   quantization_config: Any = None, trust_remote_code: bool = False,
-                   auto: Any = None) -> tuple[Any, Any]:
+def build_skeleton(config: PretrainedConfig, *, dtype: torch.dtype, attn_implementation: str,
+                   num_labels: int | None = None, quantization_config: object = None,
+                   trust_remote_code: bool = False,
+                   auto: type[_BaseAutoModelClass] | None = None) -> tuple[PreTrainedModel, HfQuantizer | None]:
     """The model of `config` with every parameter on the meta device, buffers real, 4-bit/8-bit
     linears in place when `quantization_config` is given, every module marked (`mark_modules`).
     Returns the model and the quantizer (None without quantization), whose `postprocess_model` the
@@ -110,7 +117,7 @@ def build_skeleton(config: Any, *, dtype: Any, attn_implementation: str, num_lab
     return model, quantizer
 
 
-def mark_modules(model: Any) -> None:
+def mark_modules(model: torch.nn.Module) -> None:
     """Record on every module its name in the bare model and, for a bitsandbytes 4-bit layer, how
     its weight is quantized and its unpacked shape."""
     for name, module in model.named_modules():
@@ -122,14 +129,14 @@ def mark_modules(model: Any) -> None:
                                     "shape": (module.out_features, module.in_features)})
 
 
-def is_4bit_layer(module: Any) -> bool:
+def is_4bit_layer(module: torch.nn.Module) -> bool:
     """Whether `module` is bitsandbytes' 4-bit linear (not peft's LoRA wrapper of one, which has the
     same class name), told without importing bitsandbytes."""
     kind = type(module)
     return any(c.__name__ == "Linear4bit" and c.__module__.startswith("bitsandbytes") for c in kind.__mro__)
 
 
-def marked_modules(model: Any) -> Iterator[tuple[str, Any]]:
+def marked_modules(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
     """(name in the bare model, module) of every marked module of `model`, in module order; a copy
     peft made of a module (modules_to_save) carries the same name."""
     for module in model.modules():
@@ -138,7 +145,7 @@ def marked_modules(model: Any) -> Iterator[tuple[str, Any]]:
             yield prefix, module
 
 
-def full_shape(module: Any, pname: str, param: Any) -> tuple[int, ...]:
+def full_shape(module: torch.nn.Module, pname: str, param: torch.Tensor) -> tuple[int, ...]:
     """The shape of a parameter before quantization (a 4-bit weight is stored packed)."""
     quant = getattr(module, QUANT, None)
     if quant is not None and pname == "weight":
@@ -154,13 +161,13 @@ class RandomWeights:
     the dtype of weights that are quantized afterwards (the compute dtype); other parameters are made
     in their own dtype."""
 
-    def __init__(self, model: Any, spec: RandomInit, *, device: Any):
+    def __init__(self, model: torch.nn.Module, spec: RandomInit, *, device: str | torch.device):
         self.spec, self.device = spec, device
         self._owners = _owners(model)
         roots = [m for m in model.modules() if hasattr(m, TOKEN_ROWS)]
         self._row_fitted = set(getattr(roots[0], TOKEN_ROWS)) if spec.new_rows and roots else set()
 
-    def module_tensors(self, module: Any) -> dict[str, Any]:
+    def module_tensors(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
         """Every direct parameter of `module`, whole, on the device, initialized by the owning model's
         `_init_weights` under the module's seed; raises when the model's initialization leaves one
         untouched (it would train from uninitialized memory)."""
@@ -201,7 +208,7 @@ class RandomWeights:
         return out
 
 
-def materialize(model: Any, weights: RandomWeights, *, device: Any) -> dict[str, int]:
+def materialize(model: torch.nn.Module, weights: RandomWeights, *, device: str | torch.device) -> dict[str, int]:
     """Give the skeleton `model` its weights, whole, on `device` (quantizing the weights of 4-bit and
     8-bit layers there, as transformers does when it loads them), and move its buffers there. Tied
     parameters stay one object. Returns the bytes made and the largest tensor's."""
@@ -233,7 +240,7 @@ def materialize(model: Any, weights: RandomWeights, *, device: Any) -> dict[str,
     return stats
 
 
-def as_parameter(param: Any, full: Any) -> Any:
+def as_parameter(param: torch.Tensor, full: torch.Tensor) -> torch.nn.Parameter:
     """The parameter that replaces the skeleton's `param`, holding `full`: quantized by bitsandbytes
     for a 4-bit or 8-bit weight (the calls transformers' loading makes), else a plain parameter."""
     import torch
@@ -252,7 +259,7 @@ def as_parameter(param: Any, full: Any) -> Any:
     return torch.nn.Parameter(full.to(param.dtype), requires_grad=param.requires_grad)
 
 
-def mean_rows_(weight: Any, ids: tuple[int, ...] | list[int]) -> None:
+def mean_rows_(weight: torch.Tensor, ids: tuple[int, ...] | list[int]) -> None:
     """Set the rows `ids` of an embedding matrix to the mean of its other rows (in place)."""
     import torch
 
@@ -265,7 +272,7 @@ def mean_rows_(weight: Any, ids: tuple[int, ...] | list[int]) -> None:
         weight[ids] = weight[keep].float().mean(dim=0).to(weight.dtype)
 
 
-def seed_device(device: Any, seed: int) -> None:
+def seed_device(device: str | torch.device, seed: int) -> None:
     """Seed the default random generator of `device` (the CPU's, or one GPU's) and nothing else."""
     import torch
 
@@ -277,7 +284,7 @@ def seed_device(device: Any, seed: int) -> None:
         torch.random.default_generator.manual_seed(seed)
 
 
-def forked_rng(device: Any):
+def forked_rng(device: str | torch.device) -> ContextManager[None]:
     """A context that restores the random state of `device` (and the CPU's) when it ends: making
     weights does not move the random stream of whoever called."""
     import torch
@@ -288,7 +295,7 @@ def forked_rng(device: Any):
     return torch.random.fork_rng(devices=devices)
 
 
-def grown_vocab(config: Any, tokens: int) -> Any:
+def grown_vocab(config: PretrainedConfig, tokens: int) -> PretrainedConfig:
     """`config` with a row for each of `tokens` tokens when it has fewer (the text config of a
     vision-language model)."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -297,7 +304,7 @@ def grown_vocab(config: Any, tokens: int) -> Any:
     return config
 
 
-def _owners(root: Any) -> dict[int, Any]:
+def _owners(root: torch.nn.Module) -> dict[int, PreTrainedModel | None]:
     """For every module of `root`, the nearest `PreTrainedModel` at or above it: the model whose
     `_init_weights` initializes it (transformers' `initialize_weights` dispatches the same way)."""
     from transformers import PreTrainedModel
@@ -313,7 +320,7 @@ def _owners(root: Any) -> dict[int, Any]:
     return owners
 
 
-def _embedding_names(model: Any) -> set[str]:
+def _embedding_names(model: torch.nn.Module) -> set[str]:
     """The marked names of the input embedding and the output layer (their rows are tokens)."""
     base = model
     while not hasattr(base, "get_input_embeddings") and hasattr(base, "model"):
@@ -325,7 +332,7 @@ def _embedding_names(model: Any) -> set[str]:
     return names
 
 
-def _holders(model: Any) -> dict[int, list[tuple[Any, str]]]:
+def _holders(model: torch.nn.Module) -> dict[int, list[tuple[torch.nn.Module, str]]]:
     """Every (module, name) holding each parameter object: tied weights have several."""
     holders: dict[int, list[tuple[Any, str]]] = {}
     for module in model.modules():

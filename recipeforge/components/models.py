@@ -41,7 +41,7 @@ class ModelEntry:
     description: str = ""
 
 
-def _as_model(name: str, obj: Any) -> ModelEntry:
+def _as_model(name: str, obj: object) -> ModelEntry:
     """A registered object as a `ModelEntry`: a plain mapping is an architecture without a loader."""
     if isinstance(obj, ModelEntry):
         entry = obj
@@ -153,7 +153,7 @@ def random_spec(config, tokenizer, *, seed: int, dtype, attn_implementation: str
                       attn_implementation=attn_implementation, num_labels=num_labels, new_rows=tuple(new_rows))
 
 
-def build_random(spec, tokenizer, *, name: str, device: str = "cpu", quantization_config: Any = None):
+def build_random(spec, tokenizer, *, name: str, device: str = "cpu", quantization_config: object = None):
     """The random-init model `spec` describes, made module by module where it trains (the GPU of this
     process, or the CPU), 4-bit or 8-bit layers quantized there when `quantization_config` is given
     (`components.model_init`)."""
@@ -219,7 +219,7 @@ def load_model(name_or_path: str, tokenizer, *, vocab=None, **kwargs):
 
 def _load_model(name_or_path: str, tokenizer, *, device: str, dtype: str = "auto", attn_implementation: str = "auto",
                revision: str | None = None, trust_remote_code: bool = False, seed: int = 42,
-               max_position_embeddings: int | None = None, quantization_config: Any = None,
+               max_position_embeddings: int | None = None, quantization_config: object = None,
                random_config: dict | None = None, location: Location | None = None,
                num_labels: int | None = None, new_rows: tuple[int, ...] = ()):
     """Load (or, for ``tiny:*``, build) the causal LM a recipe names, ready to train on `device`.
@@ -296,7 +296,7 @@ def _load_from_plugin(loader: Callable[..., Any], name_or_path: str, tokenizer, 
 
 def _load_pretrained(name_or_path: str, tokenizer, *, device: str, dtype, attn_implementation: str,
                      revision: str | None, trust_remote_code: bool, max_position_embeddings: int | None,
-                     quantization_config: Any, num_labels: int | None, location: Location | None):
+                     quantization_config: object, num_labels: int | None, location: Location | None):
     """A local directory or hub id through transformers' auto classes, its embeddings grown to the tokenizer."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSequenceClassification
 

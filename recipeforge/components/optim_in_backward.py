@@ -70,7 +70,7 @@ class InBackwardOptimizer(torch.optim.Optimizer):
         """The norm of the gradients stepped since the last `step()` call (the Trainer's logged norm)."""
         return math.sqrt(self._squared_norm)
 
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+    def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
         """Nothing to step: every parameter was stepped in backward. Starts the next norm."""
         self._squared_norm = 0.0
 
@@ -135,7 +135,7 @@ def attach(trainer: Trainer, cls_and_kwargs: tuple[type, dict[str, Any]] | None 
     optimizer = InBackwardOptimizer(model.named_parameters(), make)
     trainer.optimizer = optimizer
 
-    def logged_norm(model: Any, grad_norm: Any = None) -> float:
+    def logged_norm(model: torch.nn.Module, grad_norm: object = None) -> float:
         # Trainer._get_grad_norm would read the (already freed) gradients: 0
         return optimizer.grad_norm()
 

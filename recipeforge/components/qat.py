@@ -10,10 +10,13 @@ transformers and every serving engine load. torch and torchao are imported insid
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from recipeforge.errors import RecipeError
+from recipeforge.errors import Location, RecipeError
 from recipeforge.stage_specs import Names
+
+if TYPE_CHECKING:
+    import torch
 
 INSTALL = "pip install 'recipeforge[torchao]'"
 
@@ -36,7 +39,7 @@ def export_format(scheme: str) -> str:
     return EXPORT_FORMATS[QATScheme(scheme)]
 
 
-def check_torchao(location: Any = None) -> None:
+def check_torchao(location: Location | None = None) -> None:
     """Refuse `train.qat` before anything loads when torchao is not installed."""
     import importlib.util
 
@@ -52,22 +55,25 @@ def base_config(scheme: str, group_size: int) -> Any:
     import torch
     from torchao.quantization import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig, PerGroup
 
+    int4 = torch.int4  # type: ignore[attr-defined]  # a torch dtype its stubs do not declare
     if QATScheme(scheme) == QATScheme.INT4_WEIGHT:
-        return IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(group_size))
-    return Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(group_size))
+        return IntxWeightOnlyConfig(weight_dtype=int4, granularity=PerGroup(group_size))
+    return Int8DynamicActivationIntxWeightConfig(weight_dtype=int4, weight_granularity=PerGroup(group_size))
 
 
-def quantized_linears(model: Any) -> list[str]:
+def quantized_linears(model: torch.nn.Module) -> list[str]:
     """Names of the linear layers the torchao export quantizes: every `nn.Linear` but the output head
     (transformers' `TorchAoConfig` default; embeddings are not linear layers)."""
     import torch
 
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    # a transformers model names its output head; a bare module has none
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if get_head is not None else None
     return [name for name, module in model.named_modules()
             if isinstance(module, torch.nn.Linear) and module is not head]
 
 
-def check_group_size(model: Any, group_size: int, location: Any = None) -> None:
+def check_group_size(model: torch.nn.Module, group_size: int, location: Location | None = None) -> None:
     """Refuse a group size that does not divide every quantized layer's input width (torchao groups
     the input features of each output row)."""
     import torch
@@ -84,7 +90,7 @@ def check_group_size(model: Any, group_size: int, location: Any = None) -> None:
                           else "use a group size dividing every linear layer's input width")
 
 
-def prepare(model: Any, scheme: str, group_size: int) -> int:
+def prepare(model: torch.nn.Module, scheme: str, group_size: int) -> int:
     """Fake-quantize `model`'s exported linear layers in place (torchao `QATConfig(step="prepare")`);
     returns how many layers were swapped."""
     from torchao.quantization import quantize_
@@ -96,14 +102,14 @@ def prepare(model: Any, scheme: str, group_size: int) -> int:
     return len(names)
 
 
-def is_prepared(model: Any) -> bool:
+def is_prepared(model: torch.nn.Module) -> bool:
     """Whether `model` holds torchao fake-quantized layers."""
     from torchao.quantization.qat.linear import FakeQuantizedLinear
 
     return any(isinstance(m, FakeQuantizedLinear) for m in model.modules())
 
 
-def strip(model: Any) -> None:
+def strip(model: torch.nn.Module) -> None:
     """Swap the fake-quantized layers back to plain `nn.Linear` (the same weights, in place): torchao's
     `QATConfig(step="convert")` without a base config does the module swap only, quantizing nothing."""
     from torchao.quantization import quantize_

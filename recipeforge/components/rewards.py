@@ -56,7 +56,7 @@ RewardFactory = Callable[[dict, RewardContext], Any]
 rewards: Registry[RewardFactory] = Registry("rewards")
 
 
-def completion_text(completion: Any) -> str:
+def completion_text(completion: object) -> str:
     """The generated text of a completion (plain string, or the last message of a conversation)."""
     if isinstance(completion, str):
         return completion

@@ -82,7 +82,7 @@ class RolloutServer:
     start: Callable[[Any, str, Path], RunningServer]
 
 
-def _as_engine(name: str, obj: Any) -> RolloutEngineSpec:
+def _as_engine(name: str, obj: object) -> RolloutEngineSpec:
     """A registered object as a `RolloutEngineSpec`; a plain ``f(rollout, device)`` is a colocated engine."""
     if isinstance(obj, RolloutEngineSpec):
         return obj

@@ -14,9 +14,12 @@ Nothing here imports torch, transformers or datasets at module level.
 from __future__ import annotations
 
 import string
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from recipeforge.errors import RecipeError
+from recipeforge.errors import Location, RecipeError
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 SYSTEM = "system"  # the column whose non-empty text brings in `texts.system`
 ANSWERS = {"preference": ("chosen", "rejected"), "unpaired": ("completion",)}
@@ -53,7 +56,7 @@ def text_names(kind: str) -> tuple[str, ...]:
     return ("prompt", *ANSWERS[kind])
 
 
-def required_columns(texts: Any, kind: str) -> tuple[str, ...]:
+def required_columns(texts: object, kind: str) -> tuple[str, ...]:
     """The columns every row needs: those the texts read, but the system column (missing: no system text)."""
     names = [c for n in text_names(kind) for c in columns_read(getattr(texts, n))]
     return tuple(dict.fromkeys(c for c in names if c != SYSTEM))
@@ -66,7 +69,7 @@ class _Values(dict[str, Any]):
         return ""
 
 
-def render(texts: Any, row: dict[str, Any], kind: str) -> dict[str, str]:
+def render(texts: object, row: dict[str, Any], kind: str) -> dict[str, str]:
     """The prompt and the answers of one row as texts. A placeholder the row cannot fill (an index past the end
     of a list, a key a message lacks) raises `_TextError` naming the text; the caller adds the row."""
     values = _Values({k: "" if v is None else v for k, v in row.items()})
@@ -92,7 +95,8 @@ class _TextError(Exception):
         self.name, self.exc = name, exc
 
 
-def to_text_rows(ds: Any, texts: Any, kind: str, *, key: str, path: str, where: Any = None) -> Any:
+def to_text_rows(ds: Dataset, texts: object, kind: str, *, key: str, path: str,
+                 where: Location | None = None) -> Dataset:
     """The dataset with its prompt and answer columns written by `texts` (other columns kept: the label, a
     margin), after checking that every column the texts read is there."""
     import datasets

@@ -33,6 +33,7 @@ import torch
 
 from recipeforge.components.teacher_topk import TeacherTopK
 from recipeforge.errors import RecipeError
+from recipeforge.json_value import JSONValue
 
 KEY = "distill.teacher.url"
 ROWS_PER_REQUEST = 8     # token-id prompts per scoring request (answers grow as rows x length x k)
@@ -132,7 +133,7 @@ class ServedTeacher:
             out[index] = entries
         return out
 
-    def _top(self, entry: Any, k: int, *, where: str) -> list[tuple[int, float]]:
+    def _top(self, entry: JSONValue, k: int, *, where: str) -> list[tuple[int, float]]:
         """The `k` most likely (token, log-prob) of one server entry, most likely first: by the server's
         rank when it gives one (the prompt's own token, listed too, may rank past k), else by log-prob."""
         if not isinstance(entry, dict):
@@ -222,7 +223,7 @@ class ServedTeacher:
                                hint=LOGPROBS_HINT)
         return self._error(f"answered {path} with HTTP {exc.code}: {message}")
 
-    def _unreachable(self, reason: Any) -> RecipeError:
+    def _unreachable(self, reason: object) -> RecipeError:
         if isinstance(reason, TimeoutError) or "timed out" in str(reason):
             return self._error(f"did not answer within distill.teacher.timeout_s = {self.timeout_s:g} s",
                                hint="raise distill.teacher.timeout_s, or check the server is not overloaded")
@@ -238,7 +239,7 @@ class _NoRoute(Exception):
     """The server has no such endpoint (404)."""
 
 
-def _head(tokens: Any) -> str:
+def _head(tokens: object) -> str:
     """The first token ids of a list, for a message."""
     if not isinstance(tokens, list):
         return repr(tokens)[:40]

@@ -8,12 +8,15 @@ names one.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from recipeforge.components.teacher_topk import Teacher, TeacherTopK
 from recipeforge.errors import Location, RecipeError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["ColocatedTeacher", "Teacher", "TeacherTopK", "build_teacher"]
 
@@ -32,7 +35,7 @@ class ColocatedTeacher:
     """A teacher loaded in the run with transformers: frozen, in eval mode, on the student's device and
     in its dtype (4-bit NF4 with `load_in_4bit`, CUDA only)."""
 
-    def __init__(self, config: TeacherConfig, tokenizer: Any, *, device: str, dtype: torch.dtype,
+    def __init__(self, config: TeacherConfig, tokenizer: PreTrainedTokenizerBase, *, device: str, dtype: torch.dtype,
                  trust_remote_code: bool = False, attn_implementation: str = "auto", seed: int = 42,
                  locate: Locate = _no_locate):
         from recipeforge.components.models import load_model
@@ -85,7 +88,7 @@ def four_bit_config(device: str, dtype: torch.dtype, *, location: Location | Non
                               bnb_4bit_use_double_quant=True)
 
 
-def build_teacher(config: TeacherConfig, tokenizer: Any, *, device: str, dtype: torch.dtype,
+def build_teacher(config: TeacherConfig, tokenizer: PreTrainedTokenizerBase, *, device: str, dtype: torch.dtype,
                   trust_remote_code: bool = False, attn_implementation: str = "auto", seed: int = 42,
                   vocab_size: int | None = None, locate: Locate = _no_locate) -> Teacher:
     """The recipe's teacher: `ColocatedTeacher` for `name_or_path`, the served teacher for `url`."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import string
-from typing import Any
 
 from recipeforge.errors import RecipeError
 
@@ -52,7 +51,7 @@ def columns(prompt) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return required, tuple(dict.fromkeys(optional))
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return "" if value is None else value if isinstance(value, str) else str(value)
 
 

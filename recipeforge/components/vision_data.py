@@ -28,10 +28,13 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recipeforge.components.formats import _ROLE_ALIASES  # the role names every chat format accepts
-from recipeforge.errors import RecipeError, excerpt
+from recipeforge.errors import Location, RecipeError, excerpt
+
+if TYPE_CHECKING:
+    from PIL.Image import Image as PILImage
 
 PLACEHOLDER = "<image>"
 # LLaVA writes "<image>\n" before the question: the newline belongs to the placeholder, not the text.
@@ -44,7 +47,7 @@ _LOCATION_HINT = ("relative image paths start at the dataset file's folder, or a
 
 
 def vision_rows(rows: list[dict], *, source: Path | str, base_dir: Path, kind: str = "messages",
-                location: Any = None, image_column: str | None = None,
+                location: Location | None = None, image_column: str | None = None,
                 embedded_dir: Path | None = None) -> list[dict]:
     """Raw dataset rows as TRL vision rows, every local image checked.
 
@@ -167,7 +170,7 @@ def _decode(path: str) -> str | None:
 class _Row:
     """Where a row is, for its error messages."""
 
-    def __init__(self, source: Path | str, number: int, base_dir: Path, location: Any,
+    def __init__(self, source: Path | str, number: int, base_dir: Path, location: Location | None,
                  embedded_dir: Path | None = None):
         self.source, self.number, self.base_dir, self.location = str(source), number, base_dir, location
         self.embedded_dir = embedded_dir
@@ -196,7 +199,7 @@ def _file_url_path(ref: str) -> str:
     return ref
 
 
-def _resolve(ref: Any, row: _Row, where: str) -> str:
+def _resolve(ref: object, row: _Row, where: str) -> str:
     """An image reference as an absolute local path (relative ones from `row.base_dir`) or an http(s) URL."""
     if isinstance(ref, dict) and ref.get("bytes") or type(ref).__module__.startswith("PIL."):
         return embedded_image_path(ref, row, where)
@@ -219,7 +222,7 @@ def _resolve(ref: Any, row: _Row, where: str) -> str:
     return resolved
 
 
-def embedded_image_path(image: Any, row: _Row, where: str) -> str:
+def embedded_image_path(image: dict[str, Any] | PILImage, row: _Row, where: str) -> str:
     """The file an image held in the data is kept in: `row.embedded_dir`/<sha256 of its bytes>.<format>,
     written once (atomically) and shared by every row and run holding the same image. `image` is a
     `datasets` Image value (``{"bytes", "path"}``) or a PIL image (encoded as PNG)."""
@@ -344,7 +347,7 @@ class _Images:
         self.placeholders += 1
         return {"type": "image"}
 
-    def named(self, ref: Any, where: str) -> dict:
+    def named(self, ref: object, where: str) -> dict:
         self.order.append(_resolve(ref, self.row, where))
         self.inline += 1
         return {"type": "image"}
@@ -375,7 +378,7 @@ def _n(count: int, noun: str) -> str:
     return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
-def _content(content: Any, role: str, images: _Images, where: str) -> list[dict]:
+def _content(content: object, role: str, images: _Images, where: str) -> list[dict]:
     """A message's content as typed entries: text pieces and image entries, in order."""
     before = len(images.order)
     entries: list[dict] = []
@@ -404,7 +407,7 @@ def _split_text(text: str, images: _Images) -> list[dict]:
     return entries
 
 
-def _part(part: Any, images: _Images, where: str) -> list[dict]:
+def _part(part: object, images: _Images, where: str) -> list[dict]:
     if isinstance(part, str):
         return _split_text(part, images)
     if not isinstance(part, dict):
@@ -430,7 +433,7 @@ def _part(part: Any, images: _Images, where: str) -> list[dict]:
     raise images.row.error(f"{where} has type {excerpt(kind)}; expected text or image")
 
 
-def _messages(messages: Any, images: _Images, column: str) -> list[dict]:
+def _messages(messages: object, images: _Images, column: str) -> list[dict]:
     """Messages (role/content or ShareGPT from/value) with their content as typed entries."""
     if not isinstance(messages, list) or not messages:
         raise images.row.error(f"column '{column}' must be a non-empty list of messages (got "

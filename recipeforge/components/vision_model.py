@@ -16,9 +16,69 @@ projector's or the tower's only when they train.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Iterable, Protocol, Union
 
 from recipeforge.errors import Location, RecipeError
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig
+
+
+# What this module reads of a recipe (the `model.vision`, `adapter`, `model` and `data` sections; the
+# config layer above defines them, so they are described here by the fields read).
+class VisionSettings(Protocol):
+    """`model.vision`: which parts train, and how images are sized."""
+
+    @property
+    def train_tower(self) -> bool: ...
+    @property
+    def train_projector(self) -> bool: ...
+    @property
+    def min_pixels(self) -> int | None: ...
+    @property
+    def max_pixels(self) -> int | None: ...
+
+
+class AdapterTargets(Protocol):
+    """`adapter`: the linear layers LoRA targets and the modules trained whole."""
+
+    @property
+    def target_modules(self) -> Union[str, tuple[str, ...]]: ...
+    @property
+    def modules_to_save(self) -> tuple[str, ...]: ...
+
+
+class ProcessorModel(Protocol):
+    """`model`: where the processor is loaded from."""
+
+    @property
+    def name_or_path(self) -> str: ...
+    @property
+    def tokenizer(self) -> str | None: ...
+    @property
+    def revision(self) -> str | None: ...
+    @property
+    def trust_remote_code(self) -> bool: ...
+    @property
+    def vision(self) -> VisionSettings: ...
+
+
+class ProcessorData(Protocol):
+    """`data`: the chat template asked for."""
+
+    @property
+    def chat_template(self) -> str: ...
+
+
+class ProcessorRecipe(Protocol):
+    """The recipe, as far as its processor goes."""
+
+    @property
+    def model(self) -> ProcessorModel: ...
+    @property
+    def data(self) -> ProcessorData: ...
+
 
 # model_type -> (vision tower modules, projector modules): dotted module names as they appear inside
 # parameter names (any prefix). A projector inside the tower (Qwen-VL's `visual.merger`) is the projector.
@@ -41,7 +101,7 @@ def is_vision_config(fields: dict | None) -> bool:
     return isinstance(fields, dict) and isinstance(fields.get("vision_config"), dict)
 
 
-def is_vision_model(config: Any) -> bool:
+def is_vision_model(config: object) -> bool:
     """Whether a transformers config (or a model's) belongs to a vision-language model."""
     config = getattr(config, "config", config)
     return getattr(config, "vision_config", None) is not None
@@ -71,11 +131,11 @@ def part_of(name: str, parts: tuple[tuple[str, ...], tuple[str, ...]]) -> str:
     return "language"
 
 
-def _model_type(model: Any) -> str:
+def _model_type(model: torch.nn.Module) -> str:
     return getattr(getattr(model, "config", None), "model_type", "") or ""
 
 
-def freeze_vision(model: Any, vision: Any, *, log=None, location: Location | None = None) -> dict[str, int]:
+def freeze_vision(model: torch.nn.Module, vision: VisionSettings, *, log=None, location: Location | None = None) -> dict[str, int]:
     """Full fine-tuning: freeze the tower unless `vision.train_tower`, the projector unless
     `vision.train_projector`. Returns the parameters of each part that train."""
     parts = vision_parts(_model_type(model), location=location)
@@ -94,7 +154,7 @@ def freeze_vision(model: Any, vision: Any, *, log=None, location: Location | Non
     return counts
 
 
-def lora_targets(model: Any, adapter: Any, vision: Any, *, location: Location | None = None) -> list[str]:
+def lora_targets(model: torch.nn.Module, adapter: AdapterTargets, vision: VisionSettings, *, location: Location | None = None) -> list[str]:
     """The modules of a VLM that get LoRA adapters: the linear layers `adapter.target_modules` names
     (``all-linear``: all) in the language model, and in the projector / tower only when they train.
     The output layer and `adapter.modules_to_save` are never adapted. Full module names (peft matches
@@ -152,7 +212,7 @@ def tiny_vision_config(arch: str, fields: dict, tokenizer, *, location: Location
                                 pad_token_id=tokenizer.pad_token_id)
 
 
-def load_processor(recipe: Any, tokenizer, *, location: Location | None = None):
+def load_processor(recipe: ProcessorRecipe, tokenizer, *, location: Location | None = None):
     """The processor of the recipe's VLM around `tokenizer` (the run's, with its chat template and
     added tokens), images sized by `model.vision.min_pixels` / `max_pixels` when set."""
     from recipeforge.components.tiny_spec import tiny_arch
@@ -185,7 +245,7 @@ def load_processor(recipe: Any, tokenizer, *, location: Location | None = None):
     return processor
 
 
-def set_pixels(processor, vision: Any) -> None:
+def set_pixels(processor, vision: VisionSettings) -> None:
     """`vision.min_pixels` / `max_pixels` on the image processor: Qwen-VL style processors bound the
     area; others resize the shortest edge to the square root of `min_pixels`."""
     images = getattr(processor, "image_processor", None)
@@ -216,7 +276,7 @@ def check_template(processor, *, location: Location | None = None) -> None:
 
 
 # --- images against image tokens --------------------------------------------------------------
-def expected_image_tokens(config: Any, batch: dict, images: int) -> int | None:
+def expected_image_tokens(config: PretrainedConfig, batch: dict, images: int) -> int | None:
     """How many image tokens the model expects for a processed batch of `images` images, from its
     config and the processor's output; None for an architecture this does not know."""
     model_type = getattr(config, "model_type", "")
@@ -232,7 +292,7 @@ def expected_image_tokens(config: Any, batch: dict, images: int) -> int | None:
     return None
 
 
-def check_image_tokens(collate, rows: Iterable[tuple[str, dict]], config: Any, image_token_id: int,
+def check_image_tokens(collate, rows: Iterable[tuple[str, dict]], config: PretrainedConfig, image_token_id: int,
                        max_length: int | None) -> None:
     """Encode each of `rows` ((where, row)) with `collate` (the trainer's collator, not truncating) and refuse one whose image
     tokens differ from what the model makes of its images, or whose sequence would be cut (a cut

@@ -17,6 +17,7 @@ from typing import Any
 from recipeforge.config.load import MAX_STRING
 from recipeforge.config.tree import ConfigTree, leaves as tree_leaves
 from recipeforge.errors import Problem, format_key
+from recipeforge.json_value import JSONValue
 
 MAX_CHAIN = 16
 ALLOWED_RESOLVERS = ("env",)
@@ -114,7 +115,7 @@ def _target(path: tuple, ref: str) -> tuple | None:
     return base + tuple(parts)
 
 
-def _lookup(data: Any, path: tuple, default: Any) -> Any:
+def _lookup(data: JSONValue, path: tuple, default: JSONValue) -> Any:
     node = data
     for part in path:
         if isinstance(node, dict) and part in node:

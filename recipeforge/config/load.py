@@ -188,7 +188,7 @@ def _check_recipe_shape(node: yaml.Node, name: str, recipe_keys: set) -> None:
                          "sections")
 
 
-def check_finite_numbers(data: Any, locate) -> None:
+def check_finite_numbers(data: object, locate) -> None:
     """Refuse NaN and infinities in validated recipe data (``recipe.model_dump()``): text such as
     ``'1e999'`` or ``'nan'`` given for a number field becomes one only after validation. `locate` maps a
     key path to its `Location`."""
@@ -199,7 +199,7 @@ def check_finite_numbers(data: Any, locate) -> None:
         raise RecipeError(problems)
 
 
-def _float_leaves(node: Any, prefix: tuple):
+def _float_leaves(node: object, prefix: tuple):
     if isinstance(node, dict):
         for k, v in node.items():
             yield from _float_leaves(v, prefix + (k,))

@@ -156,7 +156,7 @@ def lock_differences(locked: dict[str, Any], here: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _v(value: Any) -> str:
+def _v(value: object) -> str:
     return "(none)" if value is None else str(value)
 
 

@@ -19,6 +19,7 @@ from recipeforge.config.load import MAX_DEPTH, load_yaml_value
 from recipeforge.config.tree import ConfigTree
 from recipeforge.credentials import is_secret_key
 from recipeforge.errors import Location, Problem, RecipeError
+from recipeforge.json_value import JSONValue
 
 ENV_PREFIX = "RECIPEFORGE_"
 
@@ -104,7 +105,7 @@ def _parse_value(raw: str, loc: Location):
     return load_yaml_value(raw, loc)
 
 
-def _depth(value: Any) -> int:
+def _depth(value: JSONValue) -> int:
     if isinstance(value, dict):
         return 1 + max((_depth(v) for v in value.values()), default=0)
     if isinstance(value, list):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
 
 from recipeforge.registry import Registry
 
@@ -22,7 +22,7 @@ class RecipePackage:
     files: tuple[str, ...]
 
 
-def _as_recipes(name: str, module: Any) -> RecipePackage:
+def _as_recipes(name: str, module: ModuleType) -> RecipePackage:
     """A ``recipeforge.recipes`` entry point names a package; its directory holds the YAML files."""
     paths = list(getattr(module, "__path__", None) or [])  # packages (namespace ones too) have a __path__
     if not paths:

@@ -66,7 +66,7 @@ def recipe_reference_markdown() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def _model_in(tp: Any) -> type[BaseModel] | None:
+def _model_in(tp: object) -> type[BaseModel] | None:
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return tp
     for arg in typing.get_args(tp):
@@ -76,7 +76,7 @@ def _model_in(tp: Any) -> type[BaseModel] | None:
     return None
 
 
-def _type(tp: Any) -> str:
+def _type(tp: object) -> str:
     origin = typing.get_origin(tp)
     if origin is typing.Annotated:
         return _type(typing.get_args(tp)[0])

@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recipeforge.config.tree import ConfigTree, leaves as tree_leaves
 from recipeforge.errors import Problem, RecipeError, format_key
+from recipeforge.json_value import JSONValue
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig, ListConfig
 
 MISSING = "???"
 _NO_DEFAULT = object()
 _env_reads: list[str] = []  # filled by the env resolver while one key resolves
 
 
-def _env_resolver(name: str, default: Any = _NO_DEFAULT) -> Any:
+def _env_resolver(name: str, default: object = _NO_DEFAULT) -> Any:
     _env_reads.append(name)
     if name in os.environ:
         return os.environ[name]
@@ -36,7 +40,7 @@ def _register_env_resolver(omegaconf) -> None:
         omegaconf.register_new_resolver("env", _env_resolver, replace=True, use_cache=False)
 
 
-def _needs_resolving(value: Any) -> bool:
+def _needs_resolving(value: object) -> bool:
     return isinstance(value, str) and ("${" in value or value == MISSING)
 
 
@@ -127,7 +131,7 @@ def _bounded_leaves(tree: ConfigTree, leaves: list, defaults: dict, failures: _F
     return failures.without_failed(leaves)
 
 
-def _resolve_leaves(tree: ConfigTree, cfg: Any, leaves: list, out: ConfigTree, failures: _Failures) -> dict:
+def _resolve_leaves(tree: ConfigTree, cfg: DictConfig | ListConfig, leaves: list, out: ConfigTree, failures: _Failures) -> dict:
     """Write each leaf's resolved value into `out`; returns the env variables each key read."""
     env_refs: dict[tuple, list[str]] = {}
     for path, raw in leaves:
@@ -146,7 +150,7 @@ def _resolve_leaves(tree: ConfigTree, cfg: Any, leaves: list, out: ConfigTree, f
     return env_refs
 
 
-def _resolve_leaf(tree: ConfigTree, cfg: Any, path: tuple, raw: str) -> tuple[Any, Problem | None]:
+def _resolve_leaf(tree: ConfigTree, cfg: DictConfig | ListConfig, path: tuple, raw: str) -> tuple[Any, Problem | None]:
     """The value of `path` in `cfg` (containers resolved whole), or the problem that stopped it."""
     from omegaconf import DictConfig, ListConfig, OmegaConf
     from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
@@ -170,7 +174,7 @@ def _resolve_leaf(tree: ConfigTree, cfg: Any, path: tuple, raw: str) -> tuple[An
     return value, None
 
 
-def _overlay(base: Any, over: Any) -> Any:
+def _overlay(base: JSONValue, over: JSONValue) -> JSONValue:
     if isinstance(base, dict) and isinstance(over, dict):
         return {**base, **{k: _overlay(base.get(k), v) for k, v in over.items()}}
     return over

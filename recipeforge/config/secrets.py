@@ -16,6 +16,7 @@ import re
 from typing import Any
 
 from recipeforge.credentials import is_secret_key, redact_credentials
+from recipeforge.json_value import JSONValue
 
 # Names such as HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, MLFLOW_TRACKING_PASSWORD, OPENAI_KEY.
 _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL|AUTH)|(^|_)KEY$",
@@ -33,7 +34,7 @@ def secret_paths(env_refs: dict[tuple, list[str]]) -> dict[tuple, list[str]]:
             if any(is_secret_name(n) for n in names)}
 
 
-def redact(data: Any, env_refs: dict[tuple, list[str]]) -> Any:
+def redact(data: JSONValue, env_refs: dict[tuple, list[str]]) -> Any:
     """A copy of `data` with every secret-derived value replaced by ``<redacted: ${env:NAME}>``."""
     out = copy.deepcopy(data)
     for path, names in secret_paths(env_refs).items():
@@ -58,7 +59,7 @@ def is_secret_path(loaded, path: tuple) -> bool:
     return tuple(path) in secret_paths(getattr(loaded, "env_refs", None) or {})
 
 
-def public(loaded, path: tuple, value: Any, default: Any = None) -> Any:
+def public(loaded, path: tuple, value: object, default: object = None) -> Any:
     """`value` (the recipe's value at `path`) for text that lands in files or trackers (run names,
     titles), or `default` when it was read from a secret variable; a credential in it is redacted."""
     if is_secret_path(loaded, path):
@@ -83,7 +84,7 @@ def scrub(text: str, environ=None) -> str:
 REDACTED = "<redacted>"
 
 
-def redact_literals(data: Any) -> Any:
+def redact_literals(data: JSONValue) -> Any:
     """A copy of `data` with credentials written into it hidden: URL userinfo in every string, and
     the whole value of every key named like a credential (values already redacted stay as they are)."""
     if isinstance(data, dict):
@@ -95,7 +96,7 @@ def redact_literals(data: Any) -> Any:
     return data
 
 
-def _literal_secret(key: Any, value: Any) -> bool:
+def _literal_secret(key: str, value: JSONValue) -> bool:
     return is_secret_key(key) and value not in (None, "") and not (isinstance(value, str)
                                                                    and value.startswith("<redacted"))
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from recipeforge.errors import Location
+from recipeforge.json_value import JSONValue
 
 KeyPath = tuple
 
@@ -33,7 +34,7 @@ class ConfigTree:
             path = path[:-1]
         return self.root
 
-    def get(self, path: KeyPath, default: Any = None) -> Any:
+    def get(self, path: KeyPath, default: JSONValue = None) -> Any:
         node: Any = self.data
         for part in path:
             try:
@@ -42,7 +43,7 @@ class ConfigTree:
                 return default
         return node
 
-    def set(self, path: KeyPath, value: Any, location: Location) -> None:
+    def set(self, path: KeyPath, value: JSONValue, location: Location) -> None:
         """Set `path` (creating mappings on the way) and record where the value came from."""
         node = self.data
         for i, part in enumerate(path[:-1]):
@@ -87,7 +88,7 @@ class ConfigTree:
         return ConfigTree(copy.deepcopy(self.data), dict(self.prov), self.root)
 
 
-def _has(node: Any, part: Any) -> bool:
+def _has(node: JSONValue, part: str | int) -> bool:
     if isinstance(node, dict):
         return part in node
     if isinstance(node, list):
@@ -95,7 +96,7 @@ def _has(node: Any, part: Any) -> bool:
     return False
 
 
-def leaves(node: Any, prefix: KeyPath = ()):
+def leaves(node: JSONValue, prefix: KeyPath = ()) -> Iterator[tuple[KeyPath, JSONValue]]:
     """(key path, value) of every non-container value below `node`, depth first."""
     if isinstance(node, dict):
         for k, v in node.items():
@@ -107,7 +108,7 @@ def leaves(node: Any, prefix: KeyPath = ()):
         yield prefix, node
 
 
-def _walk_paths(value: Any, prefix: KeyPath):
+def _walk_paths(value: JSONValue, prefix: KeyPath) -> Iterator[tuple[KeyPath, None]]:
     if isinstance(value, dict):
         for k, v in value.items():
             yield prefix + (k,), None

@@ -20,6 +20,7 @@ from recipeforge.config.schema.stage_recipes import STAGE_CLASSES, recipe_adapte
 from recipeforge.config.schema.rules import check_rules
 from recipeforge.config.tree import ConfigTree
 from recipeforge.errors import Problem, RecipeError, did_you_mean, format_key, sort_problems
+from recipeforge.json_value import JSONValue
 from recipeforge.stage_specs import rl_section, stage_names
 
 __all__ = ["check_components", "model_problems", "validate_tree"]
@@ -69,7 +70,7 @@ def _located(tree: ConfigTree, problem: RuleProblem) -> Problem:
     return Problem(problem.message, tree.locate(problem.path), format_key(problem.path), problem.hint)
 
 
-def _plugin_class(tree: ConfigTree, stage: Any) -> type[Recipe] | None:
+def _plugin_class(tree: ConfigTree, stage: JSONValue) -> type[Recipe] | None:
     """The recipe class of a stage a plugin adds (None for a built-in stage or an unknown name); a
     plugin that fails to load is reported at the recipe's `stage:`."""
     if not isinstance(stage, str) or stage in STAGE_CLASSES:
@@ -81,7 +82,7 @@ def _plugin_class(tree: ConfigTree, stage: Any) -> type[Recipe] | None:
         raise RecipeError([Problem(p.message, where, "stage", p.hint) for p in exc.problems]) from None
 
 
-def _stage_problem(tree: ConfigTree, stage: Any) -> Problem:
+def _stage_problem(tree: ConfigTree, stage: JSONValue) -> Problem:
     names = stage_names()  # the built-in stages, then the plugins'
     if stage is None:
         return Problem("required key 'stage' is missing", tree.root, "stage",

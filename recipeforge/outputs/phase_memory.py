@@ -16,7 +16,10 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from transformers import Trainer
 
 GIB = 1024 ** 3
 
@@ -118,7 +121,7 @@ def phase(name: str) -> Iterator[None]:
         yield
 
 
-def measure_trainer(trainer: Any) -> None:
+def measure_trainer(trainer: Trainer) -> None:
     """Measure `trainer`'s evaluations as the `eval` phase and its checkpoint saves as `save`,
     wherever the training loop runs them (the Trainer calls both through the instance)."""
     for method, name in (("evaluate", "eval"), ("_save_checkpoint", "save")):
@@ -126,7 +129,7 @@ def measure_trainer(trainer: Any) -> None:
         if inner is None:
             continue
 
-        def measured(*args: Any, _inner: Any = inner, _name: str = name, **kwargs: Any) -> Any:
+        def measured(*args: Any, _inner: Callable[..., Any] = inner, _name: str = name, **kwargs: Any) -> Any:
             with phase(_name):
                 return _inner(*args, **kwargs)
 

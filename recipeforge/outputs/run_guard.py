@@ -20,6 +20,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from recipeforge.json_value import JSONValue
+
 import yaml
 
 from recipeforge.errors import RecipeError, format_key
@@ -83,7 +85,7 @@ def recipe_diff(old: dict, new: dict) -> list[str]:
             for key, a, b in leaf_changes(comparable(old), comparable(new))]
 
 
-def leaf_changes(old: Any, new: Any) -> list[tuple[tuple, Any, Any]]:
+def leaf_changes(old: JSONValue, new: JSONValue) -> list[tuple[tuple, Any, Any]]:
     """``(key path, old, new)`` for every leaf of two nested data trees that differs, in key order;
     a key on one side only has `MISSING` on the other."""
     a, b = _leaves(old), _leaves(new)
@@ -147,7 +149,7 @@ _MISSING = _Missing()
 MISSING = _MISSING  # the side of a `leaf_changes` entry that lacks the key
 
 
-def _leaves(data: Any, prefix: tuple = ()) -> dict[tuple, Any]:
+def _leaves(data: JSONValue, prefix: tuple = ()) -> dict[tuple, Any]:
     if isinstance(data, dict) and data:
         out: dict[tuple, Any] = {}
         for k, v in data.items():
@@ -161,12 +163,12 @@ def _leaves(data: Any, prefix: tuple = ()) -> dict[tuple, Any]:
     return {prefix: data}
 
 
-def show_value(value: Any) -> str:
+def show_value(value: object) -> str:
     """A leaf value in one short line (`(unset)` for `MISSING`)."""
     return _show(value)
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     if value is _MISSING:
         return "(unset)"
     text = json.dumps(value, default=str) if not isinstance(value, str) else value

@@ -121,7 +121,7 @@ def _opener():
     return urllib.request.build_opener(_NoRedirect)
 
 
-def _reason_text(reason: Any) -> str:
+def _reason_text(reason: object) -> str:
     if isinstance(reason, ConnectionRefusedError):
         return "connection refused"
     if isinstance(reason, socket.gaierror):

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
     import torch
 
 # safetensors' names of torch dtypes
@@ -72,7 +73,7 @@ def dtensor_weights(model: torch.nn.Module) -> ShardedWeights:
     return ShardedWeights(state, lambda t: tuple(t.shape), _full_dtensor)
 
 
-def _full_dtensor(tensor: Any, dtype: torch.dtype) -> torch.Tensor:
+def _full_dtensor(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     if isinstance(tensor, DTensor):
@@ -87,7 +88,7 @@ def zero3_weights(model: torch.nn.Module) -> ShardedWeights:
     return ShardedWeights(state, lambda t: tuple(getattr(t, "ds_shape", t.shape)), _full_zero3)
 
 
-def _full_zero3(tensor: Any, dtype: torch.dtype) -> torch.Tensor:
+def _full_zero3(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if not hasattr(tensor, "ds_id"):
         return tensor.detach().to(dtype)
     import deepspeed
@@ -101,7 +102,7 @@ def _full_zero3(tensor: Any, dtype: torch.dtype) -> torch.Tensor:
 SHARDINGS: dict[str, Callable[[Any], ShardedWeights]] = {"dtensor": dtensor_weights, "zero3": zero3_weights}
 
 
-def saved_dtype(key: str, tensor: Any, dtype: torch.dtype | None, keep: tuple[str, ...]) -> torch.dtype:
+def saved_dtype(key: str, tensor: torch.Tensor, dtype: torch.dtype | None, keep: tuple[str, ...]) -> torch.dtype:
     """The dtype `key` is written in: fp32 tensors in `dtype` (final/'s 16-bit dtype) unless a module
     the model keeps in fp32 holds them, as `outputs.weights.weights_in` casts a gathered state dict."""
     import torch
@@ -111,7 +112,7 @@ def saved_dtype(key: str, tensor: Any, dtype: torch.dtype | None, keep: tuple[st
     return tensor.dtype
 
 
-def plan_files(model: Any, weights: ShardedWeights, dtype: torch.dtype | None, max_shard_size: int) -> FilePlan | None:
+def plan_files(model: PreTrainedModel, weights: ShardedWeights, dtype: torch.dtype | None, max_shard_size: int) -> FilePlan | None:
     """Where `save_pretrained` would put each tensor of `weights`, worked out on meta tensors of the
     full shapes, without gathering anything. `model`: the transformers model (unwrapped). None when
     its checkpoint layout combines tensors (weight converters)."""
@@ -204,11 +205,11 @@ class _Discard:
     def __exit__(self, *exc: object) -> None:
         return None
 
-    def write(self, data: Any) -> int:
+    def write(self, data: bytes | memoryview) -> int:
         return 0
 
 
-def save_streamed(model: Any, weights: ShardedWeights, tokenizer: Any, out: Path, *, is_main: bool,
+def save_streamed(model: PreTrainedModel, weights: ShardedWeights, tokenizer: PreTrainedTokenizerBase | ProcessorMixin, out: Path, *, is_main: bool,
                   dtype: torch.dtype | None, max_shard_size: int) -> Path | None:
     """Write final/ (`out`) from `weights` tensor by tensor; `model`: the model they belong to,
     unwrapped (its config, generation config and checkpoint names). Every process calls this. Returns

@@ -30,7 +30,7 @@ MAX_PARAM_LENGTH = 6000  # MLflow refuses longer parameter values
 RECORD = "trackers.json"  # the tracker runs a run directory started, for resuming them
 
 
-def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(data: object, prefix: str = "") -> dict[str, Any]:
     """Dotted keys for a nested recipe: ``{"train": {"lr": 1}}`` -> ``{"train.lr": 1}``; list items are
     numbered (``data.datasets.0.path``); empty sections and lists keep their key."""
     out: dict[str, Any] = {}
@@ -368,7 +368,7 @@ def _mlflow_callback(cfg, run, run_name: str):
     return MlflowTracker(cfg, run, run_name)
 
 
-def _param_value(v: Any) -> str:
+def _param_value(v: object) -> str:
     text = "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
     return text if len(text) <= MAX_PARAM_LENGTH else text[:MAX_PARAM_LENGTH - 3] + "..."
 

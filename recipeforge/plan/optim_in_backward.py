@@ -16,7 +16,7 @@ own the optimizer step themselves.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 from recipeforge.capabilities import Refusal
 from recipeforge.errors import RecipeError
@@ -28,9 +28,27 @@ if TYPE_CHECKING:
 KEY = "train.optimizer_in_backward"
 
 
-def in_backward_refusals(w: Workload, layout: Any) -> list[Refusal]:
-    """Why `layout` (a `memory.Layout`, typed loosely: `memory` books this module's term, so naming
-    its class here would make the two import each other) cannot run the optimizer step in the backward pass (empty when it can, or when the
+class _HoldsWeights(Protocol):
+    @property
+    def trainer_holds_weights(self) -> bool: ...
+
+
+class LayoutView(Protocol):
+    """What the refusal reads of a `memory.Layout` (a Protocol: `memory` books this module's term, so
+    naming its class here would make the two modules import each other)."""
+
+    @property
+    def offload(self) -> str: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def label(self) -> str: ...
+    @property
+    def spec(self) -> _HoldsWeights: ...
+
+
+def in_backward_refusals(w: Workload, layout: LayoutView) -> list[Refusal]:
+    """Why `layout` (a `memory.Layout`) cannot run the optimizer step in the backward pass (empty when it can, or when the
     recipe does not ask for it)."""
     if not w.optimizer_in_backward:
         return []

@@ -38,6 +38,7 @@ from recipeforge.plan.hardware import GIB, Hardware
 from recipeforge.plan.memory import PERSISTENT
 
 if TYPE_CHECKING:
+    from recipeforge.plan.memory import Layout
     from recipeforge.config.schema.recipe import Recipe
     from recipeforge.plan.policy import Evaluation
     from recipeforge.plan.workload import Workload
@@ -88,7 +89,7 @@ def _size(n: float) -> str:
     return f"{n / GIB:.1f} GB" if n >= GIB / 10 else f"{n / 2**20:.1f} MB"
 
 
-def save_row(recipe: Recipe, w: Workload, layout: Any, spread: bool) -> tuple[str, float, str, float]:
+def save_row(recipe: Recipe, w: Workload, layout: Layout, spread: bool) -> tuple[str, float, str, float]:
     """How final/ is written (see the module's docstring): the note, what rank 0 holds besides its
     process, the fix when that does not fit, and what each process's device holds besides its
     persistent terms (a sharded model is gathered one tensor at a time on the device, whole). `spread`:

@@ -20,10 +20,12 @@ from recipeforge.stages.lm import LMStage
 
 if TYPE_CHECKING:
     import torch
-    from transformers import PreTrainedModel, Trainer
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer
 
     from recipeforge.components.teacher import Teacher
+    from recipeforge.components.vocab import VocabChange
     from recipeforge.config.schema.distill import DistillConfig
+    from recipeforge.stages.context import RecipeContext
 
 
 class DistillLog:
@@ -55,7 +57,7 @@ class DistillStage(LMStage):
 
     stage = "distill"
 
-    def __init__(self, ctx: Any):
+    def __init__(self, ctx: RecipeContext):
         super().__init__(ctx)
         self.teacher: Teacher | None = None
         self.distill_log = DistillLog()
@@ -132,15 +134,15 @@ class DistillStage(LMStage):
         stage = self
 
         class DistillTrainer(base):  # type: ignore[misc]  # transformers is untyped here (`Any`)
-            def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
-                             num_items_in_batch: Any = None) -> Any:
+            def compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
+                             num_items_in_batch: torch.Tensor | int | None = None) -> Any:
                 return stage.compute_loss(self, model, inputs, return_outputs)
 
         DistillTrainer.__name__ = f"Distill{base.__name__}"
         return DistillTrainer
 
     # --- the loss -------------------------------------------------------------------------------
-    def compute_loss(self, trainer: Any, model: Any, inputs: dict[str, Any], return_outputs: bool) -> Any:
+    def compute_loss(self, trainer: Trainer, model: torch.nn.Module, inputs: dict[str, Any], return_outputs: bool) -> Any:
         """Student forward, teacher top-k on the same ids, CE and divergence mixed by `sft_weight`."""
         from recipeforge.components.distill_loss import completion_cross_entropy, divergence
 
@@ -208,7 +210,7 @@ class DistillStage(LMStage):
             top_ids[row, a:b] = got.ids[i, :b - a].cpu()
         return TeacherTopK(logprobs, top_ids)
 
-    def sample(self, trainer: Any, model: Any, input_ids: torch.Tensor,
+    def sample(self, trainer: Trainer, model: torch.nn.Module, input_ids: torch.Tensor,
                labels: torch.Tensor) -> tuple[dict[str, Any], torch.Tensor]:
         """On-policy rows: each row's prompt (the tokens before its first labelled token), left-padded,
         and `max_new_tokens` the student samples after it; labels on the sampled tokens up to and with
@@ -248,7 +250,7 @@ class DistillStage(LMStage):
         return {"input_ids": ids, "attention_mask": attention, "position_ids": positions}, new_labels
 
 
-def _base_vocab(tokenizer: Any, vocab: Any) -> dict[str, int]:
+def _base_vocab(tokenizer: PreTrainedTokenizerBase, vocab: VocabChange | None) -> dict[str, int]:
     """The student tokenizer's vocabulary without the tokens the recipe added (the teacher has none of them)."""
     added = set(getattr(vocab, "new_ids", ()) or ())
     return {tok: i for tok, i in tokenizer.get_vocab().items() if i not in added}

@@ -4,12 +4,16 @@ weights) or, with none, by rank 0 in the plan's final dtype."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from recipeforge.stages.context import StageContext
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin, Trainer
 
-def save_final_weights(ctx: StageContext, trainer: Any, model: Any, files: Any) -> None:
+
+def save_final_weights(ctx: StageContext, trainer: Trainer | None, model: PreTrainedModel,
+                       files: PreTrainedTokenizerBase | ProcessorMixin) -> None:
     """Write `model` (unwrapped from `trainer`'s accelerator) and `files` (a tokenizer or a VLM's
     processor) to final/; every rank calls it (gathering is collective)."""
     if ctx.recipe.train.qat is not None:

@@ -5,12 +5,15 @@ after each optimizer step, and the swap back to plain linear layers before final
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from recipeforge.errors import RecipeError
 from recipeforge.stages.precision import precision_of
 
 if TYPE_CHECKING:
+    import torch
+    from transformers import TrainerCallback
+
     from recipeforge.plan.types import Plan
     from recipeforge.stages.context import StageContext
 
@@ -46,7 +49,7 @@ def check(ctx: StageContext) -> None:
                           hint="pin distributed.tensor_parallel: 1, or set train.precision: auto")
 
 
-def convert(ctx: StageContext, model: Any) -> list[str]:
+def convert(ctx: StageContext, model: torch.nn.Module) -> list[str]:
     """Swap the model's eligible linear layers for torchao's `Float8Linear`, with the filter the plan
     reports (`plan.fp8`); the float8 all-gather is asked for on a model loaded whole only (one loaded
     shard by shard gets its weights after FSDP2 sharded placeholders)."""
@@ -62,7 +65,7 @@ def convert(ctx: StageContext, model: Any) -> list[str]:
     return names
 
 
-def gathers_fp8(model: Any) -> bool:
+def gathers_fp8(model: torch.nn.Module) -> bool:
     """Whether `model` holds weights wrapped for FSDP2's float8 all-gather (their scales must be
     refreshed after each optimizer step)."""
     from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
@@ -72,7 +75,7 @@ def gathers_fp8(model: Any) -> bool:
                for p in model.parameters())
 
 
-def callbacks(ctx: StageContext, model: Any) -> list[Any]:
+def callbacks(ctx: StageContext, model: torch.nn.Module | None) -> list[TrainerCallback]:
     """The float8 scale refresh after each optimizer step, where FSDP2 gathers in float8."""
     from recipeforge.components import fp8
 
@@ -81,7 +84,7 @@ def callbacks(ctx: StageContext, model: Any) -> list[Any]:
     return [fp8.precompute_callback()]
 
 
-def strip(model: Any) -> None:
+def strip(model: torch.nn.Module) -> None:
     """Plain `nn.Linear` layers again before final/ is written (same weights, transformers' names)."""
     from recipeforge.components import fp8
 

@@ -4,16 +4,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from recipeforge.components.prepared import PreparedData
 from recipeforge.stages.context import RecipeContext, StageContext
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
     from recipeforge.config.schema.data import DatasetSpec
 
 
-def prepare_lm(ctx: RecipeContext, tokenizer: Any) -> PreparedData:
+def prepare_lm(ctx: RecipeContext, tokenizer: PreTrainedTokenizerBase) -> PreparedData:
     """The training and eval sequences of `ctx`'s recipe, with `tokenizer` given its chat template."""
     from recipeforge.components.formats import get_format
     from recipeforge.components.lm_data import prepare_lm_data
@@ -41,7 +42,7 @@ def prepare_lm(ctx: RecipeContext, tokenizer: Any) -> PreparedData:
                         fingerprint=lm.fingerprint, cache_path=lm.cache_path)
 
 
-def prompt_as_chat_template(ctx: RecipeContext, tokenizer: Any, specs: list[DatasetSpec]) -> None:
+def prompt_as_chat_template(ctx: RecipeContext, tokenizer: PreTrainedTokenizerBase, specs: list[DatasetSpec]) -> None:
     """When every dataset is written with the same text prompt and the recipe names no chat template,
     the tokenizer saved with the model gets a chat template that writes that prompt, so `recipeforge
     chat` and `serve` prompt the model the way it was trained (not with the tokenizer's own template)."""
@@ -56,7 +57,7 @@ def prompt_as_chat_template(ctx: RecipeContext, tokenizer: Any, specs: list[Data
         tokenizer.chat_template = template
 
 
-def streamed_data(ctx: RecipeContext, tokenizer: Any) -> PreparedData:
+def streamed_data(ctx: RecipeContext, tokenizer: PreTrainedTokenizerBase) -> PreparedData:
     """`data.streaming`: this process's stream of training sequences (`components.lm_stream`), and the
     eval datasets tokenized and cached as usual. Preparing the data before a launch (or `recipeforge
     preprocess`) reads the first window only: the rows' errors show before any worker starts."""

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
+    import torch
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 BETA = 0.98
@@ -122,7 +123,7 @@ def make_callbacks(result: RangeResult, log: Callable[[str], None]) -> tuple[Tra
             return schedule[min(step, len(schedule) - 1)]
 
         def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                          optimizer: Any = None, **kwargs: Any) -> None:
+                          optimizer: torch.optim.Optimizer | None = None, **kwargs: Any) -> None:
             if optimizer is not None:
                 for group in optimizer.param_groups:
                     group["lr"] = self.rate(state.global_step)

@@ -11,6 +11,7 @@ from recipeforge.errors import RecipeError
 from recipeforge.stages.context import RecipeContext, StageContext
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel
     from recipeforge.components.vocab import VocabChange
 
 LogSources = list[Callable[[], dict[str, Any]]]
@@ -38,7 +39,7 @@ def load_tokenizer(ctx: RecipeContext) -> tuple[Any, VocabChange]:
     return tokenizer, change
 
 
-def finish_base(ctx: StageContext, model: Any, log_sources: LogSources) -> None:
+def finish_base(ctx: StageContext, model: PreTrainedModel, log_sources: LogSources) -> None:
     """Everything the recipe does to a freshly built base `model` before its trainer gets it, in place:
     MoE settings (their records added to `log_sources`), only the unfrozen parameters trainable in a
     partial full fine-tune, a VLM's tower frozen, QAT's fake quantizers, fp8's float8 layers."""
@@ -61,7 +62,7 @@ def finish_base(ctx: StageContext, model: Any, log_sources: LogSources) -> None:
         fp8.convert(ctx, model)
 
 
-def setup_moe(ctx: StageContext, model: Any, log_sources: LogSources) -> Any:
+def setup_moe(ctx: StageContext, model: PreTrainedModel, log_sources: LogSources) -> Any:
     """A mixture-of-experts model: its experts implementation and load-balancing loss set, its routers
     frozen unless `moe.train_router` (with LoRA, peft decides what trains: `components.moe.lora_plan`),
     and its expert load and auxiliary loss added to the training records. None for a dense model."""
@@ -83,7 +84,7 @@ def setup_moe(ctx: StageContext, model: Any, log_sources: LogSources) -> Any:
     return load
 
 
-def fake_quantize(ctx: StageContext, model: Any) -> None:
+def fake_quantize(ctx: StageContext, model: PreTrainedModel) -> None:
     """`train.qat`: torchao's fake quantization on the linear layers the int4 export quantizes
     (`components.qat`), before the trainer wraps the model; saving swaps them back."""
     from recipeforge.components import qat

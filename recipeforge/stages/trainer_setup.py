@@ -12,6 +12,7 @@ from recipeforge.stages.context import StageContext
 from recipeforge.stages.trainer_args import RunFacts, trainer_arguments
 
 if TYPE_CHECKING:
+    from transformers import Trainer
     from recipeforge.components.kernels import KernelEffects
     from recipeforge.outputs.console import TokenRate
 
@@ -62,7 +63,7 @@ def training_arguments(ctx: StageContext, cls: type[_Arguments], common: dict[st
         raise RecipeError(f"the trainer rejected the settings: {str(exc).splitlines()[0]}") from None
 
 
-def attach_optimizer(ctx: StageContext, trainer: Any) -> None:
+def attach_optimizer(ctx: StageContext, trainer: Trainer) -> None:
     """The optimizer the plan asks for besides the trainer's own: one per parameter stepped in backward
     (`train.optimizer_in_backward`), or torchao's AdamW for pure bf16 with stochastic rounding."""
     from recipeforge.stages.precision import sr_optimizer
@@ -77,7 +78,7 @@ def attach_optimizer(ctx: StageContext, trainer: Any) -> None:
         trainer.optimizer_cls_and_kwargs = optimizer
 
 
-def finish_trainer(ctx: StageContext, trainer: Any, token_rate: TokenRate) -> float:
+def finish_trainer(ctx: StageContext, trainer: Trainer, token_rate: TokenRate) -> float:
     """What follows the trainer's construction: the backend's completion of a model loaded sharded,
     activation offloading, phase memory, the token counter (into `token_rate`) and the progress line.
     Returns the seconds the backend's completion took (part of loading the model)."""

@@ -18,9 +18,18 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TextIO
 
 from recipeforge.errors import RecipeError
+
+if TYPE_CHECKING:
+    import torch
+    from peft import PeftModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from typing import TypeAlias
+
+    # final/ as saved: a transformers model, or peft's model around a LoRA adapter on its base
+    ChatModel: TypeAlias = "PreTrainedModel | PeftModel"
 
 BLOCK = '"""'
 COMMANDS = {"/reset": "forget the conversation", "/exit": "leave (or Ctrl-D)", "/help": "this list"}
@@ -41,7 +50,7 @@ class Conversation:
         self.turns.clear()
 
 
-def load_chat_model(run_dir: Path, *, device: str | None = None) -> tuple[Any, Any]:
+def load_chat_model(run_dir: Path, *, device: str | None = None) -> tuple[ChatModel, PreTrainedTokenizerBase]:
     """(model, tokenizer) of a finished run: final/ as saved, an adapter on its base without merging.
     A `RecipeError` when `run_dir` holds no final/ model."""
     final = Path(run_dir) / "final"
@@ -51,7 +60,7 @@ def load_chat_model(run_dir: Path, *, device: str | None = None) -> tuple[Any, A
     return load_model_dir(final, device=device)
 
 
-def load_model_dir(model_dir: Path, *, device: str | None = None) -> tuple[Any, Any]:
+def load_model_dir(model_dir: Path, *, device: str | None = None) -> tuple[ChatModel, PreTrainedTokenizerBase]:
     """(model, tokenizer) of a saved model directory (final/ or a checkpoint): full weights, or a LoRA
     adapter loaded on its base without merging; bfloat16 on a GPU, float32 on the CPU."""
     import torch
@@ -83,7 +92,7 @@ def load_model_dir(model_dir: Path, *, device: str | None = None) -> tuple[Any, 
     return model.to(device).eval(), tokenizer
 
 
-def context_length(model: Any, tokenizer: Any) -> int:
+def context_length(model: ChatModel, tokenizer: PreTrainedTokenizerBase) -> int:
     """Tokens the model reads at most: its config's position limit, or the tokenizer's when smaller
     (tokenizers without a limit say 10**30)."""
     config = getattr(model, "config", None)
@@ -108,15 +117,15 @@ class Sampling:
         return {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p, **fixed}
 
 
-def stream_reply(model: Any, tokenizer: Any, prompt_ids: Any, sampling: Sampling,
+def stream_reply(model: ChatModel, tokenizer: PreTrainedTokenizerBase, prompt_ids: torch.Tensor, sampling: Sampling,
                  stop: threading.Event, result: dict[str, Any] | None = None) -> Iterator[str]:
     """The reply's text as it is generated (a generation thread feeds a streamer); `stop` set from
     the caller ends the generation at the next token. `result["ids"]`, when given, receives the
     generated sequence (prompt included) once the stream ends."""
     from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
 
-    class Stopped(StoppingCriteria):
-        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> bool:
+    class Stopped(StoppingCriteria):  # type: ignore[misc]
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> bool:
             return stop.is_set()
 
     streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
@@ -147,11 +156,12 @@ def stream_reply(model: Any, tokenizer: Any, prompt_ids: Any, sampling: Sampling
         raise failed[0]
 
 
-def prompt_ids(tokenizer: Any, conversation: Conversation, text: str, device: Any) -> Any:
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, conversation: Conversation, text: str,
+               device: str | torch.device) -> torch.Tensor:
     """Token ids of the next prompt: the conversation through the chat template with the generation
     prompt added, or (no template) the typed text alone."""
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(conversation.messages(), add_generation_prompt=True,
+        ids: torch.Tensor = tokenizer.apply_chat_template(conversation.messages(), add_generation_prompt=True,
                                             return_tensors="pt", return_dict=True)["input_ids"]
     else:
         ids = tokenizer(text, return_tensors="pt")["input_ids"]
@@ -177,7 +187,7 @@ def read_message(read_line: Callable[[str], str]) -> str | None:
         lines.append(more)
 
 
-def chat(model: Any, tokenizer: Any, *, system: str | None = None, sampling: Sampling = Sampling(),
+def chat(model: ChatModel, tokenizer: PreTrainedTokenizerBase, *, system: str | None = None, sampling: Sampling = Sampling(),
          read_line: Callable[[str], str] = input, out: TextIO = sys.stdout) -> int:
     """The interactive loop (see the module docstring); returns the number of replies given."""
     conversation = Conversation(system=system)
@@ -213,7 +223,7 @@ def chat(model: Any, tokenizer: Any, *, system: str | None = None, sampling: Sam
         replies += 1
 
 
-def _reply(model: Any, tokenizer: Any, conversation: Conversation, text: str, sampling: Sampling,
+def _reply(model: ChatModel, tokenizer: PreTrainedTokenizerBase, conversation: Conversation, text: str, sampling: Sampling,
            out: TextIO) -> str | None:
     """Stream one reply to `out`; Ctrl-C ends it early. Returns its text, or None (and says why) when the
     conversation no longer fits the model's context or the chat template refuses it."""

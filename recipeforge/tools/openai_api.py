@@ -16,6 +16,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from recipeforge.json_value import JSONValue
+
 DEFAULT_MAX_TOKENS = 256
 MAX_PROMPTS = 64           # token-id prompts of one batched /v1/completions request
 DEFAULT_MAX_LOGPROBS = 20  # the most `prompt_logprobs` a request may ask for, as vLLM's `max_logprobs`
@@ -66,7 +68,7 @@ class Request:
         return len(self.token_prompts) if self.token_prompts is not None else 1
 
 
-def _checked_body(body: Any, served: str, *, model_required: bool = True) -> str:
+def _checked_body(body: JSONValue, served: str, *, model_required: bool = True) -> str:
     """The model a JSON object `body` names (`served` when it names none and need not); a `BadRequest`
     for a body that is not an object, holds lone surrogates or names a model this server does not serve."""
     if not isinstance(body, dict):
@@ -86,7 +88,7 @@ def _checked_body(body: Any, served: str, *, model_required: bool = True) -> str
     return model
 
 
-def parse_request(body: Any, *, chat: bool, served: str, max_logprobs: int = DEFAULT_MAX_LOGPROBS) -> Request:
+def parse_request(body: JSONValue, *, chat: bool, served: str, max_logprobs: int = DEFAULT_MAX_LOGPROBS) -> Request:
     """A `Request` from a decoded JSON body (`chat`: /v1/chat/completions, else /v1/completions); a
     `BadRequest` for a malformed field, for a model other than the one `served`, or for more
     `prompt_logprobs` than `max_logprobs`."""
@@ -121,7 +123,7 @@ def parse_request(body: Any, *, chat: bool, served: str, max_logprobs: int = DEF
                    include_usage=bool(isinstance(options, dict) and options.get("include_usage")))
 
 
-def _check_text(value: Any, where: str, depth: int = 0) -> None:
+def _check_text(value: JSONValue, where: str, depth: int = 0) -> None:
     """Refuse strings a tokenizer cannot encode (lone surrogates from ``\\ud800`` escapes) anywhere in the
     body, with the field they stand in."""
     if isinstance(value, str):
@@ -138,7 +140,7 @@ def _check_text(value: Any, where: str, depth: int = 0) -> None:
             _check_text(v, f"{where}[{i}]", depth + 1)
 
 
-def _messages(raw: Any) -> list[dict[str, str]]:
+def _messages(raw: JSONValue) -> list[dict[str, str]]:
     if not isinstance(raw, list) or not raw:
         raise BadRequest("messages must be a non-empty list of {role, content} objects", param="messages")
     out = []
@@ -154,7 +156,7 @@ def _messages(raw: Any) -> list[dict[str, str]]:
     return out
 
 
-def _prompt(raw: Any) -> dict[str, Any]:
+def _prompt(raw: JSONValue) -> dict[str, Any]:
     """The completion prompt: text (`prompt`), or token ids (`token_prompts`): a list of ids, or a batch
     of up to `MAX_PROMPTS` such lists. Ids are checked against the vocabulary by the server, which knows it."""
     if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str):
@@ -181,7 +183,7 @@ def _prompt(raw: Any) -> dict[str, Any]:
     return {"token_prompts": tuple(tuple(ids) for ids in batch)}
 
 
-def _prompt_logprobs(value: Any, limit: int, *, chat: bool, stream: bool) -> int | None:
+def _prompt_logprobs(value: JSONValue, limit: int, *, chat: bool, stream: bool) -> int | None:
     """vLLM's `prompt_logprobs`: how many of the most likely tokens to return at each prompt position
     (0: the prompt's own token only), at most `limit`."""
     if value is None:
@@ -232,7 +234,7 @@ def _number(body: dict[str, Any], key: str, default: float, *, low: float, high:
     return float(value)
 
 
-def _stop(raw: Any) -> list[str]:
+def _stop(raw: JSONValue) -> list[str]:
     stops = [raw] if isinstance(raw, str) else raw if raw is not None else []
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
         raise BadRequest("stop must be a string or a list of up to 4 non-empty strings", param="stop")
@@ -314,7 +316,7 @@ class TokenizeRequest:
     return_token_strs: bool = False
 
 
-def parse_tokenize(body: Any, *, served: str) -> TokenizeRequest:
+def parse_tokenize(body: JSONValue, *, served: str) -> TokenizeRequest:
     """A `TokenizeRequest` from a decoded JSON body (`model` may be left out, as vLLM allows)."""
     _checked_body(body, served, model_required=False)
     prompt = body.get("prompt")

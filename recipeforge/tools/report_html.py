@@ -8,7 +8,6 @@ import html
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from recipeforge import __version__
 from recipeforge.tools.report_runs import Run, final_figures, recipe_differences
@@ -130,7 +129,7 @@ def _table(head: list[str], rows: list[str]) -> str:
             + "".join(rows) + "</tbody></table>")
 
 
-def _num(value: Any) -> str:
+def _num(value: object) -> str:
     if value is None:
         return "&ndash;"
     if isinstance(value, float) and not value.is_integer():

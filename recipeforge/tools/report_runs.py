@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from recipeforge.errors import Location, Problem, RecipeError
+from recipeforge.json_value import JSONValue
 
 # Splits whose rows are points of a curve: they must say at which optimizer step they were logged.
 STEPPED = ("train", "eval", "summary")
@@ -155,7 +156,7 @@ def _read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def _number(value: Any) -> bool:
+def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -234,7 +235,7 @@ def recipe_differences(runs: list[Run]) -> list[tuple[str, list[str]]]:
     return rows
 
 
-def _at(data: Any, path: tuple, missing: Any) -> Any:
+def _at(data: JSONValue, path: tuple, missing: object) -> object:
     node = data
     for part in path:
         if isinstance(node, dict) and part in node:

@@ -12,14 +12,19 @@ as -9999.0, as vLLM does (JSON has no infinity).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recipeforge.tools.openai_api import TokenizeRequest
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from recipeforge.tools.chat import ChatModel
 
 LOWEST_LOGPROB = -9999.0  # what vLLM sends for a log-prob of minus infinity
 
 
-def prompt_logprobs(model: Any, tokenizer: Any, ids: list[int], k: int) -> list[dict[str, dict[str, Any]] | None]:
+def prompt_logprobs(model: ChatModel, tokenizer: PreTrainedTokenizerBase, ids: list[int], k: int) -> list[dict[str, dict[str, Any]] | None]:
     """vLLM's `prompt_logprobs` for the token-id prompt `ids`: None, then one dict per later position
     ({token id: {logprob, rank, decoded_token}}) with the `k` most likely tokens and the prompt's own."""
     import torch
@@ -53,7 +58,7 @@ class _Decoded:
     """Each token id's text, decoded once per answer (the same ids recur at many positions); an id the
     model has but the tokenizer lacks (an embedding padded past the vocabulary) is the empty string."""
 
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase):
         self.tokenizer, self.size, self.cache = tokenizer, len(tokenizer), {}
 
     def __call__(self, token: int) -> str:
@@ -62,7 +67,7 @@ class _Decoded:
         return self.cache[token]
 
 
-def tokenize(tokenizer: Any, request: TokenizeRequest, *, context: int) -> dict[str, Any]:
+def tokenize(tokenizer: PreTrainedTokenizerBase, request: TokenizeRequest, *, context: int) -> dict[str, Any]:
     """vLLM's answer to ``POST /tokenize``: the text's token ids, their count and the model's context."""
     tokens = list(tokenizer(request.prompt, add_special_tokens=request.add_special_tokens)["input_ids"])
     strs = tokenizer.convert_ids_to_tokens(tokens) if request.return_token_strs else None

@@ -47,6 +47,7 @@ TRAINING = {"components", "config", "plan", "outputs", "stages", "backends"}
 TOP_LEVEL = {"recipeforge": "errors", "recipeforge.errors": "errors", "recipeforge.credentials": "errors",
              "recipeforge.log": "errors",  # the console logger
              "recipeforge.settings": "errors",  # flags and environment beyond the recipe, one typed record
+             "recipeforge.json_value": "errors",  # the type of parsed YAML/JSON; imports nothing
              "recipeforge.registry": "registry",
              "recipeforge.capabilities": "registry",  # what each backend runs: read by config, plan, backends
              "recipeforge.stage_specs": "registry",  # the stages, named once, and their registry

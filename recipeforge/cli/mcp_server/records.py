@@ -124,7 +124,7 @@ def schema(args: argparse.Namespace) -> Record:
     return {"section": section, "schema": sections[section], "$defs": _referenced(sections[section], defs)}
 
 
-def _referenced(node: Any, defs: Record) -> Record:
+def _referenced(node: object, defs: Record) -> Record:
     """The definitions `node` refers to, directly or through other definitions."""
     found: Record = {}
     todo = [node]

@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Send
 
 from recipeforge.cli.error_data import error_record
 from recipeforge.cli.mcp_server.records import Record, recipe_namespace
@@ -179,7 +180,7 @@ class _Guard:
         self.app = app
         self.access = access
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return

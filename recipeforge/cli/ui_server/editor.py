@@ -11,12 +11,12 @@ name a parent (`extends:`) outside the recipes folder and the file's own chain, 
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shlex
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from recipeforge.cli.mcp_server import records
 from recipeforge.cli.error_data import error_record
@@ -212,7 +212,7 @@ def _with_lines(record: Record, path: Path) -> Record:
     return record
 
 
-def _plan(args: Any) -> Record:
+def _plan(args: argparse.Namespace) -> Record:
     from recipeforge.cli.planning import checked_plan, plan_json
     from recipeforge.plan import render_plan
     import json

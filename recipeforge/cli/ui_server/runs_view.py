@@ -152,7 +152,7 @@ class RunsView:
         return self.runs.started_dirs()
 
 
-def _number(value: Any) -> bool:
+def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 

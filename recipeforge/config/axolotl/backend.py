@@ -6,12 +6,16 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from recipeforge.config.axolotl.values import num
+from recipeforge.json_value import JSONValue
+
+if TYPE_CHECKING:
+    from recipeforge.config.axolotl.conversion import Conversion
 
 
-def distributed(conv) -> None:
+def distributed(conv: Conversion) -> None:
     ds = conv.get("deepspeed")
     if ds is not None:
         _deepspeed(conv, ds)
@@ -26,7 +30,7 @@ def distributed(conv) -> None:
         conv.put("distributed.timeout_minutes", round(num(conv.get("ddp_timeout"), float, "ddp_timeout") / 60, 3), "ddp_timeout")
 
 
-def _deepspeed(conv, ds: Any) -> None:
+def _deepspeed(conv: Conversion, ds: JSONValue) -> None:
     cfg, name = None, None
     if isinstance(ds, dict):
         cfg = ds
@@ -65,7 +69,7 @@ def _deepspeed(conv, ds: Any) -> None:
                                    f"recipeforge from the recipe and plan (batch, precision, optimizer)")
 
 
-def _fsdp(conv, fsdp: Any, cfg: dict) -> None:
+def _fsdp(conv: Conversion, fsdp: JSONValue, cfg: dict) -> None:
     conv.put("distributed.backend", "fsdp", "fsdp" if fsdp else "fsdp_config")
     opts = [fsdp] if isinstance(fsdp, str) else list(fsdp)
     text = " ".join(str(o) for o in opts).lower()
@@ -96,7 +100,7 @@ def _fsdp(conv, fsdp: Any, cfg: dict) -> None:
                             "dicts from the plan")
 
 
-def compatibility(conv) -> None:
+def compatibility(conv: Conversion) -> None:
     """Combinations Axolotl runs that recipeforge's backends refuse: change the least, and say so."""
     r = conv.recipe
     d, a, t = r.get("distributed", {}), r.get("adapter", {}), r.get("train", {})

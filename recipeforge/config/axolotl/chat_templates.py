@@ -3,7 +3,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+from recipeforge.json_value import JSONValue
+
+if TYPE_CHECKING:
+    from recipeforge.config.axolotl.conversion import Conversion
 
 # Axolotl chat template names with a recipeforge counterpart (data.chat_template).
 CHAT_TEMPLATES = {"chatml": "chatml", "llama3": "llama3", "llama4": "llama4", "qwen_25": "qwen2.5", "qwen3": "qwen3",
@@ -42,7 +47,7 @@ INLINE_JINJA = ("an inline Jinja template has no counterpart: save it as a .jinj
                 "data.chat_template to its path (relative to the recipe)")
 
 
-def jinja_key(conv: Any, value: Any, key: str) -> None:
+def jinja_key(conv: Conversion, value: JSONValue, key: str) -> None:
     """A Jinja template file becomes data.chat_template; an inline template cannot be carried."""
     text = str(value)
     if "\n" not in text and "{%" not in text and "{{" not in text and text.endswith((".jinja", ".jinja2", ".j2")):
@@ -54,7 +59,7 @@ def jinja_key(conv: Any, value: Any, key: str) -> None:
                          "set data.chat_template to its path")
 
 
-def chat_template_key(conv: Any, name: Any, key: str) -> None:
+def chat_template_key(conv: Conversion, name: JSONValue, key: str) -> None:
     """An Axolotl chat template name becomes data.chat_template where recipeforge has one by that name; another
     is reported, the tokenizer's own template kept."""
     name = str(name)

@@ -6,7 +6,7 @@ renames columns with `columns:`. Each entry key is mapped or reported as ``datas
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recipeforge.config.axolotl.chat_templates import (
     CHAT_TEMPLATES,
@@ -16,6 +16,10 @@ from recipeforge.config.axolotl.chat_templates import (
 )
 from recipeforge.config.axolotl.prompts import Prompter, prompter, user_defined
 from recipeforge.config.axolotl.values import num
+from recipeforge.json_value import JSONValue
+
+if TYPE_CHECKING:
+    from recipeforge.config.axolotl.conversion import Conversion
 
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
 ENTRY_KEYS = ("path", "split", "name", "type")
@@ -43,14 +47,14 @@ TRAINING_KEYS = {
 }
 
 
-def raw_text_only(conv) -> bool:
+def raw_text_only(conv: Conversion) -> bool:
     """Whether every dataset is raw text (`completion` or `pretrain` type): a pretraining run."""
     entries = conv.get("datasets") or []
     return bool(entries) and all(isinstance(e, dict) and str(e.get("type")) in ("completion", "pretrain")
                                  for e in entries)
 
 
-def data(conv) -> None:
+def data(conv: Conversion) -> None:
     """`data:` of the recipe: datasets, eval datasets, and the data keys at the top level."""
     out = []
     pre = conv.get("pretraining_dataset")
@@ -117,7 +121,7 @@ def data(conv) -> None:
         jinja_key(conv, conv.get("chat_template_jinja"), "chat_template_jinja")
 
 
-def _tokens(conv) -> None:
+def _tokens(conv: Conversion) -> None:
     """special_tokens, tokens, eot_tokens, added_tokens_overrides: `model.special_tokens` and the lists."""
     special = conv.get("special_tokens")
     if isinstance(special, dict):
@@ -140,7 +144,7 @@ def _tokens(conv) -> None:
                                             "tokens with model.tokens")
 
 
-def _excess_length(conv) -> None:
+def _excess_length(conv: Conversion) -> None:
     """Rows longer than sequence_len: Axolotl drops them unless `excess_length_strategy` says otherwise
     (axolotl/utils/data/utils.py `handle_long_seq_in_dataset`, for SFT and preference data alike)."""
     strategy = str(conv.get("excess_length_strategy") or "drop").lower()
@@ -167,7 +171,7 @@ def _excess_length(conv) -> None:
         conv.map("excess_length_strategy", f"(the {stage} stage cuts long rows)")
 
 
-def _pretraining(conv, entry: Any, where: str) -> dict:
+def _pretraining(conv: Conversion, entry: JSONValue, where: str) -> dict:
     if not isinstance(entry, dict):
         conv.note(where, "not a mapping; not converted")
         return {"path": str(entry), "format": "text"}
@@ -186,7 +190,7 @@ def _pretraining(conv, entry: Any, where: str) -> dict:
     return spec
 
 
-def _entry(conv, entry: Any, where: str) -> dict:
+def _entry(conv: Conversion, entry: JSONValue, where: str) -> dict:
     """One dataset entry as a recipe dataset, by the stage the recipe trains."""
     if not isinstance(entry, dict) or not entry.get("path"):
         conv.note(where, "an entry without a path; not converted")
@@ -236,7 +240,7 @@ def _entry(conv, entry: Any, where: str) -> dict:
     return spec
 
 
-def _lm(conv, entry: dict, spec: dict, where: str, stage: str) -> set[str]:
+def _lm(conv: Conversion, entry: dict, spec: dict, where: str, stage: str) -> set[str]:
     kind = entry.get("type")
     if isinstance(kind, dict):  # a user-defined instruction prompt: its format strings and field_* columns
         _instruction(conv, spec, where, user_defined(kind))
@@ -274,7 +278,7 @@ def _lm(conv, entry: dict, spec: dict, where: str, stage: str) -> set[str]:
     return {"conversation"} if kind.startswith("alpaca_chat") else set()
 
 
-def _instruction(conv, spec: dict, where: str, found: Prompter) -> None:
+def _instruction(conv: Conversion, spec: dict, where: str, found: Prompter) -> None:
     """An instruction dataset written with Axolotl's prompter: format alpaca with its text prompt."""
     spec["format"] = "alpaca"
     if found.columns:
@@ -285,7 +289,7 @@ def _instruction(conv, spec: dict, where: str, found: Prompter) -> None:
         conv.change(f"{where}.type", why)
 
 
-def _messages(conv, entry: dict, spec: dict, where: str, kind: str) -> set[str]:
+def _messages(conv: Conversion, entry: dict, spec: dict, where: str, kind: str) -> set[str]:
     """A chat dataset: format messages, with `messages:` field mappings when the rows need them."""
     spec["format"] = "messages"
     field = str(entry.get("field_messages") or ("conversations" if kind.startswith("sharegpt") else "messages"))
@@ -337,7 +341,7 @@ def _messages(conv, entry: dict, spec: dict, where: str, kind: str) -> set[str]:
     return handled
 
 
-def _reward_pairs(conv, entry: dict, spec: dict, where: str) -> set[str]:
+def _reward_pairs(conv: Conversion, entry: dict, spec: dict, where: str) -> set[str]:
     """A reward model's dataset: format `preference`, the columns of the DPO type of the same name."""
     from recipeforge.config.axolotl import preference
 

@@ -10,9 +10,12 @@ the converted recipe then leaves `distill.teacher` empty, and validation stops t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recipeforge.config.axolotl.values import num
+
+if TYPE_CHECKING:
+    from recipeforge.config.axolotl.conversion import Conversion
 
 KD_PLUGIN = "axolotl.integrations.kd.KDPlugin"
 KD_DATASET = "axolotl.integrations.kd.chat_template"
@@ -32,12 +35,12 @@ UNMAPPED = {
 }
 
 
-def enabled(conv: Any) -> bool:
+def enabled(conv: Conversion) -> bool:
     """Whether Axolotl distills: the KD plugin is listed and `kd_trainer` is on."""
     return KD_PLUGIN in _plugins(conv) and bool(conv.get("kd_trainer"))
 
 
-def stage(conv: Any) -> bool:
+def stage(conv: Conversion) -> bool:
     """Choose `stage: distill` when Axolotl distills; True when it did."""
     plugins = _plugins(conv)
     if KD_PLUGIN in plugins:
@@ -57,7 +60,7 @@ def stage(conv: Any) -> bool:
     return True
 
 
-def settings(conv: Any) -> None:
+def settings(conv: Conversion) -> None:
     """`distill:` from the kd_* keys (or, when the config does not distill, each of them reported)."""
     keys = [k for k in conv.config if k.startswith("kd_") and conv.config[k] is not None and k != "kd_trainer"]
     if conv.recipe.get("stage") != "distill":
@@ -74,7 +77,7 @@ def settings(conv: Any) -> None:
                                              "distill stage; not converted"))
 
 
-def dataset(conv: Any, entry: dict[str, Any], where: str) -> set[str]:
+def dataset(conv: Conversion, entry: dict[str, Any], where: str) -> set[str]:
     """An `axolotl.integrations.kd.chat_template` entry beyond its chat fields: its precomputed log-probs
     are not read. Returns the entry keys this handled."""
     column = entry.get("logprobs_field") or "logprobs"
@@ -90,7 +93,7 @@ def dataset(conv: Any, entry: dict[str, Any], where: str) -> set[str]:
     return {"logprobs_field", "temperature"}
 
 
-def _teacher(conv: Any) -> None:
+def _teacher(conv: Conversion) -> None:
     """The served teacher (`kd_online_*`), or an empty `distill.teacher` that validation names."""
     url = conv.get("kd_online_server_base_url")
     if url is None:
@@ -127,7 +130,7 @@ def _teacher(conv: Any) -> None:
                  "kd_online_timeout")
 
 
-def _loss(conv: Any) -> None:
+def _loss(conv: Conversion) -> None:
     """Temperature, the CE/KD weights (as `sft_weight`) and `kd_beta` (the divergence)."""
     if conv.get("kd_temperature") is not None:
         conv.put("distill.temperature", num(conv.get("kd_temperature"), float, "kd_temperature"), "kd_temperature")
@@ -165,6 +168,6 @@ def _loss(conv: Any) -> None:
             conv.note("kd_beta", f"{b:g}: Axolotl's kd_beta lies in [0, 1]; the recipe keeps forward_kl")
 
 
-def _plugins(conv: Any) -> list[str]:
+def _plugins(conv: Conversion) -> list[str]:
     value = conv.config.get("plugins") or []
     return [str(p) for p in (value if isinstance(value, list) else [value])]

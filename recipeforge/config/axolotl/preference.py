@@ -21,9 +21,14 @@ compares the converted recipes to them.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dataclasses import dataclass, field
 
 from recipeforge.config.axolotl.chat_templates import chat_template_key, jinja_key
+
+if TYPE_CHECKING:
+    from recipeforge.config.axolotl.conversion import Conversion
 
 # The markup of Axolotl's text strategies, per module: the system text (written when the row has one), the
 # user's turn up to the assistant's, and the end of each answer.
@@ -125,7 +130,7 @@ def text_spec(template: str, strategy: TextType, answers: tuple[str, ...]) -> di
     return texts
 
 
-def preference(conv, entry: dict, spec: dict, where: str) -> set[str]:
+def preference(conv: Conversion, entry: dict, spec: dict, where: str) -> set[str]:
     """A dataset entry of a DPO, IPO, SimPO/CPO or ORPO config: format `preference`. Returns the entry keys
     it handled."""
     spec["format"] = "preference"
@@ -174,7 +179,7 @@ def preference(conv, entry: dict, spec: dict, where: str) -> set[str]:
     return set()
 
 
-def unpaired(conv, entry: dict, spec: dict, where: str) -> None:
+def unpaired(conv: Conversion, entry: dict, spec: dict, where: str) -> None:
     """A dataset entry of a KTO config: format `unpaired` (prompt, completion, label)."""
     spec["format"] = "unpaired"
     kind = entry.get("type")
@@ -198,7 +203,7 @@ def unpaired(conv, entry: dict, spec: dict, where: str) -> None:
                                    f"Axolotl stops on it; the rows are read as prompt/completion/label")
 
 
-def user_defined(conv, kind: dict, spec: dict, where: str, answers: tuple[str, ...]) -> None:
+def user_defined(conv: Conversion, kind: dict, spec: dict, where: str, answers: tuple[str, ...]) -> None:
     """A `type:` mapping (Axolotl's user_defined strategy): `field_<column>` renames and the `*_format` texts."""
     columns = ("prompt", "system", *answers, *(("label",) if answers == ("completion",) else ()))
     cols = {c: str(kind[f"field_{c}"]) for c in columns if kind.get(f"field_{c}") and kind[f"field_{c}"] != c}
@@ -224,7 +229,7 @@ def user_defined(conv, kind: dict, spec: dict, where: str, answers: tuple[str, .
             conv.note(f"{where}.type.{key}", "not a key of Axolotl's user_defined type; not converted")
 
 
-def _text_type(conv, entry: dict, spec: dict, where: str, module: str, function: str, kind: str) -> set[str]:
+def _text_type(conv: Conversion, entry: dict, spec: dict, where: str, module: str, function: str, kind: str) -> set[str]:
     strategy = PREFERENCE_TYPES.get(function)
     former = FORMER_PREFERENCE_TYPES.get(function)
     if strategy is None and former is not None:
@@ -254,7 +259,7 @@ def _field_columns(entry: dict, keys: dict[str, str], default: str | None = None
     return out
 
 
-def _chat_keys(conv, entry: dict, where: str) -> set[str]:
+def _chat_keys(conv: Conversion, entry: dict, where: str) -> set[str]:
     """The chat template keys of an entry whose rows go through the chat template."""
     for key in ("message_property_mappings", "roles"):
         if entry.get(key) is not None:

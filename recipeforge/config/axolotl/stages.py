@@ -3,9 +3,14 @@ its settings (DPO, IPO, ORPO, KTO, CPO/SimPO, GRPO)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import math
 
 from recipeforge.config.axolotl.values import num
+
+if TYPE_CHECKING:
+    from recipeforge.config.axolotl.conversion import Conversion
 
 RL_STAGES = {"dpo": "dpo", "ipo": "dpo", "grpo": "grpo", "orpo": "orpo", "kto": "kto", "simpo": "cpo", "cpo": "cpo"}
 DPO_LOSSES = ("sigmoid", "hinge", "ipo", "robust", "bco_pair", "sppo_hard", "nca_pair", "apo_zero", "apo_down")
@@ -13,7 +18,7 @@ GRPO_LOSSES = ("grpo", "dr_grpo", "dapo", "bnpo")
 # Linear layers of decoder blocks that peft's all-linear reaches (Axolotl's find_all_linear_names finds them too).
 
 
-def stage(conv) -> None:
+def stage(conv: Conversion) -> None:
     """`rl:` (dpo, ipo, grpo, orpo, kto, simpo, cpo; others reported), the KD plugin (`distill`), or
     pretrain/sft from the data."""
     from recipeforge.config.axolotl import distill
@@ -42,7 +47,7 @@ def stage(conv) -> None:
         conv.recipe["stage"] = "sft"
 
 
-def _reward_model(conv) -> bool:
+def _reward_model(conv: Conversion) -> bool:
     """`reward_model: true` (with `type_of_model` / `model_type: AutoModelForSequenceClassification` and
     `num_labels: 1`): a Bradley-Terry reward model, `stage: reward`."""
     flag = conv.get("reward_model")
@@ -68,7 +73,7 @@ def _reward_model(conv) -> bool:
     return True
 
 
-def stage_settings(conv) -> None:
+def stage_settings(conv: Conversion) -> None:
     """DPO, GRPO, ORPO, KTO and CPO settings (`rl_beta`, `dpo_*`, `orpo_alpha`, `kto_*`, `simpo_gamma`, `trl:`)."""
     st = conv.recipe["stage"]
     trl = conv.get("trl") or {}
@@ -115,7 +120,7 @@ def stage_settings(conv) -> None:
                 conv.note(src, f"a DPO setting in a stage {st} config; not converted")
 
 
-def _preference(conv, st: str, trl: dict) -> None:
+def _preference(conv: Conversion, st: str, trl: dict) -> None:
     """ORPO, KTO and CPO/SimPO settings. Axolotl takes beta from trl.beta, else rl_beta, else orpo_alpha."""
     sources = [("trl.beta", trl.get("beta")), ("rl_beta", conv.get("rl_beta")), ("orpo_alpha", conv.get("orpo_alpha"))]
     given = [(src, value) for src, value in sources if value is not None]
@@ -142,7 +147,7 @@ def _preference(conv, st: str, trl: dict) -> None:
                      "max_prompt_len")
 
 
-def _grpo(conv, trl: dict) -> None:
+def _grpo(conv: Conversion, trl: dict) -> None:
     g = "grpo"
     for src, dst, cast in (("beta", "beta", float), ("num_generations", "num_generations", int),
                            ("max_completion_length", "max_completion_length", int),

@@ -3,7 +3,12 @@ stage and its settings: `stages.py`)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from recipeforge.config.axolotl.values import num
+
+if TYPE_CHECKING:
+    from recipeforge.config.axolotl.conversion import Conversion
 
 OPTIMIZERS = {"adamw_torch": "adamw", "adamw_hf": "adamw", "adamw": "adamw", "adamw_torch_fused": "adamw_fused",
               "adamw_bnb_8bit": "adamw_8bit", "adamw_8bit": "adamw_8bit", "paged_adamw_8bit": "paged_adamw_8bit",
@@ -27,7 +32,7 @@ DECODER_LINEARS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj",
 AXOLOTL_SEQUENCE_LEN = 512
 
 
-def model(conv) -> None:
+def model(conv: Conversion) -> None:
     conv.put("model.name_or_path", conv.get("base_model"), "base_model")
     for src, dst in (("revision_of_model", "model.revision"), ("tokenizer_config", "model.tokenizer"),
                      ("trust_remote_code", "model.trust_remote_code")):
@@ -77,7 +82,7 @@ def model(conv) -> None:
         conv.put("data.sequence_len", AXOLOTL_SEQUENCE_LEN)
 
 
-def adapter(conv) -> None:
+def adapter(conv: Conversion) -> None:
     kind = conv.get("adapter")
     four, eight = bool(conv.get("load_in_4bit")), bool(conv.get("load_in_8bit"))
     for src in ("load_in_4bit", "load_in_8bit"):
@@ -141,7 +146,7 @@ def adapter(conv) -> None:
             conv.note(src, "no counterpart; the recipe starts new adapters on every targeted module")
 
 
-def _target_regex(conv, pattern: str) -> list[str]:
+def _target_regex(conv: Conversion, pattern: str) -> list[str]:
     """A `lora_target_modules` regular expression (PEFT matches it against full module paths) as the
     module names it ends in, e.g. ``model.language_model.layers.[\\d]+.(mlp|self_attn).(up|q)_proj`` as
     [up_proj, q_proj]; a pattern that does not end in literal names is kept as one name, reported."""
@@ -169,7 +174,7 @@ def _target_regex(conv, pattern: str) -> list[str]:
     return names
 
 
-def optimisation(conv) -> None:
+def optimisation(conv: Conversion) -> None:
     """Batch sizes, run length, hyperparameters, optimizer, scheduler, checkpointing and the loss watchdog."""
     # The order of the steps is the order of the converted keys in the recipe and its report.
     _batch_sizes(conv)
@@ -183,7 +188,7 @@ def optimisation(conv) -> None:
     loss_watchdog(conv)
 
 
-def _batch_sizes(conv) -> None:
+def _batch_sizes(conv: Conversion) -> None:
     """`micro_batch_size` x `gradient_accumulation_steps` x world size (or `batch_size`) as the global batch."""
     micro = conv.get("micro_batch_size")
     accum = num(conv.get("gradient_accumulation_steps", 1), int, "gradient_accumulation_steps")
@@ -203,7 +208,7 @@ def _batch_sizes(conv) -> None:
         conv.note("batch_size", "ignored next to micro_batch_size (as Axolotl does)")
 
 
-def _run_length(conv) -> None:
+def _run_length(conv: Conversion) -> None:
     """`num_epochs` and `max_steps`."""
     if conv.get("num_epochs") is not None:
         conv.put("train.epochs", num(conv.get("num_epochs"), float, "num_epochs"), "num_epochs")
@@ -211,7 +216,7 @@ def _run_length(conv) -> None:
         conv.put("train.max_steps", num(conv.get("max_steps"), int, "max_steps"), "max_steps")
 
 
-def _hyperparameters(conv) -> None:
+def _hyperparameters(conv: Conversion) -> None:
     """The keys that keep their name under `train.` (learning rate, warmup, Adam betas, seed, logging, eval)."""
     for src, dst, cast in (("learning_rate", "learning_rate", float), ("weight_decay", "weight_decay", float),
                            ("warmup_steps", "warmup_steps", int), ("warmup_ratio", "warmup_ratio", float),
@@ -231,7 +236,7 @@ def _hyperparameters(conv) -> None:
         conv.put("train.max_grad_norm", None, "max_grad_norm")
 
 
-def _optimizer(conv) -> None:
+def _optimizer(conv: Conversion) -> None:
     """`optimizer` by its recipeforge name, or reported."""
     opt = conv.get("optimizer")
     if opt is not None:
@@ -241,7 +246,7 @@ def _optimizer(conv) -> None:
             conv.note("optimizer", f"'{opt}' has no counterpart; the recipe uses adamw")
 
 
-def _scheduler(conv) -> None:
+def _scheduler(conv: Conversion) -> None:
     """`lr_scheduler` by its recipeforge name, or reported; its tuning keys are reported."""
     sched = conv.get("lr_scheduler")
     if sched is not None:
@@ -255,7 +260,7 @@ def _scheduler(conv) -> None:
                            "transformers' default floor)")
 
 
-def _checkpointing(conv) -> None:
+def _checkpointing(conv: Conversion) -> None:
     """`gradient_checkpointing` and `activation_offloading` (to pinned host memory; disk is reported)."""
     gc = conv.get("gradient_checkpointing")
     if gc is not None:
@@ -276,7 +281,7 @@ def _checkpointing(conv) -> None:
         conv.note("gradient_checkpointing_kwargs", "no counterpart; recipeforge checkpoints without reentrant")
 
 
-def _eval_save_notes(conv) -> None:
+def _eval_save_notes(conv: Conversion) -> None:
     """Per-epoch counts and strategies of evaluation and saving: reported (recipeforge counts steps or epochs)."""
     for src in ("evals_per_epoch", "saves_per_epoch"):
         if conv.get(src) is not None:
@@ -287,7 +292,7 @@ def _eval_save_notes(conv) -> None:
             conv.note(src, "no counterpart; steps when train.eval_steps / output.save_steps are set, else epochs")
 
 
-def loss_watchdog(conv) -> None:
+def loss_watchdog(conv: Conversion) -> None:
     """Axolotl's loss watchdog (stop after `patience` logged losses above an absolute threshold) as
     train.divergence, which stops after `spike_patience` losses above `spike_factor` times the running
     median: the threshold becomes a factor of the loss at the start, as Axolotl's docs size it."""
@@ -307,7 +312,7 @@ def loss_watchdog(conv) -> None:
                  "loss_watchdog_patience")
 
 
-def unfrozen(conv) -> None:
+def unfrozen(conv: Conversion) -> None:
     """`unfrozen_parameters` (same pattern semantics) for a full fine-tune; next to an adapter it is
     reported, since recipeforge refuses it there (peft would not save the base weights it trains)."""
     patterns = conv.get("unfrozen_parameters")
@@ -326,7 +331,7 @@ def unfrozen(conv) -> None:
         conv.put("train.unfrozen_parameters", list(patterns), "unfrozen_parameters")
 
 
-def logging_output(conv) -> None:
+def logging_output(conv: Conversion) -> None:
     if conv.get("output_dir") is not None:
         conv.put("output.dir", str(conv.get("output_dir")), "output_dir")
     for src, dst in (("save_steps", "save_steps"), ("save_total_limit", "save_total_limit")):

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from recipeforge.errors import RecipeError
+from recipeforge.json_value import JSONValue
 
 
-def num(value: Any, cast: type, key: str) -> Any:
+def num(value: JSONValue, cast: type, key: str) -> Any:
     """`value` as a number of type `cast`; anything else is a `RecipeError` naming the Axolotl key."""
     if isinstance(value, bool) or value is None:
         raise RecipeError(f"{key}: expected a number, got {value!r}", key=key)

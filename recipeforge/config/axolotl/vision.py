@@ -15,9 +15,12 @@ parameter name is read back into those two switches; the image size becomes the 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recipeforge.config.axolotl.values import num
+
+if TYPE_CHECKING:
+    from recipeforge.config.axolotl.conversion import Conversion
 
 # Axolotl chat template names that exist only for vision-language models.
 VISION_TEMPLATES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llama3_2_vision", "llava", "pixtral")
@@ -178,7 +181,7 @@ def path_restricts(path: str) -> bool:
 
 # -- the pass over the config ----------------------------------------------------------------------
 
-def settings(conv) -> None:
+def settings(conv: Conversion) -> None:
     """`model.vision`, and the multimodal keys with no counterpart (reported). Runs after the adapter,
     data and optimisation passes: it reads what they wrote."""
     _loading_keys(conv)
@@ -192,7 +195,7 @@ def settings(conv) -> None:
                                                 "without a gradient itself for models with a vision tower")
 
 
-def _loading_keys(conv) -> None:
+def _loading_keys(conv: Conversion) -> None:
     """Keys Axolotl needs to load and feed a VLM that recipeforge does on its own."""
     proc = conv.get("processor_type")
     if proc is not None:
@@ -210,7 +213,7 @@ def _loading_keys(conv) -> None:
                                            "image column among them) itself")
 
 
-def _image_size(conv) -> None:
+def _image_size(conv: Conversion) -> None:
     """`image_size` (a side, or [height, width]) as the area bounds; `image_resize_algorithm` reported."""
     size = conv.get("image_size")
     if size is not None:
@@ -240,7 +243,7 @@ def _image_size(conv) -> None:
                                             f"processor's own filter")
 
 
-def _trained_parts(conv) -> None:
+def _trained_parts(conv: Conversion) -> None:
     """`model.vision.train_tower` / `train_projector` from what the config trains by name."""
     adapter = conv.recipe.get("adapter", {}).get("type") in ("lora", "qlora")
     tower = projector = False
@@ -282,7 +285,7 @@ def _trained_parts(conv) -> None:
         conv.map(src, "model.vision.train_tower, model.vision.train_projector")
 
 
-def _adapter_parts(conv) -> tuple[bool, bool, list[str]]:
+def _adapter_parts(conv: Conversion) -> tuple[bool, bool, list[str]]:
     """Under LoRA: whether Axolotl's target modules put adapters on the tower or the projector."""
     if conv.get("lora_target_linear"):
         conv.note("lora_target_linear", "on a vision-language model Axolotl collects the name of every linear "
@@ -305,7 +308,7 @@ def _adapter_parts(conv) -> tuple[bool, bool, list[str]]:
     return tower, projector, ["lora_target_modules"]
 
 
-def _packing(conv) -> None:
+def _packing(conv: Conversion) -> None:
     data = conv.recipe.get("data", {})
     if conv.get("sample_packing") is True:
         data["packing"] = False
@@ -320,7 +323,7 @@ def chat_template_note(name: str) -> str:
             f"own template")
 
 
-def dataset_notes(conv, entry: dict, spec: dict, where: str) -> None:
+def dataset_notes(conv: Conversion, entry: dict, spec: dict, where: str) -> None:
     """Report the entry keys that name image columns (a recipe dataset has no such key), and, for a chat
     dataset of a VLM config, what recipeforge reads of image rows."""
     for key, value in entry.items():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import types
-from typing import Any, Union, get_args, get_origin
+from typing import Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
@@ -17,7 +17,7 @@ class Section(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _empty_sections_are_defaults(cls, data: Any) -> Any:
+    def _empty_sections_are_defaults(cls, data: object) -> object:
         # `train:` with every line below it commented out is YAML null; for a section (or a mapping or
         # list with a default) that means "all defaults", as an empty mapping does. Scalars keep null,
         # so an unfinished `learning_rate:` is still reported.
@@ -27,7 +27,7 @@ class Section(BaseModel):
         return {**data, **{name: cls.model_fields[name].default_factory() for name in empty}} if empty else data
 
 
-def _defaults_to_container(cls: type[BaseModel], name: Any) -> bool:
+def _defaults_to_container(cls: type[BaseModel], name: object) -> bool:
     field = cls.model_fields.get(name) if isinstance(name, str) else None
     if field is None or field.default_factory is None:
         return False

@@ -20,7 +20,7 @@ def lookup(registry: "Registry", name: str, path: tuple) -> tuple[Any, RuleProbl
         return None, RuleProblem(path, p.message, p.hint)
 
 
-def options_problems(model: Any, data: Any, path: tuple) -> list[RuleProblem]:
+def options_problems(model: object, data: object, path: tuple) -> list[RuleProblem]:
     """`data` checked against a component's options model (no model: anything goes)."""
     if model is None:
         return []

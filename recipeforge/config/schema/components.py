@@ -16,12 +16,15 @@ checked in `rl_components`; a component's lookup and options check are `componen
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from recipeforge.config.schema.component_lookup import lookup, options_problems, unknown_name
 from recipeforge.config.schema.problems import RuleProblem
 from recipeforge.config.schema.recipe import Recipe
 from recipeforge.config.schema.rl_components import environment_problems, rewards_problems, rollout_problems
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 
 def _formats(r: Recipe) -> Iterator[RuleProblem]:
@@ -62,7 +65,7 @@ def _kernels(r: Recipe) -> Iterator[RuleProblem]:
                               "set model.attn_implementation: auto (or flash_attention_2), or drop the kernel")
 
 
-def _stage_option_problems(model: Any, data: Any, stage: str, path: tuple) -> Iterator[RuleProblem]:
+def _stage_option_problems(model: type[BaseModel] | None, data: object, stage: str, path: tuple) -> Iterator[RuleProblem]:
     """Options the trainer of `stage` refuses: a component's options model may define
     ``stage_problems(stage) -> [(option, message, hint)]`` (e.g. Liger's fused linear cross-entropy,
     which TRL's DPO and GRPO trainers refuse)."""

@@ -28,11 +28,11 @@ def _defaults(model: type[BaseModel]) -> dict[str, Any]:
     return out
 
 
-def _nested_model(tp: Any) -> type[BaseModel] | None:
+def _nested_model(tp: object) -> type[BaseModel] | None:
     return tp if isinstance(tp, type) and issubclass(tp, BaseModel) else None
 
 
-def schema_defaults(stage: Any) -> dict[str, Any]:
+def schema_defaults(stage: object) -> dict[str, Any]:
     """Defaults of the recipe class for `stage` (the common ones when the stage is unknown)."""
     try:
         cls = recipe_class(stage) if isinstance(stage, str) else None  # a plugin's stage: its made class

@@ -10,7 +10,10 @@ what Megatron runs), for validation to report before anything is launched. Pure:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 HF = "single, ddp, deepspeed and fsdp"  # the backends built on the transformers/TRL trainers
 
@@ -254,7 +257,7 @@ def entry(path: str) -> Field | None:
     return None
 
 
-def _values(obj: Any, path: str):
+def _values(obj: BaseModel, path: str):
     """(path, value, default) of every field under `obj` (a pydantic model), lists element-wise."""
     from pydantic import BaseModel
 

@@ -56,7 +56,7 @@ def described(errors: list[dict], cls: type[BaseModel], strip_tag: bool) -> list
     return out
 
 
-def model_problems(model: type[BaseModel], data: Any, prefix: tuple) -> list[RuleProblem]:
+def model_problems(model: type[BaseModel], data: object, prefix: tuple) -> list[RuleProblem]:
     """`data` validated against a plugin's pydantic model; its errors as rule problems at `prefix` + key.
 
     This is how a plugin's own schema (kernel options, reward args, rollout options) extends the
@@ -155,7 +155,7 @@ def _schema_path(cls: type[BaseModel], loc: tuple) -> tuple[tuple, type | None]:
     return tuple(path), parent
 
 
-def _unwrap_optional(tp: Any) -> Any:
+def _unwrap_optional(tp: object) -> Any:
     while True:
         if typing.get_origin(tp) is typing.Annotated:
             tp = typing.get_args(tp)[0]
@@ -168,11 +168,11 @@ def _unwrap_optional(tp: Any) -> Any:
         return tp
 
 
-def _is_union(tp: Any) -> bool:
+def _is_union(tp: object) -> bool:
     return typing.get_origin(tp) in (typing.Union, types.UnionType)
 
 
-def _description(model: Any, name: Any) -> str | None:
+def _description(model: type[BaseModel] | None, name: str | int) -> str | None:
     field = getattr(model, "model_fields", {}).get(name) if model is not None else None
     return field.description if field is not None else None
 
@@ -182,14 +182,14 @@ def _choices(expected: str) -> list[str]:
     return [c.strip().strip("'") for c in expected.replace(" or ", ", ").split(",") if c.strip()]
 
 
-def _describe(value: Any) -> str:
+def _describe(value: object) -> str:
     text = repr(value)
     if isinstance(value, (dict, list)):
         text = "a mapping" if isinstance(value, dict) else "a list"
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _num(bound: Any) -> Any:
+def _num(bound: object) -> object:
     return int(bound) if isinstance(bound, float) and bound.is_integer() else bound
 
 

@@ -63,7 +63,7 @@ class Recipe(Section):
 
     @field_validator("kernels", mode="before")
     @classmethod
-    def _kernel_list(cls, value: Any) -> Any:
+    def _kernel_list(cls, value: object) -> object:
         # `kernels: [liger, flash_attn]` is shorthand for a mapping with default options.
         if isinstance(value, (list, tuple)):
             if not all(isinstance(name, str) for name in value):
@@ -73,7 +73,7 @@ class Recipe(Section):
 
     @model_validator(mode="before")
     @classmethod
-    def _stage_defaults(cls, value: Any) -> Any:
+    def _stage_defaults(cls, value: object) -> object:
         # Packing defaults on for pretraining (documents are short relative to sequence_len), off elsewhere.
         if isinstance(value, dict) and isinstance(value.get("data"), dict) and value["data"].get("packing") is None:
             value = {**value, "data": {**value["data"], "packing": value.get("stage") == "pretrain"}}

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from recipeforge.errors import RecipeError
+from recipeforge.json_value import JSONValue
 from recipeforge.tools.evaluation.runner import EvalOptions
 
 
@@ -44,7 +45,7 @@ def target(arg: str) -> Target:
     return Target(path, section, Path.cwd(), resolved.get("stage"), resolved.get("allow_code") is True)
 
 
-def _eval_section(raw: Any) -> dict[str, Any] | None:
+def _eval_section(raw: JSONValue) -> dict[str, Any] | None:
     """The `eval:` of a run's resolved_recipe.yaml, with what a hand-edited or damaged file may hold in
     its place dropped: tasks that are not strings, counts that are not positive integers."""
     if not isinstance(raw, dict):

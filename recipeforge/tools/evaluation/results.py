@@ -73,7 +73,7 @@ def score_rows(results: dict[str, dict[str, Any]]) -> list[tuple[str, str, Any]]
             for metric, value in record["scores"].items()]
 
 
-def format_score(value: Any) -> str:
+def format_score(value: object) -> str:
     """A score as tables show it: four significant digits, or the value as text."""
     return f"{value:.4g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
 

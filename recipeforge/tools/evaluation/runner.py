@@ -12,11 +12,15 @@ import time
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from recipeforge.errors import RecipeError
 from recipeforge.tools.evaluation.results import EVAL_DIR, fingerprint, split_scores, write_result
 from recipeforge.tools.evaluation.tasks import TaskRef, resolve_tasks
+
+if TYPE_CHECKING:
+    from lm_eval.api.model import LM
+    from lm_eval.tasks import TaskManager
 
 # A CPU has no out-of-memory search to lean on and gains little from larger batches: a modest fixed
 # batch. On a GPU lm-eval's "auto" starts from the largest batch and halves it until one fits.
@@ -112,7 +116,7 @@ def evaluate_run(run_dir: Path, tasks: list[str], base_dir: Path, options: EvalO
     return done
 
 
-def _evaluate_subject(subject: Subject, refs: list[TaskRef], manager: Any, options: EvalOptions,
+def _evaluate_subject(subject: Subject, refs: list[TaskRef], manager: TaskManager, options: EvalOptions,
                       log: Callable[[str], None]) -> dict[str, dict]:
     lm, batch_size = harness_model(subject.model_dir, options)
     log(f"evaluating {subject.model_dir} on {', '.join(r.name for r in refs)} (batch size {batch_size})")
@@ -176,7 +180,7 @@ def harness_model(model_dir: Path, options: EvalOptions) -> tuple[Any, int | str
     return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=device), batch_size
 
 
-def _simple_evaluate(lm: Any, refs: list[TaskRef], manager: Any, options: EvalOptions) -> dict[str, Any]:
+def _simple_evaluate(lm: LM, refs: list[TaskRef], manager: TaskManager, options: EvalOptions) -> dict[str, Any]:
     import lm_eval
     from datasets.exceptions import DataFilesNotFoundError, DatasetNotFoundError
 

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from recipeforge.errors import RecipeError
+from recipeforge.json_value import JSONValue
 
 LOCAL_SUFFIXES = (".jsonl", ".yaml", ".yml")
 LOCAL_PREFIX = "recipeforge_local_"  # lm-eval name of a local JSONL task: never shadows a harness task
@@ -148,7 +149,7 @@ def check_jsonl(path: Path, key: str = "--tasks") -> str:
     return kinds.pop()
 
 
-def _row_kind(row: Any, path: Path, line_no: int, key: str) -> str:
+def _row_kind(row: JSONValue, path: Path, line_no: int, key: str) -> str:
     if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"]:
         raise _bad_row(path, line_no, "needs a non-empty string \"prompt\"", key)
     if "reference" in row and set(row) <= {"prompt", "reference"}:
