@@ -8,7 +8,7 @@ the floor release (see the comment in pyproject.toml). Then every tiny recipe in
 trains there and must exit 0 and learn, QLoRA trains on the CPU, and the prompt-length tests run
 against the lowest TRL.
 
-The environment is kept under ~/.cache/recipeforge-floors/<hash of the pins, Python and entry points> (override:
+tests/floors/floor_env.py builds the environment and keeps it under ~/.cache/recipeforge-floors/<hash> (override:
 RECIPEFORGE_FLOORS_CACHE), so only the first run installs anything (about a minute with a warm pip
 cache); the training runs take two to three minutes on two cores. Skipped only when the package
 registry cannot be reached and no environment is cached.
@@ -16,41 +16,20 @@ registry cannot be reached and no environment is cached.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from floor_env import REPO, RegistryUnreachable, clean_env, floor_pins, run  # noqa: E402
+from floor_env import floor_python as build_floor_python  # noqa: E402
+
 pytestmark = pytest.mark.floors
 
-REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "examples" / "yaml" / "tiny"
-# From the dev extra: the QLoRA CPU run needs bitsandbytes, the prompt-length tests pytest.
-DEV_EXTRAS = ("bitsandbytes", "pytest")
-
-
-def floor_pins(pyproject: Path = REPO / "pyproject.toml", torch_version: str | None = None) -> list[str]:
-    """`name==X` for every dependency's `>=X` lower bound (torch: `torch_version` when given)."""
-    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-    from packaging.requirements import Requirement
-
-    project = tomllib.loads(pyproject.read_text())["project"]
-    wanted = list(project["dependencies"])
-    wanted += [r for r in project["optional-dependencies"]["dev"] if Requirement(r).name in DEV_EXTRAS]
-    pins = []
-    for text in wanted:
-        req = Requirement(text)
-        floors = [s.version for s in req.specifier if s.operator == ">="]
-        assert len(floors) == 1, f"{text}: every dependency needs one `>=` lower bound"
-        version = torch_version if req.name == "torch" and torch_version else floors[0]
-        pins.append(f"{req.name}=={version}")
-    return pins
 
 
 def test_floor_pins_come_from_pyproject(tmp_path):
@@ -61,64 +40,17 @@ def test_floor_pins_come_from_pyproject(tmp_path):
     assert floor_pins(pyproject, torch_version="2.13.0+cpu")[0] == "torch==2.13.0+cpu"
 
 
-def _run(cmd: list, *, cwd: Path = REPO, timeout: int = 900, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env=env)
-
-
-def _clean_env(**extra: str) -> dict:
-    """This process's environment minus what would let the venv see packages from outside it, plus
-    this checkout first on the path: the cached environment's editable install points at whichever
-    checkout built it, and the code under test is this one."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    env["PYTHONPATH"] = str(REPO)
-    env.update(extra)
-    return env
-
-
 @pytest.fixture(scope="module")
-def floor_python(tmp_path_factory) -> Path:
-    """The python of a virtual environment with exactly the floor versions (built once, then cached)."""
-    import torch
-
-    import tomllib
-
-    pins = floor_pins(torch_version=torch.__version__)
-    # What the environment holds: the pins, the Python, and what an editable install writes from the
-    # project table (entry points); other edits of pyproject.toml reuse the environment.
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    installed = {"pins": pins, "python": sys.version, "scripts": project.get("scripts"),
-                 "entry-points": project.get("entry-points")}
-    key = hashlib.sha256(json.dumps(installed, sort_keys=True).encode())
-    root = Path(os.environ.get("RECIPEFORGE_FLOORS_CACHE", Path.home() / ".cache" / "recipeforge-floors"))
-    venv = root / key.hexdigest()[:16]
-    python = venv / "bin" / "python"
-    done = venv / ".complete"
-    if done.is_file():
-        return python
-
-    probe = _run([sys.executable, "-m", "pip", "download", "--no-deps", "--dest",
-                  tmp_path_factory.mktemp("probe"), next(p for p in pins if p.startswith("trl=="))], timeout=300)
-    if probe.returncode != 0:
-        pytest.skip(f"package registry unreachable: {(probe.stderr.strip().splitlines() or ['?'])[-1]}")
-
-    shutil.rmtree(venv, ignore_errors=True)  # a half-built environment of an interrupted run
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    made = _run([sys.executable, "-m", "venv", venv])
-    assert made.returncode == 0, made.stderr
-    constraints = venv / "constraints.txt"
-    constraints.write_text("\n".join(pins) + "\n")
-    install = _run([python, "-m", "pip", "install", "--disable-pip-version-check", "-e", REPO,
-                    *DEV_EXTRAS, "-c", constraints], env=_clean_env())
-    assert install.returncode == 0, (install.stdout + install.stderr)[-4000:]
-    check = _run([python, "-m", "pip", "check"], env=_clean_env())
-    assert check.returncode == 0, check.stdout + check.stderr
-    done.write_text("\n".join(pins) + "\n")
-    return python
+def floor_python() -> Path:
+    """The python of the floor environment (tests/floors/floor_env.py builds it, or finds it built)."""
+    try:
+        return build_floor_python()
+    except RegistryUnreachable as e:
+        pytest.skip(str(e))
 
 
 def test_floor_versions_are_what_is_installed(floor_python):
-    listed = _run([floor_python, "-m", "pip", "list", "--format", "json"], env=_clean_env())
+    listed = run([floor_python, "-m", "pip", "list", "--format", "json"], env=clean_env())
     installed = {p["name"].lower().replace("_", "-"): p["version"] for p in json.loads(listed.stdout)}
     pins = (floor_python.parent.parent / "constraints.txt").read_text().split()
     for pin in pins:
@@ -157,9 +89,9 @@ QLORA = ["adapter.type=qlora", "train.max_steps=20", "data.val_size=8", "train.e
 
 
 def _launch(python: Path, recipe: str, tmp_path: Path, overrides: list[str]):
-    return _run([python, "-m", "recipeforge", "train", TINY / f"{recipe}.yaml", f"output.dir={tmp_path / 'run'}",
+    return run([python, "-m", "recipeforge", "train", TINY / f"{recipe}.yaml", f"output.dir={tmp_path / 'run'}",
                  f"data.cache_dir={tmp_path / 'cache'}", "logging.progress_bar=false", *overrides],
-                cwd=tmp_path, env=_clean_env(RECIPEFORGE_CACHE=str(tmp_path / "cache")))
+                cwd=tmp_path, env=clean_env(RECIPEFORGE_CACHE=str(tmp_path / "cache")))
 
 
 def _train(python: Path, recipe: str, tmp_path: Path, overrides: list[str]) -> list[dict]:
@@ -208,8 +140,8 @@ def test_qlora_trains_at_the_floor(floor_python, tmp_path):
 
 
 def test_prompt_lengths_at_the_floor(floor_python):
-    proc = _run([floor_python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/integration/test_prompt_lengths.py"],
-                env=_clean_env())
+    proc = run([floor_python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/integration/test_prompt_lengths.py"],
+                env=clean_env())
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
 
 
