@@ -1,7 +1,8 @@
 """`recipeforge ui` in a real browser: Playwright drives Debian's Chromium (/usr/bin/chromium; no browser is
 downloaded) against ``python -m recipeforge ui`` started as a user starts it, on a runs folder holding a
 finished tiny run and one still training. The running run's chart gains points; a broken edit shows its
-located error at its line; the fixed edit shows the plan; a run launched from the editor appears in the
+located error at its line; the fixed edit shows the plan; the form view sets a key in the YAML text and shows
+the located error at its field; a run launched from the editor appears in the
 list, and Stop preempts it (a checkpoint saved, shown "preempted"). `.ci/ui` installs both and runs this
 folder."""
 
@@ -149,6 +150,43 @@ def test_editor_shows_the_located_error_then_the_plan(page):
     expect(page.locator("#plan")).to_contain_text("Plan: single on 1xH100-80GB", timeout=30_000)
     expect(page.locator("#plan")).to_contain_text("Memory per GPU")
     expect(page.locator("#gutter .ln.error")).to_have_count(0)
+
+
+def test_the_form_sets_a_key_in_the_yaml_and_shows_its_error_at_the_field(page):
+    expect = playwright.expect
+    text = page.input_value("#recipe-text")
+    page.click("#view-form")
+    expect(page.locator("#form-view")).to_be_visible()
+    expect(page.locator("#form-state")).to_contain_text("sft recipe", timeout=30_000)
+    # The value the recipe resolves to (from its parent, base.yaml), and the file's own keys marked.
+    field = page.locator('#form .field[data-key="train.max_steps"]')
+    steps = field.locator("input")
+    expect(steps).to_have_value("40")
+    expect(field.locator(".origin")).to_have_text("from extends")
+    expect(page.locator('#form .field[data-key="train.learning_rate"] .origin')).to_have_text("set here")
+    expect(page.locator('#form .field[data-key="train.optimizer"] select')).to_have_value('"adamw"')
+    # An invalid value: the check's located error shows at the field, and there is no plan.
+    steps.fill("0")
+    steps.press("Tab")
+    expect(field.locator(".field-error")).to_contain_text("train.max_steps", timeout=30_000)
+    expect(field.locator(".field-error")).to_contain_text("sft-lora.yaml:")
+    expect(field).to_have_class(re.compile(r"\binvalid\b"))
+    expect(page.locator("#plan")).to_contain_text("no plan")
+    # Fixed: the plan again, the field marked as set here, and the YAML holds the new value under train:.
+    steps.fill("12")
+    steps.press("Tab")
+    expect(page.locator("#errors li.ok")).to_contain_text("valid", timeout=30_000)
+    expect(page.locator("#plan")).to_contain_text("Plan: single on 1xH100-80GB", timeout=30_000)
+    expect(field.locator(".field-error")).to_have_text("")
+    expect(field.locator(".origin")).to_have_text("set here", timeout=30_000)
+    page.click("#view-yaml")
+    edited = page.input_value("#recipe-text")
+    lines = text.splitlines()
+    at = lines.index("  learning_rate: 1.0e-2") + 1
+    assert edited.splitlines() == [*lines[:at], "  max_steps: 12", *lines[at:]]
+    expect(page.locator("#save-state")).to_have_text("unsaved changes")
+    page.fill("#recipe-text", text)  # as opened, for the launch below
+    expect(page.locator("#errors li.ok")).to_contain_text("valid", timeout=30_000)
 
 
 def test_launch_from_the_editor_then_stop_preempts(site, page):

@@ -4,6 +4,7 @@ wrong one, and a bind beyond this machine without a key (refused before anything
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -147,3 +148,43 @@ def test_a_parent_on_disk_that_is_not_a_recipe_is_never_shown(site):
     checked = c.post("/api/check", json={"path": "tiny/sneaky.yaml", "text": text})
     error = checked.json()["validate"]["error"]
     assert SECRET not in checked.text and error["key"] == "extends" and error["line"] == 1
+
+
+INJECTIONS = ["3\ntrain:\n  max_steps: 99", "x\nallow_code: true", "a: b", "x\n  evil: 1", "1 # comment\nevil: 2",
+              "}{][", "&a x", "*a", "!!python/object/apply:os.system ['id']", "x\r\nallow_code: true",
+              "x\u2028allow_code: true", "x\x85allow_code: true", "'\"", "\\\"\nevil: 1", "--- \nevil: 1", "...",
+              "x" * 100_001]
+HOSTILE_KEYS = ["description\nallow_code", "description: x", "allow_code: true\ndescription", "__proto__",
+                "train.max_steps\n", "train.max_steps=1", "train[0]", "a.b.c.d.e.f.g.h.i.j.k.l.m.n" * 30,
+                "../description", "train .max_steps", "data.datasets.0.path"]
+
+
+@pytest.mark.parametrize("value", INJECTIONS)
+def test_a_form_value_cannot_add_or_change_other_keys(site, value):
+    """Whatever text a field sends, the recipe gains no key and loses none: it is one quoted value."""
+    from recipeforge.config.load import load_yaml_text
+
+    c = client(site)
+    text = (site["recipes"] / SFT).read_text()
+    before = load_yaml_text(text).data
+    for key in ("description", "model.name_or_path", "train.learning_rate", "output.resume"):
+        response = c.post("/api/set_key", json={"path": SFT, "text": text, "key": key, "value": value})
+        if response.status_code != 200:  # refused (a value longer than a recipe may hold): said so, no traceback
+            error = _refused(response, 400)
+            assert len(value) > 100_000 and "characters" in error["message"] + str(error.get("problems")), error
+            continue
+        after = load_yaml_text(response.json()["text"]).data
+        expected = copy.deepcopy(before)
+        section, _, name = key.rpartition(".")
+        (expected.setdefault(section, {}) if section else expected)[name] = value
+        assert after == expected, (key, value)
+        assert "allow_code" not in after and "evil" not in str(after.keys())
+
+
+@pytest.mark.parametrize("key", HOSTILE_KEYS)
+def test_a_form_key_is_a_key_of_the_schema_or_refused(site, key):
+    c = client(site)
+    text = (site["recipes"] / SFT).read_text()
+    response = c.post("/api/set_key", json={"path": SFT, "text": text, "key": key, "value": "x"})
+    error = _refused(response, 400)
+    assert error["key"] in ("key", key) and error["message"]

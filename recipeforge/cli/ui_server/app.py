@@ -2,7 +2,8 @@
 
 Reading: ``GET /api/runs``, ``/api/run``, ``/api/metrics``, ``/api/log``, ``/api/diff``, ``/api/recipes``,
 ``/api/recipe``. Changing something: ``POST /api/check`` (an edit validated and planned; changes nothing but
-is a POST for its body), ``/api/save``, ``/api/command``, ``/api/launch``, ``/api/stop``. Every request
+is a POST for its body), ``/api/form`` (an edit's form: fields, resolved values; a POST for its body too),
+``/api/set_key`` (an edit's text with one key set; nothing is written), ``/api/save``, ``/api/command``, ``/api/launch``, ``/api/stop``. Every request
 passes `Access` first (the key, the Host, the page token; see access.py).
 """
 
@@ -117,6 +118,12 @@ def build_app(config: UiConfig) -> Starlette:
     def check(b: dict[str, Any]) -> Record:
         return editor.check(b.get("path"), b.get("text"), b.get("hardware"), b.get("overrides"))
 
+    def form(b: dict[str, Any]) -> Record:
+        return editor.form(b.get("path"), b.get("text"))
+
+    def set_key(b: dict[str, Any]) -> Record:
+        return editor.set_key(b.get("path"), b.get("text"), b.get("key"), b.get("value"))
+
     def save(b: dict[str, Any]) -> Record:
         return editor.save(b.get("path"), b.get("text"))
 
@@ -166,7 +173,7 @@ def build_app(config: UiConfig) -> Starlette:
 
     routes = [Route("/", page), Route("/assets/{name}", asset), Route("/login", login, methods=["POST"]),
               api(runs_), api(run), api(metrics), api(log), api(diff), api(recipes), api(recipe),
-              api(check, "POST"), api(save, "POST"), api(command, "POST"), api(launch, "POST"), api(stop, "POST")]
+              api(check, "POST"), api(form, "POST"), api(set_key, "POST"), api(save, "POST"), api(command, "POST"), api(launch, "POST"), api(stop, "POST")]
     app = Starlette(routes=routes)
     app.add_middleware(_Guard, access=access)
     return app

@@ -12,6 +12,7 @@ name a parent (`extends:`) outside the recipes folder and the file's own chain, 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shlex
@@ -122,6 +123,75 @@ class Editor:
             raise
         return {"recipe": path.relative_to(self.root).as_posix(), "saved": True, "bytes": len(text.encode())}
 
+    def form(self, rel: object, text: object) -> Record:
+        """The form of an edit: the fields of its stage (from the recipe's JSON Schema), the values it
+        resolves to (`extends:`, defaults and ${...} applied, as `recipeforge resolve` writes them; when it
+        does not validate, the merged values without defaults) and the dotted keys its own text sets."""
+        from recipeforge.cli.ui_server.form import stage_form
+        from recipeforge.config.load import load_yaml_text
+
+        path = self.path_of(rel)
+        text = _text(text)
+        shown = self.shown_path(path)
+        self.guard(path, text)
+        own = load_yaml_text(text, shown).data
+        ns = recipe_namespace("resolve", shown)
+        ns.text = text
+        resolved = as_data(records.resolve, ns)
+        merged = self._merged(path, text, own)
+        values, complete = (merged, False) if "error" in resolved else (resolved["resolved"], True)
+        stage = values.get("stage")
+        if not isinstance(stage, str) or stage not in _stage_names():
+            raise RecipeError(f"the recipe's stage {stage!r} is not one the schema knows", key="stage",
+                              hint="set stage: (sft, dpo, ...) in the YAML view")
+        own_keys = _dotted_keys(own)
+        return {"stage": stage, "sections": [f.record() for f in stage_form(stage)], "values": values,
+                "set": sorted(own_keys), "inherited": sorted(_dotted_keys(merged) - own_keys), "resolved": complete}
+
+    def _merged(self, path: Path, text: str, own: dict[str, object]) -> dict[str, object]:
+        from recipeforge.config.compose import compose_file
+
+        try:
+            return dict(json.loads(json.dumps(compose_file(path, text).data, default=str)))
+        except RecipeError:  # a parent that does not load: the file's own values
+            return dict(json.loads(json.dumps(own, default=str)))
+
+    def set_key(self, rel: object, text: object, key: object, value: object) -> Record:
+        """The edit's text with one dotted `key` set to `value` (typed by the key's schema), changed only
+        where it has to be (yaml_edit.py); a key the schema of the recipe's stage does not have is refused
+        at the place in the text where it would go."""
+        from recipeforge.cli.ui_server.form import field_index, parse_key, typed
+        from recipeforge.cli.ui_server.yaml_edit import set_key
+        from recipeforge.config.load import load_yaml_text
+
+        path = self.path_of(rel)
+        text = _text(text)
+        shown = self.shown_path(path)
+        self.guard(path, text)
+        tree = load_yaml_text(text, shown)
+        parts = parse_key(key)
+        dotted = ".".join(parts)
+        stage = self._merged(path, text, tree.data).get("stage")
+        if parts == ("stage",):
+            stage = value
+        fields = field_index(stage) if isinstance(stage, str) and stage in _stage_names() else None
+        if fields is None:
+            raise RecipeError(f"the recipe's stage {stage!r} is not one the schema knows", key="stage",
+                              location=tree.locate(("stage",)), hint="set stage: in the YAML view first")
+        field = fields.get(dotted)
+        if field is None:
+            import difflib
+
+            near = difflib.get_close_matches(dotted, list(fields), n=3)
+            raise RecipeError(f"{dotted} is not a key of a {stage} recipe", key=dotted, location=tree.locate(parts),
+                              hint=f"did you mean {', '.join(near)}?" if near else
+                              "the keys are those `recipeforge schema` lists")
+        if field.kind in ("group", "readonly"):
+            raise RecipeError(f"{dotted} is {'a section' if field.kind == 'group' else field.note.split(':')[0]}, "
+                              "not one value", key=dotted, location=tree.locate(parts), hint="edit it in the YAML view")
+        data = typed(field, value)
+        return {"text": set_key(text, parts, data, shown), "key": dotted, "value": data}
+
     def guard(self, path: Path, text: str) -> None:
         """Refuse an edit that names a parent outside the folder and the file's own chain, or turns on
         `allow_code` where the file does not (without --trust-code); errors located in the edit."""
@@ -198,6 +268,23 @@ def disk_chain(path: Path) -> list[Path]:
                 except (RecipeError, OSError):
                     continue
     return seen
+
+
+def _dotted_keys(data: dict[str, object], prefix: str = "") -> set[str]:
+    """Every dotted key a mapping sets (sections too); lists are values."""
+    out: set[str] = set()
+    for name, value in data.items():
+        key = f"{prefix}{name}"
+        out.add(key)
+        if isinstance(value, dict):
+            out |= _dotted_keys(value, key + ".")
+    return out
+
+
+def _stage_names() -> list[str]:
+    from recipeforge.cli.ui_server.form import stages
+
+    return stages()
 
 
 def _with_lines(record: Record, path: Path) -> Record:

@@ -257,6 +257,8 @@ async function openRecipe(path) {
   const stem = recipe.split("/").pop().replace(/\.ya?ml$/, "");
   if (!$("run-name-input").value) $("run-name-input").value = stem + "-ui";
   $("save-state").textContent = "";
+  formStage = null;
+  lastProblems = [];
   renderGutter([]);
   scheduleCheck(0);
   scheduleCommand();
@@ -295,6 +297,7 @@ async function check() {
   list.replaceChildren();
   const located = [];
   const failure = data.error || (data.validate && data.validate.error);
+  lastProblems = failure ? failure.problems || [failure] : data.plan && data.plan.error ? [data.plan.error] : [];
   if (failure) {
     for (const problem of failure.problems || [failure]) {
       const item = node("li", describe(problem), "error");
@@ -315,6 +318,7 @@ async function check() {
     $("plan").textContent = plan && plan.error ? "plan: " + describe(plan.error) : plan.text;
   }
   renderGutter(located);
+  if (view === "form") await refreshForm(); else markFieldErrors();
 }
 
 function goToLine(line) {
@@ -368,6 +372,187 @@ $("launch").addEventListener("click", async () => {
   await refreshRuns();
   await selectRun(data.name);
 });
+
+// ---- the form view: fields from the recipe's JSON Schema; a change sets its key in the YAML text -----------
+let view = "yaml";
+let formStage = null;    // the stage whose fields are on the page
+let formSeq = 0;
+let lastProblems = [];   // the problems of the last check, shown at their fields too
+
+for (const button of document.querySelectorAll(".view")) {
+  button.addEventListener("click", () => showView(button.dataset.view));
+}
+
+function showView(name) {
+  view = name;
+  for (const b of document.querySelectorAll(".view")) b.classList.toggle("active", b.dataset.view === name);
+  $("yaml-view").hidden = name !== "yaml";
+  $("form-view").hidden = name !== "form";
+  if (name === "form") refreshForm();
+}
+
+async function refreshForm() {
+  if (!recipe) return;
+  const seq = ++formSeq;
+  const data = await api("/api/form", {path: recipe, text: $("recipe-text").value});
+  if (seq !== formSeq) return;  // a later edit's form is under way
+  if (data.error) { $("form-state").textContent = "form not updated: " + describe(data.error); markFieldErrors(); return; }
+  $("form-state").textContent = data.resolved ? data.stage + " recipe" :
+    data.stage + " recipe (values before defaults: the recipe does not validate yet)";
+  const fresh = data.stage !== formStage;
+  if (fresh) {
+    $("form").replaceChildren(...data.sections.map((g) => groupNode(g)));
+    formStage = data.stage;
+  }
+  fillForm(data.values, new Set(data.set), new Set(data.inherited || []), fresh);
+  markFieldErrors();
+}
+
+function groupNode(group) {
+  const box = node("details", null, "group");
+  box.dataset.key = group.key;
+  const summary = node("summary", group.name);
+  if (group.help) summary.title = group.help;
+  if (group.nullable) summary.append(node("small", " (optional)", "origin"));
+  box.append(summary);
+  for (const f of group.fields) box.append(f.kind === "group" ? groupNode(f) : fieldNode(f));
+  return box;
+}
+
+function fieldNode(f) {
+  const row = node("div", null, "field");
+  row.dataset.key = f.key;
+  row.dataset.kind = f.kind;
+  const label = node("label");
+  label.append(node("span", f.name, "name"));
+  let input;
+  if (f.kind === "readonly") {
+    input = node("code", "", "readonly");
+  } else if (f.kind === "enum") {
+    input = node("select");
+    const options = [...f.options, ...(f.nullable ? [null] : [])];
+    for (const o of options) {
+      const option = node("option", o === null ? "(none)" : String(o));
+      option.value = JSON.stringify(o);
+      input.append(option);
+    }
+  } else if (f.kind === "boolean") {
+    input = node("input");
+    input.type = "checkbox";
+  } else {
+    input = node("input");
+    input.type = f.kind === "integer" || f.kind === "number" ? "number" : "text";
+    if (f.kind === "integer") input.step = "1";
+    if (f.kind === "number") input.step = "any";
+    if (f.options && f.options.length) input.placeholder = f.options.map(String).join(" | ") + " or a value";
+  }
+  input.dataset.key = f.key;
+  label.append(input, node("span", "", "origin"));
+  row.append(label);
+  if (f.help) row.append(node("small", f.help, "help"));
+  if (f.note) row.append(node("small", f.note, "note"));
+  row.append(node("div", "", "field-error"));
+  if (f.kind !== "readonly") {
+    input.addEventListener("change", () => setField(f, input, row));
+  }
+  row._field = f;
+  return row;
+}
+
+function lookup(values, key) {
+  let here = values;
+  for (const part of key.split(".")) {
+    if (here === null || typeof here !== "object" || !(part in here)) return undefined;
+    here = here[part];
+  }
+  return here;
+}
+
+function fillForm(values, own, inherited, fresh) {
+  for (const row of document.querySelectorAll("#form .field")) {
+    const f = row._field;
+    const value = lookup(values, f.key);
+    const isSet = own.has(f.key);
+    row.classList.toggle("set", isSet);
+    row.querySelector(".origin").textContent = isSet ? "set here" : inherited.has(f.key) ? "from extends" :
+      value === undefined ? "default " + JSON.stringify(f.default) : "default";
+    const input = row.querySelector("[data-key]");
+    if (input === document.activeElement) continue;  // being typed in
+    const shown = value === undefined ? f.default : value;
+    if (f.kind === "readonly") {
+      input.textContent = shown === undefined || shown === null ? "(none)" : JSON.stringify(shown);
+    } else if (f.kind === "enum") {
+      const wanted = JSON.stringify(shown === undefined ? null : shown);
+      if (![...input.options].some((o) => o.value === wanted)) {  // a value the schema does not list
+        const option = node("option", String(shown) + " (not a choice)");
+        option.value = wanted;
+        input.append(option);
+      }
+      input.value = wanted;
+    } else if (f.kind === "boolean") {
+      input.checked = shown === true;
+    } else {
+      input.value = shown === undefined || shown === null ? "" : String(shown);
+    }
+  }
+  if (fresh) {  // sections the file sets open at first; the rest stay folded
+    for (const box of document.querySelectorAll("#form details.group")) {
+      box.open = box.dataset.key === "" || own.has(box.dataset.key);
+    }
+  }
+}
+
+function fieldValue(f, input) {
+  if (f.kind === "enum") return JSON.parse(input.value);
+  if (f.kind === "boolean") return input.checked;
+  if ((f.kind === "integer" || f.kind === "number") && input.value === "") return null;
+  return input.value;  // text: the server types it by the field's schema
+}
+
+function fieldRow(key) {
+  // An error's key names a field, or something inside one (data.datasets[0].path: the datasets field).
+  let k = String(key).replace(/\[.*$/, "");
+  while (k) {
+    const row = document.querySelector('#form .field[data-key="' + CSS.escape(k) + '"]');
+    if (row) return row;
+    k = k.includes(".") ? k.slice(0, k.lastIndexOf(".")) : "";
+  }
+  return null;
+}
+
+function showFieldError(row, problem) {
+  row.classList.add("invalid");
+  const box = row.querySelector(".field-error");
+  box.textContent = (box.textContent ? box.textContent + "\n" : "") + describe(problem);
+  for (let up = row.parentElement; up && up.id !== "form"; up = up.parentElement) {
+    if (up.tagName === "DETAILS") up.open = true;
+  }
+}
+
+function markFieldErrors() {
+  for (const row of document.querySelectorAll("#form .field.invalid")) {
+    row.classList.remove("invalid");
+    row.querySelector(".field-error").textContent = "";
+  }
+  for (const problem of lastProblems) {
+    const row = problem.key ? fieldRow(problem.key) : null;
+    if (row) showFieldError(row, problem);
+  }
+}
+
+async function setField(f, input, row) {
+  const data = await api("/api/set_key", {path: recipe, text: $("recipe-text").value, key: f.key,
+                                           value: fieldValue(f, input)});
+  if (data.error) {
+    row.querySelector(".field-error").textContent = "";
+    showFieldError(row, data.error);
+    return;
+  }
+  $("recipe-text").value = data.text;
+  $("save-state").textContent = data.text === savedText ? "" : "unsaved changes";
+  renderGutter([]);
+  scheduleCheck(0);
+}
 
 // ---- start ---------------------------------------------------------------------------------------------
 makeCharts();
