@@ -22,7 +22,6 @@ LIMIT = 12
 OVER: dict[str, int] = {
     "recipeforge.stages.base": 22,
     "recipeforge.backends.megatron": 21,
-    "recipeforge.backends.deepspeed": 16,
 }
 
 
