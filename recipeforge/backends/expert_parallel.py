@@ -54,7 +54,7 @@ def distributed_config_kwargs(plan: Plan) -> dict[str, int]:
     """Keyword arguments of transformers' ``DistributedConfig`` for an expert-parallel plan: experts over
     ``ep_size`` ranks, FSDP2 over the data-parallel ranks of a replica (the experts' replicas, ``fsdp_size``
     / ``ep_size`` of them, shard each rank's experts further)."""
-    part = plan.backend_part  # FSDP2's mesh (`backends.fsdp.FSDPPart`): replicas x ranks each shards over
+    part = plan.backend_part  # FSDP2's mesh (`backends.fsdp_plan.FSDPPart`): replicas x ranks each shards over
     replicate = max(1, int(getattr(part, "dp_replicate", 1)))
     shard = int(getattr(part, "dp_shard", 0))
     shard = shard if shard > 1 else plan.data_parallel // replicate

@@ -13,7 +13,7 @@ Two runtime paths, both upstream's own (nothing here shards a tensor itself):
   splits each batch's sequences (``maybe_context_parallel``) and PyTorch's ring attention runs sdpa.
 
 Accelerate refuses a ``ParallelismConfig`` on a MULTI_CPU state; the fsdp backend's CPU workers name
-their state MULTI_GPU (`backends.fsdp.configure_cpu_state`), so tensor parallel trains through the
+their state MULTI_GPU (`backends.fsdp_run.configure_cpu_state`), so tensor parallel trains through the
 Trainer on the CPU over gloo too. Context parallel needs CUDA (ring attention). Field names were read
 from accelerate 1.15 and 1.12 (``ParallelismConfig``, the config file's ``parallelism_config_*`` keys)
 and transformers 5.23 (``DistributedConfig``).

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from recipeforge.backends import parallelism
-from recipeforge.backends.fsdp import gathered_state_dict
+from recipeforge.backends.fsdp_run import gathered_state_dict
 from recipeforge.backends.worker import plan_from_dict
 
 STEPS, BATCH, SEQ, LR = 5, 4, 32, 3e-3

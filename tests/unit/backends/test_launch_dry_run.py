@@ -133,7 +133,7 @@ def test_megatron_without_its_packages_names_the_extra(tmp_path, capsys):
 
 def test_fsdp_on_the_cpu_launches_fsdp_and_refuses_what_it_cannot_do(tmp_path, capsys):
     """FSDP2 on two CPU processes is launched as FSDP (the workers name their state so that Accelerate
-    shards, see backends/fsdp.py); its offload, which needs an accelerator, is refused before anything."""
+    shards, see backends/fsdp_run.py); its offload, which needs an accelerator, is refused before anything."""
     import yaml
 
     tiny = ROOT / "examples" / "yaml" / "tiny" / "sft-full.yaml"

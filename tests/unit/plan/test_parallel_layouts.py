@@ -12,7 +12,7 @@ from recipeforge.errors import RecipeError
 from recipeforge.plan import make_plan, parse_hardware
 from recipeforge.plan.activations import activation_bytes
 from recipeforge.plan.catalog import resolve_model
-from recipeforge.backends.fsdp import fsdp_gathered
+from recipeforge.backends.fsdp_memory import fsdp_gathered
 from recipeforge.plan.memory import estimate
 from recipeforge.plan.parallel_layouts import TP_PLAN_MODEL_TYPES
 from recipeforge.plan.workload import build_workload

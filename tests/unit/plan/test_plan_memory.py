@@ -259,7 +259,7 @@ def test_sdpa_over_packed_rows_keeps_a_mask_and_repeated_heads():
 
 
 def test_fsdp2_holds_more_unsharded_at_a_layers_backward_than_at_the_loss():
-    from recipeforge.backends.fsdp import fsdp_gathered
+    from recipeforge.backends.fsdp_memory import fsdp_gathered
 
     layout = bound_layout("fsdp", "fsdp_full_shard", data_parallel=8, gpus_per_node=8)
     g = fsdp_gathered(workload(), layout)
