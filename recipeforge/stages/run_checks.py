@@ -1,11 +1,17 @@
-"""What a trainer stage refuses before anything loads: settings this run cannot do on its plan
-(a vision model on a text-only stage, activation offloading where it does not run, a low-bit or
-stochastic-rounding optimizer without its library, QAT without torchao, fp8 without the hardware)."""
+"""What a trainer stage refuses: before anything loads (`check_run`), settings this run cannot do on
+its plan (a vision model on a text-only stage, activation offloading where it does not run, a low-bit
+or stochastic-rounding optimizer without its library, QAT without torchao, fp8 without the hardware);
+once its data is prepared (`check_data`), a batch, step count or warmup the rows cannot give."""
 
 from __future__ import annotations
 
-from recipeforge.stages.context import StageContext
+from typing import TYPE_CHECKING
+
+from recipeforge.stages.context import StageContext, quiet
 from recipeforge.stages.trainer_args import BNB_OPTIMIZERS
+
+if TYPE_CHECKING:
+    from recipeforge.components.prepared import PreparedData
 
 
 def check_run(ctx: StageContext, stage: str, *, takes_images: bool) -> None:
@@ -41,3 +47,11 @@ def check_run(ctx: StageContext, stage: str, *, takes_images: bool) -> None:
 
         check_bitsandbytes(ctx.plan.device, what=f"optimizer {recipe.train.optimizer}",
                            key="train.optimizer", location=ctx.locate(("train", "optimizer")))
+
+
+def check_data(ctx: StageContext, data: PreparedData) -> None:
+    """Refuse a batch, step count or warmup the prepared `data` cannot give (before the model loads);
+    the main process prints what it found."""
+    from recipeforge.components.data_checks import check_data_numbers
+
+    check_data_numbers(ctx.recipe, ctx.plan, data, log=ctx.log if ctx.dist.is_main else quiet)
