@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from recipeforge.errors import RecipeError
 from recipeforge.registry import Registry, check_code_reference
 
 
@@ -77,6 +78,35 @@ class StageSpec:
     # functions. The planner sizes its rollout, the rules check its batch geometry, the code-trust
     # and service checks read its rewards and rollout.
     rollout: bool = False
+    # --- the planner's workload (`plan.stage_shape`) ---
+    # Sequences one sample puts through the model per step: 2 for a pair (chosen and rejected), 1 else.
+    sequences_per_sample: int = 1
+    # The section has a `reference` key ("auto" or a model name): a frozen reference model is loaded
+    # (and sized like the policy) for a full fine-tune, or when the key names a model.
+    reference_model: bool = False
+    # The model is a sequence classifier with one score output, not a generator: the planner sizes a
+    # one-output head in place of the LM head, the model card tags it text-classification, and
+    # `recipeforge eval` refuses language-model tasks for it.
+    scores: bool = False
+    # --- language-model data (`components.lm_data`, `stages.streamed_data`) ---
+    # Prompt tokens are masked out of the loss (unless `data.train_on_inputs`): the model learns the
+    # completions only.
+    masks_inputs: bool = False
+    # A row longer than `data.sequence_len` becomes several consecutive samples, none cut or dropped
+    # (raw documents); otherwise `data.truncation` cuts or drops it.
+    splits_long_rows: bool = False
+    # `data.packing` is on when the recipe leaves it unset (short documents fill a sequence together).
+    packs_by_default: bool = False
+    # Its rows can be read as a stream (`data.streaming`): the stage tokenizes them itself, row by row.
+    streams: bool = False
+    # --- what its trainer's step can do ---
+    # `train.activation_offloading` runs for it (its trainer wraps the training step, as TRL's SFT,
+    # DPO, KTO and reward trainers and the plain transformers Trainer do).
+    activation_offload: bool = False
+    # Tensor and context parallel layouts run for it: it trains with the transformers Trainer, whose step
+    # does the context-parallel split (`Trainer._prepare_context_parallel_inputs`) and accepts a model
+    # sharded at load.
+    model_parallel: bool = False
 
     @property
     def needs_rows(self) -> str:
@@ -87,36 +117,40 @@ class StageSpec:
 
 STAGE_SPECS: dict[str, StageSpec] = {s.name: s for s in (
     StageSpec(Stage.PRETRAIN, "Causal-LM pretraining or continued pretraining on raw text.",
-              "recipeforge.stages.pretrain:PretrainStage", "pretrained"),
+              "recipeforge.stages.pretrain:PretrainStage", "pretrained", splits_long_rows=True, packs_by_default=True,
+              streams=True, activation_offload=True, model_parallel=True),
     StageSpec(Stage.SFT, "Supervised fine-tuning on instructions, chats or prompt/completion pairs.",
-              "recipeforge.stages.sft:SFTStage", "fine-tuned (SFT)", format_kinds=("lm",)),
+              "recipeforge.stages.sft:SFTStage", "fine-tuned (SFT)", format_kinds=("lm",), masks_inputs=True,
+              streams=True, activation_offload=True, model_parallel=True),
     StageSpec(Stage.DPO, "Direct Preference Optimization on chosen/rejected pairs.",
               "recipeforge.stages.dpo:DPOStage", "trained with DPO", section="dpo", format_kinds=("preference",),
-              reports=PREFERENCE),
+              reports=PREFERENCE, sequences_per_sample=2, reference_model=True, activation_offload=True),
     StageSpec(Stage.GRPO, "Group Relative Policy Optimization with reward functions.",
               "recipeforge.stages.grpo:GRPOStage", "trained with GRPO", section="grpo", format_kinds=("prompt",),
               reports=(*LOSS, "reward"), rollout=True),
     StageSpec(Stage.ORPO, "Odds Ratio Preference Optimization on chosen/rejected pairs (no reference model).",
               "recipeforge.stages.orpo:ORPOStage", "trained with ORPO", section="orpo", format_kinds=("preference",),
-              reports=PREFERENCE),
+              reports=PREFERENCE, sequences_per_sample=2),
     StageSpec(Stage.KTO, "Kahneman-Tversky Optimization on completions labelled desirable or undesirable.",
               "recipeforge.stages.kto:KTOStage", "trained with KTO", section="kto",
               format_kinds=("preference", "unpaired"), reports=PREFERENCE, min_micro_batch=2,
-              min_micro_batch_why="its KL estimate pairs each prompt with another row's completion"),
+              min_micro_batch_why="its KL estimate pairs each prompt with another row's completion",
+              reference_model=True, activation_offload=True),
     StageSpec(Stage.CPO, "Contrastive Preference Optimization, or SimPO (`cpo.loss_type: simpo`), on "
                          "chosen/rejected pairs.",
               "recipeforge.stages.cpo:CPOStage", "trained with CPO", section="cpo", format_kinds=("preference",),
-              reports=PREFERENCE),
+              reports=PREFERENCE, sequences_per_sample=2),
     StageSpec(Stage.REWARD, "A Bradley-Terry reward model (sequence classification, one score) trained on "
                             "chosen/rejected pairs.",
               "recipeforge.stages.reward:RewardStage",
               "trained as a Bradley-Terry reward model (a one-output sequence-classification head; a higher score "
-              "means a preferred answer)", section="reward", format_kinds=("preference",), reports=PREFERENCE),
+              "means a preferred answer)", section="reward", format_kinds=("preference",), reports=PREFERENCE,
+              sequences_per_sample=2, scores=True, activation_offload=True),
     StageSpec(Stage.DISTILL, "Knowledge distillation: the model learns a teacher's next-token distributions "
                              "(colocated or served teacher; forward/reverse KL or JSD over its top-k tokens; "
                              "off- or on-policy).",
               "recipeforge.stages.distill:DistillStage", "distilled from a teacher", section="distill",
-              format_kinds=("lm",), reports=(*LOSS, "distill/kl")),
+              format_kinds=("lm",), reports=(*LOSS, "distill/kl"), masks_inputs=True, activation_offload=True),
     StageSpec(Stage.RLOO, "REINFORCE Leave-One-Out with reward functions (each completion's baseline: the mean "
                           "reward of its prompt's other completions).",
               "recipeforge.stages.rloo:RLOOStage", "trained with RLOO", section="rloo", format_kinds=("prompt",),
@@ -140,6 +174,11 @@ def _as_stage(name: str, obj: object) -> StageSpec:
         raise TypeError(f"section_model must be a pydantic model class, got {obj.section_model!r}")
     if obj.min_micro_batch < 1:
         raise TypeError(f"min_micro_batch must be 1 or more, got {obj.min_micro_batch}")
+    if obj.sequences_per_sample < 1:
+        raise TypeError(f"sequences_per_sample must be 1 or more, got {obj.sequences_per_sample}")
+    if obj.reference_model and name not in STAGE_SPECS and "reference" not in getattr(obj.section_model,
+                                                                                         "model_fields", {}):
+        raise TypeError("reference_model needs a recipe section with a `reference` field (\"auto\" or a model name)")
     return obj
 
 
@@ -154,6 +193,22 @@ def stage_spec(name: str) -> StageSpec:
     `RecipeError` listing the stages for a name none has."""
     builtin = STAGE_SPECS.get(name)
     return builtin if builtin is not None else stage_registry.get(name, key="stage")
+
+
+def known_stage_spec(name: object) -> StageSpec | None:
+    """The spec of stage `name`, or None when no stage has that name (a recipe not yet validated, a
+    run directory of a plugin stage not installed here)."""
+    if not isinstance(name, str) or not stage_registry.has(name):
+        return None
+    try:
+        return stage_spec(name)
+    except RecipeError:  # a plugin that fails to load: the recipe's `stage:` check reports it
+        return None
+
+
+def stages_with(fact: str) -> tuple[str, ...]:
+    """The built-in stages whose spec sets the flag `fact` (e.g. "streams"), for messages that list them."""
+    return tuple(str(s.name) for s in STAGE_SPECS.values() if getattr(s, fact))
 
 
 def stage_names() -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 
@@ -65,8 +66,12 @@ def only_plugins(*roots: Path):
         if group is not None and group.startswith("recipeforge."):
             return metadata.EntryPoints(ep for ep in found if visible(ep))
         if group is None and not params:
-            return metadata.EntryPoints(ep for ep in found if not ep.group.startswith("recipeforge.")
-                                        or visible(ep))
+            # Python < 3.12 gives the groups as a dict of EntryPoints here (what fsspec reads on import)
+            with warnings.catch_warnings():  # its dict interface is deprecated; fsspec still reads it
+                warnings.simplefilter("ignore", DeprecationWarning)
+                every = list(found.values()) if isinstance(found, dict) else [found]
+            return metadata.EntryPoints(ep for eps in every for ep in eps
+                                        if not ep.group.startswith("recipeforge.") or visible(ep))
         return found
 
     metadata.entry_points = entry_points

@@ -26,6 +26,7 @@ from recipeforge.components.lm_store import SampleFile, pack_to_disk, row_length
 from recipeforge.components.packing import IGNORE
 from recipeforge.components.tokenizer import special_prefix_ids
 from recipeforge.errors import RecipeError
+from recipeforge.stage_specs import stage_spec
 
 
 @dataclass
@@ -194,11 +195,12 @@ def _tokenize_and_pack(recipe, tokenizer, fp: str, path: Path | None, work: Path
                        locate: Locate) -> LMData:
     """The tokenized (and packed) train and eval sets, their samples in Arrow files under `work`."""
     data = recipe.data
-    mask_inputs = recipe.stage in ("sft", "distill")  # distillation trains on SFT rows, masked alike
+    spec = stage_spec(recipe.stage)
     t0 = time.perf_counter()
     # Pretraining keeps all of a long document (as consecutive samples); SFT rows are cut or dropped.
-    options = EncodeOptions(train_on_inputs=data.train_on_inputs or not mask_inputs, sequence_len=data.sequence_len,
-                            truncation=data.truncation, split_long=recipe.stage == "pretrain",
+    options = EncodeOptions(train_on_inputs=data.train_on_inputs or not spec.masks_inputs,
+                            sequence_len=data.sequence_len, truncation=data.truncation,
+                            split_long=spec.splits_long_rows,
                             eot_tokens=tuple(getattr(recipe.model, "eot_tokens", ())))
     counts = {"truncated": 0, "split_samples": 0, "dropped_too_long": 0, "dropped_no_target": 0}
     files = itertools.count()

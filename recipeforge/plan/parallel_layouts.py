@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from recipeforge.config.schema.parallel_rules import (MAX_CONTEXT_PARALLEL, ParallelRefusal,  # noqa: F401
                                                        SLIDING_WINDOW_MODEL_TYPES, context_parallel_refusal)
-from recipeforge.stage_specs import Stage
+from recipeforge.stage_specs import Stage, stage_spec, stages_with
 
 if TYPE_CHECKING:
     from recipeforge.capabilities import BackendCapabilities
@@ -38,9 +38,6 @@ TP_PLAN_MODEL_TYPES = frozenset({
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
     "gemma3_text", "phi3", "phi", "olmo2", "starcoder2", "deepseek_v3",
 })
-# Stages that run on the transformers Trainer, whose step does the context-parallel split
-# (`Trainer._prepare_context_parallel_inputs`) and accepts a model sharded at load.
-PARALLEL_STAGES = (Stage.PRETRAIN.value, Stage.SFT.value)
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -76,9 +73,9 @@ def combination_refusal(tp: int, cp: int, *, stage: str, adapter: str) -> Parall
                                     "the tensor-parallel model at load on a (replicate, shard, tp) mesh without a "
                                     "context dimension, while context parallel needs Accelerate's own FSDP2 mesh",
                                "set one of them to 1")
-    if stage not in PARALLEL_STAGES:
-        return ParallelRefusal(key, f"{key.split('.')[1]} runs in the pretrain and sft stages (the transformers "
-                                    f"Trainer's step), not {stage}", "set it to 1")
+    if not stage_spec(stage).model_parallel:
+        return ParallelRefusal(key, f"{key.split('.')[1]} runs in the {' and '.join(stages_with('model_parallel'))} "
+                                    f"stages (the transformers Trainer's step), not {stage}", "set it to 1")
     if tp > 1 and adapter != "none":
         return ParallelRefusal(key, "tensor parallel trains full weights: transformers shards the base linears as "
                                     "DTensors at load, and peft's LoRA layers beside them are not sharded",

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, NamedTuple, cast
 
 from recipeforge.plan.models import ModelSpec
 from recipeforge.plan.teacher import Teacher, build_teacher
-from recipeforge.stage_specs import Stage, rl_section
+from recipeforge.stage_specs import Stage, rl_section, stage_spec
 
 if TYPE_CHECKING:
     from recipeforge.config.schema.recipe import Recipe
-    from recipeforge.config.schema.stage_recipes import DistillRecipe, DPORecipe, KTORecipe
+    from recipeforge.config.schema.stage_recipes import DistillRecipe
     from recipeforge.config.schema.stages import OnPolicyConfig
 
 
@@ -47,28 +47,20 @@ def stage_shape(recipe: Recipe, model: ModelSpec, notes: list[str]) -> StageShap
     """The stage's `StageShape`; appends to `notes` what the estimate assumes for it."""
     adapter = recipe.adapter
     seq = recipe.data.sequence_len
-    logit_tokens, per_sample, reference, rollout = seq, 1, False, None
+    spec = stage_spec(recipe.stage)
+    # chosen + rejected for the pair stages (DPO, ORPO, CPO, reward); KTO puts one completion per row
+    # through the policy (its KL completions run without gradients)
+    logit_tokens, per_sample, reference, rollout = seq, spec.sequences_per_sample, False, None
+    if spec.scores:
+        # a one-output score head in place of the LM head: no vocabulary logits
+        model = dataclasses.replace(model, num_labels=1)
 
     # A recipe of a stage is that stage's class (`config.schema.stage_recipes`), which carries its section.
-    if recipe.stage == Stage.DPO:
-        dpo = cast("DPORecipe", recipe).dpo
-        per_sample = 2
-        reference = adapter.type == "none" or dpo.reference != "auto"
-        if dpo.reference != "auto":
-            notes.append("the DPO reference model is sized like the policy model")
-    elif recipe.stage in (Stage.ORPO, Stage.CPO):
-        per_sample = 2  # chosen + rejected, no reference model
-    elif recipe.stage == Stage.REWARD:
-        # chosen + rejected through a one-output score head in place of the LM head: no vocabulary
-        # logits, no reference model
-        per_sample = 2
-        model = dataclasses.replace(model, num_labels=1)
-    elif recipe.stage == Stage.KTO:
-        # One completion per row through the policy (the KL completions run without gradients).
-        kto = cast("KTORecipe", recipe).kto
-        reference = adapter.type == "none" or kto.reference != "auto"
-        if kto.reference != "auto":
-            notes.append("the KTO reference model is sized like the policy model")
+    if spec.reference_model and spec.section is not None:  # DPO, KTO
+        named = getattr(recipe, spec.section).reference
+        reference = adapter.type == "none" or named != "auto"
+        if named != "auto":
+            notes.append(f"the {str(spec.name).upper()} reference model is sized like the policy model")
     elif (rl := rl_section(recipe)) is not None:  # GRPO, RLOO: prompts plus sampled completions
         g: OnPolicyConfig = rl[1]
         prompt = g.max_prompt_length or seq

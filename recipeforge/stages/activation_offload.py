@@ -13,22 +13,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from recipeforge.stage_specs import Stage
+from recipeforge.stage_specs import stage_spec, stages_with
 from recipeforge.errors import Location, RecipeError
 
 if TYPE_CHECKING:
     from transformers import Trainer
 
-STAGES = tuple(s.value for s in (Stage.PRETRAIN, Stage.SFT, Stage.DPO, Stage.KTO, Stage.REWARD,
-                                 Stage.DISTILL))
 KEY = "train.activation_offloading"
 
 
 def check_activation_offloading(stage: str, device: str, *, location: Location | None = None) -> None:
-    """Refuse `train.activation_offloading` where it cannot run: a stage without it, or a CPU run."""
-    if stage not in STAGES:
+    """Refuse `train.activation_offloading` where it cannot run: a stage without it
+    (`StageSpec.activation_offload`), or a CPU run."""
+    if not stage_spec(stage).activation_offload:
         raise RecipeError(f"activation offloading is not available for the {stage} stage", key=KEY,
-                          location=location, hint=f"it runs for {', '.join(STAGES)}; set {KEY}: false")
+                          location=location, hint=f"it runs for {', '.join(stages_with('activation_offload'))}; "
+                                              f"set {KEY}: false")
     if device != "cuda":
         raise RecipeError("activation offloading moves activations from a GPU to host memory, and this run is "
                           f"planned for the {device}", key=KEY, location=location, hint=f"set {KEY}: false")

@@ -5,9 +5,10 @@ A stage runner does three things: `setup()` (tokenizer, data, model, trainer), `
 per-backend code. Each part of a run is built by its own module: the data by the stage's
 `prepare_data` (a frozen `components.prepared.PreparedData`), the model by
 `stages.model_builder.ModelBuilder` and `stages.model_setup`, the trainer arguments by the pure
-`stages.trainer_args.trainer_arguments` (merged in `stages.trainer_setup`), the callbacks by
-`stages.callbacks.run_callbacks`, the refusals by `stages.run_checks`, final/ by
-`stages.final_weights`. A stage itself only says how to prepare its data and build its trainer. A backend contributes trainer
+`stages.trainer_args.trainer_arguments` (merged in `stages.trainer_setup`), the callbacks and the
+run's measuring parts by `stages.telemetry`, the training loop and the final evaluation by
+`stages.training_loop`, the refusals by `stages.run_checks`, final/ by `stages.final_weights`. A
+stage itself only says how to prepare its data and build its trainer. A backend contributes trainer
 arguments through `StageContext.backend_kwargs`, merged in exactly one place
 (`TrainerStage.training_arguments`), after the stage's own.
 """
@@ -18,10 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 
 from recipeforge.components.prepared import PreparedData
-from recipeforge.config.secrets import public
-from recipeforge.errors import RecipeError
-from recipeforge.stages.context import DistInfo, RecipeContext, StageContext, WorkerHooks, quiet
-from recipeforge.stages.trainer_args import BNB_OPTIMIZERS, OPTIMIZERS, SCHEDULERS, runner_checkpoints
+from recipeforge.stages.context import DistInfo, RecipeContext, StageContext, WorkerHooks
+from recipeforge.stages.telemetry import Telemetry
+from recipeforge.stages.trainer_setup import trainer_error
 
 if TYPE_CHECKING:
     from peft import LoraConfig
@@ -29,14 +29,14 @@ if TYPE_CHECKING:
 
     from recipeforge.components.kernels import KernelEffects
     from recipeforge.components.vocab import VocabChange
-    from recipeforge.config.schema.recipe import Recipe
     from recipeforge.stages.model_builder import ModelBuilder
 
 # The class of a stage's trainer arguments (TrainingArguments, a TRL config).
 _Arguments = TypeVar("_Arguments")
 
-__all__ = ["BNB_OPTIMIZERS", "OPTIMIZERS", "SCHEDULERS", "DistInfo", "RecipeContext", "StageContext",
-           "StageRunner", "TrainerStage", "WorkerHooks", "trainer_error"]
+__all__ = ["DistInfo", "RecipeContext", "StageContext", "StageRunner", "TrainerStage", "WorkerHooks",
+           "trainer_error"]
+
 
 class StageRunner(Protocol):
     """What the train entry calls, in this order."""
@@ -58,10 +58,8 @@ class TrainerStage:
     takes_images = False  # whether the runner trains vision-language models (`stages.vision`)
 
     def __init__(self, ctx: RecipeContext):
-        from recipeforge.outputs.console import TokenRate
-
         self.ctx: RecipeContext = ctx  # a StageContext when training (`context`); a RecipeContext for data alone
-        self.recipe: Recipe = ctx.recipe
+        self.recipe = ctx.recipe
         self.tokenizer: Any = None  # a PreTrainedTokenizerBase, once `load_tokenizer` ran
         self.processor: Any = None  # a vision-language model's processor (`stages.vision`), else None
         self.vocab: VocabChange | None = None
@@ -70,10 +68,15 @@ class TrainerStage:
         self.model: Any = None  # a PreTrainedModel (a PeftModel with adapters added), once `load_model` ran
         self.trainer: Any = None  # a transformers Trainer (or a TRL one), once `build_trainer` ran
         self.kernels: KernelEffects | None = None
-        self.extra_log_sources: list[Callable[[], dict[str, Any]]] = []
-        self.token_rate = TokenRate()  # tokens/s in every training record, once the trainer counts
-        self.trackers: list[TrainerCallback] = []  # W&B / MLflow callbacks (`outputs.trackers`), finished by `train`
+        self.telemetry = Telemetry()  # tokens/s, extra record values, trackers (`stages.telemetry`)
+        # values each training record adds (a stage appends its own before its callbacks are made)
+        self.extra_log_sources: list[Callable[[], dict[str, Any]]] = self.telemetry.log_sources
         self.model_load_seconds: float | None = None  # building or reading the model (`load_model`)
+
+    @property
+    def trackers(self) -> list[TrainerCallback]:
+        """The W&B / MLflow callbacks (`outputs.trackers`), once `callbacks` made them; `train` ends them."""
+        return self.telemetry.trackers
 
     @property
     def data_stats(self) -> dict[str, Any]:
@@ -94,21 +97,17 @@ class TrainerStage:
     # --- the protocol -------------------------------------------------------------------------
     def setup(self) -> None:
         """Checks, tokenizer and data (fails fast on data errors), model, trainer."""
-        from recipeforge.components.data_checks import check_data_numbers
         from recipeforge.components.kernels import apply_kernels
+        from recipeforge.stages.trainer_setup import enable_runner_checkpointing
+        from recipeforge.stages.run_checks import check_data
 
         ctx = self.context
         self.check()  # before anything loads
         self.kernels = apply_kernels(self.recipe.kernels, ctx.plan.device, log=ctx.log)
         data = self.data or self.prepare()  # prepared already on a machine's first rank (`backends.data_ready`)
-        # Batch, steps and warmup against the data, before the model loads.
-        check_data_numbers(self.recipe, ctx.plan, data, log=ctx.log if ctx.dist.is_main else quiet)
+        check_data(ctx, data)  # batch, steps and warmup against the data, before the model loads
         self.model = self.load_model()
-        if runner_checkpoints(ctx.plan):  # selective, or every N-th layer (`stages.checkpointing`)
-            from recipeforge.stages.checkpointing import SELECTIVE, enable_checkpointing
-
-            enable_checkpointing(self.model, selective=ctx.plan.checkpoint_mode == SELECTIVE,
-                                 every=ctx.plan.checkpoint_every)
+        enable_runner_checkpointing(ctx, self.model)  # selective, or every N-th layer, when the plan says so
         ctx.barrier()  # rank 0 may have written base_model/, which trainers load by path
         self.trainer = self.build_trainer_explained()
         self.finish_trainer()
@@ -131,7 +130,7 @@ class TrainerStage:
         completion of a model loaded sharded, activation offloading, the token counter and the progress line."""
         from recipeforge.stages.trainer_setup import finish_trainer
 
-        seconds = finish_trainer(self.context, self.trainer, self.token_rate)
+        seconds = finish_trainer(self.context, self.trainer, self.telemetry.token_rate)
         if self.model_load_seconds is not None:
             self.model_load_seconds += seconds
 
@@ -149,24 +148,12 @@ class TrainerStage:
         return trainer
 
     def train(self) -> dict[str, Any]:
-        """Run the trainer (resuming when the context says so), then evaluate once at the end."""
-        from recipeforge.outputs.trackers import close_all
-        from recipeforge.stages.preemption import raise_if_stopped
+        """Run the trainer (resuming when the context says so), then evaluate once at the end
+        (`stages.training_loop`)."""
+        from recipeforge.stages.training_loop import train_and_evaluate
 
         resume = str(self.context.resume_from) if self.context.resume_from else None
-        failed = True
-        try:
-            result = self.trainer.train(resume_from_checkpoint=resume)
-            failed = False
-            raise_if_stopped(self.trainer)  # stopped on a signal: checkpoint saved, no final evaluation
-            metrics = dict(result.metrics)
-            if self.has_eval and not self._evaluated_at(self.trainer.state.global_step):
-                metrics.update(self.trainer.evaluate())
-        finally:
-            # Tracker runs end here, before the final save and the end of the process group (a W&B run
-            # left to the interpreter's exit would be torn down after the group is gone).
-            close_all(self.trackers, failed=failed)
-        return metrics
+        return train_and_evaluate(self.trainer, resume_from=resume, has_eval=self.has_eval, telemetry=self.telemetry)
 
     def save(self) -> Path:
         """Write final/: full weights (safetensors) or the adapter, plus the tokenizer."""
@@ -252,34 +239,18 @@ class TrainerStage:
 
     def peft_config(self) -> LoraConfig | None:
         """The LoRA config of the recipe, or None for full fine-tuning."""
-        from recipeforge.components.adapters import lora_config
-
-        if self.recipe.adapter.type == "none":
-            return None
-        return lora_config(self.recipe.adapter, trainable_tokens=self.builder.trainable_tokens(self.model),
-                           target_modules=self.builder.lora_targets(self.model), moe=self.builder.moe_lora(self.model))
+        return self.builder.lora_config(self.model)
 
     def frozen_reference(self, name: str) -> PreTrainedModel | None:
         """The frozen reference model of a preference stage (`ModelBuilder.reference`)."""
         return self.builder.reference(name, location=self.ctx.locate((self.stage, "reference")))
 
     def callbacks(self) -> list[TrainerCallback]:
-        """Every callback of the run (`stages.callbacks.run_callbacks`); the tracker ones are kept to
+        """Every callback of the run (`stages.telemetry.trainer_callbacks`); the tracker ones are kept to
         be closed when training ends."""
-        from recipeforge.stages.callbacks import run_callbacks
+        from recipeforge.stages.telemetry import trainer_callbacks
 
-        wandb = self.recipe.logging.wandb
-        made = run_callbacks(self.context, log_sources=[*self.extra_log_sources, self.token_rate],
-                             run_name=self._run_name(),
-                             wandb_name=public(self.ctx.loaded, ("logging", "wandb", "name"), wandb.name)
-                             if wandb else None)
-        self.trackers = made.trackers
-        from recipeforge.stages import fp8
-
-        made.all.extend(fp8.callbacks(self.context, self.model))  # FSDP2 float8 all-gather: scales per step
-        base = self.models.save_callback() if self.models is not None else None
-        # A checkpoint's adapter names base_model/: a random-init base is written with the first one.
-        return [*made.all, base] if base is not None else made.all
+        return trainer_callbacks(self.context, self.telemetry, self.model, self.models)
 
     def training_arguments(self, cls: type[_Arguments], **stage_kwargs: Any) -> _Arguments:
         """Build `cls` (TrainingArguments or a TRL config): common settings, then the stage's, then
@@ -290,34 +261,7 @@ class TrainerStage:
 
     def common_arguments(self) -> dict[str, Any]:
         """The arguments every stage shares (`stages.trainer_args`), plus the kernels' own."""
+        from recipeforge.stages.telemetry import run_name
         from recipeforge.stages.trainer_setup import common_arguments
 
-        return common_arguments(self.context, has_eval=self.has_eval, run_name=self._run_name(), kernels=self.kernels)
-
-    def _run_name(self) -> str | None:
-        """The run's name for trackers and training_args.bin: never one read from a secret variable."""
-        name: str | None = public(self.ctx.loaded, ("name",), self.recipe.name)
-        return name or (Path(self.ctx.loaded.path).stem if self.ctx.loaded.path else None)
-
-    def _evaluated_at(self, step: int) -> bool:
-        return any(h.get("step") == step and any(k.startswith("eval_") for k in h)
-                   for h in self.trainer.state.log_history)
-
-
-def trainer_error(stage: str, trainer_class: str, exc: BaseException) -> RecipeError:
-    """The user error for `exc`, raised by the training library while the stage's trainer (or its
-    arguments) was built: one line with the library's own message, and which version said it."""
-    from importlib import metadata
-
-    library = (trainer_class or "transformers").split(".")[0]
-    try:
-        version = f"{library} {metadata.version(library)}"
-    except metadata.PackageNotFoundError:
-        version = library
-    said = " ".join(str(exc).split())
-    said = said if len(said) <= 400 else said[:397] + "..."
-    return RecipeError(f"building the {stage} trainer ({trainer_class or 'trainer'}) failed: "
-                       f"{type(exc).__name__}: {said}", key="stage",
-                       hint=f"the installed {version} refused the settings this recipe leads to; change the "
-                            f"setting it names, or install the version recipeforge supports "
-                            f"(--debug shows the traceback)")
+        return common_arguments(self.context, has_eval=self.has_eval, run_name=run_name(self.ctx), kernels=self.kernels)

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 from recipeforge.components.prepared import PreparedData
 from recipeforge.errors import RecipeError
-from recipeforge.stage_specs import STAGE_SPECS, Stage
 from recipeforge.stages.trl_preference import PreferenceTrainerStage
 
 if TYPE_CHECKING:
@@ -92,20 +91,6 @@ class KTOStage(PreferenceTrainerStage):
 
         return prepare_rows(self.ctx, self.tokenizer, ("unpaired", "preference"),
                             max_prompt_length=self.section.max_prompt_length, reshape=unpaired_rows, finish=finish)
-
-    def check(self) -> None:
-        super().check()
-        self._check_micro_batch()
-
-    def _check_micro_batch(self) -> None:
-        # The recipe rules and the planner keep to the stage spec's least micro batch; a plan made
-        # elsewhere (an edited plan.json) is still refused here, before any step.
-        plan, spec = self.context.plan, STAGE_SPECS[Stage.KTO]
-        if plan.micro_batch_size < spec.min_micro_batch:
-            raise RecipeError(f"{spec.needs_rows}; the plan has {plan.micro_batch_size}",
-                              key="train.micro_batch_size", location=self.ctx.locate(("train", "micro_batch_size")),
-                              hint=f"set train.micro_batch_size: {spec.min_micro_batch} or more (a divisor of the "
-                                   "per-GPU batch)")
 
     def method_arguments(self) -> dict[str, Any]:
         k = self.section

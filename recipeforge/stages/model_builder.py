@@ -16,7 +16,7 @@ from recipeforge.errors import Location
 
 if TYPE_CHECKING:
     import torch
-    from peft import PeftModel
+    from peft import LoraConfig, PeftModel
     from transformers import (BitsAndBytesConfig, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase,
                               ProcessorMixin, TrainerCallback, TrainerControl, TrainerState, TrainingArguments)
 
@@ -258,6 +258,17 @@ class ModelBuilder:
         from recipeforge.components.vocab import trainable_tokens
 
         return trainable_tokens(model, self.vocab, tuple(self.ctx.recipe.adapter.modules_to_save))
+
+    def lora_config(self, model: torch.nn.Module) -> LoraConfig | None:
+        """The recipe's LoRA config for `model` (its added tokens' rows, a VLM's language-side targets,
+        MoE experts), or None for full fine-tuning."""
+        from recipeforge.components.adapters import lora_config
+
+        adapter = self.ctx.recipe.adapter
+        if adapter.type == "none":
+            return None
+        return lora_config(adapter, trainable_tokens=self.trainable_tokens(model),
+                           target_modules=self.lora_targets(model), moe=self.moe_lora(model))
 
     def reference(self, name: str, *, location: Location | None = None) -> PreTrainedModel | None:
         """The frozen reference model of a preference stage: None when TRL derives it (adapters: the

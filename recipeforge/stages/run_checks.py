@@ -1,17 +1,22 @@
-"""What a trainer stage refuses before anything loads: settings this run cannot do on its plan
-(a vision model on a text-only stage, activation offloading where it does not run, a low-bit or
-stochastic-rounding optimizer without its library, QAT without torchao, fp8 without the hardware)."""
+"""What a trainer stage refuses: before anything loads (`check_run`), settings this run cannot do on
+its plan (a vision model on a text-only stage, activation offloading where it does not run, a low-bit
+or stochastic-rounding optimizer without its library, QAT without torchao, fp8 without the hardware,
+a micro batch below the stage's least);
+once its data is prepared (`check_data`), a batch, step count or warmup the rows cannot give."""
 
 from __future__ import annotations
 
-from recipeforge.stages.context import StageContext
-from recipeforge.stages.trainer_args import BNB_OPTIMIZERS
+from typing import TYPE_CHECKING
+
+from recipeforge.stages.context import StageContext, quiet
+
+if TYPE_CHECKING:
+    from recipeforge.components.prepared import PreparedData
 
 
 def check_run(ctx: StageContext, stage: str, *, takes_images: bool) -> None:
     """Refuse, before anything loads, what a run of `stage` cannot do on `ctx`'s plan; `takes_images`:
     whether the runner trains vision-language models."""
-    from recipeforge.stages.freezing import check_low_bit_optimizer
     from recipeforge.stages.precision import check_sr_optimizer
 
     recipe = ctx.recipe
@@ -28,7 +33,9 @@ def check_run(ctx: StageContext, stage: str, *, takes_images: bool) -> None:
         from recipeforge.stages.activation_offload import check_activation_offloading
 
         check_activation_offloading(stage, ctx.plan.device, location=ctx.locate(("train", "activation_offloading")))
-    check_low_bit_optimizer(recipe.train.optimizer, location=ctx.locate(("train", "optimizer")))
+    from recipeforge.stages.optimizer_checks import check_optimizer_library
+
+    check_optimizer_library(ctx)  # torchao's low-bit AdamW, bitsandbytes' 8-bit optimizers
     if recipe.train.qat is not None:
         from recipeforge.components.qat import check_torchao
 
@@ -36,8 +43,27 @@ def check_run(ctx: StageContext, stage: str, *, takes_images: bool) -> None:
     from recipeforge.stages import fp8
 
     fp8.check(ctx)  # train.precision fp8: torchao and float8 tensor cores on this device
-    if recipe.train.optimizer in BNB_OPTIMIZERS:
-        from recipeforge.components.adapters import check_bitsandbytes
+    _check_micro_batch(ctx, stage)
 
-        check_bitsandbytes(ctx.plan.device, what=f"optimizer {recipe.train.optimizer}",
-                           key="train.optimizer", location=ctx.locate(("train", "optimizer")))
+
+def _check_micro_batch(ctx: StageContext, stage: str) -> None:
+    """Refuse a plan whose micro batch is below the stage's least (`StageSpec.min_micro_batch`, KTO: 2).
+    The recipe rules and the planner keep to it already; a plan made elsewhere (an edited plan.json) is
+    still refused here, before any step."""
+    from recipeforge.errors import RecipeError
+    from recipeforge.stage_specs import stage_spec
+
+    spec, micro = stage_spec(stage), ctx.plan.micro_batch_size
+    if micro < spec.min_micro_batch:
+        raise RecipeError(f"{spec.needs_rows}; the plan has {micro}", key="train.micro_batch_size",
+                          location=ctx.locate(("train", "micro_batch_size")),
+                          hint=f"set train.micro_batch_size: {spec.min_micro_batch} or more (a divisor of the "
+                               "per-GPU batch)")
+
+
+def check_data(ctx: StageContext, data: PreparedData) -> None:
+    """Refuse a batch, step count or warmup the prepared `data` cannot give (before the model loads);
+    the main process prints what it found."""
+    from recipeforge.components.data_checks import check_data_numbers
+
+    check_data_numbers(ctx.recipe, ctx.plan, data, log=ctx.log if ctx.dist.is_main else quiet)

@@ -37,13 +37,13 @@ def training_stream(recipe: Recipe, tokenizer: PreTrainedTokenizerBase, ctx: Rec
     from recipeforge.components.data import effective_format
     from recipeforge.components.lm_encode import EncodeOptions
     from recipeforge.components.lm_stream import StreamedLM, open_stream
-    from recipeforge.stage_specs import Stage
+    from recipeforge.stage_specs import stage_spec
 
-    data = recipe.data
+    data, spec = recipe.data, stage_spec(recipe.stage)
     # As the cached path (`lm_data`): SFT masks the prompts; pretraining keeps all of a long document.
-    options = EncodeOptions(train_on_inputs=data.train_on_inputs or recipe.stage != Stage.SFT,
+    options = EncodeOptions(train_on_inputs=data.train_on_inputs or not spec.masks_inputs,
                             sequence_len=data.sequence_len, truncation=data.truncation,
-                            split_long=recipe.stage == Stage.PRETRAIN,
+                            split_long=spec.splits_long_rows,
                             eot_tokens=tuple(getattr(recipe.model, "eot_tokens", ())))
     open_rows = partial(open_stream, data, base_dir=ctx.base_dir, locate=ctx.locate, seed=recipe.train.seed,
                         rank=rank, world=world)

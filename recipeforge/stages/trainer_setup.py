@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from recipeforge.errors import RecipeError
 from recipeforge.stages.context import StageContext
-from recipeforge.stages.trainer_args import RunFacts, trainer_arguments
+from recipeforge.stages.trainer_args import RunFacts, runner_checkpoints, trainer_arguments
 
 if TYPE_CHECKING:
-    from transformers import Trainer
+    from transformers import PreTrainedModel, Trainer
     from recipeforge.components.kernels import KernelEffects
     from recipeforge.outputs.console import TokenRate
 
@@ -103,3 +103,32 @@ def finish_trainer(ctx: StageContext, trainer: Trainer, token_rate: TokenRate) -
     attach_progress(trainer, enabled=ctx.recipe.logging.progress_bar and ctx.dist.is_main,
                     data_parallel=data_parallel)
     return seconds
+
+
+
+def enable_runner_checkpointing(ctx: StageContext, model: PreTrainedModel) -> None:
+    """Activation checkpointing the runner applies itself (selective, or every N-th layer:
+    `stages.checkpointing`) when the plan asks for it; the trainer's own flag covers the rest
+    (`stages.trainer_args`)."""
+    if runner_checkpoints(ctx.plan):
+        from recipeforge.stages.checkpointing import SELECTIVE, enable_checkpointing
+
+        enable_checkpointing(model, selective=ctx.plan.checkpoint_mode == SELECTIVE, every=ctx.plan.checkpoint_every)
+
+def trainer_error(stage: str, trainer_class: str, exc: BaseException) -> RecipeError:
+    """The user error for `exc`, raised by the training library while the stage's trainer (or its
+    arguments) was built: one line with the library's own message, and which version said it."""
+    from importlib import metadata
+
+    library = (trainer_class or "transformers").split(".")[0]
+    try:
+        version = f"{library} {metadata.version(library)}"
+    except metadata.PackageNotFoundError:
+        version = library
+    said = " ".join(str(exc).split())
+    said = said if len(said) <= 400 else said[:397] + "..."
+    return RecipeError(f"building the {stage} trainer ({trainer_class or 'trainer'}) failed: "
+                       f"{type(exc).__name__}: {said}", key="stage",
+                       hint=f"the installed {version} refused the settings this recipe leads to; change the "
+                            f"setting it names, or install the version recipeforge supports "
+                            f"(--debug shows the traceback)")

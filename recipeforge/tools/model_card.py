@@ -23,7 +23,7 @@ def render_model_card(*, recipe, recipe_data: dict, plan, data_stats: dict, run_
     base = redact_credentials(str((recipe_data.get("model") or {}).get("name_or_path")
                                       or recipe.model.name_or_path))
     tags = ["recipeforge", recipe.stage] + (["lora"] if adapter else [])
-    reward = recipe.stage == Stage.REWARD  # a sequence-classification model that scores, not a generator
+    reward = stage_spec(recipe.stage).scores  # a sequence-classification model that scores, not a generator
     front = {"library_name": "peft" if adapter else "transformers", "tags": tags,
              "pipeline_tag": "text-classification" if reward else "text-generation"}
     if not base.startswith("tiny:"):

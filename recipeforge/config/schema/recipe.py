@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from recipeforge.stage_specs import STAGES
+from recipeforge.stage_specs import STAGES, known_stage_spec
 from recipeforge.config.schema.adapter import AdapterConfig
 from recipeforge.config.schema.base import Section
 from recipeforge.config.schema.data import DataConfig
@@ -76,5 +76,6 @@ class Recipe(Section):
     def _stage_defaults(cls, value: object) -> object:
         # Packing defaults on for pretraining (documents are short relative to sequence_len), off elsewhere.
         if isinstance(value, dict) and isinstance(value.get("data"), dict) and value["data"].get("packing") is None:
-            value = {**value, "data": {**value["data"], "packing": value.get("stage") == "pretrain"}}
+            spec = known_stage_spec(value.get("stage"))  # an unknown stage is refused by the stage check
+            value = {**value, "data": {**value["data"], "packing": spec is not None and spec.packs_by_default}}
         return value

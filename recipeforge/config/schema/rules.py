@@ -13,7 +13,7 @@ from recipeforge.config.schema.components import COMPONENT_RULES
 from recipeforge.config.schema.in_backward_rules import in_backward_problems
 from recipeforge.config.schema.problems import RuleProblem
 from recipeforge.config.schema.recipe import Recipe
-from recipeforge.stage_specs import Stage, rl_section, stage_spec
+from recipeforge.stage_specs import Stage, rl_section, stage_spec, stages_with
 
 
 def check_rules(recipe: Recipe) -> list[RuleProblem]:
@@ -45,9 +45,9 @@ def _streaming(r: Recipe) -> Iterator[RuleProblem]:
                 yield RuleProblem(("data", key), f"data.{key} has no effect without data.streaming: true",
                                   f"set data.streaming: true, or drop data.{key}")
         return
-    if r.stage not in ("pretrain", "sft"):
+    if not stage_spec(r.stage).streams:
         yield RuleProblem(("data", "streaming"), f"stage {r.stage} reads its rows whole (its trainer tokenizes them); "
-                          "streaming is for pretrain and sft", "set data.streaming: false")
+                          f"streaming is for {' and '.join(stages_with('streams'))}", "set data.streaming: false")
     if r.train.max_steps is None:
         yield RuleProblem(("train", "max_steps"), "a streamed corpus has no length to count epochs in: training "
                           "needs train.max_steps", "set train.max_steps (the stream starts over when it runs out)")

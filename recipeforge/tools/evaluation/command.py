@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from recipeforge.errors import RecipeError
 from recipeforge.json_value import JSONValue
+from recipeforge.stage_specs import known_stage_spec
 from recipeforge.tools.evaluation.runner import EvalOptions
 
 
@@ -81,7 +82,8 @@ def evaluate_targets(args: list[str], *, tasks: list[str] | None, batch_size: in
     require_lm_eval()
     for t in targets:  # every run checked before the first one spends minutes evaluating
         require_final(t.run_dir)
-        if t.stage == "reward":
+        spec = known_stage_spec(t.stage)
+        if spec is not None and spec.scores:
             raise RecipeError(f"{t.run_dir} is a reward model: it scores texts and generates none, so "
                               "language-model tasks do not apply",
                               hint="evaluate the policy it helps train, or its pair accuracy in the run's "

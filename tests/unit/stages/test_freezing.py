@@ -97,7 +97,7 @@ def test_missing_torchao_names_the_extra(monkeypatch):
 def test_low_bit_optimizers_use_the_trainers_torchao_route():
     from transformers.training_args import OptimizerNames
 
-    from recipeforge.stages.base import OPTIMIZERS
+    from recipeforge.stages.trainer_args import OPTIMIZERS
 
     assert OptimizerNames(OPTIMIZERS["adamw_torchao_8bit"]) == OptimizerNames.ADAMW_TORCH_8BIT
     assert OptimizerNames(OPTIMIZERS["adamw_torchao_4bit"]) == OptimizerNames.ADAMW_TORCH_4BIT
