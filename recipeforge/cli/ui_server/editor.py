@@ -24,6 +24,8 @@ from recipeforge.cli.error_data import error_record
 from recipeforge.cli.mcp_server.records import Record, as_data, recipe_namespace
 from recipeforge.cli.mcp_server.runs import is_run_dir
 from recipeforge.cli.ui_server.access import NotFound, Refused, confined, inside
+from recipeforge.cli.ui_server.inputs import hardware_input, overrides_input, text_input
+from recipeforge.cli.ui_server.recipe_chain import disk_chain
 from recipeforge.errors import RecipeError
 
 SUFFIXES = (".yaml", ".yml")
@@ -84,12 +86,12 @@ class Editor:
         """An edit checked: the `validate --json` record (or its located errors) and, when valid, the plan
         for `hardware` (`plan --json` and the text `plan` prints)."""
         path = self.path_of(rel)
-        text = _text(text)
+        text = text_input(text)
         shown = self.shown_path(path)
         try:
             self.guard(path, text)
-            hw = _hardware(hardware)
-            extra = _overrides(overrides)
+            hw = hardware_input(hardware)
+            extra = overrides_input(overrides)
         except RecipeError as exc:
             return {"validate": _with_lines(error_record(exc), path), "plan": None}
         ns = recipe_namespace("validate", shown, extra)
@@ -104,7 +106,7 @@ class Editor:
     def save(self, rel: object, text: object) -> Record:
         """Write an edit to its file (atomically), after the same guard as a check."""
         path = self.path_of(rel)
-        text = _text(text)
+        text = text_input(text)
         self.guard(path, text)
         try:
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -124,73 +126,23 @@ class Editor:
         return {"recipe": path.relative_to(self.root).as_posix(), "saved": True, "bytes": len(text.encode())}
 
     def form(self, rel: object, text: object) -> Record:
-        """The form of an edit: the fields of its stage (from the recipe's JSON Schema), the values it
-        resolves to (`extends:`, defaults and ${...} applied, as `recipeforge resolve` writes them; when it
-        does not validate, the merged values without defaults) and the dotted keys its own text sets."""
-        from recipeforge.cli.ui_server.form import stage_form
-        from recipeforge.config.load import load_yaml_text
+        """The form of an edit (form_edit.form_of): its stage's fields, the values it resolves to and the
+        keys its own text sets."""
+        from recipeforge.cli.ui_server.form_edit import form_of
 
         path = self.path_of(rel)
-        text = _text(text)
-        shown = self.shown_path(path)
+        text = text_input(text)
         self.guard(path, text)
-        own = load_yaml_text(text, shown).data
-        ns = recipe_namespace("resolve", shown)
-        ns.text = text
-        resolved = as_data(records.resolve, ns)
-        merged = self._merged(path, text, own)
-        values, complete = (merged, False) if "error" in resolved else (resolved["resolved"], True)
-        stage = values.get("stage")
-        if not isinstance(stage, str) or stage not in _stage_names():
-            raise RecipeError(f"the recipe's stage {stage!r} is not one the schema knows", key="stage",
-                              hint="set stage: (sft, dpo, ...) in the YAML view")
-        own_keys = _dotted_keys(own)
-        return {"stage": stage, "sections": [f.record() for f in stage_form(stage)], "values": values,
-                "set": sorted(own_keys), "inherited": sorted(_dotted_keys(merged) - own_keys), "resolved": complete}
-
-    def _merged(self, path: Path, text: str, own: dict[str, object]) -> dict[str, object]:
-        from recipeforge.config.compose import compose_file
-
-        try:
-            return dict(json.loads(json.dumps(compose_file(path, text).data, default=str)))
-        except RecipeError:  # a parent that does not load: the file's own values
-            return dict(json.loads(json.dumps(own, default=str)))
+        return form_of(path, self.shown_path(path), text)
 
     def set_key(self, rel: object, text: object, key: object, value: object) -> Record:
-        """The edit's text with one dotted `key` set to `value` (typed by the key's schema), changed only
-        where it has to be (yaml_edit.py); a key the schema of the recipe's stage does not have is refused
-        at the place in the text where it would go."""
-        from recipeforge.cli.ui_server.form import field_index, parse_key, typed
-        from recipeforge.cli.ui_server.yaml_edit import set_key
-        from recipeforge.config.load import load_yaml_text
+        """The edit's text with one dotted `key` set to `value` (form_edit.key_set)."""
+        from recipeforge.cli.ui_server.form_edit import key_set
 
         path = self.path_of(rel)
-        text = _text(text)
-        shown = self.shown_path(path)
+        text = text_input(text)
         self.guard(path, text)
-        tree = load_yaml_text(text, shown)
-        parts = parse_key(key)
-        dotted = ".".join(parts)
-        stage = self._merged(path, text, tree.data).get("stage")
-        if parts == ("stage",):
-            stage = value
-        fields = field_index(stage) if isinstance(stage, str) and stage in _stage_names() else None
-        if fields is None:
-            raise RecipeError(f"the recipe's stage {stage!r} is not one the schema knows", key="stage",
-                              location=tree.locate(("stage",)), hint="set stage: in the YAML view first")
-        field = fields.get(dotted)
-        if field is None:
-            import difflib
-
-            near = difflib.get_close_matches(dotted, list(fields), n=3)
-            raise RecipeError(f"{dotted} is not a key of a {stage} recipe", key=dotted, location=tree.locate(parts),
-                              hint=f"did you mean {', '.join(near)}?" if near else
-                              "the keys are those `recipeforge schema` lists")
-        if field.kind in ("group", "readonly"):
-            raise RecipeError(f"{dotted} is {'a section' if field.kind == 'group' else field.note.split(':')[0]}, "
-                              "not one value", key=dotted, location=tree.locate(parts), hint="edit it in the YAML view")
-        data = typed(field, value)
-        return {"text": set_key(text, parts, data, shown), "key": dotted, "value": data}
+        return key_set(path, self.shown_path(path), text, key, value)
 
     def guard(self, path: Path, text: str) -> None:
         """Refuse an edit that names a parent outside the folder and the file's own chain, or turns on
@@ -231,60 +183,13 @@ class Editor:
         from recipeforge.cli.mcp_server.runs import train_argv
 
         path = self.path_of(rel)
-        extra = [*_overrides(overrides), f"output.dir={run_dir}"]
+        extra = [*overrides_input(overrides), f"output.dir={run_dir}"]
         return extra, train_argv(self.shown_path(path), extra, trust_code=self.trust_code)
 
 
 def command_line(argv: list[str]) -> str:
     """An argv as one line to copy into a shell (quoted; the server itself never runs it in one)."""
     return shlex.join(argv)
-
-
-def disk_chain(path: Path) -> list[Path]:
-    """`path` and every recipe file its `extends:` chain names on disk (real paths). A parent that cannot
-    be read or is not a recipe (another tool's config, a system file) is left out, so the page never shows
-    it; validation reports it at its `extends` entry without quoting it."""
-    from recipeforge.config.compose import MAX_DEPTH as CHAIN_DEPTH, locate_parent, recipe_top_level_keys
-    from recipeforge.config.load import load_yaml_file
-    from recipeforge.errors import Location
-
-    seen: list[Path] = []
-    todo = [path.resolve()]
-    keys = recipe_top_level_keys()
-    while todo and len(seen) < CHAIN_DEPTH:
-        current = todo.pop(0)
-        if current in seen:
-            continue
-        try:
-            parents = load_yaml_file(current, recipe_keys=keys if seen else None).data.get("extends")
-        except (RecipeError, OSError):
-            continue
-        seen.append(current)
-        refs = [parents] if isinstance(parents, str) else parents if isinstance(parents, list) else []
-        for ref in refs:
-            if isinstance(ref, str):
-                try:
-                    todo.append(locate_parent(ref, current.parent, Location(str(current))).resolve())
-                except (RecipeError, OSError):
-                    continue
-    return seen
-
-
-def _dotted_keys(data: dict[str, object], prefix: str = "") -> set[str]:
-    """Every dotted key a mapping sets (sections too); lists are values."""
-    out: set[str] = set()
-    for name, value in data.items():
-        key = f"{prefix}{name}"
-        out.add(key)
-        if isinstance(value, dict):
-            out |= _dotted_keys(value, key + ".")
-    return out
-
-
-def _stage_names() -> list[str]:
-    from recipeforge.cli.ui_server.form import stages
-
-    return stages()
 
 
 def _with_lines(record: Record, path: Path) -> Record:
@@ -302,7 +207,6 @@ def _with_lines(record: Record, path: Path) -> Record:
 def _plan(args: argparse.Namespace) -> Record:
     from recipeforge.cli.planning import checked_plan, plan_json
     from recipeforge.plan import render_plan
-    import json
 
     records.check_overrides(args.overrides)
     plan = checked_plan(args)
@@ -315,35 +219,3 @@ def _read(path: Path) -> str:
     if path.stat().st_size > MAX_BYTES:
         raise Refused(f"{path.name} is larger than a recipe may be ({MAX_BYTES} bytes)")
     return path.read_text(encoding="utf-8", errors="replace")
-
-
-def _text(text: object) -> str:
-    from recipeforge.config.load import MAX_BYTES
-
-    if not isinstance(text, str):
-        raise RecipeError("the recipe text is missing", key="text")
-    if len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
-        raise RecipeError(f"the recipe is larger than {MAX_BYTES} bytes", key="text")
-    return text
-
-
-def _hardware(value: object) -> str | None:
-    if value in (None, ""):
-        return None
-    if not isinstance(value, str) or len(value) > 100:
-        raise RecipeError("--hardware must be text such as 8xH100-80GB", key="hardware")
-    from recipeforge.plan.hardware import parse_hardware
-
-    parse_hardware(value)  # a bad one is refused here, with the CLI's message
-    return value
-
-
-def _overrides(value: object) -> list[str]:
-    if value in (None, ""):
-        return []
-    if isinstance(value, str):
-        value = [line.strip() for line in value.splitlines() if line.strip()]
-    if not isinstance(value, list) or len(value) > 200:
-        raise RecipeError("overrides must be a list of key=value strings", key="overrides")
-    records.check_overrides(value)
-    return list(value)
