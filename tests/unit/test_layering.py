@@ -262,11 +262,12 @@ LARGEST_CLI_MODULE_LINES = 250
 
 
 def test_no_module_is_longer_than_a_reader_holds():
-    """Small modules with one job: none over 500 lines, none of the command line's over 250."""
+    """Small modules with one job: none over 500 lines, none of the command line's (cli/ and its
+    packages: the MCP server, the web page) over 250."""
     too_long = []
     for path in sorted(PACKAGE.rglob("*.py")):
         lines = len(path.read_text().splitlines())
-        limit = LARGEST_CLI_MODULE_LINES if path.parent.name == "cli" else LARGEST_MODULE_LINES
+        limit = LARGEST_CLI_MODULE_LINES if path.relative_to(PACKAGE).parts[0] == "cli" else LARGEST_MODULE_LINES
         if lines > limit:
             too_long.append(f"{path.relative_to(PACKAGE.parent)}: {lines} lines (at most {limit}); split it by job")
     assert not too_long, "\n".join(too_long)
