@@ -33,12 +33,25 @@ MODELS = REPO / "bench" / "gpu" / "models"
 WORDS = ("the a cow dog cat duck sheep says moo woof meow quack what does is of and to in on with one two three "
          "four five six seven eight nine ten answer question count add plus equals color red blue green apple "
          "banana cherry grape lemon fruit water sun moon tree house car road city world day night").split()
-# The sizes of the CPU smoke check of the harness itself (same code path, seconds per case).
+# The sizes of the CPU smoke check of the harness itself (same code path, seconds per case; with
+# SMOKE_ROWS rows of data and `smoke_global_batch`).
 SMOKE_CONFIG = {"vocab_size": 2048, "hidden_size": 64,
                 "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
                 "max_position_embeddings": 4096, "tie_word_embeddings": False}
 # A mixture of experts at the smoke check's sizes: 8 experts of 2 per token, split evenly over 2 or 4 ranks.
 SMOKE_MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+# Rows of each synthetic dataset under --smoke: several times what a smoke case reads (a few steps of
+# a few 256-token sequences). The GPU sizes write thousands, which every CPU case would tokenize again.
+SMOKE_ROWS = 400
+
+
+def smoke_global_batch(global_batch: int, micro_batch: int | str, processes: int = 1) -> int:
+    """The global batch of a case under --smoke: two micro batches per process, so each step still
+    accumulates gradients (the GPU runs' path) with the fewest micro steps a CPU has to run. A micro
+    batch the planner chooses ("auto") keeps the case's global batch."""
+    if not isinstance(micro_batch, int):
+        return global_batch
+    return min(global_batch, 2 * micro_batch * processes)
 
 
 def model_dir(name: str, smoke: bool, out: Path) -> Path:

@@ -20,6 +20,9 @@
 # call everything the lease has left, and pass BENCH_COMMIT (the copy sent may carry other history).
 # A case that has not ended in 8 minutes hangs: it is stopped with its processes and recorded as failed (exit
 # 124, bench/gpu/common.py CASE_TIMEOUT_S), and the suite goes on.
+# LEASE_SMOKE=1 rehearses the whole lease on a CPU (tests/rehearsal): the same scripts and cases at the
+# scripts' --smoke sizes (common.py: tiny shapes, sequence 256, SMOKE_ROWS rows, two micro batches a step),
+# 5 steps a case instead of 8.
 set -u
 out=$(realpath -m "${1:?OUT}"); total=${2:?SECONDS}; shift 2
 cases=(); tput=(); tests=(-m gpu); tput_given=0
@@ -66,11 +69,14 @@ echo "[lease] setup done at $(( $(date +%s) - start ))s; suite order: ${cases[*]
    -rA --tb=short --timeout 200 > "$out/pytest-gpu.txt" 2>&1; echo "[lease] pytest -m gpu: exit $? at $(( $(date +%s) - start ))s") &
 pytest_pid=$!
 
-smoke=(); [ -n "${LEASE_SMOKE:-}" ] && smoke=(--smoke)  # the script itself on a CPU, tiny shapes
+smoke=(); steps=8
+# The scripts themselves on a CPU, tiny shapes. 5 steps: the figures skip the first 3 logged steps
+# (common.measured), so 2 remain to time, as on a GPU; a CPU step of the smoke shapes takes seconds.
+[ -n "${LEASE_SMOKE:-}" ] && smoke=(--smoke) && steps=5
 # The suite starts cases while its share lasts and leaves the throughput comparison 150 s; with no
 # throughput case it has the whole allowance (a case takes 40-120 s, so none starts in the last 90 s).
 if [ ${#tput[@]} -gt 0 ]; then share=$(( total * 45 / 100 )); reserve=150; else share=$(( total - 90 )); reserve=20; fi
-suite_args=("${smoke[@]}" --out "$work/suite" --results "$out" --steps 8 --budget-s $(( share - (total - $(left)) )))
+suite_args=("${smoke[@]}" --out "$work/suite" --results "$out" --steps $steps --budget-s $(( share - (total - $(left)) )))
 [ ${#cases[@]} -gt 0 ] && suite_args+=(--cases "${cases[@]}")
 timeout $(( $(left) - reserve )) python3 bench/gpu/suite.py "${suite_args[@]}"
 echo "[lease] suite: exit $? at $(( $(date +%s) - start ))s"
@@ -78,7 +84,7 @@ echo "[lease] suite: exit $? at $(( $(date +%s) - start ))s"
 wait $pytest_pid
 if [ ${#tput[@]} -gt 0 ] && [ "$(left)" -gt 120 ]; then
   timeout $(( $(left) - 25 )) python3 bench/gpu/throughput.py "${smoke[@]}" --out "$work/throughput" --results "$out" \
-    --steps 8 --budget-s $(( $(left) - 130 )) --cases "${tput[@]}"
+    --steps $steps --budget-s $(( $(left) - 130 )) --cases "${tput[@]}"
   echo "[lease] throughput: exit $? at $(( $(date +%s) - start ))s"
 fi
 cp "$work/deepspeed-install.txt" "$work/suite/" 2>/dev/null

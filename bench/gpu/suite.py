@@ -98,22 +98,29 @@ CASES = [
 ]
 
 
-def data_for(stage: str, out: Path) -> Path:
-    """The synthetic dataset of a stage (written once per output directory)."""
-    path = out / "data" / f"{stage}.jsonl"
+def data_for(stage: str, out: Path, smoke: bool = False) -> Path:
+    """The synthetic dataset of a stage (written once per output directory; `common.SMOKE_ROWS` rows
+    under --smoke, in a file of its own so a GPU-sized one left in the directory is not read)."""
+    path = out / "data" / (f"smoke-{stage}.jsonl" if smoke else f"{stage}.jsonl")
     if not path.exists():
-        rows = {"sft": lambda: common.synthetic_rows(6000), "distill": lambda: common.synthetic_rows(6000),
-                "dpo": lambda: common.preference_rows(2000),
-                "grpo": lambda: common.prompt_rows(2000)}[stage]()
+        sizes = {"sft": 6000, "distill": 6000, "dpo": 2000, "grpo": 2000}
+        n = common.SMOKE_ROWS if smoke else sizes[stage]
+        rows = {"sft": common.synthetic_rows, "distill": common.synthetic_rows, "dpo": common.preference_rows,
+                "grpo": common.prompt_rows}[stage](n)
         common.write_jsonl(path, rows)
     return path
+
+
+def global_batch_of(case: Case, smoke: bool) -> int:
+    """The case's global batch (under --smoke two micro batches per process: `common.smoke_global_batch`)."""
+    return common.smoke_global_batch(case.global_batch, case.micro_batch, case.processes) if smoke else case.global_batch
 
 
 def recipe_of(case: Case, out: Path, steps: int, smoke: bool) -> Path:
     model = common.model_dir(case.model, smoke, out)
     seq = min(case.seq, 256) if smoke else case.seq
-    base = common.base_recipe(model, data_for(case.stage, out), stage=case.stage, seq=seq, steps=steps,
-                              global_batch=case.global_batch, micro_batch=case.micro_batch,
+    base = common.base_recipe(model, data_for(case.stage, out, smoke), stage=case.stage, seq=seq, steps=steps,
+                              global_batch=global_batch_of(case, smoke), micro_batch=case.micro_batch,
                               checkpointing=case.checkpointing)
     if smoke:  # a CPU: fp32 compute, the planner plans this machine
         base["model"]["dtype"] = "auto"
@@ -164,7 +171,7 @@ def run_case(case: Case, out: Path, steps: int, smoke: bool) -> dict:
         return {**row, "status": f"train failed (exit {proc.returncode})", "why": common.tail(proc.stderr, 3000),
                 "deps": common.case_deps(run_dir, common.MODELS / case.model / "config.json")}
     seq = min(case.seq, 256) if smoke else case.seq
-    got = common.measured(run_dir, seq=seq, global_batch=case.global_batch)
+    got = common.measured(run_dir, seq=seq, global_batch=global_batch_of(case, smoke))
     held = sorted((run_dir / "expert_parallel").glob("rank*.json"))
     if held:
         row["experts_per_rank"] = [[layer["experts"] for layer in json.loads(p.read_text())["layers"]][0]

@@ -74,10 +74,12 @@ def deepspeed_json(recipe_path: Path, out: Path) -> Path | None:
 def run_case(case: Case, out: Path, steps: int, smoke: bool) -> dict:
     seq = 256 if smoke else SEQ
     model = common.model_dir(case.model, smoke, out)
-    data = out / "data" / "sft.jsonl"
+    # Under --smoke fewer rows, in a file of their own (common.SMOKE_ROWS), and two micro batches a step.
+    data = out / "data" / ("smoke-sft.jsonl" if smoke else "sft.jsonl")
     if not data.exists():
-        common.write_jsonl(data, common.synthetic_rows(8000))
-    base = common.base_recipe(model, data, seq=seq, steps=steps, global_batch=case.global_batch,
+        common.write_jsonl(data, common.synthetic_rows(common.SMOKE_ROWS if smoke else 8000))
+    global_batch = common.smoke_global_batch(case.global_batch, case.micro_batch) if smoke else case.global_batch
+    base = common.base_recipe(model, data, seq=seq, steps=steps, global_batch=global_batch,
                               micro_batch=case.micro_batch, checkpointing=case.checkpointing)
     if smoke:
         base["model"]["dtype"] = "auto"
@@ -93,7 +95,7 @@ def run_case(case: Case, out: Path, steps: int, smoke: bool) -> dict:
     if proc.returncode != 0:
         common.prune(run_dir)
         return {**row, "status": f"recipeforge failed (exit {proc.returncode})", "why": common.tail(proc.stderr, 3000)}
-    got = common.measured(run_dir, seq=seq, global_batch=case.global_batch)
+    got = common.measured(run_dir, seq=seq, global_batch=global_batch)
     common.prune(run_dir)
     row.update(tokens_per_s=got["tokens_per_s"], loss_first=got["loss_first"], loss_last=got["loss_last"],
                measured_reserved_gb=got["measured_reserved_gb"], init_s=got["init_s"],
