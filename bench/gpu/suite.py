@@ -113,7 +113,9 @@ def data_for(stage: str, out: Path, smoke: bool = False) -> Path:
 
 def global_batch_of(case: Case, smoke: bool) -> int:
     """The case's global batch (under --smoke two micro batches per process: `common.smoke_global_batch`)."""
-    return common.smoke_global_batch(case.global_batch, case.micro_batch, case.processes) if smoke else case.global_batch
+    if not smoke:
+        return case.global_batch
+    return common.smoke_global_batch(case.global_batch, case.micro_batch, case.processes)
 
 
 def recipe_of(case: Case, out: Path, steps: int, smoke: bool) -> Path:
