@@ -35,7 +35,7 @@ def _train(tiny, recipe: str, run: Path, config_dir: Path, *extra: str,
            backend: tuple[str, ...] = ("distributed.backend=fsdp",)) -> Path:
     """The variant on two processes (FSDP2 unless `backend` says otherwise), launched from this process
     (`Tiny.launch`: what is checked is what each worker made, not the command line)."""
-    return tiny.launch(f"{recipe}", run, f"model.name_or_path={config_dir}", *VARIANT, *backend, *extra)
+    return tiny.launch(recipe, run, f"model.name_or_path={config_dir}", *VARIANT, *backend, *extra)
 
 
 def _records(run: Path) -> list[dict]:
