@@ -67,6 +67,18 @@ class Tiny:
 
         return train(self.load(name, run_dir, *overrides), overwrite=overwrite)
 
+    def launch(self, name: str, run_dir: Path, *overrides: str, nproc: int = 2) -> Path:
+        """Train on `nproc` processes as `recipeforge train ... --nproc-per-node N` does, with its launching
+        side (plan, tokenize, write the workers' spec, start the backend's launcher, read the outcome) run
+        in this process: the launcher (accelerate / torchrun) and the workers are processes of their own,
+        only the launching command's start (its imports) is saved. For tests of what the workers do
+        (numerics, files written); a test of the command as typed runs it in a subprocess."""
+        from recipeforge.run import LaunchOptions, train
+
+        run = train(self.load(name, run_dir, *overrides), launch=LaunchOptions(nproc_per_node=nproc))
+        assert run is not None
+        return run
+
     @staticmethod
     def records(run_dir: Path, split: str | None = None) -> list[dict]:
         from recipeforge.outputs.metrics import read_metrics

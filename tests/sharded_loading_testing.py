@@ -35,13 +35,20 @@ def save_checkpoint(path: Path) -> Path:
 
 
 def train_two_processes(tiny, checkpoint: Path, run: Path, cwd: Path, *backend: str) -> subprocess.CompletedProcess:
-    """`recipeforge train` of the variant on two processes, as a user types it."""
+    """`recipeforge train` of the variant on two processes, as a user types it (a resume, read from what it
+    prints)."""
     cmd = [sys.executable, "-m", "recipeforge", "train", str(RECIPE), f"output.dir={run}",
            f"data.cache_dir={tiny.cache_dir}", "logging.progress_bar=false", f"model.name_or_path={checkpoint}",
            *VARIANT, *backend, "--nproc-per-node", "2"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=600, env=dict(os.environ))
     assert proc.returncode == 0, f"--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-6000:]}"
     return proc
+
+
+def launch_two_processes(tiny, checkpoint: Path, run: Path, *backend: str) -> Path:
+    """The variant on two processes, launched from the test's process (`Tiny.launch`): for the checks of
+    what each worker loaded and trained, which do not depend on the command line."""
+    return tiny.launch(str(RECIPE), run, f"model.name_or_path={checkpoint}", *VARIANT, *backend)
 
 
 def rank_records(run: Path) -> list[dict]:

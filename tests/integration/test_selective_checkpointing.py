@@ -1,6 +1,6 @@
-"""Selective and every-N-th-layer activation checkpointing, as a user runs them: the tiny SFT recipe
-trains with the loss curve of full checkpointing (recomputation changes what is kept, not what is
-computed), the plan says which checkpointing runs, and a mistaken combination is refused at its line."""
+"""Selective and every-N-th-layer activation checkpointing: the tiny SFT recipe trains with the loss curve
+of full checkpointing (recomputation changes what is kept, not what is computed), the plan (`recipeforge
+plan`) says which checkpointing runs, and a mistaken combination is refused at its line (`validate`)."""
 
 from __future__ import annotations
 
@@ -13,21 +13,18 @@ REPO = Path(__file__).resolve().parents[2]
 SFT = REPO / "examples" / "yaml" / "tiny" / "sft-full.yaml"
 
 
-def _train(tmp_path: Path, name: str, *overrides: str) -> list[float]:
-    run = tmp_path / name
-    proc = subprocess.run([sys.executable, "-m", "recipeforge", "train", str(SFT), f"output.dir={run}",
-                           f"data.cache_dir={tmp_path / 'cache'}", "train.max_steps=6", "train.logging_steps=1",
-                           "data.val_size=0", "logging.progress_bar=false", *overrides],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def _train(tiny, tmp_path: Path, name: str, *overrides: str) -> list[float]:
+    """The run trained in this process (what is compared is its loss curve, not the command line)."""
+    run = tiny.train(str(SFT), tmp_path / name, "train.max_steps=6", "train.logging_steps=1", "data.val_size=0",
+                     *overrides)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return [r["loss"] for r in rows if r.get("split") == "train" and "loss" in r]
 
 
-def test_selective_and_every_nth_layer_train_like_full_checkpointing(tmp_path):
-    full = _train(tmp_path, "full", "train.gradient_checkpointing=true")
-    selective = _train(tmp_path, "selective", "train.gradient_checkpointing=selective")
-    every = _train(tmp_path, "every2", "train.gradient_checkpointing=true", "train.checkpoint_every=2")
+def test_selective_and_every_nth_layer_train_like_full_checkpointing(tiny, tmp_path):
+    full = _train(tiny, tmp_path, "full", "train.gradient_checkpointing=true")
+    selective = _train(tiny, tmp_path, "selective", "train.gradient_checkpointing=selective")
+    every = _train(tiny, tmp_path, "every2", "train.gradient_checkpointing=true", "train.checkpoint_every=2")
     assert len(full) == 6 and full[-1] < full[0] - 0.5  # it learned
     assert selective == full and every == full  # the same arithmetic, recomputed or kept
     plan = json.loads((tmp_path / "selective" / "plan.json").read_text())

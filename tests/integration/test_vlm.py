@@ -26,6 +26,19 @@ def _train(recipe: Path | str, run: Path, cache: Path, *overrides: str) -> subpr
                           capture_output=True, text=True, cwd=REPO, timeout=300)
 
 
+def _train_here(recipe: Path | str, run: Path, cache: Path, *overrides: str, nproc: int = 1) -> Path:
+    """The run trained in this process (launched from it for `nproc` > 1), for the tests of what a run
+    learns and writes; the refusals, whose subject is the command's exit and message, run `_train`."""
+    from recipeforge.config import load_recipe
+    from recipeforge.run import LaunchOptions, train
+
+    loaded = load_recipe(recipe, overrides=[f"output.dir={run}", f"data.cache_dir={cache}",
+                                            "logging.progress_bar=false", *overrides])
+    done = train(loaded, launch=LaunchOptions(nproc_per_node=nproc) if nproc > 1 else None)
+    assert done is not None
+    return done
+
+
 def _losses(run: Path, key: str = "loss") -> list[float]:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return [r[key] for r in rows if r.get(key) is not None and r.get("split", "train") == "train"]
@@ -77,8 +90,7 @@ def _by_suffix(weights: dict, part: str) -> dict:
 @pytest.mark.slow
 def test_lora_sft_learns_colours_and_saves_processor(tmp_path):
     run = tmp_path / "run"
-    proc = _train(TINY / "vlm-sft-lora.yaml", run, tmp_path / "cache")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _train_here(TINY / "vlm-sft-lora.yaml", run, tmp_path / "cache")
     losses = _losses(run)
     assert losses[-1] < 0.1 * losses[0], losses  # 6.9 -> ~0.13
     adapter = json.loads((run / "final" / "adapter_config.json").read_text())
@@ -105,8 +117,7 @@ def test_full_sft_freezes_the_tower_unless_asked(tmp_path):
     frozen, trained = tmp_path / "frozen", tmp_path / "tower"
     common = ("adapter.type=none", "~adapter.modules_to_save", "output.merge_adapter=false", "train.max_steps=40",
               "train.learning_rate=1e-2")
-    proc = _train(TINY / "vlm-sft-lora.yaml", frozen, tmp_path / "cache", *common)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _train_here(TINY / "vlm-sft-lora.yaml", frozen, tmp_path / "cache", *common)
     losses = _losses(frozen)
     assert losses[-1] < 0.1 * losses[0], losses  # 6.9 -> ~0.3
     final = _tensors(frozen / "final")
@@ -121,9 +132,8 @@ def test_full_sft_freezes_the_tower_unless_asked(tmp_path):
     answers = _answers(frozen / "final")  # final/ of a full run loads with the auto classes and answers
     assert sum(a.strip() == c for c, a in answers.items()) >= 5, answers
 
-    proc = _train(TINY / "vlm-sft-lora.yaml", trained, tmp_path / "cache", *common, "model.vision.train_tower=true",
-                  "train.max_steps=4")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _train_here(TINY / "vlm-sft-lora.yaml", trained, tmp_path / "cache", *common, "model.vision.train_tower=true",
+                "train.max_steps=4")
     got, want = _by_suffix(_tensors(trained / "final"), TOWER), _by_suffix(start, TOWER)
     assert any(not got[k].equal(want[k]) for k in want)
 
@@ -131,8 +141,7 @@ def test_full_sft_freezes_the_tower_unless_asked(tmp_path):
 @pytest.mark.slow
 def test_dpo_with_images_raises_reward_accuracy(tmp_path):
     run = tmp_path / "run"
-    proc = _train(TINY / "vlm-dpo.yaml", run, tmp_path / "cache")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _train_here(TINY / "vlm-dpo.yaml", run, tmp_path / "cache")
     acc, margins = _losses(run, "rewards/accuracies"), _losses(run, "rewards/margins")
     assert acc[0] <= 0.5 and max(acc[-3:]) >= 0.9, acc
     assert margins[-1] > margins[0] + 0.5, margins
@@ -145,10 +154,9 @@ def test_llava_rows_with_an_image_root_train(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "rows.jsonl").write_text(rows)
     run = tmp_path / "run"
-    proc = _train(TINY / "vlm-sft-lora.yaml", run, tmp_path / "cache", f"data.datasets[0].path={tmp_path}/data/rows.jsonl",
-                  f"data.datasets[0].image_root={REPO}/examples/data", "data.datasets[0].images=image",
-                  "train.max_steps=30", "output.save_steps=30", "output.merge_adapter=false")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _train_here(TINY / "vlm-sft-lora.yaml", run, tmp_path / "cache", f"data.datasets[0].path={tmp_path}/data/rows.jsonl",
+                f"data.datasets[0].image_root={REPO}/examples/data", "data.datasets[0].images=image",
+                "train.max_steps=30", "output.save_steps=30", "output.merge_adapter=false")
     loss = _losses(run)
     assert loss[-1] < loss[0] - 2.0, loss
     # without the root, the relative paths are looked for next to the dataset, and the error says where
@@ -169,9 +177,8 @@ def test_images_held_in_a_parquet_image_column_train(tmp_path):
                            for t in r["conversations"]]} for r in rows]
     datasets.Dataset.from_list(table).to_parquet(str(tmp_path / "colours.parquet"))
     run = tmp_path / "run"
-    proc = _train(TINY / "vlm-sft-lora.yaml", run, tmp_path / "cache", f"data.datasets[0].path={tmp_path}/colours.parquet",
-                  "train.max_steps=30", "output.save_steps=30", "output.merge_adapter=false")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _train_here(TINY / "vlm-sft-lora.yaml", run, tmp_path / "cache", f"data.datasets[0].path={tmp_path}/colours.parquet",
+                "train.max_steps=30", "output.save_steps=30", "output.merge_adapter=false")
     loss = _losses(run)
     assert loss[-1] < loss[0] - 2.0, loss
     assert len(list((tmp_path / "cache" / "images").iterdir())) == len(COLOURS)  # one file per distinct image
@@ -180,9 +187,8 @@ def test_images_held_in_a_parquet_image_column_train(tmp_path):
 @pytest.mark.skipif(__import__("importlib").util.find_spec("bitsandbytes") is None, reason="needs bitsandbytes")
 def test_qlora_on_a_vision_model_learns(tmp_path):
     run = tmp_path / "run"
-    proc = _train(TINY / "vlm-sft-lora.yaml", run, tmp_path / "cache", "adapter.type=qlora", "train.max_steps=40",
-                  "output.save_steps=40", "output.merge_adapter=false")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _train_here(TINY / "vlm-sft-lora.yaml", run, tmp_path / "cache", "adapter.type=qlora", "train.max_steps=40",
+                "output.save_steps=40", "output.merge_adapter=false")
     loss = _losses(run)
     assert loss[-1] < loss[0] - 3.0, loss
     targets = json.loads((run / "final" / "adapter_config.json").read_text())["target_modules"]
@@ -191,10 +197,8 @@ def test_qlora_on_a_vision_model_learns(tmp_path):
 
 def test_fsdp_on_two_processes_shards_the_tower_layer_by_layer(tmp_path):
     run = tmp_path / "run"
-    proc = _train(TINY / "vlm-sft-lora.yaml", run, tmp_path / "cache", "train.max_steps=30", "output.save_steps=30",
-                  "train.micro_batch_size=auto", "distributed.backend=fsdp", "output.merge_adapter=false",
-                  "--nproc-per-node", "2")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _train_here(TINY / "vlm-sft-lora.yaml", run, tmp_path / "cache", "train.max_steps=30", "output.save_steps=30",
+                "train.micro_batch_size=auto", "distributed.backend=fsdp", "output.merge_adapter=false", nproc=2)
     assert "fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer,CLIPEncoderLayer" in \
         (run / "accelerate_config.yaml").read_text()
     seen = json.loads((run / "backend.json").read_text())["observed"]

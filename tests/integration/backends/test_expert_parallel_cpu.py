@@ -1,9 +1,9 @@
-"""Expert parallel on two CPU processes over gloo, as a user types it: `recipeforge train` of the tiny
-Qwen3-MoE (8 experts, 2 per token, both layers MoE) with `distributed.expert_parallel: 2 --nproc-per-node
-2`. Each rank holds 4 of each layer's 8 experts (read from the model inside the run, per rank), tokens go
-to their experts by all-to-all, FSDP2 shards the rest; the loss curve is the one process's, each
-layer's expert load is in metrics.jsonl, and final/ is a plain transformers checkpoint equal to the
-gathered weights of the last checkpoint.
+"""Expert parallel on two CPU processes over gloo, launched as `recipeforge train --nproc-per-node 2`
+launches them (from the test's process): the tiny Qwen3-MoE (8 experts, 2 per token, both layers MoE)
+with `distributed.expert_parallel: 2`. Each rank holds 4 of each layer's 8 experts (read from the model
+inside the run, per rank), tokens go to their experts by all-to-all, FSDP2 shards the rest; the loss
+curve is the one process's, each layer's expert load is in metrics.jsonl, and final/ is a plain
+transformers checkpoint equal to the gathered weights of the last checkpoint.
 
 The load-balancing loss is off for the curve comparison: the Trainer scales each process's loss by the
 number of processes when it averages tokens across them (`average_tokens_across_devices`), which is
@@ -15,8 +15,6 @@ any multi-process MoE run differs from one process's by about (processes - 1) x 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -33,23 +31,6 @@ EP = ("distributed.backend=fsdp", "distributed.expert_parallel=2")
 TOL = 1e-4  # measured: 1e-6 on the loss and grad norm, per step
 
 
-def train(tiny, run: Path, *overrides: str, nproc: int = 2, env: dict | None = None) -> subprocess.CompletedProcess:
-    """`recipeforge train` of the tiny MoE recipe in a fresh process (as typed), `nproc` gloo processes."""
-    import os
-
-    cmd = [sys.executable, "-m", "recipeforge", "train", str(RECIPE), f"output.dir={run}",
-           f"data.cache_dir={tiny.cache_dir}", "logging.progress_bar=false", *VARIANT, *overrides]
-    if nproc > 1:
-        cmd += ["--nproc-per-node", str(nproc)]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=run.parent, timeout=900,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
-
-
-def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    assert proc.returncode == 0, f"--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-6000:]}"
-    return proc
-
-
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("expert-parallel")
@@ -63,9 +44,10 @@ def single(tiny, workdir) -> Path:
 
 @pytest.fixture(scope="module")
 def ep_run(tiny, workdir) -> Path:
-    run = workdir / "ep2"
-    ok(train(tiny, run, *EP))
-    return run
+    # Launched from this process (`Tiny.launch`): its tests read what the workers held, trained and wrote.
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")  # in the launcher's and the workers' environment
+        return tiny.launch(str(RECIPE), workdir / "ep2", *VARIANT, *EP)
 
 
 def test_two_processes_follow_the_one_process_curve(tiny, ep_run, single):

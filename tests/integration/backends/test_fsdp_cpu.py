@@ -26,6 +26,8 @@ TOL = 1e-3
 
 
 def _train(tiny, recipe: str, run: Path, *overrides: str, nproc: int = 2, env: dict | None = None):
+    """`recipeforge train` as a user types it, for the kill and the resume. The other runs are launched
+    from this process (`Tiny.launch`): what they check is what the workers did, not the command line."""
     import os
 
     cmd = [sys.executable, "-m", "recipeforge", "train", str(TINY / f"{recipe}.yaml"), f"output.dir={run}",
@@ -69,9 +71,17 @@ def single(tiny, workdir) -> Path:
 
 @pytest.fixture(scope="module")
 def full(tiny, workdir) -> Path:
-    run = workdir / "full"
-    _ok(_train(tiny, "sft-full", run, "distributed.backend=fsdp"))
-    return run
+    """FSDP2 on two processes, final/ written in files of at most 200 KB (the file size changes nothing
+    else: the tests of the curve, the checkpoints and the resume read this one run)."""
+    return tiny.launch("sft-full", workdir / "full", *VARIANT, "distributed.backend=fsdp",
+                       "output.max_shard_size=200KB")
+
+
+def _final_tensors(run: Path) -> dict:
+    """final/'s tensors, from its one file or from all of its shards."""
+    from safetensors.torch import load_file
+
+    return {k: v for path in sorted((run / "final").glob("*.safetensors")) for k, v in load_file(path).items()}
 
 
 def test_full_fine_tuning_shards_and_follows_one_process(tiny, full, single):
@@ -98,7 +108,7 @@ def test_final_weights_load_in_transformers_and_equal_one_process(full, single):
     assert all(t.dtype == torch.float32 for t in mine.values())
 
 
-def test_final_save_is_streamed_into_several_files_within_the_planned_peak(tiny, workdir, single):
+def test_final_save_is_streamed_into_several_files_within_the_planned_peak(full, workdir, single):
     import torch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     from transformers import AutoModelForCausalLM
@@ -106,8 +116,7 @@ def test_final_save_is_streamed_into_several_files_within_the_planned_peak(tiny,
     from recipeforge.outputs.phase_memory import read
     from recipeforge.plan.phases import HOST_BAND
 
-    run = workdir / "files"
-    _ok(_train(tiny, "sft-full", run, "distributed.backend=fsdp", "output.max_shard_size=200KB"))
+    run = full
     final = run / "final"
     files = sorted(p.name for p in final.glob("*.safetensors"))
     assert len(files) >= 3, files  # 0.8 MB of fp32 weights in files of at most 200 KB (or one larger tensor)
@@ -143,7 +152,7 @@ def test_killed_run_resumes_bit_equal(tiny, workdir, full):
     proc = _ok(_train(tiny, "sft-full", run, "distributed.backend=fsdp"))
     assert f"resuming from {run / 'checkpoints' / 'checkpoint-3'}" in proc.stderr
     assert tiny.values(run, "loss") == tiny.values(full, "loss")  # the same floats, step by step
-    want, got = load_file(full / "final" / "model.safetensors"), load_file(run / "final" / "model.safetensors")
+    want, got = _final_tensors(full), load_file(run / "final" / "model.safetensors")
     assert want.keys() == got.keys() and all((want[k] == got[k]).all() for k in want)
 
 
@@ -155,8 +164,7 @@ def test_killed_run_resumes_bit_equal(tiny, workdir, full):
 def test_adapters_and_dpo_on_fsdp2(tiny, workdir, recipe, overrides, tol):
     name = "-".join([recipe, *[o.split("=")[1] for o in overrides]])
     ref = tiny.train(str(TINY / f"{recipe}.yaml"), workdir / f"{name}-single", *VARIANT, *overrides)
-    run = workdir / f"{name}-fsdp"
-    _ok(_train(tiny, recipe, run, "distributed.backend=fsdp", *overrides))
+    run = tiny.launch(recipe, workdir / f"{name}-fsdp", *VARIANT, "distributed.backend=fsdp", *overrides)
     seen = _assert_sharded_fsdp(run)
     assert seen["wrapper"] == "FSDPPeftModelForCausalLM"
     if "adapter.type=qlora" in overrides:
@@ -173,8 +181,7 @@ def test_tensor_parallel_through_the_trainer(tiny, workdir, single):
     load, the Trainer runs it on Accelerate's state, final/ gathers them."""
     from safetensors.torch import load_file
 
-    run = workdir / "tp"
-    _ok(_train(tiny, "sft-full", run, "distributed.backend=fsdp", "distributed.tensor_parallel=2"))
+    run = tiny.launch("sft-full", workdir / "tp", *VARIANT, "distributed.backend=fsdp", "distributed.tensor_parallel=2")
     seen = _observed(run)
     assert seen["tp_size"] == 2 and seen["parallelism"]["tp"] == 2 and seen["device"] == "cpu"
     assert seen["mesh"]["dims"] == ["tp"] and seen["local_param_elements"] < seen["full_param_elements"]

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 from sharded_loading_testing import (REPO, RECIPE, VARIANT, assert_final_adapter_loads,
-                                    assert_held_half_the_base, rank_records, save_checkpoint,
-                                    train_two_processes)
+                                    assert_held_half_the_base, launch_two_processes, rank_records,
+                                    save_checkpoint)
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None, reason="needs bitsandbytes")]
@@ -36,9 +36,7 @@ def runs(tiny, checkpoint, tmp_path_factory) -> tuple[Path, Path]:
     """The same recipe twice: one process loading the base whole, and FSDP2 on two processes."""
     work = tmp_path_factory.mktemp("qlora-sharded-loading")
     single = tiny.train(str(RECIPE), work / "single", f"model.name_or_path={checkpoint}", *VARIANT)
-    run = work / "fsdp"
-    train_two_processes(tiny, checkpoint, run, work, "distributed.backend=fsdp")
-    return single, run
+    return single, launch_two_processes(tiny, checkpoint, work / "fsdp", "distributed.backend=fsdp")
 
 
 def _whole_load_rss_growth(checkpoint: Path) -> int:

@@ -10,8 +10,6 @@ enough for each process's memory figures to stand out of the noise of a process.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -34,14 +32,10 @@ def config_dir(tmp_path_factory) -> Path:
 
 
 def _train(tiny, recipe: str, run: Path, config_dir: Path, *extra: str,
-           backend: tuple[str, ...] = ("distributed.backend=fsdp",)) -> subprocess.CompletedProcess:
-    """`recipeforge train` on two processes (FSDP2 unless `backend` says otherwise), as a user types it."""
-    cmd = [sys.executable, "-m", "recipeforge", "train", str(TINY / f"{recipe}.yaml"), f"output.dir={run}",
-           f"data.cache_dir={tiny.cache_dir}", "logging.progress_bar=false", f"model.name_or_path={config_dir}",
-           *VARIANT, *backend, *extra, "--nproc-per-node", "2"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=run.parent, timeout=900)
-    assert proc.returncode == 0, f"--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-6000:]}"
-    return proc
+           backend: tuple[str, ...] = ("distributed.backend=fsdp",)) -> Path:
+    """The variant on two processes (FSDP2 unless `backend` says otherwise), launched from this process
+    (`Tiny.launch`: what is checked is what each worker made, not the command line)."""
+    return tiny.launch(recipe, run, f"model.name_or_path={config_dir}", *VARIANT, *backend, *extra)
 
 
 def _records(run: Path) -> list[dict]:

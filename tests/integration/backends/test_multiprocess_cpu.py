@@ -137,10 +137,9 @@ def test_zero2_launched_directly_by_torchrun(tiny, workdir, reference):
 def zero3(tiny, workdir) -> Path:
     if importlib.util.find_spec("deepspeed") is None:
         pytest.skip("needs deepspeed")
-    run = workdir / "zero3"
-    recipeforge(tiny, SFT, run, *VARIANT, "distributed.backend=deepspeed", "distributed.zero_stage=3",
-                "output.max_shard_size=200KB")
-    return run
+    # Launched from this process (`Tiny.launch`): its tests read what the workers trained and wrote.
+    return tiny.launch(str(SFT), workdir / "zero3", *VARIANT, "distributed.backend=deepspeed",
+                       "distributed.zero_stage=3", "output.max_shard_size=200KB")
 
 
 def test_zero3_shards_and_consolidates(tiny, zero3, reference):
@@ -231,13 +230,14 @@ def test_dpo_on_two_processes_launched_by_accelerate(tiny, workdir):
 
 
 @needs_deepspeed
+@pytest.mark.timeout(330)  # the merge used to hang for good
 def test_lora_on_zero3_merges_after_training(tiny, workdir):
     # rank 0 merges alone after training: the base must load whole, not through ZeRO-3's collective
     # partitioning that the trainer's DeepSpeed config would otherwise switch on in that process
-    run = workdir / "zero3-lora-merged"
-    recipeforge(tiny, REPO / "examples" / "yaml" / "tiny" / "sft-lora.yaml", run, *VARIANT,
-                "distributed.backend=deepspeed", "distributed.zero_stage=3", "output.merge_adapter=true",
-                timeout=300)  # the merge used to hang for good
+    # (launched from this process, `Tiny.launch`: the merge is the workers', not the command line's)
+    run = tiny.launch(str(REPO / "examples" / "yaml" / "tiny" / "sft-lora.yaml"), workdir / "zero3-lora-merged",
+                      *VARIANT, "distributed.backend=deepspeed", "distributed.zero_stage=3",
+                      "output.merge_adapter=true")
     from transformers import AutoModelForCausalLM
 
     merged = AutoModelForCausalLM.from_pretrained(run / "merged")

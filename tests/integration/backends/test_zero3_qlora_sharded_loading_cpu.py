@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from sharded_loading_testing import (RECIPE, VARIANT, assert_final_adapter_loads, assert_held_half_the_base,
-                                    rank_records, save_checkpoint, train_two_processes)
+                                    launch_two_processes, rank_records, save_checkpoint, train_two_processes)
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None
@@ -45,9 +45,7 @@ def work(tmp_path_factory) -> Path:
 def runs(tiny, checkpoint, work) -> tuple[Path, Path]:
     """The same recipe twice: one process loading the base whole, and ZeRO-3 on two processes."""
     single = tiny.train(str(RECIPE), work / "single", f"model.name_or_path={checkpoint}", *VARIANT)
-    run = work / "zero3"
-    train_two_processes(tiny, checkpoint, run, work, *ZERO3)
-    return single, run
+    return single, launch_two_processes(tiny, checkpoint, work / "zero3", *ZERO3)
 
 
 def test_loss_follows_the_whole_load(tiny, runs):
