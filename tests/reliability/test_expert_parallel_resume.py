@@ -7,11 +7,31 @@ resumed at another expert-parallel size (one process) is refused with exit 2, na
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from tests.integration.backends.test_expert_parallel_cpu import EP, ok, train
+from tests.integration.backends.test_expert_parallel_cpu import EP, RECIPE, VARIANT
 
 pytestmark = pytest.mark.slow
+
+
+def train(tiny, run: Path, *overrides: str, nproc: int = 2, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`recipeforge train` of the tiny MoE recipe in a fresh process (as typed), `nproc` gloo processes."""
+    cmd = [sys.executable, "-m", "recipeforge", "train", str(RECIPE), f"output.dir={run}",
+           f"data.cache_dir={tiny.cache_dir}", "logging.progress_bar=false", *VARIANT, *overrides]
+    if nproc > 1:
+        cmd += ["--nproc-per-node", str(nproc)]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=run.parent, timeout=900,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert proc.returncode == 0, f"--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-6000:]}"
+    return proc
 
 
 def test_killed_expert_parallel_run_resumes_on_the_curve(tiny, tmp_path):
