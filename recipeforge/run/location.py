@@ -15,10 +15,12 @@ from recipeforge.run.resolved import DATA_SECTIONS
 
 def refuse_before_writing(loaded: LoadedRecipe, plan: Plan, run: RunDir, *, overwrite: bool) -> None:
     """Everything that can refuse the run does so before the run directory is touched: the services the
-    recipe names (trackers, the Hub, a generation server), then whether its location can and may be
-    written (data paths resolved, so a folder inside a dataset is refused)."""
+    recipe names (trackers, the Hub, a generation server) and the packages its trackers need, then whether
+    its location can and may be written (data paths resolved, so a folder inside a dataset is refused)."""
     from recipeforge.outputs.services import check_services
+    from recipeforge.outputs.trackers import check_installed
 
+    check_installed(loaded.recipe, loaded.tree.locate)  # before the model loads, not once it is loaded
     check_services(loaded.recipe, loaded.tree.locate)
     check_location(loaded, plan, run, overwrite=overwrite)
 

@@ -20,7 +20,6 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 needs_wandb = pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="needs wandb (the `wandb` extra)")
-needs_mlflow = pytest.mark.skipif(importlib.util.find_spec("mlflow") is None, reason="needs mlflow (the `mlflow` extra)")
 
 
 def test_tensorboard_events_in_the_run_dir(tiny, tmp_path):
@@ -107,7 +106,7 @@ def test_wandb_on_two_processes_ends_cleanly(tiny, tmp_path):
     assert len(list((run / "wandb").rglob("offline-run-*"))) == 1  # one tracker run: rank 1 started none
 
 
-@needs_mlflow
+@pytest.mark.requires_mlflow
 def test_mlflow_file_store_gets_the_recipe_metrics_and_run_files(tiny, tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
@@ -145,7 +144,7 @@ def _resume_after_a_kill(tiny, run: Path, *overrides: str, force: bool = False) 
     train(tiny.load("pretrain", run, *overrides), force=force)
 
 
-@needs_mlflow
+@pytest.mark.requires_mlflow
 def test_a_resumed_run_continues_its_mlflow_run_and_says_what_changed(tiny, tmp_path, monkeypatch):
     from mlflow import MlflowClient
 

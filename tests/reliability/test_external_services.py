@@ -10,6 +10,7 @@ would; the command runs as a user types it.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -56,6 +57,7 @@ def _refused(proc: subprocess.CompletedProcess, tmp_path: Path, *expected: str) 
 
 # ----------------------------------------------------------------------------- MLflow
 
+@pytest.mark.requires_mlflow
 def test_mlflow_unreachable_with_credentials_in_the_uri(tmp_path):
     uri = f"http://alice:{PASSWORD}@127.0.0.1:{closed_port()}/"
     line = _refused(_train(tmp_path, f"logging.mlflow.tracking_uri={uri}"), tmp_path,
@@ -65,6 +67,7 @@ def test_mlflow_unreachable_with_credentials_in_the_uri(tmp_path):
     assert "<cli logging.mlflow.tracking_uri=" in line
 
 
+@pytest.mark.requires_mlflow
 def test_mlflow_refusing_the_credentials(tmp_path):
     with serving(Endpoint(default=Reply(401, b'{"error_code": "UNAUTHENTICATED"}'))) as server:
         proc = _train(tmp_path, f"logging.mlflow.tracking_uri={server.url}", MLFLOW_TRACKING_USERNAME="alice",
@@ -74,6 +77,7 @@ def test_mlflow_refusing_the_credentials(tmp_path):
         assert headers["Authorization"].startswith("Basic ")  # the environment's credentials were offered
 
 
+@pytest.mark.requires_mlflow
 def test_mlflow_not_answering_in_time(tmp_path):
     with serving(Endpoint(default=Reply(200, hang_s=5))) as server:
         # The URI from the environment, as MLflow itself reads it.
@@ -84,6 +88,7 @@ def test_mlflow_not_answering_in_time(tmp_path):
         assert "http://bob:***@127.0.0.1" in line and "logging.mlflow" in line
 
 
+@pytest.mark.requires_mlflow
 def test_mlflow_failing_mid_run_costs_no_checkpoint(tmp_path):
     """The server answers the check, then fails every request of the run: training goes on."""
     routes = {("GET", "/api/2.0/mlflow/experiments/get-by-name"):
@@ -102,6 +107,13 @@ def test_mlflow_failing_mid_run_costs_no_checkpoint(tmp_path):
     assert steps == [1, 2, 3, 4]
     assert PASSWORD not in proc.stdout + proc.stderr
     assert not [p for p in run.rglob("*") if p.is_file() and PASSWORD.encode() in p.read_bytes()]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mlflow") is not None, reason="refuses only where mlflow is not installed")
+def test_mlflow_not_installed_is_refused_before_the_model_loads(tmp_path):
+    line = _refused(_train(tmp_path, "logging.mlflow.experiment=tiny"), tmp_path,
+                    "logging.mlflow needs the mlflow package, which is not installed")
+    assert "<cli logging.mlflow.experiment=tiny>" in line
 
 
 # ----------------------------------------------------------------------------- W&B
