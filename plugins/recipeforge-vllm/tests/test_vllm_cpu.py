@@ -47,6 +47,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# The servers these tests start skip vLLM's compile warm-up (`enforce_eager`: 15-30 s of a 2-core CPU per
+# start), except the one of `test_server_reloads_the_pushed_weights`, which checks that a compiled model
+# generates with the weights pushed to it.
+
 # Four prompts of four completions a step: with two prompts a step the reward's step-to-step noise was as
 # large as what 20 steps learn, and a slow seed (or another CPU's numerics) read as "learned nothing".
 LEARNING_BATCH = ("train.micro_batch_size=16", "train.global_batch_size=16")
@@ -161,8 +165,8 @@ def test_two_processes_each_generate_with_their_own_colocated_vllm(model_dir, tm
 def test_grpo_with_a_server_the_run_starts_learns(model_dir, tmp_path):
     port = _free_port()
     run = _train(tmp_path, model_dir, "grpo.rollout.mode=server", f"grpo.rollout.server_url=http://127.0.0.1:{port}",
-                 "grpo.rollout.gpu_memory_utilization=0.1", "grpo.rollout.options={launch: true, max_model_length: 128}",
-                 *LEARNING_BATCH)
+                 "grpo.rollout.gpu_memory_utilization=0.1",
+                 "grpo.rollout.options={launch: true, max_model_length: 128, enforce_eager: true}", *LEARNING_BATCH)
     reward = [r["reward"] for r in _records(run)]
     assert len(reward) == 20 and _mean(reward[-4:]) > _mean(reward[:4]) + 0.5, reward
     server = json.loads((run / "rollout_server.json").read_text())
@@ -181,7 +185,7 @@ def test_asynchronous_grpo_one_step_behind_learns(model_dir, tmp_path):
     run = _train(tmp_path, model_dir, "grpo.rollout.mode=server", f"grpo.rollout.server_url=http://127.0.0.1:{port}",
                  "grpo.rollout.gpu_memory_utilization=0.1",
                  # a busy machine (CI's steps run two at a time) can take minutes to start the server
-                 "grpo.rollout.options={launch: true, max_model_length: 128, server_timeout: 900}",
+                 "grpo.rollout.options={launch: true, max_model_length: 128, server_timeout: 900, enforce_eager: true}",
                  "grpo.max_staleness=1", *LEARNING_BATCH)
     records = _records(run)
     reward = [r["reward"] for r in records]
@@ -211,7 +215,8 @@ def test_a_killed_run_takes_its_server_down(model_dir, tmp_path):
     command = [sys.executable, "-m", "recipeforge", "train", str(TINY_GRPO), f"model.name_or_path={model_dir}",
                "model.dtype=bf16", "train.max_steps=500", f"output.dir={run}", "logging.progress_bar=false",
                "grpo.rollout.engine=vllm", "grpo.rollout.mode=server", f"grpo.rollout.server_url=http://127.0.0.1:{port}",
-               "grpo.rollout.gpu_memory_utilization=0.1", "grpo.rollout.options={launch: true, max_model_length: 128}"]
+               "grpo.rollout.gpu_memory_utilization=0.1",
+               "grpo.rollout.options={launch: true, max_model_length: 128, enforce_eager: true}"]
     trainer = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 300
@@ -241,7 +246,8 @@ def _serve(model_dir: Path, port: int, log: Path):
 
     rollout = RolloutConfig(engine="vllm", mode="server", server_url=f"http://127.0.0.1:{port}",
                             gpu_memory_utilization=0.1,
-                            options={"launch": True, "max_model_length": 128, "server_timeout": 600})
+                            options={"launch": True, "max_model_length": 128, "server_timeout": 600,
+                                     "enforce_eager": True})
     return start_server(rollout, str(model_dir), log, default_url=VLLM_DEFAULT_URL)
 
 

@@ -176,6 +176,20 @@ def test_the_launched_server_command_is_what_trl_expects(tmp_path):
     assert "--gpu-memory-utilization" not in cuda  # vLLM's default on the server's own GPUs
     cpu = server_command(rollout, options, "/m", "127.0.0.1", 8123, cuda=False)
     assert "--weight-transfer-config" not in cpu and cpu[cpu.index("--gpu-memory-utilization") + 1] == "0.2"
+    assert "--enforce-eager" not in cpu  # vLLM's compile and CUDA graphs unless asked
+    eager = server_command(rollout, options.model_copy(update={"enforce_eager": True}), "/m", "127.0.0.1", 8123,
+                           cuda=False)
+    assert "--enforce-eager" in eager
+
+
+@pytest.mark.parametrize("rollout", [{"mode": "colocate"}, {"mode": "server", "server_url": "http://gen:8000"}])
+def test_enforce_eager_is_refused_where_the_run_does_not_start_the_server(rollout):
+    from recipeforge.config.schema import RolloutConfig
+
+    config = RolloutConfig(engine="vllm", **rollout, options={"enforce_eager": True})
+    with pytest.raises(RecipeError, match="applies to a server the run starts") as info:
+        rollout_arguments(config, "cuda")
+    assert info.value.problems[0].key == "grpo.rollout.options.enforce_eager"
 
 
 def test_a_launched_server_must_be_on_this_machine(tmp_path):

@@ -64,6 +64,11 @@ class VLLMOptions(Section):
     server_gpu_memory_utilization: Optional[float] = Field(
         None, gt=0, lt=1, description="Server, launch: share of each of its GPUs the server holds (default: "
                                       "vLLM's; on a CPU, rollout.gpu_memory_utilization of host memory).")
+    enforce_eager: bool = Field(
+        False, description="Server, launch: start vLLM without torch.compile and CUDA graphs (`--enforce-eager`): "
+                           "it answers seconds after its weights load instead of after a compile warm-up (15-30 s "
+                           "for a tiny model on a CPU, minutes for a large one), and generates more slowly. For "
+                           "short runs, debugging and tests.")
     importance_sampling_correction: bool = Field(
         True, description="Correct for the difference between vLLM's and the trainer's token probabilities "
                           "(TRL's importance sampling; truncated per token in server mode on a CPU and in "
@@ -86,6 +91,12 @@ def vllm_arguments(rollout, options: VLLMOptions, device: str) -> dict:
     Server mode on a CPU trainer generates through TRL's ``rollout_func`` instead (TRL's own server
     client pushes weights over NCCL, which needs CUDA): see `server_rollout`.
     """
+    if options.enforce_eager and not (rollout.mode == "server" and options.launch):
+        raise RecipeError("grpo.rollout.options.enforce_eager applies to a server the run starts (server mode with "
+                          "launch: true); TRL builds the colocated engine itself, and a server started elsewhere "
+                          "takes --enforce-eager on its own command line",
+                          key="grpo.rollout.options.enforce_eager",
+                          hint="remove enforce_eager, or set grpo.rollout.mode: server and options.launch: true")
     _usable(device)
     if rollout.mode == "server":
         timeouts = _timeouts(rollout)

@@ -65,6 +65,8 @@ def server_command(rollout, options, model_path: str, host: str, port: int, *, c
         share = rollout.gpu_memory_utilization
     if share is not None:
         command += ["--gpu-memory-utilization", str(share)]
+    if options.enforce_eager:
+        command.append("--enforce-eager")
     if cuda:  # TRL's trainer pushes weights through vLLM's NCCL weight-transfer engine
         command += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
     return command
