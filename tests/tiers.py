@@ -16,17 +16,24 @@ two busy cores; a test's own `@pytest.mark.timeout(...)` wins. `pytest --timeout
 
 With pytest-xdist (`-n 2 --dist loadgroup`, .ci/tests), the tests of a module that share a module-scoped
 fixture (a tiny run trained once for them to read) form one group that runs on one worker; every other
-test runs wherever a worker is free.
+test runs wherever a worker is free. The modules that took longest in a past run (tests/durations.json)
+are handed out first, so that neither worker is left with a minutes-long test after the other has run out of
+work. To refresh the file after a run with `--durations=0`:
+`python tests/tiers.py durations < pytest-output.txt > tests/durations.json` (modules under 10 s are left out).
 """
 
 from __future__ import annotations
 
+import json
+import re
+import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
 
 TESTS = Path(__file__).resolve().parent
+DURATIONS = TESTS / "durations.json"
 LIMITS = {"unit": 60, "plan": 60, "commands": 300, "integration": 600, "reliability": 600, "floors": 900,
           "rehearsal": 3400, "browser": 600}
 ORDER = ("unit", "plan", "commands", "integration", "reliability", "floors", "rehearsal", "browser")
@@ -49,6 +56,26 @@ def _shares_a_fixture(item: pytest.Item) -> bool:
                                     for defs in info.name2fixturedefs.values())
 
 
+def _longest_first(items: list[pytest.Item]) -> None:
+    """Reorder `items` in place: modules by their past duration, longest first; a module's tests stay
+    together and in their order, modules without a past duration keep theirs, after the timed ones."""
+    try:
+        seconds: dict[str, float] = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        return
+    position = {}
+    for i, item in enumerate(items):
+        position.setdefault(_module_key(item), i)
+    items.sort(key=lambda item: (-seconds.get(_module_key(item), 0.0), position[_module_key(item)]))
+
+
+def _module_key(item: pytest.Item) -> str:
+    try:
+        return Path(item.path).resolve().relative_to(TESTS.parent).as_posix()
+    except ValueError:
+        return str(item.path)
+
+
 def pytest_collection_modifyitems(config, items):
     # Where pytest-timeout or pytest-xdist is missing (the floors' environment runs a test file with pytest
     # alone), their marks are not added: --strict-markers would refuse them.
@@ -65,6 +92,8 @@ def pytest_collection_modifyitems(config, items):
             # `-n 2 --dist loadgroup`: the tests of a module that share such a fixture run on one worker, so
             # it is set up once; every other test goes to whichever worker is free.
             item.add_marker(pytest.mark.xdist_group(Path(item.path).resolve().relative_to(TESTS).as_posix()))
+    if groups and config.getoption("dist", "no") != "no":  # the same order on every worker (xdist checks it)
+        _longest_first(items)
 
 
 def _nodeid_tier(nodeid: str) -> str:
@@ -98,3 +127,16 @@ def pytest_terminal_summary(terminalreporter):
         shown = ", ".join(f"{c[k]} {k}" for k in ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
                           if c[k])
         terminalreporter.write_line(f"{tier:<12} {sum(c.values()):>5} tests: {shown}")
+
+
+def durations_from_pytest_output(text: str, floor_s: float = 10.0) -> dict[str, float]:
+    """Seconds per test module from pytest's `--durations=0` lines (setup, call and teardown summed), for
+    the modules that took at least `floor_s`, longest first."""
+    total: dict[str, float] = defaultdict(float)
+    for match in re.finditer(r"^([0-9.]+)s (?:setup|call|teardown)\s+(tests/[^:\s]+)::", text, re.MULTILINE):
+        total[match.group(2)] += float(match.group(1))
+    return {k: round(v, 1) for k, v in sorted(total.items(), key=lambda kv: -kv[1]) if v >= floor_s}
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["durations"]:
+    print(json.dumps(durations_from_pytest_output(sys.stdin.read()), indent=1))
