@@ -16,6 +16,7 @@ from recipeforge.plan.linear import Linear
 from recipeforge.plan.models import ModelSpec
 from recipeforge.plan.stage_shape import Rollout, stage_shape
 from recipeforge.plan.teacher import Teacher
+from recipeforge.plan.vision_stages import refuse_what_a_vlm_cannot_train
 from recipeforge.plan.vision_workload import VisionLoad, build_vision_load
 
 if TYPE_CHECKING:
@@ -145,7 +146,10 @@ def lora_targets(model: ModelSpec, target_modules: str | tuple[str, ...]) -> tup
 
 def build_workload(recipe: Recipe, model: ModelSpec, hardware: Hardware, planners: Mapping[str, Any]) -> Workload:
     """The `Workload` of `recipe` on `hardware` for the model `model`; the settings a backend refuses
-    come from the backend specs of `planners` (`plan.planners.Planners`: name -> spec)."""
+    come from the backend specs of `planners` (`plan.planners.Planners`: name -> spec). Refuses first what
+    a vision-language model cannot be trained with."""
+    if model.vision is not None:
+        refuse_what_a_vlm_cannot_train(recipe)
     notes: list[str] = list(model.notes)
     dtype = resolve_dtype(recipe.model.dtype, hardware)
     adapter = recipe.adapter

@@ -22,13 +22,11 @@ def check_run(ctx: StageContext, stage: str, *, takes_images: bool) -> None:
     recipe = ctx.recipe
     check_sr_optimizer(ctx.plan)
     if not takes_images:
-        from recipeforge.stage_specs import stage_spec
+        from recipeforge.plan.vision_stages import text_only_reason
         from recipeforge.stages.vision_check import refuse_vision
 
-        why = ("recipeforge's rollout engines and reward functions take text prompts only"
-               if stage_spec(stage).rollout
-               else "its trainer takes text rows only")
-        refuse_vision(recipe, stage, why=why, location=ctx.locate(("stage",)))
+        # The plan refuses this when it read the model as a VLM; here, a model it could not read as one.
+        refuse_vision(recipe, stage, why=text_only_reason(stage), location=ctx.locate(("stage",)))
     if recipe.train.activation_offloading:
         from recipeforge.stages.activation_offload import check_activation_offloading
 

@@ -23,6 +23,7 @@ from recipeforge.components.prepared import PreparedData
 from recipeforge.errors import RecipeError
 from recipeforge.stage_specs import Stage
 from recipeforge.stages.base import TrainerStage
+from recipeforge.plan.vision_stages import PACKING_WITH_IMAGES
 
 if TYPE_CHECKING:
     from transformers import Trainer
@@ -43,9 +44,7 @@ class VisionStage(TrainerStage):
         super().check()
         check_libraries(self.stage)
         if self.recipe.data.packing:
-            raise RecipeError("packing is not possible with images: packed samples would share position ids and "
-                              "the image grids of several samples, which vision-language models do not separate",
-                              key="data.packing", location=self.ctx.locate(("data", "packing")),
+            raise RecipeError(PACKING_WITH_IMAGES, key="data.packing", location=self.ctx.locate(("data", "packing")),
                               hint="set data.packing: false")
 
     def prepare(self) -> PreparedData:

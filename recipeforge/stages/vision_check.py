@@ -7,13 +7,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from recipeforge.errors import Location, RecipeError
-from recipeforge.stage_specs import Stage
+from recipeforge.plan.vision_stages import VISION_STAGES
 
 if TYPE_CHECKING:
     from recipeforge.config.schema.recipe import Recipe
-
-# The stages that train vision-language models (`stages.vision`).
-VISION_STAGES = (Stage.SFT, Stage.DPO)
 
 
 def is_vision_recipe(recipe: Recipe) -> bool:

@@ -245,12 +245,14 @@ def test_packing_with_images_refused(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "data.packing" in proc.stderr and "Traceback" not in proc.stderr
     assert "position ids" in proc.stderr
+    assert not (tmp_path / "run").exists()  # refused by the plan, before anything is written
 
 
 def test_grpo_with_a_vision_model_refused(tmp_path):
     proc = _train(TINY / "grpo.yaml", tmp_path / "run", tmp_path / "cache", "model.name_or_path=tiny:llava")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "stage grpo cannot train the vision-language model" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def _processor_and_rows():

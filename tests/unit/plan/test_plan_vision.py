@@ -143,6 +143,26 @@ def test_plan_carries_the_vision_fields_and_sequence_assumption():
     assert plan.extra.accuracy_class == "uncalibrated"
 
 
+@pytest.mark.parametrize("recipe, override, key, words", [
+    ("sft-lora", "data.packing=true", "data.packing", "packing is not possible with images"),
+    ("kto", None, "stage", "stage kto cannot train the vision-language model"),
+    ("grpo", None, "stage", "rollout engines and reward functions take text prompts only"),
+])
+def test_what_a_vision_model_cannot_train_is_refused_by_the_plan(recipe, override, key, words):
+    """Known from config.json alone: refused at `plan` (and so at `train` before anything loads)."""
+    from pathlib import Path
+
+    from recipeforge.config import load_recipe
+    from recipeforge.errors import RecipeError
+
+    tiny = Path(__file__).resolve().parents[3] / "examples" / "yaml" / "tiny"
+    overrides = [f"model.name_or_path={QWEN_VL}", "model.dtype=bf16", *([override] if override else [])]
+    r = load_recipe(tiny / f"{recipe}.yaml", overrides=overrides).recipe
+    with pytest.raises(RecipeError, match=words) as info:
+        make_plan(r, H100)
+    assert info.value.problems[0].key == key
+
+
 def test_images_filling_the_sequence_are_warned_about():
     w = _workload(vision={"images_per_sample": 4}, seq=4096)
     assert any("fill the whole 4096-token sequence" in n for n in w.notes)
