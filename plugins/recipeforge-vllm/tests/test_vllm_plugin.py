@@ -44,6 +44,10 @@ def _problems(tmp_path, rollout_yaml: str) -> dict:
 @pytest.fixture
 def vllm_installed(monkeypatch):
     """Pretend vLLM is installed (this environment has no vLLM); TRL's argument checks still run."""
+    # TRL's generation module imports vLLM at import time when it looks installed: import it as it is first,
+    # whichever test imports it first.
+    import trl.generation.vllm_generation  # noqa: F401
+
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
 
