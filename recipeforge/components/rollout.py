@@ -54,6 +54,10 @@ class RolloutEngineSpec:
     # ``async_arguments(rollout, options, device, max_staleness) -> GRPO trainer kwargs``.
     async_modes: tuple[str, ...] = ()
     async_arguments: Optional[Callable[[Any, Any, str, int], dict]] = None
+    # Options the engine cannot honour with the recipe's rollout section (an option for a server the run
+    # starts, in colocate mode): ``option_problems(rollout, options) -> [(option, message, hint)]``, said by
+    # `validate` at `<section>.rollout.options.<option>` and again when the run builds its arguments.
+    option_problems: Optional[Callable[[Any, Any], list[tuple[str, str, str]]]] = None
 
     def generates_concurrently(self, mode: str) -> bool:
         """Whether the engine can generate while the trainer trains in `mode` (asynchronous GRPO)."""
@@ -160,6 +164,8 @@ def rollout_arguments(rollout, device: str, *, location: Location | None = None,
             first = exc.errors()[0]
             raise RecipeError(f"invalid rollout options: {first['msg']}",
                               key=f"{section}.rollout.options") from None
+    for option, message, hint in spec.option_problems(rollout, options) if spec.option_problems else ():
+        raise RecipeError(message, key=f"{section}.rollout.options.{option}", location=location, hint=hint)
     if max_staleness > 0:
         problem = asynchronous_problem(spec, rollout.mode, section)
         if problem is not None:

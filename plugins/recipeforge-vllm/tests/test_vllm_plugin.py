@@ -186,13 +186,16 @@ def test_the_launched_server_command_is_what_trl_expects(tmp_path):
     assert "--enforce-eager" in eager
 
 
-@pytest.mark.parametrize("rollout", [{"mode": "colocate"}, {"mode": "server", "server_url": "http://gen:8000"}])
-def test_enforce_eager_is_refused_where_the_run_does_not_start_the_server(rollout):
+@pytest.mark.parametrize("rollout", ["{mode: colocate", "{mode: server, server_url: 'http://gen:8000'"])
+def test_enforce_eager_is_refused_where_the_run_does_not_start_the_server(tmp_path, rollout):
+    """At `validate`, at the key; and by the engine's arguments, for a recipe that did not go through it."""
     from recipeforge.config.schema import RolloutConfig
 
-    config = RolloutConfig(engine="vllm", **rollout, options={"enforce_eager": True})
+    text = f"  rollout: {rollout}, engine: vllm, options: {{enforce_eager: true}}}}\n"
+    p = _problems(tmp_path, text)["grpo.rollout.options.enforce_eager"]  # at validate, at the key
+    assert "applies to a server the run starts" in p.message and "launch: true" in p.hint
     with pytest.raises(RecipeError, match="applies to a server the run starts") as info:
-        rollout_arguments(config, "cuda")
+        rollout_arguments(RolloutConfig(engine="vllm", mode="colocate", options={"enforce_eager": True}), "cuda")
     assert info.value.problems[0].key == "grpo.rollout.options.enforce_eager"
 
 

@@ -32,7 +32,12 @@ def rollout_problems(r: Recipe) -> Iterator[RuleProblem]:
                           f"rollout engine '{spec.name}' has no {rollout.mode} mode (it has {', '.join(spec.modes)})",
                           f"set {section}.rollout.mode: {spec.modes[0]}, or use an engine with a {rollout.mode} mode "
                           f"(e.g. vllm from recipeforge-vllm)")
-    yield from options_problems(spec.options, rollout.options, (section, "rollout", "options"))
+    found = list(options_problems(spec.options, rollout.options, (section, "rollout", "options")))
+    yield from found
+    if not found and spec.option_problems is not None and rollout.mode in spec.modes:
+        options = spec.options.model_validate(dict(rollout.options or {})) if spec.options else rollout.options
+        for option, message, hint in spec.option_problems(rollout, options):
+            yield RuleProblem((section, "rollout", "options", option), message, hint)
     staleness = getattr(rl[1], "max_staleness", 0)
     if staleness > 0:
         from recipeforge.components.rollout import asynchronous_problem

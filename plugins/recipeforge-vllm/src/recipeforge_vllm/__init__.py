@@ -75,6 +75,16 @@ class VLLMOptions(Section):
                           "asynchronous GRPO).")
 
 
+def option_problems(rollout, options: VLLMOptions) -> list[tuple[str, str, str]]:
+    """Options vLLM cannot honour with this rollout section: (option, message, hint)."""
+    if options.enforce_eager and not (rollout.mode == "server" and options.launch):
+        return [("enforce_eager", "enforce_eager applies to a server the run starts (server mode with launch: true); "
+                                  "TRL builds the colocated engine itself, and a server started elsewhere takes "
+                                  "--enforce-eager on its own command line",
+                 "remove enforce_eager, or set rollout.mode: server and options.launch: true")]
+    return []
+
+
 def _usable(device: str) -> None:
     """Refuse a device vLLM does not run on, and a machine without vLLM."""
     if device not in ("cuda", "cpu"):
@@ -91,12 +101,6 @@ def vllm_arguments(rollout, options: VLLMOptions, device: str) -> dict:
     Server mode on a CPU trainer generates through TRL's ``rollout_func`` instead (TRL's own server
     client pushes weights over NCCL, which needs CUDA): see `server_rollout`.
     """
-    if options.enforce_eager and not (rollout.mode == "server" and options.launch):
-        raise RecipeError("grpo.rollout.options.enforce_eager applies to a server the run starts (server mode with "
-                          "launch: true); TRL builds the colocated engine itself, and a server started elsewhere "
-                          "takes --enforce-eager on its own command line",
-                          key="grpo.rollout.options.enforce_eager",
-                          hint="remove enforce_eager, or set grpo.rollout.mode: server and options.launch: true")
     _usable(device)
     if rollout.mode == "server":
         timeouts = _timeouts(rollout)
@@ -207,4 +211,5 @@ VLLM = RolloutEngineSpec("vllm", vllm_arguments, VLLMOptions, modes=("colocate",
                          prepare_trainer=prepare_trainer, loads_model_by_path=True,
                          server=RolloutServer(wanted=_launch_wanted, start=_start_server),
                          async_modes=("server",), async_arguments=vllm_async_arguments,
+                         option_problems=option_problems,
                          description="vLLM generation through TRL (colocated on the training GPUs, or a server)")
