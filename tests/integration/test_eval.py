@@ -196,6 +196,7 @@ def test_bad_input_is_exit_2_with_a_hint(case, lora_run, tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert expected in proc.stderr and "hint:" in proc.stderr and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-2].startswith("error: ")
+    assert "evaluating " not in proc.stdout + proc.stderr  # refused before any model loaded
     if case in ("malformed", "reward-run"):  # with --json the same error is the record on stdout
         as_data = _eval(*args, "--json", cwd=tmp_path, python=python)
         assert as_data.returncode == 2 and "Traceback" not in as_data.stderr

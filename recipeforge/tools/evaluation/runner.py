@@ -9,6 +9,8 @@ from __future__ import annotations
 import difflib
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -111,17 +113,32 @@ def evaluate_run(run_dir: Path, tasks: list[str], base_dir: Path, options: EvalO
         refs = resolve_tasks(tasks, base_dir, Path(include), max_new_tokens=options.max_new_tokens,
                              allow_code=allow_code, key=key)
         manager = _harness_step(lambda: task_manager(refs, Path(include)), refs)
-        for subject in subjects(run_dir, checkpoints=checkpoints, log=log):
-            done[subject.label] = _evaluate_subject(subject, refs, manager, options, log)
+        # Datasets first, models after: a task whose data cannot be loaded is an error in seconds, not
+        # after a model has loaded.
+        loaded = _harness_step(lambda: load_tasks(refs, manager), refs)
+        for i, subject in enumerate(subjects(run_dir, checkpoints=checkpoints, log=log)):
+            # The first model is evaluated on the tasks loaded above; each later one on tasks loaded
+            # afresh, since lm-eval sets a task's options on the task object as it evaluates it.
+            tasks = loaded if i == 0 else [r.harness_name for r in refs]
+            done[subject.label] = _evaluate_subject(subject, refs, tasks, manager, options, log)
     return done
 
 
-def _evaluate_subject(subject: Subject, refs: list[TaskRef], manager: TaskManager, options: EvalOptions,
-                      log: Callable[[str], None]) -> dict[str, dict]:
+def load_tasks(refs: list[TaskRef], manager: TaskManager) -> list[Any]:
+    """lm-eval's task (or group) objects for `refs`, their datasets loaded; a name lm-eval expands into
+    several tasks (a tag) stays a name. A dataset that cannot be loaded is a `RecipeError` at --tasks."""
+    names = [r.harness_name for r in refs]
+    with _dataset_errors():
+        loaded = manager.load(names)
+    return [loaded["tasks"].get(n) or loaded["groups"].get(n) or n for n in names]
+
+
+def _evaluate_subject(subject: Subject, refs: list[TaskRef], tasks: list[Any], manager: TaskManager,
+                      options: EvalOptions, log: Callable[[str], None]) -> dict[str, dict]:
     lm, batch_size = harness_model(subject.model_dir, options)
     log(f"evaluating {subject.model_dir} on {', '.join(r.name for r in refs)} (batch size {batch_size})")
     started = time.monotonic()
-    output = _harness_step(lambda: _simple_evaluate(lm, refs, manager, options), refs)
+    output = _harness_step(lambda: _simple_evaluate(lm, tasks, manager, options), refs)
     seconds = time.monotonic() - started
     records = {}
     for ref in refs:
@@ -180,19 +197,27 @@ def harness_model(model_dir: Path, options: EvalOptions) -> tuple[Any, int | str
     return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=device), batch_size
 
 
-def _simple_evaluate(lm: LM, refs: list[TaskRef], manager: TaskManager, options: EvalOptions) -> dict[str, Any]:
+def _simple_evaluate(lm: LM, tasks: list[Any], manager: TaskManager, options: EvalOptions) -> dict[str, Any]:
     import lm_eval
-    from datasets.exceptions import DataFilesNotFoundError, DatasetNotFoundError
 
-    try:
+    with _dataset_errors():
         # Fixed seeds (lm-eval's defaults, named here so they cannot drift) and greedy decoding: the same
         # model on the same prompts scores the same, run after run.
         return lm_eval.simple_evaluate(
-            model=lm, tasks=[r.harness_name for r in refs], task_manager=manager, limit=options.limit,
+            model=lm, tasks=tasks, task_manager=manager, limit=options.limit,
             num_fewshot=options.num_fewshot, apply_chat_template=options.apply_chat_template, log_samples=True,
             random_seed=0, numpy_random_seed=1234, torch_random_seed=1234, fewshot_random_seed=1234)
+
+
+@contextmanager
+def _dataset_errors() -> Iterator[None]:
+    """A task's dataset that cannot be loaded (lm-eval's tasks download theirs from the Hub when first
+    used) as a `RecipeError` at --tasks."""
+    from datasets.exceptions import DataFilesNotFoundError, DatasetNotFoundError
+
+    try:
+        yield
     except (ConnectionError, DatasetNotFoundError, DataFilesNotFoundError) as exc:
-        # An lm-eval task downloads its dataset from the Hub when it is first used.
         raise RecipeError(f"a task's dataset could not be loaded: {exc}", key="--tasks",
                           hint="lm-eval's tasks fetch their datasets from the Hugging Face Hub: run where it is "
                                "reachable once (they are cached), or evaluate on a local task file") from None
