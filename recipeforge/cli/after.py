@@ -54,7 +54,7 @@ def add_export(sub: Subparsers) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an output directory that already holds files")
     p.add_argument("--no-check", action="store_true",
                    help="skip the self-check (loading the export back and comparing it with the unquantized model)")
-    p.set_defaults(func=cmd_export, cleans_up=True)
+    p.set_defaults(func=cmd_export, cleans_up=True, pauses_collector=True)
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -19,9 +19,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code.
 
     With the process's own command line (no `argv`: the `recipeforge` script, ``python -m recipeforge``),
-    a command that runs a pipeline and prints its results (`preprocess`) owns the process: it freezes
-    its start-up objects out of the garbage collector's way (`process.freeze_start_up`) and ends the
-    process itself once it succeeds (`process.end_process`).
+    a command that runs a pipeline and prints its results (`preprocess`) owns the process: it ends the
+    process itself once it succeeds (`process.end_process`). That command and `train` keep their start-up
+    out of the garbage collector's way (`recipeforge.start_up`).
     """
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -52,13 +52,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return EXIT_USER_ERROR
-    # A command run as the process itself (no argv) that asks for it owns the process: its start-up
-    # objects are frozen (`process.freeze_start_up`) and it ends the process when done (`process.end_process`).
+    # A command run as the process itself (no argv) that asks for it owns the process: it ends the process
+    # when done (`process.end_process`). It, and a command that trains, keep their start-up out of the
+    # garbage collector's way: paused now, back on once their libraries are imported (`start_up`).
     args.owns_process = argv is None and getattr(args, "owns_process", False)
-    if args.owns_process:
-        import gc
+    if argv is None and (args.owns_process or getattr(args, "pauses_collector", False)):
+        from recipeforge import start_up
 
-        gc.disable()  # until `process.freeze_start_up`: importing makes objects that live as long as the process
+        start_up.pause()
     try:
         if getattr(args, "cleans_up", False):  # SIGTERM ends these after their temporary folders are removed
             from recipeforge.outputs.ownership import stop_on_sigterm

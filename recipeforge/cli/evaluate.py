@@ -77,7 +77,7 @@ def add_eval(sub: Subparsers) -> None:
                    help="print one JSON record on stdout: each run's scores by subject (final, checkpoint-N) "
                         "and task, with the file each is kept in; an error is printed as {\"error\": {message, "
                         "location, key, hint}} (exit 2)")
-    p.set_defaults(func=cmd_eval, cleans_up=True)
+    p.set_defaults(func=cmd_eval, cleans_up=True, pauses_collector=True)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

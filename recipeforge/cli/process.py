@@ -1,30 +1,11 @@
-"""A command that owns its process (`preprocess`, run as the process itself): its start-up objects kept out
-of the garbage collector's way, and the process ended without the interpreter's teardown once it succeeds."""
+"""A command that owns its process (`preprocess`, run as the process itself): the process ended without the
+interpreter's teardown once it succeeds (its start-up is kept out of the garbage collector's way by
+`recipeforge.start_up`)."""
 
 from __future__ import annotations
 
 import os
 import sys
-
-
-def freeze_start_up() -> None:
-    """Import what preprocessing runs on (transformers' tokenizer classes, datasets), then freeze every
-    object made so far, and turn the garbage collector back on (`main` turned it off).
-
-    The ~250k objects of those libraries' modules live until the process ends, yet each full collection
-    walked them all again: ~0.15 s while importing and ~0.3 s while tokenizing 20k rows. Frozen, they are
-    never examined (nor collected: only for a process the command owns); forked workers then share
-    their pages instead of copying them when a collection would touch them.
-    """
-    import gc
-
-    try:
-        import datasets  # noqa: F401
-        from transformers import PreTrainedTokenizerFast  # noqa: F401
-    except ImportError:  # the command itself says what is missing
-        pass
-    gc.freeze()
-    gc.enable()
 
 
 def end_process(code: int) -> None:

@@ -42,7 +42,7 @@ def add_train(sub: Subparsers) -> None:
     p.add_argument("--strict", action="store_true",
                    help="a locked recipe: refuse (exit 2) when package versions, the model revision, data or "
                         "hardware differ from its `lock:` (without it: a warning per difference)")
-    p.set_defaults(func=cmd_train)
+    p.set_defaults(func=cmd_train, pauses_collector=True)
 
 
 def launch_args(p: argparse.ArgumentParser) -> None:
@@ -133,12 +133,11 @@ def add_preprocess(sub: Subparsers) -> None:
 
 
 def cmd_preprocess(args: argparse.Namespace) -> int:
-    from recipeforge.cli.process import freeze_start_up
+    from recipeforge import start_up
     from recipeforge.run import preprocess
 
     loaded = load(args)
-    if getattr(args, "owns_process", False):
-        freeze_start_up()
+    start_up.resume(*start_up.TOKENIZING)
     stats = preprocess(loaded)
     print(json.dumps(stats, indent=2, default=str))
     return 0

@@ -26,7 +26,7 @@ def add_chat(sub: Subparsers) -> None:
     p.add_argument("--max-new-tokens", type=int, default=256, help="longest reply, in tokens (default 256)")
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature; 0 for greedy (default 0.7)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="where the model runs (default: cuda when present)")
-    p.set_defaults(func=cmd_chat)
+    p.set_defaults(func=cmd_chat, pauses_collector=True)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:

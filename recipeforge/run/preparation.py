@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from recipeforge import start_up
 from recipeforge.backends.base import Backend
 from recipeforge.backends.cluster import ClusterSpec
 from recipeforge.backends.data_ready import build_before_launch
@@ -18,6 +19,7 @@ def prepare_launch(loaded: LoadedRecipe, plan: Plan, run: RunDir, backend: Backe
     tokenizes the data (a worker waiting for another's tokenization inside a collective would run into
     the process-group timeout; the workers then read the cache); the main node runs the backend's step
     before launch (Megatron's checkpoint conversion)."""
+    start_up.resume(*start_up.TOKENIZING)  # the data is prepared here, with the collector on
     if cluster.is_main_node:
         prepare_run(loaded, plan, run, overwrite=overwrite, force=force)
     build_before_launch(loaded, log=log)

@@ -16,7 +16,10 @@ def trained_runner(ctx: StageContext, backend: Backend) -> Any:
     from recipeforge.stages import runner_class
     from recipeforge.stages.oom import is_out_of_memory, out_of_memory_error
 
+    from recipeforge import start_up
+
     runner = runner_class(ctx.recipe.stage, backend.runner(ctx.recipe.stage))(ctx)
+    start_up.resume(*start_up.TRAINING)  # libraries imported: data and model made with the collector on
     if ctx.dist.world_size > 1:
         # One process per machine tokenizes and caches the data first (a cache hit when `recipeforge
         # train` built it before launching); the others poll for it outside any collective, then read it

@@ -66,9 +66,12 @@ def reported_load(spec: WorkerSpec, dist: DistInfo) -> LoadedRecipe:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m recipeforge.run.worker SPEC``: run this process's rank; its exit code (a user error 2,
     a stop 0: the launching command reports both, from the outcome this rank left)."""
+    from recipeforge import start_up
     from recipeforge.run.network import network_guards
     from recipeforge.run.worker_process import exit_code, training_process
 
+    if argv is None:  # the process's own entry: its start-up out of the collector's way (`start_up`)
+        start_up.pause()
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1 or args[0].startswith("-"):
         print(USAGE, file=sys.stderr)

@@ -66,8 +66,10 @@ def load_model_dir(model_dir: Path, *, device: str | None = None) -> tuple[ChatM
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from recipeforge import start_up
     from recipeforge.outputs.model_files import check_model_dir, load_failure, read_json_file
 
+    start_up.resume(*start_up.MODEL_LOADING)  # the model is made with the collector on
     model_dir = Path(model_dir)
     check_model_dir(model_dir)  # a truncated or damaged file is named before a library trips on it
     adapter = model_dir / "adapter_config.json"

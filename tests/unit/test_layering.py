@@ -48,6 +48,7 @@ TOP_LEVEL = {"recipeforge": "errors", "recipeforge.errors": "errors", "recipefor
              "recipeforge.log": "errors",  # the console logger
              "recipeforge.settings": "errors",  # flags and environment beyond the recipe, one typed record
              "recipeforge.json_value": "errors",  # the type of parsed YAML/JSON; imports nothing
+             "recipeforge.start_up": "errors",  # a process's start-up out of the garbage collector's way
              "recipeforge.registry": "registry",
              "recipeforge.capabilities": "registry",  # what each backend runs: read by config, plan, backends
              "recipeforge.stage_specs": "registry",  # the stages, named once, and their registry

@@ -54,8 +54,10 @@ def export_run(run_dir: Path, fmt: str, out: Path | None = None, *, overwrite: b
     check_run_dir(run_dir)
     out = Path(out) if out is not None else default_output(run_dir, spec.name.value)
     check_output(run_dir, out, overwrite=overwrite)
+    from recipeforge import start_up
     from recipeforge.outputs.preflight import output_write_failure
 
+    start_up.resume(*start_up.MODEL_LOADING)  # the models are made with the collector on
     started = time.perf_counter()
     try:
         with staged_folder(out, kind="export") as tmp:
