@@ -12,11 +12,10 @@ from recipeforge.stages.context import StageContext
 def trained_runner(ctx: StageContext, backend: Backend) -> Any:
     """The stage's runner, set up, trained and saved; running out of memory is answered with the
     plan's numbers and what would fit, as any recipe that does not fit is."""
+    from recipeforge import start_up
     from recipeforge.outputs.metrics import MetricsWriter
     from recipeforge.stages import runner_class
     from recipeforge.stages.oom import is_out_of_memory, out_of_memory_error
-
-    from recipeforge import start_up
 
     runner = runner_class(ctx.recipe.stage, backend.runner(ctx.recipe.stage))(ctx)
     start_up.resume(*start_up.TRAINING)  # libraries imported: data and model made with the collector on
