@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from recipeforge import start_up
 from recipeforge.config.pipeline import LoadedRecipe
 from recipeforge.log import log
 
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 def finish_run(loaded: LoadedRecipe, plan: Plan, run: RunDir, backend: Backend | None = None) -> None:
     """The main node once every worker is done: the backend's step after the job (Megatron exports
     final/), evaluation (`eval.after_training`), then the push to the Hub."""
+    start_up.resume()  # a run that trained nothing here (restarted after it finished) never resumed it
     if backend is not None:
         backend.finish_launch(loaded, plan, run, log=log)
     evaluate_after_training(loaded, run.root)
