@@ -119,8 +119,8 @@ def evaluate_run(run_dir: Path, tasks: list[str], base_dir: Path, options: EvalO
         for i, subject in enumerate(subjects(run_dir, checkpoints=checkpoints, log=log)):
             # The first model is evaluated on the tasks loaded above; each later one on tasks loaded
             # afresh, since lm-eval sets a task's options on the task object as it evaluates it.
-            tasks = loaded if i == 0 else [r.harness_name for r in refs]
-            done[subject.label] = _evaluate_subject(subject, refs, tasks, manager, options, log)
+            to_run = loaded if i == 0 else [r.harness_name for r in refs]
+            done[subject.label] = _evaluate_subject(subject, refs, to_run, manager, options, log)
     return done
 
 
