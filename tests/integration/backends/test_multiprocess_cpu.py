@@ -116,6 +116,11 @@ def test_ddp_through_the_recipeforge_launcher(tiny, workdir, reference):
     _assert_same_curve(tiny, run, reference)
     _assert_final_matches(run, reference)
     assert proc.stdout.count("run written to") == 1  # the launching command reports, not every worker
+    # A clean run: no worker ended badly, and outcome.json says it finished (test_unclean_exit_cpu.py has
+    # the run whose worker is killed after it finished).
+    assert "warning: a worker exited" not in proc.stderr
+    assert json.loads((run / "outcome.json").read_text()) == {"kind": "finished", "message": "", "preempted": None,
+                                                               "rank": 0, "version": 1}
 
 
 @needs_deepspeed
