@@ -32,4 +32,3 @@ def test_a_worker_killed_after_the_run_finished_is_a_warning(tmp_path):
     assert (run / "final" / "model.safetensors").is_file()
     outcome = json.loads((run / "outcome.json").read_text())
     assert outcome["kind"] == "finished" and "exited with code" in outcome["message"]
-
